@@ -1,0 +1,178 @@
+package cmd
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// envAnnotation names the environment variable a flag reads when it maps to
+// one of Mooncake's MC_* variables (MC_SLICE_SIZE, MC_LOG_LEVEL, ...).
+const envAnnotation = "mc_env"
+
+// envName declares that flag name of fs is also set by the environment
+// variable env (a Mooncake name), instead of the derived MC_<GROUP>_<FLAG>.
+func envName(fs *pflag.FlagSet, name, env string) {
+	if err := fs.SetAnnotation(name, envAnnotation, []string{env}); err != nil {
+		// Only a programming error (a misspelt flag) gets here.
+		panic(fmt.Sprintf("envName: %v", err))
+	}
+}
+
+// config resolves flag values that were not given on the command line:
+// environment first, then the config file, then the flag's own default
+// (flag > env > config file > default).
+type config struct {
+	v      *viper.Viper
+	getenv func(string) string
+}
+
+// loadConfig reads the config file. An explicit --config that cannot be
+// read is an error; a missing default file is not.
+func loadConfig(path string, explicit bool, getenv func(string) string) (*config, error) {
+	v := viper.New()
+	c := &config{v: v, getenv: getenv}
+	if !explicit {
+		path = defaultConfigPath(getenv)
+		if path == "" {
+			return c, nil
+		}
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return c, nil
+		}
+	}
+	v.SetConfigFile(path)
+	if filepath.Ext(path) == "" {
+		v.SetConfigType("yaml")
+	}
+	if err := v.ReadInConfig(); err != nil {
+		return nil, fmt.Errorf("read config file %q: %w", path, err)
+	}
+	return c, nil
+}
+
+func defaultConfigPath(getenv func(string) string) string {
+	dir := getenv("XDG_CONFIG_HOME")
+	if dir == "" {
+		home := getenv("HOME")
+		if home == "" {
+			return ""
+		}
+		dir = filepath.Join(home, ".config")
+	}
+	return filepath.Join(dir, "mc", "config.yaml")
+}
+
+// apply fills every flag of cmd that was not set on the command line from
+// the environment or the config file.
+func (c *config) apply(cmd *cobra.Command) error {
+	group := commandGroup(cmd)
+	root := cmd.Root()
+	var firstErr error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if firstErr != nil || f.Changed || f.Name == "config" || f.Name == "help" {
+			return
+		}
+		g := group
+		if root.PersistentFlags().Lookup(f.Name) != nil {
+			g = ""
+		}
+		val, src, ok := c.lookup(g, f)
+		if !ok {
+			return
+		}
+		if err := setFlag(f, val); err != nil {
+			firstErr = fmt.Errorf("invalid value %q for --%s from %s: %w", val, f.Name, src, err)
+		}
+	})
+	return firstErr
+}
+
+func (c *config) lookup(group string, f *pflag.Flag) (val, source string, ok bool) {
+	env := derivedEnv(group, f.Name)
+	if a := f.Annotations[envAnnotation]; len(a) > 0 {
+		env = a[0]
+	}
+	if v, set := lookupEnv(c.getenv, env); set {
+		return v, "$" + env, true
+	}
+	for _, key := range configKeys(group, f.Name) {
+		if !c.v.IsSet(key) {
+			continue
+		}
+		raw := c.v.Get(key)
+		if list, isList := raw.([]any); isList {
+			parts := make([]string, len(list))
+			for i, x := range list {
+				parts[i] = fmt.Sprint(x)
+			}
+			return strings.Join(parts, ","), "config key " + key, true
+		}
+		return fmt.Sprint(raw), "config key " + key, true
+	}
+	return "", "", false
+}
+
+func lookupEnv(getenv func(string) string, name string) (string, bool) {
+	if v := getenv(name); v != "" {
+		return v, true
+	}
+	return "", false
+}
+
+// derivedEnv is MC_<GROUP>_<FLAG>, or MC_<FLAG> for global flags.
+func derivedEnv(group, flag string) string {
+	name := "MC_"
+	if group != "" {
+		name += group + "_"
+	}
+	name += flag
+	return strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// configKeys lists the config file keys for a flag: "<group>.<flag>" in
+// kebab and underscore spelling (viper lower-cases keys itself).
+func configKeys(group, flag string) []string {
+	us := strings.ReplaceAll(flag, "-", "_")
+	if group == "" {
+		return []string{flag, us}
+	}
+	return []string{group + "." + flag, group + "." + us}
+}
+
+// commandGroup is the first command below the root on cmd's path
+// ("bench" for `mc bench initiator`), or "" for the root itself.
+func commandGroup(cmd *cobra.Command) string {
+	var group string
+	for c := cmd; c != nil && c.HasParent(); c = c.Parent() {
+		group = c.Name()
+	}
+	return group
+}
+
+// setFlag sets f from a string; a slice flag takes a comma list in one go.
+func setFlag(f *pflag.Flag, val string) error {
+	if sv, ok := f.Value.(pflag.SliceValue); ok {
+		return sv.Replace(splitList(val))
+	}
+	return f.Value.Set(val)
+}
+
+func splitList(s string) []string {
+	s = strings.TrimSpace(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"))
+	if s == "" {
+		return nil
+	}
+	parts := strings.Split(s, ",")
+	for i := range parts {
+		parts[i] = strings.TrimSpace(parts[i])
+	}
+	return parts
+}

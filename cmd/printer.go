@@ -1,0 +1,58 @@
+package cmd
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/jedib0t/go-pretty/v6/table"
+	"github.com/jedib0t/go-pretty/v6/text"
+)
+
+// printer decides, for every command, between a human table and JSON.
+// JSON field names are snake_case and stable: fields are added, never
+// renamed.
+type printer struct {
+	Out    io.Writer
+	Err    io.Writer
+	format string // "table" or "json"; set from --output before RunE
+}
+
+// JSON reports whether --output json was asked for.
+func (p *printer) JSON() bool { return p.format == "json" }
+
+// PrintJSON writes v as indented JSON followed by a newline.
+func (p *printer) PrintJSON(v any) error {
+	enc := json.NewEncoder(p.Out)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write json: %w", err)
+	}
+	return nil
+}
+
+// Table writes rows under header as a plain table. An empty title prints
+// none. Headers keep their case: operators grep for the exact words.
+func (p *printer) Table(title string, header []string, rows [][]string) {
+	t := table.NewWriter()
+	t.SetOutputMirror(p.Out)
+	t.SetStyle(table.StyleLight)
+	t.Style().Format.Header = text.FormatDefault
+	t.Style().Format.Footer = text.FormatDefault
+	if title != "" {
+		t.SetTitle(title)
+	}
+	h := make(table.Row, len(header))
+	for i, c := range header {
+		h[i] = c
+	}
+	t.AppendHeader(h)
+	for _, r := range rows {
+		row := make(table.Row, len(r))
+		for i, c := range r {
+			row[i] = c
+		}
+		t.AppendRow(row)
+	}
+	t.Render()
+}

@@ -1,0 +1,180 @@
+package cmd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// runCmd executes mc with args in-process and returns what it printed.
+func runCmd(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	p := &printer{Out: &out, Err: &errb}
+	root := newRootCmd(p)
+	root.SetArgs(args)
+	err = root.ExecuteContext(context.Background())
+	return out.String(), errb.String(), err
+}
+
+// isolateEnv keeps a developer's own MC_* variables and config file out of
+// the test.
+func isolateEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "MC_") {
+			t.Setenv(k, "")
+		}
+	}
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+}
+
+func TestVersionTableAndJSON(t *testing.T) {
+	isolateEnv(t)
+	out, _, err := runCmd(t, "version")
+	if err != nil || !strings.HasPrefix(out, "mc ") || !strings.Contains(out, "go: go1.") {
+		t.Fatalf("version: %v\n%s", err, out)
+	}
+	out, _, err = runCmd(t, "version", "--output", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v map[string]string
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("json: %v\n%s", err, out)
+	}
+	for _, k := range []string{"version", "commit", "go_version", "platform"} {
+		if v[k] == "" {
+			t.Errorf("field %q missing in %s", k, out)
+		}
+	}
+}
+
+func TestExecuteBadInputOneLine(t *testing.T) {
+	isolateEnv(t)
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--output", "xml", "version"}, `mc: invalid --output "xml": want table or json`},
+		{[]string{"version", "--bogus"}, "mc: mc version: unknown flag: --bogus"},
+		{[]string{"--config", filepath.Join(t.TempDir(), "nope.yaml"), "version"}, "mc: read config file"},
+		{[]string{"--log-level", "loud", "version"}, `mc: invalid --log-level: unknown log level "loud"`},
+		{[]string{"nosuchverb"}, `mc: unknown command "nosuchverb"`},
+	}
+	for _, c := range cases {
+		var out, errb bytes.Buffer
+		code := Execute(context.Background(), c.args, &out, &errb)
+		if code == 0 {
+			t.Errorf("%v: exit 0, want non-zero", c.args)
+		}
+		got := errb.String()
+		if strings.Count(got, "\n") != 1 || !strings.HasPrefix(got, c.want) {
+			t.Errorf("%v: stderr %q, want one line starting %q", c.args, got, c.want)
+		}
+		if strings.Contains(got, "goroutine") || strings.Contains(got, "Usage:") {
+			t.Errorf("%v: stack trace or usage dump on stderr: %q", c.args, got)
+		}
+	}
+}
+
+func TestUnreadableConfigFile(t *testing.T) {
+	isolateEnv(t)
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte("output: [unclosed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := runCmd(t, "--config", path, "version")
+	if err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("garbage config: err = %v, want one naming %s", err, path)
+	}
+}
+
+// flag > environment > config file > default, shown on --output.
+func TestConfigPrecedence(t *testing.T) {
+	isolateEnv(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("output: json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	isJSON := func(out string) bool { return strings.HasPrefix(out, "{") }
+
+	out, _, err := runCmd(t, "version")
+	if err != nil || isJSON(out) {
+		t.Fatalf("default should be table: %v %q", err, out)
+	}
+	out, _, err = runCmd(t, "--config", cfg, "version")
+	if err != nil || !isJSON(out) {
+		t.Fatalf("config file should give json: %v %q", err, out)
+	}
+	t.Setenv("MC_OUTPUT", "table")
+	out, _, err = runCmd(t, "--config", cfg, "version")
+	if err != nil || isJSON(out) {
+		t.Fatalf("env should beat config file: %v %q", err, out)
+	}
+	out, _, err = runCmd(t, "--config", cfg, "--output", "json", "version")
+	if err != nil || !isJSON(out) {
+		t.Fatalf("flag should beat env: %v %q", err, out)
+	}
+}
+
+// The default config file is read when present and ignored when absent.
+func TestDefaultConfigFile(t *testing.T) {
+	isolateEnv(t)
+	xdg := t.TempDir()
+	t.Setenv("XDG_CONFIG_HOME", xdg)
+	if out, _, err := runCmd(t, "version"); err != nil || strings.HasPrefix(out, "{") {
+		t.Fatalf("absent default config: %v %q", err, out)
+	}
+	if err := os.MkdirAll(filepath.Join(xdg, "mc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(xdg, "mc", "config.yaml"), []byte("output: json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, err := runCmd(t, "version"); err != nil || !strings.HasPrefix(out, "{") {
+		t.Fatalf("default config not applied: %v %q", err, out)
+	}
+}
+
+// Mooncake's underscore spellings resolve to the kebab-case flags.
+func TestUnderscoreFlagSpelling(t *testing.T) {
+	isolateEnv(t)
+	var errb bytes.Buffer
+	code := Execute(context.Background(), []string{"--log_level", "loud", "version"}, &bytes.Buffer{}, &errb)
+	if code == 0 || !strings.Contains(errb.String(), "invalid --log-level") {
+		t.Fatalf("--log_level not normalised to --log-level: %d %q", code, errb.String())
+	}
+	out, _, err := runCmd(t, "version", "--output=json")
+	if err != nil || !strings.HasPrefix(out, "{") {
+		t.Fatalf("%v %q", err, out)
+	}
+}
+
+func TestCompletionShells(t *testing.T) {
+	isolateEnv(t)
+	for _, sh := range []string{"bash", "zsh", "fish", "powershell"} {
+		out, _, err := runCmd(t, "completion", sh)
+		if err != nil || !strings.Contains(out, "mc") || len(out) < 200 {
+			t.Errorf("completion %s: %v (%d bytes)", sh, err, len(out))
+		}
+	}
+}
+
+func TestDerivedEnvNames(t *testing.T) {
+	cases := map[[2]string]string{
+		{"", "log-level"}:         "MC_LOG_LEVEL",
+		{"bench", "block-size"}:   "MC_BENCH_BLOCK_SIZE",
+		{"diag", "num-qp-per-ep"}: "MC_DIAG_NUM_QP_PER_EP",
+	}
+	for in, want := range cases {
+		if got := derivedEnv(in[0], in[1]); got != want {
+			t.Errorf("derivedEnv(%q, %q) = %q, want %q", in[0], in[1], got, want)
+		}
+	}
+}

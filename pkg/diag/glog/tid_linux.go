@@ -1,0 +1,7 @@
+//go:build linux
+
+package glog
+
+import "syscall"
+
+func threadID() int { return syscall.Gettid() }
