@@ -54,6 +54,14 @@ func Request(ctx context.Context, addr string, t FrameType, payload []byte, max 
 
 // ctxErr prefers the context's reason over the socket's timeout error.
 func ctxErr(ctx context.Context, err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		// The socket deadline is the context's: its Done may lag by a hair.
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 	if cerr := ctx.Err(); cerr != nil {
 		return fmt.Errorf("%w (%v)", cerr, err)
 	}

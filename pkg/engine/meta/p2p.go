@@ -110,7 +110,7 @@ func (p *p2p) GetRPCMeta(ctx context.Context, server string) (RPCMeta, error) {
 
 // PutRPCMeta and DeleteRPCMeta have nothing to store in P2P mode.
 func (p *p2p) PutRPCMeta(ctx context.Context, server string, m RPCMeta) error { return nil }
-func (p *p2p) DeleteRPCMeta(ctx context.Context, server string) error        { return nil }
+func (p *p2p) DeleteRPCMeta(ctx context.Context, server string) error         { return nil }
 
 // Close stops answering Metadata requests; the handshake listener itself
 // belongs to the caller.
