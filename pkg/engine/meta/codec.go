@@ -62,30 +62,43 @@ func EncodeSegment(d *SegmentDesc) ([]byte, error) {
 	if err := Validate(d); err != nil {
 		return nil, err
 	}
-	out := *d
-	if out.Timestamp == "" {
-		out.Timestamp = Timestamp(time.Now())
+	w := segmentWire{
+		Name:            d.Name,
+		Protocol:        d.Protocol,
+		Timestamp:       d.Timestamp,
+		TCPDataPort:     d.TCPDataPort,
+		TCPProtoVersion: d.TCPProtoVersion,
+		Devices:         d.Devices,
+		Buffers:         d.Buffers,
 	}
-	if out.Buffers == nil {
-		out.Buffers = []BufferDesc{} // Mooncake always writes an array
+	if w.Timestamp == "" {
+		w.Timestamp = Timestamp(time.Now())
 	}
-	if out.Protocol == ProtocolRDMA && out.PriorityMatrix == nil {
-		out.PriorityMatrix = topo.Matrix{}
+	if w.Buffers == nil {
+		w.Buffers = []BufferDesc{} // Mooncake always writes an array
 	}
-	if out.Protocol == ProtocolRDMA {
-		// Mooncake always writes the TCP fields; keep the shape for rdma too.
-		return json.Marshal(rdmaWire{segmentWire: segmentWire(out), PriorityMatrix: out.PriorityMatrix})
+	if d.Protocol == ProtocolRDMA {
+		m := d.PriorityMatrix
+		if m == nil {
+			m = topo.Matrix{}
+		}
+		w.PriorityMatrix = &m
 	}
-	return json.Marshal(segmentWire(out))
+	return json.Marshal(w)
 }
 
-// segmentWire is SegmentDesc with the marshalling Mooncake's encoder has.
-type segmentWire SegmentDesc
-
-// rdmaWire forces "priority_matrix" to be written, even when empty.
-type rdmaWire struct {
-	segmentWire
-	PriorityMatrix topo.Matrix `json:"priority_matrix"`
+// segmentWire is the descriptor as Mooncake's encoder writes it:
+// tcp_data_port always (0 for rdma), devices and priority_matrix only for
+// rdma.
+type segmentWire struct {
+	Name            string       `json:"name"`
+	Protocol        string       `json:"protocol"`
+	Timestamp       string       `json:"timestamp"`
+	TCPDataPort     int          `json:"tcp_data_port"`
+	TCPProtoVersion int          `json:"tcp_proto_version,omitempty"`
+	Devices         []DeviceDesc `json:"devices,omitempty"`
+	Buffers         []BufferDesc `json:"buffers"`
+	PriorityMatrix  *topo.Matrix `json:"priority_matrix,omitempty"`
 }
 
 // rawSegment distinguishes absent fields from zero values while decoding.
@@ -96,7 +109,7 @@ type rawSegment struct {
 
 // DecodeSegment parses a descriptor as Mooncake writes it and enforces its
 // rejection rules. Unknown fields are ignored (newer Mooncake versions add
-// some). An absent tcp_proto_version means 1. Errors are *DescriptorError
+// some). An absent (or 0) tcp_proto_version means 1. Errors are *DescriptorError
 // naming the segment and the bad field, e.g.
 // `segment "x": buffers[2].addr is 0`.
 func DecodeSegment(b []byte) (*SegmentDesc, error) {
@@ -105,8 +118,10 @@ func DecodeSegment(b []byte) (*SegmentDesc, error) {
 		return nil, &DescriptorError{Segment: peekName(b), Reason: "is not valid descriptor JSON", Err: err}
 	}
 	d := raw.SegmentDesc
+	// Absent means 1 (peers older than the status frames); so does 0,
+	// which no version uses and which the encoder leaves out.
 	d.TCPProtoVersion = 1
-	if raw.TCPProtoVersion != nil {
+	if raw.TCPProtoVersion != nil && *raw.TCPProtoVersion != 0 {
 		d.TCPProtoVersion = *raw.TCPProtoVersion
 	}
 	if err := Validate(&d); err != nil {
