@@ -41,7 +41,12 @@ func (e *etcdBackend) call(ctx context.Context, op func(ctx context.Context) err
 	if err == nil {
 		return nil
 	}
-	if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded || status.Code(err) == codes.Unavailable {
+	if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
+		// The client retries a dead endpoint until the deadline; say so
+		// rather than a bare "context deadline exceeded".
+		return &unreachableError{what: "metadata server", addr: e.addr, err: fmt.Errorf("no answer within %v: %w", e.opts.timeout(), context.DeadlineExceeded)}
+	}
+	if status.Code(err) == codes.Unavailable {
 		return &unreachableError{what: "metadata server", addr: e.addr, err: trimGRPC(err)}
 	}
 	return fmt.Errorf("etcd %s: %w", e.addr, err)
