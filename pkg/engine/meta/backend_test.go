@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -580,5 +581,29 @@ func TestOpen(t *testing.T) {
 	}
 	if _, err := Open(ctx, "redis://x:1", Options{}); !errors.Is(err, ErrUnsupported) {
 		t.Errorf("redis: %v", err)
+	}
+}
+
+func TestEmbeddedEtcdCloseTwiceAndBusyPort(t *testing.T) {
+	ee, err := StartEtcd(context.Background(), EtcdConfig{Listen: "127.0.0.1:0", NoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := ee.DataDir()
+	// A second server on the same port fails with a clear error.
+	if _, err := StartEtcd(context.Background(), EtcdConfig{Listen: ee.Endpoints()[0], NoFsync: true}); err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("busy port: %v", err)
+	}
+	if err := ee.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ee.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("temporary data dir kept: %v", err)
+	}
+	if _, err := StartEtcd(context.Background(), EtcdConfig{Listen: "nope"}); err == nil || !strings.Contains(err.Error(), `"nope" is not host:port`) {
+		t.Fatalf("bad listen: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -33,6 +34,9 @@ type EmbeddedEtcd struct {
 	e       *embed.Etcd
 	tempDir string
 	dataDir string
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // StartEtcd starts a single-node etcd and waits until it serves clients.
@@ -132,13 +136,16 @@ func (ee *EmbeddedEtcd) DataDir() string { return ee.dataDir }
 // Err reports a fatal server error after start (nil-safe to select on).
 func (ee *EmbeddedEtcd) Err() <-chan error { return ee.e.Err() }
 
-// Close stops the server and removes a temporary data dir.
+// Close stops the server (waiting for in-flight requests) and removes a
+// temporary data dir. It is safe to call more than once.
 func (ee *EmbeddedEtcd) Close() error {
-	ee.e.Close()
-	if ee.tempDir != "" {
-		if err := os.RemoveAll(ee.tempDir); err != nil {
-			return fmt.Errorf("remove etcd data dir: %w", err)
+	ee.closeOnce.Do(func() {
+		ee.e.Close()
+		if ee.tempDir != "" {
+			if err := os.RemoveAll(ee.tempDir); err != nil {
+				ee.closeErr = fmt.Errorf("remove etcd data dir: %w", err)
+			}
 		}
-	}
-	return nil
+	})
+	return ee.closeErr
 }

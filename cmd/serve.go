@@ -1,0 +1,210 @@
+package cmd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
+)
+
+// newServeCmd is the group of long-running services mc can host. Each verb
+// runs until SIGINT/SIGTERM and then stops cleanly.
+func newServeCmd(p *printer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run mc services (metadata server)",
+		Long: `serve runs a long-lived service in the foreground until SIGINT or SIGTERM,
+then stops it cleanly.`,
+		Args: cobra.NoArgs,
+	}
+	cmd.AddCommand(newServeMetadataCmd(p))
+	return cmd
+}
+
+// Default listen addresses: etcd's client port and the port of Mooncake's
+// example HTTP metadata server.
+const (
+	defaultEtcdListen = "127.0.0.1:2379"
+	defaultHTTPListen = "127.0.0.1:8080"
+	httpMetadataPath  = "/metadata"
+)
+
+type serveMetadataOptions struct {
+	Listen  string
+	DataDir string
+	Backend string
+
+	// ready, when set, is called once the server accepts clients (tests
+	// use it to learn a port-0 address).
+	ready func(serveMetadataInfo)
+}
+
+// serveMetadataInfo is what `mc serve metadata` prints at start.
+type serveMetadataInfo struct {
+	Backend        string `json:"backend"`
+	Listen         string `json:"listen"`
+	MetadataServer string `json:"metadata_server"`
+	DataDir        string `json:"data_dir,omitempty"`
+	Temporary      bool   `json:"temporary_data_dir,omitempty"`
+}
+
+func newServeMetadataCmd(p *printer) *cobra.Command {
+	var o serveMetadataOptions
+	cmd := &cobra.Command{
+		Use:   "metadata",
+		Short: "Run a Mooncake-compatible metadata server (embedded etcd or HTTP)",
+		Long: `metadata runs a metadata server that Mooncake Transfer Engine processes and
+mc commands can share via --metadata-server (Mooncake: --metadata_server).
+
+With --backend etcd (default) it runs a single-node embedded etcd; segment
+descriptors live under mooncake/ram/<segment> and RPC endpoints under
+mooncake/rpc_meta/<server>. Without --data-dir the data is kept in a
+temporary directory removed on exit (Mooncake processes re-register at
+start). With --backend http it serves Mooncake's HTTP metadata protocol
+(GET/PUT/DELETE <url>?key=...) from memory at ` + httpMetadataPath + `.
+
+--listen defaults to ` + defaultEtcdListen + ` for etcd and ` + defaultHTTPListen + ` for http;
+port 0 picks a free port. The address clients should pass is printed at start.`,
+		Example: `  mc serve metadata
+  mc serve metadata --listen 0.0.0.0:2379 --data-dir /var/lib/mc/etcd
+  mc serve metadata --backend http --listen 127.0.0.1:8080`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return runServeMetadata(ctx, o, p)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Listen, "listen", "", "address to listen on, host:port (default "+defaultEtcdListen+" for etcd, "+defaultHTTPListen+" for http)")
+	f.StringVar(&o.DataDir, "data-dir", "", "etcd data directory (default: a temporary directory removed on exit)")
+	f.StringVar(&o.Backend, "backend", "etcd", "metadata backend: etcd or http")
+	_ = cmd.RegisterFlagCompletionFunc("backend", cobra.FixedCompletions([]string{"etcd", "http"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.MarkFlagDirname("data-dir")
+	return cmd
+}
+
+func runServeMetadata(ctx context.Context, o serveMetadataOptions, p *printer) error {
+	switch o.Backend {
+	case "etcd":
+		if o.Listen == "" {
+			o.Listen = defaultEtcdListen
+		}
+	case "http":
+		if o.Listen == "" {
+			o.Listen = defaultHTTPListen
+		}
+		if o.DataDir != "" {
+			return fmt.Errorf("--data-dir applies to --backend etcd only (the http backend keeps metadata in memory)")
+		}
+	default:
+		return fmt.Errorf("invalid --backend %q: want etcd or http", o.Backend)
+	}
+	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
+		return fmt.Errorf("invalid --listen %q: want host:port", o.Listen)
+	}
+	if o.Backend == "http" {
+		return serveHTTPMetadata(ctx, o, p)
+	}
+	return serveEtcdMetadata(ctx, o, p)
+}
+
+func serveEtcdMetadata(ctx context.Context, o serveMetadataOptions, p *printer) error {
+	ee, err := meta.StartEtcd(ctx, meta.EtcdConfig{Listen: o.Listen, DataDir: o.DataDir})
+	if err != nil {
+		return fmt.Errorf("serve metadata: %w", err)
+	}
+	defer ee.Close()
+	ep := ee.Endpoints()[0]
+	info := serveMetadataInfo{Backend: "etcd", Listen: ep, MetadataServer: ep, DataDir: ee.DataDir(), Temporary: o.DataDir == ""}
+	if err := announce(info, o, p); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-ee.Err():
+		if err != nil {
+			return fmt.Errorf("serve metadata: etcd on %s: %w", ep, err)
+		}
+	}
+	slog.Info("metadata server stopping", "backend", "etcd", "listen", ep)
+	if err := ee.Close(); err != nil {
+		return fmt.Errorf("serve metadata: %w", err)
+	}
+	return nil
+}
+
+func serveHTTPMetadata(ctx context.Context, o serveMetadataOptions, p *printer) error {
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return fmt.Errorf("serve metadata: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(httpMetadataPath, meta.NewHTTPHandler())
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(slog.Default().Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	addr := ln.Addr().String()
+	info := serveMetadataInfo{Backend: "http", Listen: addr, MetadataServer: "http://" + addr + httpMetadataPath}
+	if err := announce(info, o, p); err != nil {
+		srv.Close()
+		<-served
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		return fmt.Errorf("serve metadata: http on %s: %w", addr, err)
+	}
+	slog.Info("metadata server stopping", "backend", "http", "listen", addr)
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("serve metadata: stop http on %s: %w", addr, err)
+	}
+	return nil
+}
+
+// announce prints where the server listens and the value clients pass.
+func announce(info serveMetadataInfo, o serveMetadataOptions, p *printer) error {
+	if p.JSON() {
+		if err := p.PrintJSON(info); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(p.Out, "metadata server (%s) listening on %s\n", info.Backend, info.Listen)
+		fmt.Fprintf(p.Out, "clients: --metadata-server %s\n", info.MetadataServer)
+		if info.DataDir != "" {
+			note := ""
+			if info.Temporary {
+				note = " (temporary, removed on exit)"
+			}
+			fmt.Fprintf(p.Out, "data dir: %s%s\n", info.DataDir, note)
+		}
+	}
+	if o.ready != nil {
+		o.ready(info)
+	}
+	return nil
+}
