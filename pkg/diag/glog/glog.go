@@ -7,7 +7,7 @@
 // writes them too, so mc's own logs must be indistinguishable in shape.
 //
 // The writing side is a log/slog Handler, so the rest of mc logs through the
-// standard library; the reading side (ParsePrefix) is what pkg/diag uses.
+// standard library; the reading side (ParseLine) is what pkg/diag uses.
 package glog
 
 import (

@@ -1,0 +1,174 @@
+package diag
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// Errors a live sample can end with; callers branch on them to explain.
+var (
+	// ErrNoRDMATool: the rdma binary (iproute2) is not installed.
+	ErrNoRDMATool = errors.New("the rdma tool (iproute2) is not installed")
+	// ErrNoRDMANetlink: the kernel has no RDMA netlink (no RDMA support,
+	// or the ib_core module is not loaded).
+	ErrNoRDMANetlink = errors.New("this host has no RDMA netlink (Failed to open NETLINK_RDMA socket): no RDMA devices to inspect")
+)
+
+// Sampler runs `rdma -j resource show` on this host.
+type Sampler struct {
+	Bin     string        // path or name of rdma; "" means "rdma"
+	Timeout time.Duration // per run; 0 means 10s
+	Now     func() time.Time
+}
+
+// Sample runs the tool once and parses its output.
+func (s Sampler) Sample(ctx context.Context) (*Snapshot, error) {
+	bin := s.Bin
+	if bin == "" {
+		bin = "rdma"
+	}
+	timeout := s.Timeout
+	if timeout <= 0 {
+		timeout = 10 * time.Second
+	}
+	now := time.Now
+	if s.Now != nil {
+		now = s.Now
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "-j", "resource", "show")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	at := now()
+	err := cmd.Run()
+	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%s: %w", bin, ErrNoRDMATool)
+	}
+	if strings.Contains(stderr.String()+stdout.String(), "NETLINK_RDMA") {
+		return nil, ErrNoRDMANetlink
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("%s -j resource show: %w", bin, ctx.Err())
+	}
+	if err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if len(msg) > 200 {
+			msg = msg[:200]
+		}
+		return nil, fmt.Errorf("%s -j resource show: %w: %s", bin, err, msg)
+	}
+	snap, err := ReadSnapshot(&stdout, bin+" -j resource show")
+	if err != nil {
+		if errors.Is(err, ErrNoRDMAData) && len(bytes.TrimSpace(stdout.Bytes())) <= 2 {
+			return nil, fmt.Errorf("%s -j resource show: no RDMA devices on this host", bin)
+		}
+		return nil, err
+	}
+	snap.At = at
+	return snap, nil
+}
+
+// Tailer follows growing plain-text log files, feeding complete new lines
+// to a LogScanner: `--watch` counts evictions as they happen.
+type Tailer struct {
+	Scanner *LogScanner
+	files   []*tailFile
+}
+
+type tailFile struct {
+	path    string
+	f       *os.File
+	partial []byte
+}
+
+// NewTailer opens the files and positions at their current end: what was
+// there before the watch began is read by a normal scan first.
+func NewTailer(sc *LogScanner, paths []string) (*Tailer, error) {
+	t := &Tailer{Scanner: sc}
+	for _, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Close()
+			return nil, err
+		}
+		if _, err := f.Seek(0, io.SeekEnd); err != nil {
+			f.Close()
+			t.Close()
+			return nil, fmt.Errorf("seek %s: %w", p, err)
+		}
+		t.files = append(t.files, &tailFile{path: p, f: f})
+	}
+	return t, nil
+}
+
+// Poll reads what was appended since the last call. A half-written last
+// line waits for its newline.
+func (t *Tailer) Poll() error {
+	buf := make([]byte, 256<<10)
+	for _, tf := range t.files {
+		for {
+			n, err := tf.f.Read(buf)
+			if n > 0 {
+				data := append(tf.partial, buf[:n]...)
+				for {
+					i := bytes.IndexByte(data, '\n')
+					if i < 0 {
+						break
+					}
+					t.Scanner.Line(data[:i])
+					data = data[i+1:]
+				}
+				if len(data) > lineBufSize {
+					t.Scanner.st.Lines++
+					t.Scanner.st.Overlong++
+					data = nil
+				}
+				tf.partial = append(tf.partial[:0], data...)
+			}
+			if errors.Is(err, io.EOF) || n == 0 {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("tail %s: %w", tf.path, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Close closes the files.
+func (t *Tailer) Close() {
+	for _, tf := range t.files {
+		tf.f.Close()
+	}
+}
+
+// ScanFiles scans every path ("-" is stdin) into sc. It stops at the first
+// file that cannot be opened or decompressed: a report built without an
+// input the operator named would mislead. A read that fails part way (a
+// truncated gzip of a log still being rotated) keeps what was read and is
+// listed in the scanner's problems.
+func ScanFiles(sc *LogScanner, paths []string) error {
+	for _, p := range paths {
+		rc, err := Open(p)
+		if err != nil {
+			return fmt.Errorf("open log %s: %w", p, err)
+		}
+		if st, err := os.Stat(p); err == nil && p != "-" && sc.Year == 0 {
+			// "mmdd" timestamps take the year the file was last written.
+			sc.Year = st.ModTime().Year()
+		}
+		_ = sc.Scan(bufio.NewReaderSize(rc, lineBufSize), p)
+		rc.Close()
+	}
+	return nil
+}

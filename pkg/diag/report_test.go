@@ -1,0 +1,290 @@
+package diag
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/golden/*.json")
+
+var t0 = time.Date(2026, 3, 7, 11, 30, 0, 0, time.UTC)
+
+type goldenCase struct {
+	name string
+	in   Inputs
+	opts Options
+	want string // verdict
+	// codes that must be among the findings
+	codes []string
+}
+
+func goldenCases() []goldenCase {
+	td := func(p ...string) string { return filepath.Join(append([]string{"testdata"}, p...)...) }
+	return []goldenCase{
+		{
+			name: "leak",
+			in: Inputs{RDMA: []string{td("leak", "rdma.txt")}, At: []time.Time{t0},
+				Logs: []string{td("leak", "prefill-0.INFO.1.gz"), td("leak", "prefill-0.INFO")}, Year: 2026},
+			want:  VerdictLeak,
+			codes: []string{CodeQPExhausted, CodeQPAboveCeiling, CodeAsymmetricQP, CodeEvictionsNoReclm, CodeNoPeriodicReclaim},
+		},
+		{
+			name: "healthy",
+			in: Inputs{RDMA: []string{td("healthy", "rdma.txt")}, At: []time.Time{t0},
+				Logs: []string{td("healthy", "prefill-0.INFO")}, Year: 2026},
+			want: VerdictHealthy,
+		},
+		{
+			name: "leak-noinfo",
+			in: Inputs{RDMA: []string{td("leak", "rdma.json")}, At: []time.Time{t0},
+				Logs: []string{td("leak-noinfo", "prefill-0.WARNING")}, Year: 2026},
+			want:  VerdictLeak,
+			codes: []string{CodeQPExhausted, CodeQPAboveCeiling, CodeAsymmetricQP, CodeNoEvictionLogs},
+		},
+		{
+			name: "growth",
+			in: Inputs{RDMA: []string{td("growth", "rdma-3.json"), td("growth", "rdma-1.json"), td("growth", "rdma-4.json"), td("growth", "rdma-2.json")},
+				At: []time.Time{t0.Add(20 * time.Minute), t0, t0.Add(30 * time.Minute), t0.Add(10 * time.Minute)}},
+			opts:  Options{MaxEPPerCtx: 256, MaxQP: 131072},
+			want:  VerdictLeak,
+			codes: []string{CodeQPGrowth, CodeQPAboveCeiling, CodeAsymmetricQP},
+		},
+		{
+			name:  "perqp",
+			in:    Inputs{RDMA: []string{td("perqp", "rdma-qp.txt")}, At: []time.Time{t0}},
+			opts:  Options{MaxEPPerCtx: 256},
+			want:  VerdictLeak,
+			codes: []string{CodeQPErrorStatePile, CodeQPAboveCeiling, CodeAsymmetricQP},
+		},
+	}
+}
+
+func runGolden(t *testing.T, c goldenCase) *Report {
+	t.Helper()
+	snaps, logs, err := Load(context.Background(), c.in)
+	if err != nil {
+		t.Fatalf("%s: %v", c.name, err)
+	}
+	return Analyze(snaps, logs, c.opts)
+}
+
+func TestGoldenReports(t *testing.T) {
+	for _, c := range goldenCases() {
+		t.Run(c.name, func(t *testing.T) {
+			r := runGolden(t, c)
+			got, err := json.MarshalIndent(r, "", "  ")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, '\n')
+			path := filepath.Join("testdata", "golden", c.name+".json")
+			if *update {
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with -update)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("report differs from %s (run with -update and review the diff):\n%s", path, got)
+			}
+			// Independent of the golden file: the verdict and the signals
+			// the fixture was built to show.
+			if r.Verdict != c.want {
+				t.Errorf("verdict %s, want %s; findings %+v", r.Verdict, c.want, r.Findings)
+			}
+			for _, code := range c.codes {
+				if !hasCode(r, code) {
+					t.Errorf("finding %s missing: %+v", code, r.Findings)
+				}
+			}
+		})
+	}
+}
+
+func hasCode(r *Report, code string) bool {
+	for _, f := range r.Findings {
+		if f.Code == code {
+			return true
+		}
+	}
+	return false
+}
+
+// The incident's figures must come out of the leak fixture as counted.
+func TestLeakFigures(t *testing.T) {
+	r := runGolden(t, goldenCases()[0])
+	if r.Evictions != 1118 {
+		t.Errorf("evictions %d, want 1118", r.Evictions)
+	}
+	if r.Logs.QPCreateENOMEM != 37 || r.Logs.EvictionsBeforeFirstQPFailure != 1118 {
+		t.Errorf("ENOMEM %d after %d evictions, want 37 after 1118", r.Logs.QPCreateENOMEM, r.Logs.EvictionsBeforeFirstQPFailure)
+	}
+	if r.TEVersion != "0.3.7.post2" {
+		t.Errorf("version %q", r.TEVersion)
+	}
+	if r.Logs.Files != 2 || r.Logs.Unrecognised != 1 || r.Logs.OtherLines == 0 {
+		t.Errorf("input counts: %+v", r.Logs)
+	}
+	var hot, cold int
+	for _, n := range r.NICs {
+		if n.Excess <= 0 || n.ExpectedMax == nil {
+			t.Errorf("%s: excess %d", n.Name, n.Excess)
+		}
+		switch n.Name {
+		case "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3":
+			hot += n.Evictions
+		default:
+			cold += n.Evictions
+		}
+	}
+	if hot <= 5*cold || hot == 0 {
+		t.Errorf("evictions attributed hot %d cold %d: want them on mlx5_0..3", hot, cold)
+	}
+	for _, f := range r.Findings {
+		if f.Code == CodeAsymmetricQP && !strings.Contains(f.Message, "mlx5_0, mlx5_1, mlx5_2, mlx5_3 hold") {
+			t.Errorf("asymmetry names the wrong NICs: %s", f.Message)
+		}
+	}
+	if r.ExitCode() != 2 {
+		t.Errorf("exit code %d", r.ExitCode())
+	}
+}
+
+// Text and JSON forms of the same capture give the same report.
+func TestTextAndJSONAgree(t *testing.T) {
+	for _, pair := range [][2]string{{"leak/rdma.txt", "leak/rdma.json"}, {"perqp/rdma-qp.txt", "perqp/rdma-qp.json"}} {
+		var reps [2]*Report
+		for i, p := range pair {
+			snaps, _, err := Load(context.Background(), Inputs{RDMA: []string{filepath.Join("testdata", p)}, At: []time.Time{t0}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reps[i] = Analyze(snaps, nil, Options{MaxEPPerCtx: 256})
+			reps[i].Snapshots = nil
+		}
+		a, _ := json.Marshal(reps[0])
+		b, _ := json.Marshal(reps[1])
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s and %s disagree:\n%s\n%s", pair[0], pair[1], a, b)
+		}
+	}
+}
+
+func TestGrowthTimeToMax(t *testing.T) {
+	r := runGolden(t, goldenCases()[3])
+	n := r.NICs[0]
+	// 9000 -> 10880 in 30 minutes: +3760/h; (131072-10880)/3760 h.
+	if n.QPGrowth != 1880 || n.QPGrowthPerHour == nil || *n.QPGrowthPerHour != 3760 {
+		t.Fatalf("growth %d per hour %v", n.QPGrowth, n.QPGrowthPerHour)
+	}
+	want := float64(131072-10880) / 3760 * 3600
+	if n.SecondsToMaxQP == nil || *n.SecondsToMaxQP < want-1 || *n.SecondsToMaxQP > want+1 {
+		t.Fatalf("seconds to max %v, want %.0f", n.SecondsToMaxQP, want)
+	}
+	if r.NICs[5].QPGrowthPerHour == nil || r.NICs[5].QPGrowth > 5 {
+		t.Errorf("flat NIC grew: %+v", r.NICs[5])
+	}
+}
+
+func TestVersionCompare(t *testing.T) {
+	less := [][2]string{{"0.3.7.post2", "0.3.11"}, {"v0.3.10", "0.3.11"}, {"0.3.11rc1", "0.3.11"}, {"0.2.99", "0.3.0"}}
+	for _, p := range less {
+		if !versionLess(p[0], p[1]) || versionLess(p[1], p[0]) {
+			t.Errorf("%s < %s not seen", p[0], p[1])
+		}
+	}
+	for _, v := range []string{"0.3.11", "0.3.11.post1", "v0.4.0", "1.0.0"} {
+		if versionLess(v, FixedVersion) {
+			t.Errorf("%s taken as older than %s", v, FixedVersion)
+		}
+	}
+	for in, want := range map[string]string{
+		"mooncake-transfer-engine 0.3.7.post2":        "0.3.7.post2",
+		"Mooncake transfer engine v0.3.11 starting":   "0.3.11",
+		"mooncake_transfer_engine==0.3.10rc1; python": "0.3.10rc1",
+		"Mooncake 2 of 3 ready":                       "",
+	} {
+		if got := findVersion([]byte(in)); got != want {
+			t.Errorf("findVersion(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestUnreadableInputs(t *testing.T) {
+	dir := t.TempDir()
+	garbage := filepath.Join(dir, "garbage")
+	os.WriteFile(garbage, []byte("\x00\x01 not rdma\nhello\n"), 0o644)
+	badgz := filepath.Join(dir, "bad.gz")
+	os.WriteFile(badgz, []byte{0x1f, 0x8b, 0, 0}, 0o644)
+	for _, in := range []Inputs{
+		{RDMA: []string{filepath.Join(dir, "missing")}},
+		{RDMA: []string{garbage}},
+		{RDMA: []string{"testdata/leak/rdma.txt"}, Logs: []string{filepath.Join(dir, "missing.log")}},
+		{RDMA: []string{"testdata/leak/rdma.txt"}, Logs: []string{badgz}},
+		{RDMA: []string{"testdata/leak/rdma.txt"}, At: []time.Time{t0, t0}},
+	} {
+		_, _, err := Load(context.Background(), in)
+		if err == nil {
+			t.Errorf("%+v: no error", in)
+			continue
+		}
+		if len(in.At) == 0 && !errors.Is(err, ErrUnreadable) {
+			t.Errorf("%+v: %v does not wrap ErrUnreadable", in, err)
+		}
+	}
+}
+
+// A gzip cut short (a log being compressed while copied) keeps what was
+// read and says so.
+func TestTruncatedGzipKeepsData(t *testing.T) {
+	b, err := os.ReadFile("testdata/leak/prefill-0.INFO.1.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "cut.gz")
+	os.WriteFile(p, b[:len(b)/2], 0o644)
+	sc := NewLogScanner()
+	if err := ScanFiles(sc, []string{p}); err != nil {
+		t.Fatal(err)
+	}
+	s := sc.Summary()
+	if s.Stats.Evictions == 0 || len(s.Stats.Problems) == 0 || !strings.Contains(s.Stats.Problems[0], "read stopped") {
+		t.Fatalf("evictions %d problems %q", s.Stats.Evictions, s.Stats.Problems)
+	}
+}
+
+func TestStdinAndClassify(t *testing.T) {
+	b, _ := os.ReadFile("testdata/leak/rdma.json")
+	old := Stdin
+	Stdin = bytes.NewReader(b)
+	defer func() { Stdin = old }()
+	snaps, _, err := Load(context.Background(), Inputs{RDMA: []string{"-"}})
+	if err != nil || len(snaps[0].Devices) != 8 {
+		t.Fatalf("stdin: %v", err)
+	}
+	for p, want := range map[string]string{
+		"testdata/leak/rdma.txt": KindRDMA, "testdata/leak/rdma.json": KindRDMA, "testdata/perqp/rdma-qp.txt": KindRDMA,
+		"testdata/leak/prefill-0.INFO.1.gz": KindLog, "testdata/leak-noinfo/prefill-0.WARNING": KindLog,
+	} {
+		if got, err := Classify(p); got != want || err != nil {
+			t.Errorf("Classify(%s) = %q, %v; want %s", p, got, err, want)
+		}
+	}
+	if _, err := Classify("testdata/README.md"); err == nil {
+		t.Error("README classified")
+	}
+}
