@@ -104,6 +104,11 @@ func serve(ln net.Listener, opts Options) *Server {
 		idle:     make(map[net.Conn]struct{}),
 		done:     make(chan struct{}),
 	}
+	// Mooncake peers probe liveness before use and expect this answer;
+	// Handle(Probe, ...) replaces it.
+	s.handlers[Probe] = func(context.Context, []byte) ([]byte, error) {
+		return []byte(`{"status":"success"}`), nil
+	}
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s
@@ -111,6 +116,7 @@ func serve(ln net.Listener, opts Options) *Server {
 
 // Handle registers h for frames of type t, replacing any previous handler.
 // A nil h removes it. Frames without a handler get the connection closed.
+// A new server answers Probe with {"status":"success"}, as Mooncake does.
 func (s *Server) Handle(t FrameType, h HandlerFunc) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

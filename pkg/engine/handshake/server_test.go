@@ -76,6 +76,18 @@ func TestServerWire(t *testing.T) {
 	}
 }
 
+func TestDefaultProbe(t *testing.T) {
+	s := listen(t, Options{})
+	reply, err := Request(context.Background(), s.Addr(), Probe, []byte(`{}`), 0)
+	if err != nil || string(reply) != `{"status":"success"}` {
+		t.Fatalf("probe: %q %v", reply, err)
+	}
+	s.Handle(Probe, nil)
+	if _, err := Request(context.Background(), s.Addr(), Probe, []byte(`{}`), 0); !errors.Is(err, ErrNoReply) {
+		t.Fatalf("probe without handler: %v", err)
+	}
+}
+
 func TestNoHandlerClosesWithoutReply(t *testing.T) {
 	s := listen(t, Options{})
 	_, err := Request(context.Background(), s.Addr(), Notify, []byte(`{}`), 0)

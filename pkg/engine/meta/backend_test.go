@@ -539,6 +539,12 @@ func TestP2PErrors(t *testing.T) {
 		t.Fatalf("unreachable peer: %v", err)
 	}
 	t.Logf("error line: %v", err)
+	// A Mooncake peer without a local segment answers "null\n".
+	empty := listenHS(t)
+	empty.Handle(handshake.Metadata, func(ctx context.Context, p []byte) ([]byte, error) { return []byte("null\n"), nil })
+	if _, err := b.GetSegment(ctx, empty.Addr()); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("null reply: %v", err)
+	}
 	// A peer that answers garbage.
 	hs := listenHS(t)
 	hs.Handle(handshake.Metadata, func(ctx context.Context, p []byte) ([]byte, error) {

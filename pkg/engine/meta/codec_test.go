@@ -106,7 +106,8 @@ func TestDecodeDefaultsAndUnknownFields(t *testing.T) {
 	if d.TCPProtoVersion != 1 {
 		t.Fatalf("absent tcp_proto_version decoded as %d, want 1", d.TCPProtoVersion)
 	}
-	d, err = DecodeSegment([]byte(`{"name":"n","protocol":"tcp","tcp_data_port":1,"tcp_proto_version":2,"buffers":[]}`))
+	// Mooncake's Json::FastWriter ends values with a newline.
+	d, err = DecodeSegment([]byte(`{"name":"n","protocol":"tcp","tcp_data_port":1,"tcp_proto_version":2,"buffers":[]}` + "\n"))
 	if err != nil || d.TCPProtoVersion != 2 {
 		t.Fatalf("tcp_proto_version 2: %v %v", d, err)
 	}

@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -55,7 +56,7 @@ func (p *p2p) GetSegment(ctx context.Context, name string) (*SegmentDesc, error)
 	p.mu.Lock()
 	local, localName := p.local, p.name
 	p.mu.Unlock()
-	if local != nil && name == localName {
+	if local != nil && (name == localName || p.opts.Handshake != nil && name == p.opts.Handshake.Addr()) {
 		return DecodeSegment(local)
 	}
 	if err := checkHostPort(name); err != nil {
@@ -77,6 +78,12 @@ func (p *p2p) GetSegment(ctx context.Context, name string) (*SegmentDesc, error)
 			return nil, fmt.Errorf("segment %q: %w", name, &unreachableError{what: "peer", addr: name, err: errors.Unwrap(err)})
 		}
 		return nil, fmt.Errorf("segment %q: %w", name, err)
+	}
+	// A Mooncake peer with no local segment still replies: its encoder
+	// leaves the JSON value null.
+	switch string(bytes.TrimSpace(reply)) {
+	case "", "null", "{}":
+		return nil, fmt.Errorf("segment %q: peer has no segment to describe: %w", name, ErrNotFound)
 	}
 	d, err := DecodeSegment(reply)
 	if err != nil {
