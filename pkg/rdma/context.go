@@ -36,6 +36,10 @@ type Context struct {
 	createFails atomic.Uint64
 	ticks       atomic.Uint64
 
+	// hold is write-locked by tests to stall completion processing, as
+	// busy workers do in production; workers read-lock it per batch.
+	hold sync.RWMutex
+
 	nextID  atomic.Uint64
 	pendMu  sync.Mutex
 	pending map[uint64]pendingSlice
@@ -305,10 +309,12 @@ func (c *Context) worker() {
 	idle := time.NewTimer(time.Hour)
 	defer idle.Stop()
 	for {
+		c.hold.RLock()
 		n := c.cq.Poll(wcs)
 		for _, wc := range wcs[:n] {
 			c.complete(wc)
 		}
+		c.hold.RUnlock()
 		if n > 0 {
 			continue
 		}

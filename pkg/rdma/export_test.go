@@ -35,3 +35,10 @@ func (s *EndpointStore) BusyWaiting() int {
 type atomicInt32s = atomic.Int32
 
 var errnoENOMEM = syscall.ENOMEM
+
+// PauseWorkers stalls completion processing until resume is called, so
+// posted slices stay in flight (their endpoints stay busy).
+func (c *Context) PauseWorkers() (resume func()) {
+	c.hold.Lock()
+	return c.hold.Unlock
+}
