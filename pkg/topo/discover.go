@@ -141,7 +141,9 @@ func checkSys(f FS) error {
 	if err == nil && fi.IsDir() {
 		return nil
 	}
-	if _, _, e := f.resolve("class/infiniband"); e == nil {
+	_, d, e1 := f.resolve("devices")
+	_, c, e2 := f.resolve("class")
+	if e1 == nil && e2 == nil && d.IsDir() && c.IsDir() {
 		return fmt.Errorf("sysfs root %q has no sys/ directory; it looks like sysfs itself: pass its parent", f.root)
 	}
 	if err != nil {

@@ -455,7 +455,7 @@ func TestNewFSErrors(t *testing.T) {
 	if _, err := Discover(f, Options{}); err == nil || !strings.Contains(err.Error(), "sys") {
 		t.Errorf("empty root: err = %v", err)
 	}
-	sysfs := topotest.TreeString(t, "d class/infiniband\n")
+	sysfs := topotest.TreeString(t, "d class/net\nd devices/system\n")
 	f, _ = NewFS(sysfs)
 	if _, err := Discover(f, Options{}); err == nil || !strings.Contains(err.Error(), "pass its parent") {
 		t.Errorf("sysfs as root: err = %v", err)
