@@ -48,6 +48,9 @@ func (s Sampler) Sample(ctx context.Context) (*Snapshot, error) {
 	cmd := exec.CommandContext(ctx, bin, "-j", "resource", "show")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	// A child that forks and leaves its own children holding the pipes
+	// must not keep us waiting past the timeout.
+	cmd.WaitDelay = time.Second
 	at := now()
 	err := cmd.Run()
 	if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {

@@ -94,6 +94,9 @@ type LogScanner struct {
 	peers map[string]*PeerEvents
 	nics  map[string]*NICEvents
 	vers  map[string]bool
+	// first and last event times; kept as values so that recording them
+	// does not allocate per line.
+	first, last time.Time
 }
 
 // NewLogScanner returns an empty scanner.
@@ -257,12 +260,11 @@ func (s *LogScanner) Line(b []byte) {
 	}
 	s.st.Events++
 	t := l.Time(s.year(), time.UTC)
-	if s.st.FirstEvent == nil || t.Before(*s.st.FirstEvent) {
-		s.st.FirstEvent = &t
+	if s.first.IsZero() || t.Before(s.first) {
+		s.first = t
 	}
-	if s.st.LastEvent == nil || t.After(*s.st.LastEvent) {
-		t2 := t
-		s.st.LastEvent = &t2
+	if t.After(s.last) {
+		s.last = t
 	}
 }
 
@@ -526,6 +528,10 @@ func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 // the per-NIC asymmetry look cleaner than the logs show.
 func (s *LogScanner) Summary() *LogSummary {
 	sum := &LogSummary{Stats: s.st, NICs: make(map[string]*NICEvents, len(s.nics))}
+	if !s.first.IsZero() {
+		f, l := s.first, s.last
+		sum.Stats.FirstEvent, sum.Stats.LastEvent = &f, &l
+	}
 	sum.Stats.StoreTypes = make(map[string]int, len(s.st.StoreTypes))
 	for k, v := range s.st.StoreTypes {
 		sum.Stats.StoreTypes[k] = v

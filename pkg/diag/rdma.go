@@ -161,16 +161,18 @@ func firstNonSpace(br *bufio.Reader) (byte, error) {
 // (someone concatenated both commands); each line is classified alone.
 func scanText(br *bufio.Reader, s *Snapshot) error {
 	return eachLine(br, func(line []byte, overlong bool) {
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 {
-			return
-		}
-		s.Lines++
 		if overlong {
+			s.Lines++
 			s.Bad++
 			s.problem("line %d: longer than %d bytes, skipped", s.Lines, lineBufSize)
 			return
 		}
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 || line[0] == '#' {
+			// Blank lines and comments (a capture annotated by hand).
+			return
+		}
+		s.Lines++
 		if bytes.HasPrefix(line, []byte("link ")) {
 			q, ok := ParseQPLine(line)
 			if !ok {

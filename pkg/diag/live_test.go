@@ -1,0 +1,90 @@
+package diag
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func fakeRDMA(t *testing.T, mode string) Sampler {
+	t.Helper()
+	bin, err := filepath.Abs("testdata/fake-rdma.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("FAKE_RDMA_MODE", mode)
+	t.Setenv("FAKE_RDMA_STATE", filepath.Join(t.TempDir(), "calls"))
+	return Sampler{Bin: bin, Timeout: 2 * time.Second}
+}
+
+func TestSamplerGrowth(t *testing.T) {
+	s := fakeRDMA(t, "growth")
+	var snaps []*Snapshot
+	for i := 0; i < 3; i++ {
+		snap, err := s.Sample(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		snaps = append(snaps, snap)
+	}
+	if got := snaps[2].QPCounts()["mlx5_0"]; got != 10200 {
+		t.Fatalf("third sample mlx5_0 = %d, want 10200", got)
+	}
+	if snaps[0].At.IsZero() || snaps[2].At.Before(snaps[0].At) {
+		t.Fatalf("sample times %v %v", snaps[0].At, snaps[2].At)
+	}
+}
+
+func TestSamplerFailures(t *testing.T) {
+	cases := []struct {
+		mode string
+		want error
+		text string
+	}{
+		{"nonetlink", ErrNoRDMANetlink, "NETLINK_RDMA"},
+		{"fail", nil, "something else broke"},
+		{"hang", context.DeadlineExceeded, "resource show"},
+		{"empty", nil, "no RDMA devices"},
+	}
+	for _, c := range cases {
+		s := fakeRDMA(t, c.mode)
+		s.Timeout = 300 * time.Millisecond
+		_, err := s.Sample(context.Background())
+		if err == nil || !strings.Contains(err.Error(), c.text) || (c.want != nil && !errors.Is(err, c.want)) {
+			t.Errorf("%s: err = %v, want %v containing %q", c.mode, err, c.want, c.text)
+		}
+	}
+	_, err := Sampler{Bin: filepath.Join(t.TempDir(), "no-such-rdma")}.Sample(context.Background())
+	if !errors.Is(err, ErrNoRDMATool) {
+		t.Errorf("missing binary: %v", err)
+	}
+}
+
+func TestTailerFollowsAppends(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "te.INFO")
+	os.WriteFile(p, []byte("I0307 09:00:00.000001 1 s.cpp:1] old@mlx5_0 evicted\n"), 0o644)
+	sc := NewLogScanner()
+	tl, err := NewTailer(sc, []string{p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	f, _ := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+	defer f.Close()
+	f.WriteString("I0307 09:00:01.000001 1 s.cpp:1] new@mlx5_0 evicted\nI0307 09:00:02.000001 1 s.cpp:1] half@mlx5_0 evi")
+	if err := tl.Poll(); err != nil {
+		t.Fatal(err)
+	}
+	if sc.st.Evictions != 1 {
+		t.Fatalf("after first poll: %d evictions, want 1 (old line skipped, half line waiting)", sc.st.Evictions)
+	}
+	f.WriteString("cted\n")
+	tl.Poll()
+	if sc.st.Evictions != 2 || sc.peers["half@mlx5_0"] == nil {
+		t.Fatalf("after second poll: %d evictions", sc.st.Evictions)
+	}
+}
