@@ -217,7 +217,15 @@ func (t *Topology) readNICs(f FS) error {
 func (t *Topology) readNIC(f FS, name string) (NIC, error) {
 	base := "sys/class/infiniband/" + name
 	nic := NIC{Name: name, NUMANode: -1, Ports: []Port{}}
-	dev, err := f.Realpath(base + "/device")
+	dir, err := f.Realpath(base)
+	if errors.Is(err, ErrOutsideRoot) {
+		return nic, fmt.Errorf("NIC %s: %w", name, err)
+	}
+	if err != nil {
+		t.note("%s: %v: treated as having no usable port", name, err)
+		return nic, nil
+	}
+	dev, _, err := f.resolveAt(dir, "device")
 	switch {
 	case errors.Is(err, ErrOutsideRoot):
 		return nic, fmt.Errorf("NIC %s: %w", name, err)
@@ -234,7 +242,7 @@ func (t *Topology) readNIC(f FS, name string) (NIC, error) {
 		}
 		nic.NUMANode = t.readNUMA(f, name, dev)
 	}
-	ports, err := f.ReadDir(base + "/ports")
+	ports, err := f.readDirAt(dir, "ports")
 	if err != nil {
 		if errors.Is(err, ErrOutsideRoot) {
 			return nic, fmt.Errorf("NIC %s: %w", name, err)
@@ -249,7 +257,7 @@ func (t *Topology) readNIC(f FS, name string) (NIC, error) {
 			t.note("%s: ignoring %s/ports/%s: not a port number", name, base, p)
 			continue
 		}
-		port, err := t.readPort(f, name, base+"/ports/"+p, dev, num)
+		port, err := t.readPort(f, name, dir, "ports/"+p, dev, num)
 		if err != nil {
 			return nic, err
 		}
@@ -261,7 +269,7 @@ func (t *Topology) readNIC(f FS, name string) (NIC, error) {
 // readNUMA reads a PCI function's numa_node; -1 means unknown, as the
 // kernel itself writes it.
 func (t *Topology) readNUMA(f FS, who, dev string) int {
-	s, err := f.readText(dev + "/numa_node")
+	s, err := f.readText(dev, "numa_node")
 	if err != nil {
 		t.note("%s: numa_node unreadable (%v): NUMA node unknown (-1)", who, err)
 		return -1
@@ -274,10 +282,12 @@ func (t *Topology) readNUMA(f FS, who, dev string) int {
 	return n
 }
 
-func (t *Topology) readPort(f FS, nic, dir, dev string, num int) (Port, error) {
+// readPort reads port num of a NIC whose resolved directory is nicDir; rel
+// is "ports/<num>".
+func (t *Topology) readPort(f FS, nic, nicDir, rel, dev string, num int) (Port, error) {
 	p := Port{Port: num}
 	// state and phys_state read "4: ACTIVE", "5: LinkUp".
-	if s, err := f.readText(dir + "/state"); err != nil {
+	if s, err := f.readText(nicDir, rel+"/state"); err != nil {
 		if errors.Is(err, ErrOutsideRoot) {
 			return p, fmt.Errorf("NIC %s port %d: %w", nic, num, err)
 		}
@@ -287,15 +297,15 @@ func (t *Topology) readPort(f FS, nic, dir, dev string, num int) (Port, error) {
 	} else {
 		t.note("%s port %d: state reads %q, want \"<n>: <NAME>\": port not usable", nic, num, s)
 	}
-	if s, err := f.readText(dir + "/phys_state"); err == nil {
+	if s, err := f.readText(nicDir, rel+"/phys_state"); err == nil {
 		p.PhysState, _ = stateName(s)
 	}
-	p.LinkLayer, _ = f.readText(dir + "/link_layer")
-	p.Rate, _ = f.readText(dir + "/rate")
-	if s, err := f.readText(dir + "/gids/0"); err == nil {
+	p.LinkLayer, _ = f.readText(nicDir, rel+"/link_layer")
+	p.Rate, _ = f.readText(nicDir, rel+"/rate")
+	if s, err := f.readText(nicDir, rel+"/gids/0"); err == nil {
 		p.GID = gidSet(s)
 	}
-	p.Netdev = portNetdev(f, dir, dev, num)
+	p.Netdev = portNetdev(f, nicDir, rel, dev, num)
 	return p, nil
 }
 
@@ -334,19 +344,19 @@ func gidSet(s string) bool {
 // portNetdev finds the network interface of a port: RoCE ports name it in
 // gid_attrs/ndevs/0; IPoIB and older kernels leave it to the PCI
 // function's net/<if>/dev_port (port - 1).
-func portNetdev(f FS, dir, dev string, num int) string {
-	if s, err := f.readText(dir + "/gid_attrs/ndevs/0"); err == nil && s != "" {
+func portNetdev(f FS, nicDir, rel, dev string, num int) string {
+	if s, err := f.readText(nicDir, rel+"/gid_attrs/ndevs/0"); err == nil && s != "" {
 		return s
 	}
 	if dev == "" {
 		return ""
 	}
-	ifs, err := f.ReadDir(dev + "/net")
+	ifs, err := f.readDirAt(dev, "net")
 	if err != nil {
 		return ""
 	}
 	for _, ifname := range ifs {
-		s, err := f.readText(dev + "/net/" + ifname + "/dev_port")
+		s, err := f.readText(dev, "net/"+ifname+"/dev_port")
 		if err != nil {
 			if len(ifs) == 1 && num == 1 {
 				return ifname
@@ -389,7 +399,7 @@ func (t *Topology) readGPUs(f FS) error {
 			t.note("PCI device %s: %v: skipped", name, err)
 			continue
 		}
-		class, err := readHex(f, dev+"/class")
+		class, err := readHex(f, dev, "class")
 		if err != nil {
 			t.note("PCI device %s: %v: skipped", name, err)
 			continue
@@ -397,7 +407,7 @@ func (t *Topology) readGPUs(f FS) error {
 		if !isGPUClass(class) {
 			continue
 		}
-		vid, err := readHex(f, dev+"/vendor")
+		vid, err := readHex(f, dev, "vendor")
 		if err != nil {
 			t.note("PCI device %s: %v: skipped", name, err)
 			continue
@@ -430,14 +440,14 @@ func (t *Topology) readGPUs(f FS) error {
 	return nil
 }
 
-func readHex(f FS, name string) (uint32, error) {
-	s, err := f.readText(name)
+func readHex(f FS, dir, name string) (uint32, error) {
+	s, err := f.readText(dir, name)
 	if err != nil {
 		return 0, err
 	}
 	v, err := strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, 32)
 	if err != nil {
-		return 0, fmt.Errorf("%s reads %q, not a hex number", name, s)
+		return 0, fmt.Errorf("%s/%s reads %q, not a hex number", dir, name, s)
 	}
 	return uint32(v), nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -611,4 +612,39 @@ l sys/class/infiniband/mlx5_0 ../../devices/pci0000:10/0000:10:01.0/0000:12:00.0
 			t.Fatal(err)
 		}
 	})
+}
+
+var fixtures = []string{"dgx-h100", "cpu-2s-4nic", "port-down", "numa-unknown", "no-nics"}
+
+// The committed manifests are what gen.go writes, and every symlink in
+// them is relative, as the kernel makes them.
+func TestFixturesMatchGenerator(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("go toolchain not on PATH: %v", err)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(goBin, "run", "gen.go", "-dir", dir)
+	cmd.Dir = "testdata"
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go run gen.go: %v\n%s", err, out)
+	}
+	for _, name := range fixtures {
+		want, err := os.ReadFile(filepath.Join(dir, name+".sysfs"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join("testdata", name+".sysfs"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("testdata/%s.sysfs differs from gen.go's output: regenerate with: cd pkg/topo/testdata && go run gen.go", name)
+		}
+		for i, line := range strings.Split(string(got), "\n") {
+			if f := strings.Fields(line); len(f) == 3 && f[0] == "l" && strings.HasPrefix(f[2], "/") {
+				t.Errorf("%s.sysfs:%d: absolute symlink %s", name, i+1, line)
+			}
+		}
+	}
 }

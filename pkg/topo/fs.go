@@ -80,8 +80,22 @@ func (f FS) Realpath(name string) (string, error) {
 }
 
 func (f FS) resolve(name string) (string, fs.FileInfo, error) {
+	return f.resolveAt("", name)
+}
+
+// resolveAt resolves name relative to base, a path Realpath returned:
+// base holds no symlinks, so only name's components need checking. Reading
+// a device's attributes this way is what keeps discovery of a large host
+// in the low milliseconds.
+func (f FS) resolveAt(base, name string) (string, fs.FileInfo, error) {
+	if base == "/" {
+		base = ""
+	}
 	todo := name
-	cur := "" // resolved so far, "" for the root, else "/a/b"
+	cur := base // resolved so far, "" for the root, else "/a/b"
+	if base != "" {
+		name = base + "/" + name
+	}
 	var last fs.FileInfo
 	links := 0
 	for todo != "" {
@@ -149,7 +163,14 @@ func (f FS) resolve(name string) (string, fs.FileInfo, error) {
 // ReadFile reads one attribute file and returns its content without the
 // trailing newline.
 func (f FS) ReadFile(name string) (string, error) {
-	p, fi, err := f.resolve(name)
+	return f.readFileAt("", name)
+}
+
+func (f FS) readFileAt(base, name string) (string, error) {
+	p, fi, err := f.resolveAt(base, name)
+	if base != "" {
+		name = base + "/" + name
+	}
 	if err != nil {
 		return "", err
 	}
@@ -173,7 +194,14 @@ func (f FS) ReadFile(name string) (string, error) {
 
 // ReadDir lists the entry names of a directory, sorted by name.
 func (f FS) ReadDir(name string) ([]string, error) {
-	p, fi, err := f.resolve(name)
+	return f.readDirAt("", name)
+}
+
+func (f FS) readDirAt(base, name string) ([]string, error) {
+	p, fi, err := f.resolveAt(base, name)
+	if base != "" {
+		name = base + "/" + name
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -194,8 +222,8 @@ func (f FS) ReadDir(name string) ([]string, error) {
 // readText reads an attribute that is meant to be one line of text. A
 // value with control characters or invalid UTF-8 is garbage: it would
 // corrupt a table and no kernel writes it.
-func (f FS) readText(name string) (string, error) {
-	s, err := f.ReadFile(name)
+func (f FS) readText(base, name string) (string, error) {
+	s, err := f.readFileAt(base, name)
 	if err != nil {
 		return "", err
 	}

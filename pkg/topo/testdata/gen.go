@@ -6,9 +6,12 @@
 // committed so a test never depends on running this. From pkg/topo/testdata:
 //
 //	go run gen.go
+//
+// TestFixturesMatchGenerator fails when a manifest and this file disagree.
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"path"
@@ -280,7 +283,7 @@ func noNICs() *tree {
 	return t
 }
 
-func (t *tree) write() error {
+func (t *tree) write(dir string) error {
 	paths := make([]string, 0, len(t.lines))
 	for p := range t.lines {
 		paths = append(paths, p)
@@ -292,12 +295,14 @@ func (t *tree) write() error {
 		b.WriteString(t.lines[p])
 		b.WriteByte('\n')
 	}
-	return os.WriteFile(t.name+".sysfs", []byte(b.String()), 0o644)
+	return os.WriteFile(filepath.Join(dir, t.name+".sysfs"), []byte(b.String()), 0o644)
 }
 
 func main() {
+	dir := flag.String("dir", ".", "directory to write the manifests to")
+	flag.Parse()
 	for _, t := range []*tree{dgx(), cpu2s(), portDown(), numaUnknown(), noNICs()} {
-		if err := t.write(); err != nil {
+		if err := t.write(*dir); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
