@@ -307,8 +307,11 @@ func printQPLeakTable(r *diag.Report, o qpLeakOptions, p *printer) {
 				g = fmt.Sprintf("%+.0f", *n.QPGrowthPerHour)
 			}
 			left := "-"
-			if n.SecondsToMaxQP != nil {
-				left = (time.Duration(*n.SecondsToMaxQP) * time.Second).String()
+			if sec := n.SecondsToMaxQP; sec != nil {
+				left = ">3y"
+				if *sec < 1e8 {
+					left = (time.Duration(*sec) * time.Second).String()
+				}
 			}
 			row = append(row, g, left)
 		}

@@ -138,3 +138,35 @@ func FuzzLogScanner(f *testing.F) {
 		_ = Analyze(nil, s, Options{})
 	})
 }
+
+// FuzzLogMessage puts arbitrary text behind a valid glog prefix, so the
+// fuzzer spends its time in the catalogue's field parsing rather than on
+// finding a prefix.
+func FuzzLogMessage(f *testing.F) {
+	for _, m := range []string{
+		"decode-3@mlx5_0 evicted",
+		"decode-9@mlx5_3 evicted local=prefill-0@mlx5_3",
+		"Failed to create QP: Cannot allocate memory [12]",
+		"Using SIEVE endpoint store nic=mlx5_0",
+		"Worker: Cannot make connection for endpoint: decode-4@mlx5_1, mark it inactive",
+		"Worker: Process failed for slice (opcode: 0, local_nic: mlx5_1, peer_nic: decode-3@mlx5_0, retry_cnt: 0): Work Request Flushed Error",
+		"Worker: Timed out waiting for RDMA ready ACK for endpoint: decode-3@mlx5_0, deleting endpoint",
+		"Retiring endpoint instead of resetting it (triggered by: cq error): EndPoint: local prefill-0@mlx5_2, peer decode-5@mlx5_2",
+		"Rail paused: peer=decode-3@mlx5_0 error_count=5 pause_ms=30000",
+		"Giving up after 9 retries (possible resource leak)",
+		"Mooncake transfer engine v0.3.7.post2",
+	} {
+		f.Add(byte('I'), []byte(m))
+	}
+	f.Fuzz(func(t *testing.T, sev byte, msg []byte) {
+		sc := NewLogScanner()
+		sc.Year = 2026
+		line := append([]byte{"IWEF"[int(sev)%4]}, "0307 09:00:00.000001  4101 x.cpp:1] "...)
+		sc.Line(append(line, msg...))
+		s := sc.Summary()
+		if s.Stats.Lines != 1 || s.Stats.Events+s.Stats.Unrecognised > 1 {
+			t.Fatalf("%+v", s.Stats)
+		}
+		_ = Analyze(nil, s, Options{})
+	})
+}

@@ -316,7 +316,11 @@ func (s *LogScanner) event(kind int, l *glog.Line) bool {
 			s.nic(nic).QPCreateFailures++
 		}
 	case evStore:
-		typ := bytes.TrimSpace(msg[len(pUsing):bytes.Index(msg, pStore)])
+		end := bytes.Index(msg, pStore)
+		if end < len(pUsing) {
+			return false // "Using endpoint store": no type named
+		}
+		typ := bytes.TrimSpace(msg[len(pUsing):end])
 		if len(typ) == 0 || len(typ) > 16 {
 			return false
 		}

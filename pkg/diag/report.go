@@ -74,6 +74,7 @@ type NICReport struct {
 	// Growth from the first to the last snapshot holding this NIC.
 	QPGrowth        int64    `json:"qp_growth"`
 	QPGrowthPerHour *float64 `json:"qp_growth_per_hour"`
+	// SecondsToMaxQP projects the rate between the last two snapshots.
 	SecondsToMaxQP  *float64 `json:"seconds_to_max_qp"`
 	ErrorStateQP    int64    `json:"error_state_qp"`
 	SliceFailures   int      `json:"slice_failures"`
@@ -197,10 +198,13 @@ func Analyze(snaps []*Snapshot, logs *LogSummary, o Options) *Report {
 		rows[name] = n
 		return n
 	}
-	firstSeen := map[string]struct {
+	type seen struct {
 		qp int64
 		at time.Time
-	}{}
+	}
+	firstSeen := map[string]seen{}
+	prevSeen := map[string]seen{}
+	lastRate := map[string]float64{} // per second, between the last two snapshots
 	for _, s := range snaps {
 		counts := s.QPCounts()
 		sr := SnapshotReport{Source: s.Source, PerQP: s.PerQP, QP: counts, Lines: s.Lines, Bad: s.Bad}
@@ -212,11 +216,14 @@ func Analyze(snaps []*Snapshot, logs *LogSummary, o Options) *Report {
 			sr.Total += qp
 			n := row(name)
 			n.QP = qp
+			if pv, ok := prevSeen[name]; ok {
+				if dt := s.At.Sub(pv.at).Seconds(); dt > 0 {
+					lastRate[name] = float64(qp-pv.qp) / dt
+				}
+			}
+			prevSeen[name] = seen{qp, s.At}
 			if f, ok := firstSeen[name]; !ok {
-				firstSeen[name] = struct {
-					qp int64
-					at time.Time
-				}{qp, s.At}
+				firstSeen[name] = seen{qp, s.At}
 			} else {
 				n.QPGrowth = qp - f.qp
 				if dt := s.At.Sub(f.at).Hours(); dt > 0 {
@@ -254,8 +261,10 @@ func Analyze(snaps []*Snapshot, logs *LogSummary, o Options) *Report {
 		}
 		totalQP += n.QP
 		totalExcess += n.Excess
-		if o.MaxQP > 0 && n.QPGrowthPerHour != nil && significantGrowth(n) {
-			sec := math.Max(0, float64(o.MaxQP-n.QP)/(*n.QPGrowthPerHour/3600))
+		// "Time left" uses the latest interval's rate: a leak speeds up
+		// with churn, and the operator acts on the present pace.
+		if rate := lastRate[n.Name]; o.MaxQP > 0 && rate > 0 && significantGrowth(n) {
+			sec := math.Max(0, float64(o.MaxQP-n.QP)/rate)
 			sec = math.Round(sec)
 			n.SecondsToMaxQP = &sec
 		}
@@ -592,6 +601,9 @@ func verbS(n int) string {
 }
 
 func humanDuration(sec float64) string {
+	if sec > 1e8 {
+		return "more than 3 years"
+	}
 	d := time.Duration(sec) * time.Second
 	switch {
 	case d <= 0:

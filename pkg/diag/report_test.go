@@ -187,11 +187,12 @@ func TestTextAndJSONAgree(t *testing.T) {
 func TestGrowthTimeToMax(t *testing.T) {
 	r := runGolden(t, goldenCases()[3])
 	n := r.NICs[0]
-	// 9000 -> 10880 in 30 minutes: +3760/h; (131072-10880)/3760 h.
+	// 9000 -> 10880 in 30 minutes: +3760/h. Time left at the last
+	// interval's pace, 10250 -> 10880 in 10 minutes: (131072-10880)/3780 h.
 	if n.QPGrowth != 1880 || n.QPGrowthPerHour == nil || *n.QPGrowthPerHour != 3760 {
 		t.Fatalf("growth %d per hour %v", n.QPGrowth, n.QPGrowthPerHour)
 	}
-	want := float64(131072-10880) / 3760 * 3600
+	want := float64(131072-10880) / 3780 * 3600
 	if n.SecondsToMaxQP == nil || *n.SecondsToMaxQP < want-1 || *n.SecondsToMaxQP > want+1 {
 		t.Fatalf("seconds to max %v, want %.0f", n.SecondsToMaxQP, want)
 	}

@@ -28,6 +28,13 @@ type Inputs struct {
 // ErrUnreadable wraps every failure that leaves the verdict unknown.
 var ErrUnreadable = errors.New("input unreadable")
 
+// unreadable marks err as ErrUnreadable without adding words to its
+// message, which already names the input and the reason.
+type unreadable struct{ err error }
+
+func (e unreadable) Error() string   { return e.err.Error() }
+func (e unreadable) Unwrap() []error { return []error{ErrUnreadable, e.err} }
+
 // Load reads the snapshots (or takes one live sample) and scans the logs.
 func Load(ctx context.Context, in Inputs) ([]*Snapshot, *LogSummary, error) {
 	if len(in.At) > 0 && len(in.At) != len(in.RDMA) {
@@ -37,7 +44,7 @@ func Load(ctx context.Context, in Inputs) ([]*Snapshot, *LogSummary, error) {
 	for i, p := range in.RDMA {
 		s, err := readSnapshotFile(p)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%w: %w", ErrUnreadable, err)
+			return nil, nil, unreadable{err}
 		}
 		if len(in.At) > 0 {
 			s.At = in.At[i]
@@ -47,7 +54,7 @@ func Load(ctx context.Context, in Inputs) ([]*Snapshot, *LogSummary, error) {
 	if len(in.RDMA) == 0 {
 		s, err := in.Sampler.Sample(ctx)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%w: %w", ErrUnreadable, err)
+			return nil, nil, unreadable{err}
 		}
 		snaps = append(snaps, s)
 	}
@@ -56,7 +63,7 @@ func Load(ctx context.Context, in Inputs) ([]*Snapshot, *LogSummary, error) {
 		sc := NewLogScanner()
 		sc.Year = in.Year
 		if err := ScanFiles(sc, in.Logs); err != nil {
-			return nil, nil, fmt.Errorf("%w: %w", ErrUnreadable, err)
+			return nil, nil, unreadable{err}
 		}
 		logs = sc.Summary()
 	}
