@@ -114,6 +114,15 @@ func runQPLeak(ctx context.Context, o qpLeakOptions, p *printer) error {
 			o.Logs = append(o.Logs, a)
 		}
 	}
+	stdin := 0
+	for _, f := range append(append([]string(nil), o.RDMA...), o.Logs...) {
+		if f == "-" {
+			stdin++
+		}
+	}
+	if stdin > 1 {
+		return unknown(errors.New("standard input (-) can be only one of the inputs"))
+	}
 	at, err := parseStamps(o.At)
 	if err != nil {
 		return unknown(err)

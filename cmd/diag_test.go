@@ -158,6 +158,7 @@ func TestDiagQPLeakUnknown(t *testing.T) {
 		{[]string{"--rdma-bin", nonetlink}, "no RDMA netlink"},
 		{[]string{"--rdma-bin", filepath.Join(dir, "no-rdma-here")}, "not installed"},
 		{[]string{garbage}, "neither rdma output nor a glog log"},
+		{[]string{"--rdma", "-", "--log", "-"}, "standard input (-) can be only one"},
 		{[]string{"--watch", "1s", "--rdma", diagTD + "leak/rdma.txt"}, "takes no --rdma files"},
 	}
 	for _, c := range cases {

@@ -577,7 +577,14 @@ func advise(r *Report, logs *LogSummary, o Options) []string {
 		a = append(a, "Give --max-qp (the NIC's max_qp from `ibv_devinfo -v`) to see how long until QP creation fails.")
 	}
 	if r.Verdict == VerdictHealthy {
-		a = append(a, "Nothing to do: QP counts are within what live endpoints explain.")
+		a = append(a, "Nothing to do: no leak signal in these QP counts and logs.")
+		var soft bool
+		for _, n := range r.NICs {
+			soft = soft || n.Excess > 0
+		}
+		if soft && o.MaxEPPerCtx == 0 {
+			a = append(a, "Some NICs are a little above the ceiling from logged peers, a soft bound since healthy peers never log: give --max-ep-per-ctx for a hard one.")
+		}
 	}
 	return a
 }
