@@ -260,6 +260,30 @@ func (c *Context) newEndpoint(path string) (*Endpoint, error) {
 }
 
 func (c *Context) destroyEndpoint(e *Endpoint) {
+	if e.Outstanding() > 0 {
+		// Forced: the NIC never completed these. Fail them so their
+		// callers do not wait forever; not here, as the store's lock is
+		// held and callbacks may delete endpoints.
+		var lost []pendingSlice
+		c.pendMu.Lock()
+		for id, p := range c.pending {
+			if p.ep == e {
+				lost = append(lost, p)
+				delete(c.pending, id)
+			}
+		}
+		c.pendMu.Unlock()
+		if len(lost) > 0 {
+			go func() {
+				for _, p := range lost {
+					p.ep.depth[p.qp].Add(-1)
+					if p.done != nil {
+						p.done(WC{Status: WCWRFlushErr, Op: p.slice.Op})
+					}
+				}
+			}()
+		}
+	}
 	c.ownMu.Lock()
 	for _, q := range e.qps {
 		if c.owner[q.Num()] == e {

@@ -210,7 +210,6 @@ type incident struct {
 	local    region
 	peerLID  uint16
 	maxEP    int
-	retired  int
 	finished chan struct{}
 }
 

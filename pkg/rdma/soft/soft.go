@@ -342,12 +342,6 @@ func (n *nic) setPortState(s rdma.PortState) {
 	}
 }
 
-func (n *nic) portActive() bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.port == rdma.PortActive
-}
-
 func (n *nic) forceQPError(qpn uint32) error {
 	n.mu.Lock()
 	q := n.qps[qpn]
