@@ -40,6 +40,7 @@ type qpLeakOptions struct {
 	Watch       time.Duration
 	Interval    time.Duration
 	RDMABin     string
+	PerQP       bool
 	Top         int
 }
 
@@ -84,6 +85,7 @@ Exit status: 0 healthy, 1 suspect, 2 leak, 3 unknown (input unreadable).`,
 	f.DurationVar(&o.Watch, "watch", 0, "sample live for this long, tailing the logs, then report")
 	f.DurationVar(&o.Interval, "interval", 10*time.Second, "time between live samples with --watch")
 	f.StringVar(&o.RDMABin, "rdma-bin", "rdma", "the iproute2 rdma binary to run when no --rdma file is given")
+	f.BoolVar(&o.PerQP, "per-qp", false, "when sampling live, list every QP ('rdma -j resource show qp'): owners and states, slower with many QPs")
 	f.IntVar(&o.Top, "top", 10, "peers listed in the table output")
 	envName(f, "num-qp-per-ep", "MC_NUM_QP_PER_EP")
 	envName(f, "max-ep-per-ctx", "MC_MAX_EP_PER_CTX")
@@ -131,7 +133,7 @@ func runQPLeak(ctx context.Context, o qpLeakOptions, p *printer) error {
 		return unknown(fmt.Errorf("%d --at stamps for %d --rdma files: give one per file, in the same order", len(at), len(o.RDMA)))
 	}
 	opts := diag.Options{NumQPPerEP: o.NumQPPerEP, MaxEPPerCtx: o.MaxEPPerCtx, MaxQP: o.MaxQP, TEVersion: o.TEVersion}
-	sampler := diag.Sampler{Bin: o.RDMABin}
+	sampler := diag.Sampler{Bin: o.RDMABin, PerQP: o.PerQP}
 	if o.Watch > 0 {
 		return watchQPLeak(ctx, o, opts, sampler, p)
 	}

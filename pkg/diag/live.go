@@ -22,11 +22,14 @@ var (
 	ErrNoRDMANetlink = errors.New("this host has no RDMA netlink (Failed to open NETLINK_RDMA socket): no RDMA devices to inspect")
 )
 
-// Sampler runs `rdma -j resource show` on this host.
+// Sampler runs `rdma -j resource show` (or `... show qp`) on this host.
 type Sampler struct {
 	Bin     string        // path or name of rdma; "" means "rdma"
 	Timeout time.Duration // per run; 0 means 10s
-	Now     func() time.Time
+	// PerQP lists every QP instead of the per-device summary: owners and
+	// states, at the cost of a longer run on hosts with many QPs.
+	PerQP bool
+	Now   func() time.Time
 }
 
 // Sample runs the tool once and parses its output.
@@ -45,7 +48,12 @@ func (s Sampler) Sample(ctx context.Context) (*Snapshot, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "-j", "resource", "show")
+	args := []string{"-j", "resource", "show"}
+	if s.PerQP {
+		args = append(args, "qp")
+	}
+	what := bin + " " + strings.Join(args, " ")
+	cmd := exec.CommandContext(ctx, bin, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	// A child that forks and leaves its own children holding the pipes
@@ -60,19 +68,19 @@ func (s Sampler) Sample(ctx context.Context) (*Snapshot, error) {
 		return nil, ErrNoRDMANetlink
 	}
 	if ctx.Err() != nil {
-		return nil, fmt.Errorf("%s -j resource show: %w", bin, ctx.Err())
+		return nil, fmt.Errorf("%s: %w", what, ctx.Err())
 	}
 	if err != nil {
 		msg := strings.TrimSpace(stderr.String())
 		if len(msg) > 200 {
 			msg = msg[:200]
 		}
-		return nil, fmt.Errorf("%s -j resource show: %w: %s", bin, err, msg)
+		return nil, fmt.Errorf("%s: %w: %s", what, err, msg)
 	}
-	snap, err := ReadSnapshot(&stdout, bin+" -j resource show")
+	snap, err := ReadSnapshot(&stdout, what)
 	if err != nil {
 		if errors.Is(err, ErrNoRDMAData) && len(bytes.TrimSpace(stdout.Bytes())) <= 2 {
-			return nil, fmt.Errorf("%s -j resource show: no RDMA devices on this host", bin)
+			return nil, fmt.Errorf("%s: no RDMA devices on this host", what)
 		}
 		return nil, err
 	}

@@ -39,6 +39,19 @@ func TestSamplerGrowth(t *testing.T) {
 	}
 }
 
+func TestSamplerPerQP(t *testing.T) {
+	s := fakeRDMA(t, "growth")
+	s.PerQP = true
+	snap, err := s.Sample(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !snap.PerQP || snap.QPCounts()["mlx5_0"] != 3 || snap.QPByOwner[Owner{PID: 4242, Comm: "python3"}]["ERR"] != 1 ||
+		snap.QPByOwner[Owner{PID: -1, Comm: "[ib_core]"}]["RTS"] != 1 {
+		t.Fatalf("%+v", snap)
+	}
+}
+
 func TestSamplerFailures(t *testing.T) {
 	cases := []struct {
 		mode string

@@ -5,7 +5,8 @@
 #   fail       an unrelated failure
 #   hang       never answers (the caller's timeout must fire)
 #   growth     `-j resource show` whose QP counts rise by 600 per call on
-#              mlx5_0..1 (the call count is kept in FAKE_RDMA_STATE)
+#              mlx5_0..1 (the call count is kept in FAKE_RDMA_STATE);
+#              `-j resource show qp` lists three QPs on mlx5_0
 #   empty      an empty JSON array (no devices)
 case "$FAKE_RDMA_MODE" in
 nonetlink)
@@ -20,7 +21,13 @@ empty)
 	echo "[]"
 	exit 0 ;;
 esac
-[ "$1 $2 $3" = "-j resource show" ] || { echo "unexpected arguments: $*" >&2; exit 1; }
+if [ "$*" = "-j resource show qp" ]; then
+	printf '[{"ifindex":0,"ifname":"mlx5_0","port":1,"lqpn":1,"type":"GSI","state":"RTS","comm":"ib_core"},\n'
+	printf '{"ifindex":0,"ifname":"mlx5_0","port":1,"lqpn":7,"type":"RC","state":"ERR","pid":4242,"comm":"python3"},\n'
+	printf '{"ifindex":0,"ifname":"mlx5_0","port":1,"lqpn":8,"type":"RC","state":"RTS","pid":4242,"comm":"python3"}]\n'
+	exit 0
+fi
+[ "$*" = "-j resource show" ] || { echo "unexpected arguments: $*" >&2; exit 1; }
 n=0
 [ -n "$FAKE_RDMA_STATE" ] && [ -f "$FAKE_RDMA_STATE" ] && n=$(cat "$FAKE_RDMA_STATE")
 [ -n "$FAKE_RDMA_STATE" ] && echo $((n + 1)) > "$FAKE_RDMA_STATE"
