@@ -69,6 +69,25 @@ func (s PortState) String() string {
 	return "PortState(" + strconv.Itoa(int(s)) + ")"
 }
 
+// MarshalText writes "up" for an active port and the lower-case state
+// name otherwise, the spellings configuration uses.
+func (s PortState) MarshalText() ([]byte, error) {
+	if s == PortActive {
+		return []byte("up"), nil
+	}
+	return []byte(strings.ToLower(s.String())), nil
+}
+
+// UnmarshalText accepts what ParsePortState does.
+func (s *PortState) UnmarshalText(b []byte) error {
+	v, err := ParsePortState(string(b))
+	if err != nil {
+		return err
+	}
+	*s = v
+	return nil
+}
+
 // ParsePortState accepts "up"/"active" and "down" (any case).
 func ParsePortState(s string) (PortState, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {

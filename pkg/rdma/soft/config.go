@@ -21,12 +21,14 @@ const DefaultMaxQP = 131072
 const DefaultRetryTimeout = 500 * time.Millisecond
 
 // DeviceConfig declares one soft NIC.
+// In a config file (section soft.devices) the keys are the tags below;
+// port_state is "up" or "down".
 type DeviceConfig struct {
-	Name      string
-	NUMANode  int // -1 when unknown
-	MaxQP     int // 0 means DefaultMaxQP
-	PortState rdma.PortState
-	PCIAddr   string // reported as is; may be empty
+	Name      string         `json:"name" mapstructure:"name"`
+	NUMANode  int            `json:"numa_node" mapstructure:"numa_node"` // -1 when unknown
+	MaxQP     int            `json:"max_qp" mapstructure:"max_qp"`       // 0 means DefaultMaxQP
+	PortState rdma.PortState `json:"port_state" mapstructure:"port_state"`
+	PCIAddr   string         `json:"pci_addr" mapstructure:"pci_addr"` // reported as is; may be empty
 }
 
 // Config declares the soft NICs of a process.

@@ -2,6 +2,7 @@ package soft_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"syscall"
 	"testing"
@@ -388,5 +389,29 @@ func TestParseDevices(t *testing.T) {
 		if _, err := soft.ParseDevices(bad); err == nil {
 			t.Errorf("%q: no error", bad)
 		}
+	}
+}
+
+func TestDeviceConfigJSON(t *testing.T) {
+	var cfg soft.Config
+	in := `{"Devices":[{"name":"soft0","numa_node":1,"max_qp":64,"port_state":"down","pci_addr":"0000:3b:00.0"}]}`
+	if err := json.Unmarshal([]byte(in), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	want := soft.DeviceConfig{Name: "soft0", NUMANode: 1, MaxQP: 64, PortState: rdma.PortDown, PCIAddr: "0000:3b:00.0"}
+	if cfg.Devices[0] != want {
+		t.Fatalf("got %+v", cfg.Devices[0])
+	}
+	if err := json.Unmarshal([]byte(`{"Devices":[{"name":"x","port_state":"sideways"}]}`), &cfg); err == nil {
+		t.Fatal("bad port state accepted")
+	}
+	p := newProvider(t, soft.Config{Devices: []soft.DeviceConfig{want}})
+	devs, err := p.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := devs[0]
+	if d.Name != "soft0" || d.NUMANode != 1 || d.MaxQP != 64 || d.PCIAddr != "0000:3b:00.0" || d.Ports[0].State != rdma.PortDown || d.Ports[0].LinkLayer != "Ethernet" {
+		t.Fatalf("device %+v", d)
 	}
 }
