@@ -207,3 +207,57 @@ func BenchmarkLogLine(b *testing.B) {
 		b.Fatalf("evictions %d want %d", sc.st.Evictions, b.N)
 	}
 }
+
+var (
+	benchGzOnce sync.Once
+	benchGzPath string
+	benchGzErr  error
+)
+
+// BenchmarkLogScanGzip reads the same log gzip-compressed, against
+// `gzip -dc | grep -c evicted` in the same run. Both are bound by
+// decompression; throughput counts uncompressed bytes.
+func BenchmarkLogScanGzip(b *testing.B) {
+	path, size, ev := benchFile(b)
+	sh, err1 := exec.LookPath("sh")
+	_, err2 := exec.LookPath("gzip")
+	if err1 != nil || err2 != nil {
+		b.Skip("sh or gzip not installed: no baseline to compare with")
+	}
+	benchGzOnce.Do(func() {
+		benchGzPath = path + ".gz"
+		benchGzErr = exec.Command(sh, "-c", `gzip -1 -c "$1" > "$2"`, "sh", path, benchGzPath).Run()
+	})
+	if benchGzErr != nil {
+		b.Fatal(benchGzErr)
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	b.SetBytes(size)
+	b.ResetTimer()
+	var base, scan time.Duration
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		start := time.Now()
+		out, err := exec.Command(sh, "-c", `gzip -dc "$1" | grep -c evicted`, "sh", benchGzPath).Output()
+		base += time.Since(start)
+		if n, _ := strconv.Atoi(strings.TrimSpace(string(out))); err != nil || n != ev {
+			b.Fatalf("baseline: %v, %d evictions", err, n)
+		}
+		b.StartTimer()
+		start = time.Now()
+		sc := NewLogScanner()
+		if err := ScanFiles(sc, []string{benchGzPath}); err != nil {
+			b.Fatal(err)
+		}
+		scan += time.Since(start)
+		if sc.st.Evictions != ev {
+			b.Fatalf("evictions %d want %d", sc.st.Evictions, ev)
+		}
+	}
+	b.StopTimer()
+	mb := float64(size) / (1 << 20) * float64(b.N)
+	b.ReportMetric(mb/scan.Seconds(), "scan-MB/s")
+	b.ReportMetric(mb/base.Seconds(), "gzip|grep-MB/s")
+	b.ReportMetric(base.Seconds()/scan.Seconds(), "scan/baseline")
+	b.Logf("%d MB log, gzip: scanner %.0f MB/s, gzip -dc | grep -c evicted %.0f MB/s", size>>20, mb/scan.Seconds(), mb/base.Seconds())
+}
