@@ -101,10 +101,12 @@ func NewContext(p Provider, device string, cfg Config) (*Context, error) {
 	}
 	c.store = newEndpointStore(cfg.StoreType, maxEP, cfg.ReclaimGrace, c.newEndpoint, c.destroyEndpoint)
 	c.store.leaky = cfg.reclaimAfterInsertOnly
+	c.store.device = device
 	c.store.evicted = func() { c.evictions.Add(1) }
 	c.store.reclaims = func(n int) { c.reclaimed.Add(uint64(n)) }
 	c.active.Store(port.State == PortActive)
-	slog.Info("Using " + cfg.StoreType.String() + " endpoint store")
+	// Mooncake's line, plus the NIC as an attribute (mc diag reads it).
+	slog.Info("Using "+cfg.StoreType.String()+" endpoint store", "local_nic", device)
 	for i := 0; i < cfg.Workers; i++ {
 		c.wg.Add(1)
 		go c.worker()
@@ -241,7 +243,7 @@ func (c *Context) newEndpoint(path string) (*Endpoint, error) {
 		q, err := c.pd.CreateQP(QPInit{SendCQ: c.cq, RecvCQ: c.cq, MaxSendWR: c.cfg.MaxWR, MaxRecvWR: c.cfg.MaxWR, MaxSGE: c.cfg.MaxSGE, MaxInline: c.cfg.MaxInline})
 		if err != nil {
 			c.createFails.Add(1)
-			slog.Error("Failed to create QP" + plogSuffix(err))
+			slog.Error("Failed to create QP"+plogSuffix(err), "local_nic", c.name)
 			for _, q := range e.qps {
 				q.Destroy()
 				c.allocated.Add(-1)

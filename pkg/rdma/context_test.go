@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvcache-ops/mc/pkg/diag"
 	"github.com/kvcache-ops/mc/pkg/diag/glog"
 	"github.com/kvcache-ops/mc/pkg/rdma"
 	"github.com/kvcache-ops/mc/pkg/rdma/soft"
@@ -187,7 +188,7 @@ func TestEndpointWriteReadVerify(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	l := logs.String()
-	if !strings.Contains(l, "] Using SIEVE endpoint store\n") || !strings.Contains(l, "] Using FIFO endpoint store\n") {
+	if !strings.Contains(l, "] Using SIEVE endpoint store local_nic=soft0\n") || !strings.Contains(l, "] Using FIFO endpoint store local_nic=soft1\n") {
 		t.Fatalf("store lines missing:\n%s", l)
 	}
 }
@@ -336,7 +337,7 @@ func TestIncidentReclaimDrivenByMonitor(t *testing.T) {
 		t.Fatal("healthy write bytes differ")
 	}
 	l := logs.String()
-	if n := strings.Count(l, " evicted\n"); uint64(n) != st.Evictions {
+	if n := strings.Count(l, " evicted local_nic=soft0\n"); uint64(n) != st.Evictions {
 		t.Fatalf("%d eviction lines for %d evictions", n, st.Evictions)
 	}
 	if !strings.Contains(l, "Worker: Process failed for slice (opcode: 1, ") || !strings.Contains(l, "local_nic: soft0, peer_nic: peer15@soft1") ||
@@ -370,11 +371,27 @@ func TestIncidentLeaksWhenReclaimFollowsInserts(t *testing.T) {
 			t.Fatalf("insert %d to a healthy peer: %v, want ENOMEM", i, err)
 		}
 	}
-	if n := strings.Count(logs.String(), "] Failed to create QP: Cannot allocate memory [12]\n"); n != 3 {
+	if n := strings.Count(logs.String(), "] Failed to create QP: Cannot allocate memory [12] local_nic=soft0\n"); n != 3 {
 		t.Fatalf("%d QP creation failure lines, want 3:\n%s", n, logs)
 	}
 	if st := inc.a.Stats(); st.Waiting != incPeers {
 		t.Fatalf("waiting list changed without a successful insert: %+v", st)
+	}
+
+	// mc diag qp-leak reads mc's own log of the incident as it reads
+	// Mooncake's: evictions attributed to the NIC, then ENOMEM.
+	sc := diag.NewLogScanner()
+	if err := sc.Scan(strings.NewReader(logs.String()), "mc.log"); err != nil {
+		t.Fatal(err)
+	}
+	sum := sc.Summary()
+	ds := sum.Stats
+	if ds.Evictions != int(st.Evictions) || ds.QPCreateENOMEM != 3 || ds.EvictionsBeforeFirstQPFailure != int(st.Evictions) ||
+		ds.SliceFailures != incMaxEP || ds.StoreTypes["SIEVE"] != 2 || ds.Unrecognised != 0 {
+		t.Fatalf("diag read %+v; context saw %+v", ds, st)
+	}
+	if n := sum.NICs["soft0"]; n == nil || n.Evictions != int(st.Evictions) || n.QPCreateFailures != 3 || sum.UnattributedEvictions != 0 {
+		t.Fatalf("diag NIC attribution %+v (unattributed %d)", n, sum.UnattributedEvictions)
 	}
 }
 
@@ -483,7 +500,7 @@ func TestQPPoolExhaustedOnOneNIC(t *testing.T) {
 	if st := a0.Stats(); st.AllocatedQPs != 0 || st.QPCreateFails != 1 {
 		t.Fatalf("half-built endpoint leaked QPs: %+v", st)
 	}
-	if !strings.Contains(logs.String(), "] Failed to create QP: Cannot allocate memory [12]\n") {
+	if !strings.Contains(logs.String(), "] Failed to create QP: Cannot allocate memory [12] local_nic=soft0\n") {
 		t.Fatalf("no QP failure line:\n%s", logs)
 	}
 	// The other NIC still works.

@@ -29,7 +29,8 @@ type EndpointStore struct {
 	build    func(path string) (*Endpoint, error)
 	destroy  func(e *Endpoint)
 	now      func() time.Time
-	leaky    bool // reclaim only after inserts (test-only contrast)
+	leaky    bool   // reclaim only after inserts (test-only contrast)
+	device   string // logged as local_nic= so mc diag can attribute lines
 	evicted  func()
 	reclaims func(n int)
 
@@ -218,7 +219,11 @@ func (s *EndpointStore) evictLocked() {
 	if s.kind == SIEVE {
 		s.hand = next
 	}
-	slog.Info(victim.peer + " evicted")
+	if s.device != "" {
+		slog.Info(victim.peer+" evicted", "local_nic", s.device)
+	} else {
+		slog.Info(victim.peer + " evicted")
+	}
 	if s.evicted != nil {
 		s.evicted()
 	}
