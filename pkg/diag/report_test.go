@@ -289,3 +289,33 @@ func TestStdinAndClassify(t *testing.T) {
 		t.Error("README classified")
 	}
 }
+
+// An explicit --te-version overrides the logs. On a healthy host an old
+// version is worth knowing, not alarming.
+func TestTEVersionOption(t *testing.T) {
+	c := goldenCases()[1]
+	c.opts.TEVersion = "0.3.7.post2"
+	r := runGolden(t, c)
+	if r.Verdict != VerdictHealthy || r.TEVersion != "0.3.7.post2" {
+		t.Fatalf("verdict %s version %s", r.Verdict, r.TEVersion)
+	}
+	var f *Finding
+	for i := range r.Findings {
+		if r.Findings[i].Code == CodeNoPeriodicReclaim {
+			f = &r.Findings[i]
+		}
+	}
+	if f == nil || f.Severity != SeverityInfo {
+		t.Fatalf("findings %+v", r.Findings)
+	}
+	c = goldenCases()[2]
+	c.opts.TEVersion = "v0.3.10"
+	r = runGolden(t, c)
+	if !hasCode(r, CodeNoPeriodicReclaim) || !strings.Contains(strings.Join(r.Advice, " "), "Upgrade Mooncake to v0.3.11") {
+		t.Fatalf("findings %+v advice %q", r.Findings, r.Advice)
+	}
+	c.opts.TEVersion = "0.3.11"
+	if r = runGolden(t, c); hasCode(r, CodeNoPeriodicReclaim) {
+		t.Fatalf("0.3.11 flagged: %+v", r.Findings)
+	}
+}
