@@ -456,3 +456,40 @@ func (c *Context) Close() error {
 	})
 	return nil
 }
+
+// OpenContexts opens one context per device name (all devices of p when
+// names is empty). On error the contexts already opened are closed.
+func OpenContexts(p Provider, names []string, cfg Config) ([]*Context, error) {
+	if len(names) == 0 {
+		devs, err := p.Devices()
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range devs {
+			names = append(names, d.Name)
+		}
+	}
+	var out []*Context
+	for _, n := range names {
+		c, err := NewContext(p, n, cfg)
+		if err != nil {
+			for _, o := range out {
+				o.Close()
+			}
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// AcceptOn routes a connection request to the context whose NIC path it
+// targets: what a handshake server does with a Connection frame.
+func AcceptOn(ctxs []*Context, req ConnectionDesc) ConnectionDesc {
+	for _, c := range ctxs {
+		if c.NICPath() == req.PeerNICPath {
+			return c.Accept(req)
+		}
+	}
+	return ConnectionDesc{PeerNICPath: req.LocalNICPath, ReplyMsg: fmt.Sprintf("no local NIC %s", req.PeerNICPath)}
+}
