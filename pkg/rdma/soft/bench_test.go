@@ -3,6 +3,8 @@ package soft_test
 import (
 	"io"
 	"net"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,4 +87,54 @@ func BenchmarkLoopbackTCP(b *testing.B) {
 	}
 	c.Close()
 	<-done
+}
+
+// BenchmarkSoftWriteQPs: several QP pairs between the same two devices
+// share one wire connection (the soft NIC multiplexes per device pair);
+// compare with BenchmarkSoftWrite to see what the sharing costs.
+func BenchmarkSoftWriteQPs(b *testing.B) {
+	for _, nq := range []int{1, 4, 16} {
+		b.Run("qps="+strconv.Itoa(nq), func(b *testing.B) {
+			p := newProvider(b, soft.Config{Devices: []soft.DeviceConfig{{Name: "soft0"}, {Name: "soft1"}}, RetryTimeout: 10 * time.Second})
+			pairs := make([][2]*side, nq)
+			for i := range pairs {
+				pairs[i] = [2]*side{newSide(b, p, "soft0", 4*benchBlock, rdma.AccessAll), newSide(b, p, "soft1", 4*benchBlock, rdma.AccessAll)}
+				connectPair(b, pairs[i][0], pairs[i][1])
+			}
+			b.SetBytes(benchBlock)
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for qi := range pairs {
+				a, t := pairs[qi][0], pairs[qi][1]
+				n := b.N / nq
+				if qi == 0 {
+					n += b.N % nq
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					wcs := make([]rdma.WC, 4)
+					inflight := 0
+					for i := 0; i < n || inflight > 0; {
+						if i < n && inflight < 4 {
+							off := uint64(i%4) * benchBlock
+							if err := a.qp.PostSend(rdma.WR{ID: uint64(i), Op: rdma.OpWrite, Local: rdma.SGE{Addr: a.mr.Addr() + off, Length: benchBlock, LKey: a.mr.LKey()},
+								RemoteAddr: t.mr.Addr() + off, RKey: t.mr.RKey()}); err != nil {
+								panic(err)
+							}
+							inflight++
+							i++
+							continue
+						}
+						k := a.cq.Poll(wcs)
+						if k == 0 {
+							<-a.cq.Notify()
+						}
+						inflight -= k
+					}
+				}()
+			}
+			wg.Wait()
+		})
+	}
 }
