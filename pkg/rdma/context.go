@@ -40,6 +40,11 @@ type Context struct {
 	// busy workers do in production; workers read-lock it per batch.
 	hold sync.RWMutex
 
+	// cqOutstanding counts WRs whose completion has not been polled: a CQ
+	// that overflows is a fatal error on a real NIC, so posts beyond
+	// CQDepth wait (ErrQueueFull), as Mooncake's max_cqe check does.
+	cqOutstanding atomic.Int64
+
 	nextID  atomic.Uint64
 	pendMu  sync.Mutex
 	pending map[uint64]pendingSlice
@@ -279,6 +284,7 @@ func (c *Context) destroyEndpoint(e *Endpoint) {
 			go func() {
 				for _, p := range lost {
 					p.ep.depth[p.qp].Add(-1)
+					c.cqOutstanding.Add(-1)
 					if p.done != nil {
 						p.done(WC{Status: WCWRFlushErr, Op: p.slice.Op})
 					}
@@ -362,6 +368,7 @@ func (c *Context) complete(wc WC) {
 	if !ok {
 		return
 	}
+	c.cqOutstanding.Add(-1)
 	p.ep.depth[p.qp].Add(-1)
 	if wc.Status != WCSuccess && wc.Status != WCWRFlushErr {
 		p.ep.logSliceFailure(p.slice, wc.Status)

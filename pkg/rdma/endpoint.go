@@ -208,6 +208,11 @@ func (e *Endpoint) Post(s Slice, done func(WC)) error {
 		e.depth[qi].Add(-1)
 		return fmt.Errorf("post to %s: %w", e.peer, ErrEndpointInactive)
 	}
+	if e.ctx.cqOutstanding.Add(1) > int64(e.ctx.cfg.CQDepth) {
+		e.ctx.cqOutstanding.Add(-1)
+		e.depth[qi].Add(-1)
+		return fmt.Errorf("post to %s: completion queue of %s full: %w", e.peer, e.ctx.name, ErrQueueFull)
+	}
 	id := e.ctx.track(e, qi, s, done)
 	err := e.qps[qi].PostSend(WR{
 		ID:         id,
@@ -218,6 +223,7 @@ func (e *Endpoint) Post(s Slice, done func(WC)) error {
 	})
 	if err != nil {
 		e.ctx.untrack(id)
+		e.ctx.cqOutstanding.Add(-1)
 		e.depth[qi].Add(-1)
 		return fmt.Errorf("post to %s: %w", e.peer, err)
 	}

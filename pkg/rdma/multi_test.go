@@ -3,8 +3,10 @@ package rdma_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvcache-ops/mc/pkg/rdma"
 	"github.com/kvcache-ops/mc/pkg/rdma/soft"
@@ -64,5 +66,43 @@ func TestOpenContextsAndAcceptOn(t *testing.T) {
 	}
 	if st := inits[0].Stats(); st.LiveEndpoints != 2 {
 		t.Fatalf("the failed connection left an endpoint: %+v", st)
+	}
+}
+
+// TestPostBackpressure: posts beyond MC_MAX_WR per QP, or beyond the CQ's
+// depth for the context, fail with ErrQueueFull instead of overflowing.
+func TestPostBackpressure(t *testing.T) {
+	f := newFabric(t, soft.Config{Devices: []soft.DeviceConfig{{Name: "soft0"}, {Name: "soft1"}}, RetryTimeout: time.Hour})
+	a := f.open(t, "init", "soft0", rdma.Config{MaxWR: 3, CQDepth: 10})
+	b := f.open(t, "target", "soft1", rdma.Config{})
+	la, rb := register(t, a, 1<<16), register(t, b, 1<<16)
+	e1, err := a.Endpoint(context.Background(), "target@soft1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.p.DropPeer("soft0", b.Port().LID) // nothing completes
+	s := rdma.Slice{Op: rdma.OpWrite, LocalAddr: la.mr.Addr(), LKey: la.mr.LKey(), Length: 64, RemoteAddr: rb.mr.Addr(), RKey: rb.mr.RKey()}
+	for i := 0; i < 6; i++ { // 2 QPs x MaxWR 3
+		if err := e1.Post(s, nil); err != nil {
+			t.Fatalf("post %d: %v", i, err)
+		}
+	}
+	if err := e1.Post(s, nil); !errors.Is(err, rdma.ErrQueueFull) {
+		t.Fatalf("7th post: %v, want ErrQueueFull", err)
+	}
+	f.mu.Lock()
+	f.ctxs["other@soft1"] = b
+	f.mu.Unlock()
+	e2, err := a.Endpoint(context.Background(), "other@soft1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ { // CQ depth 10: 6 + 4
+		if err := e2.Post(s, nil); err != nil {
+			t.Fatalf("post %d on the second endpoint: %v", i, err)
+		}
+	}
+	if err := e2.Post(s, nil); !errors.Is(err, rdma.ErrQueueFull) || !strings.Contains(err.Error(), "completion queue") {
+		t.Fatalf("11th post: %v, want a full completion queue", err)
 	}
 }
