@@ -114,7 +114,7 @@ I0307 09:00:11.000000  4108 x.cpp:1] Using endpoint store
 	l.Info("decode-9@mlx5_3 evicted", "local", "prefill-0@mlx5_3")
 	l.Info("Using SIEVE endpoint store", "nic", "mlx5_3")
 	l.Warn("Rail paused", "peer", "decode-9@mlx5_3", "error_count", 5, "pause_ms", 30000)
-	l.Error("Failed to create QP: Cannot allocate memory [12]", "nic", "mlx5_3")
+	l.Error("Failed to create QP: Cannot allocate memory [12]", "local_nic", "mlx5_3") // as pkg/rdma writes it
 	if err := sc.Scan(&buf, "mc"); err != nil {
 		t.Fatal(err)
 	}

@@ -66,7 +66,8 @@ func ParseLine(b []byte) (Line, bool) {
 		d = d[4:]
 	}
 	l.Month, l.Day = atoiFixed(d[:2]), atoiFixed(d[2:4])
-	if l.Month < 1 || l.Month > 12 || l.Day < 1 || l.Day > 31 {
+	if l.Month < 1 || l.Month > 12 || l.Day < 1 || l.Day > daysIn[l.Month] ||
+		(l.Year != 0 && l.Month == 2 && l.Day == 29 && !(l.Year%4 == 0 && (l.Year%100 != 0 || l.Year%400 == 0))) {
 		return l, false
 	}
 	i++
@@ -141,17 +142,31 @@ func ParseLine(b []byte) (Line, bool) {
 	return l, true
 }
 
+// daysIn bounds the day of each month; February allows the 29th because
+// "mmdd" carries no year to tell.
+var daysIn = [13]int{0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31}
+
 // splitPLOG splits glog's PLOG suffix ": <strerror> [<errno>]" off msg.
+// mc's slog lines may carry attributes after it ("... [12] local_nic=x"),
+// which stay in Msg but do not hide the suffix.
 func splitPLOG(msg []byte) (body, strerror []byte, errno int) {
 	n := len(msg)
-	if n < 4 || msg[n-1] != ']' {
+	if n < 4 {
 		return msg, nil, -1
 	}
-	open := bytes.LastIndexByte(msg, '[')
+	end := n - 1
+	if msg[end] != ']' {
+		j := bytes.LastIndex(msg, []byte("] "))
+		if j < 0 || !isAttr(msg[j+2:]) {
+			return msg, nil, -1
+		}
+		end = j
+	}
+	open := bytes.LastIndexByte(msg[:end], '[')
 	if open < 2 || msg[open-1] != ' ' {
 		return msg, nil, -1
 	}
-	digits := msg[open+1 : n-1]
+	digits := msg[open+1 : end]
 	if len(digits) == 0 || len(digits) > 5 || !allDigits(digits) {
 		return msg, nil, -1
 	}
@@ -160,6 +175,19 @@ func splitPLOG(msg []byte) (body, strerror []byte, errno int) {
 		return msg, nil, -1
 	}
 	return msg[:sep], msg[sep+2 : open-1], atoiFixed(digits)
+}
+
+// isAttr reports whether b starts with a slog "key=value" attribute.
+func isAttr(b []byte) bool {
+	for i, c := range b {
+		switch {
+		case c == '=':
+			return i > 0
+		case c == ' ' || c == '"' || c == '[' || c == ']':
+			return false
+		}
+	}
+	return false
 }
 
 func trimEOL(b []byte) []byte {

@@ -33,9 +33,15 @@ func TestParseLineVariants(t *testing.T) {
 		{"F0101 01:02:03.000004 9p.cc:1] x", 'F', 0, 1, 1, 1, 2, 3, 4, -1, "9p.cc", 1, "x", "x", "", -1},
 		// Empty message.
 		{"I0101 01:02:03.000004 1 a.cc:1]", 'I', 0, 1, 1, 1, 2, 3, 4, 1, "a.cc", 1, "", "", "", -1},
+		// mc appends slog attributes after the PLOG suffix.
+		{"E0307 09:05:03.000042   812 context.go:246] Failed to create QP: Cannot allocate memory [12] local_nic=soft0",
+			'E', 0, 3, 7, 9, 5, 3, 42, 812, "context.go", 246,
+			"Failed to create QP: Cannot allocate memory [12] local_nic=soft0", "Failed to create QP", "Cannot allocate memory", 12},
 		// Brackets inside a message that is not a PLOG suffix.
 		{"I0101 01:02:03.000004 1 a.cc:1] list [a] done [x]", 'I', 0, 1, 1, 1, 2, 3, 4, 1, "a.cc", 1,
 			"list [a] done [x]", "list [a] done [x]", "", -1},
+		{"I0101 01:02:03.000004 1 a.cc:1] got: x [3] then words", 'I', 0, 1, 1, 1, 2, 3, 4, 1, "a.cc", 1,
+			"got: x [3] then words", "got: x [3] then words", "", -1},
 	}
 	for _, c := range cases {
 		l, ok := ParseLine([]byte(c.in))
@@ -60,7 +66,8 @@ func TestParseLineRejects(t *testing.T) {
 		"I0307 9:05:03.000042 1 a.cc:1] m", "I0307 09:05:03.000042 1 a.cc] m",
 		"I0307 09:05:03.000042 1 a.cc:1 m", "I0307 25:05:03.000042 1 a.cc:1] m",
 		"I0307 09:05:03. 1 a.cc:1] m", "Info: something happened",
-		"I0307 09:05:03.000042 1 a b.cc:1] m",
+		"I0307 09:05:03.000042 1 a b.cc:1] m", "W0230 00:00:00 0:00]0000000000", "I0431 09:05:03.000042 1 a.cc:1] m",
+		"I20230229 09:05:03.000042 1 a.cc:1] m",
 	} {
 		if l, ok := ParseLine([]byte(in)); ok {
 			t.Errorf("ParseLine(%q) accepted: %+v", in, l)
