@@ -217,14 +217,17 @@ func deviceList() (**C.struct_ibv_device, int, error) {
 	var n, e C.int
 	l := C.mc_get_device_list(&n, &e)
 	if l == nil {
-		if syscall.Errno(e) == syscall.ENOSYS || e == 0 {
-			return nil, 0, rdma.ErrNoDevices
+		if syscall.Errno(e) == syscall.ENOSYS {
+			return nil, 0, fmt.Errorf("ibv_get_device_list: kernel has no RDMA support (ENOSYS): %w", rdma.ErrNoDevices)
+		}
+		if e == 0 {
+			return nil, 0, fmt.Errorf("ibv_get_device_list: %w", rdma.ErrNoDevices)
 		}
 		return nil, 0, errnoErr("ibv_get_device_list", e)
 	}
 	if n == 0 {
 		C.ibv_free_device_list(l)
-		return nil, 0, rdma.ErrNoDevices
+		return nil, 0, fmt.Errorf("ibv_get_device_list: empty: %w", rdma.ErrNoDevices)
 	}
 	return l, int(n), nil
 }

@@ -19,6 +19,7 @@ func TestDevices(t *testing.T) {
 	}
 	devs, err := p.Devices()
 	if errors.Is(err, rdma.ErrNoDevices) {
+		t.Logf("no devices: %v", err)
 		if _, err := p.Open("mlx5_0"); !errors.Is(err, rdma.ErrNoDevices) {
 			t.Fatalf("open without devices: %v", err)
 		}
