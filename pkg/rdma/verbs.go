@@ -16,6 +16,25 @@
 // reclaimed only after inserts, and under peer failure (evictions and
 // deletes continue, inserts stop) queue pairs leaked until the NIC's pool
 // was exhausted. See shared/spec/rdma.md.
+//
+// A transport uses it like this (see Example):
+//
+//   - providers.Open("auto") or soft.NewFromEnv(); then OpenContexts(p,
+//     devices, cfg) with cfg from ConfigFromEnv() plus ServerName and an
+//     Exchange that sends a ConnectionDesc as a handshake Connection frame.
+//   - The handshake server answers Connection frames with AcceptOn(ctxs,
+//     req). Segment descriptors list each context's Port().LID/GID and,
+//     per buffer, the RKey/LKey of RegisterMemory on every context.
+//   - Per slice: skip contexts that are not Active(); ep, err :=
+//     ctx.Endpoint(ctx, peerNICPath); ep.Post(Slice{...}, done). done runs
+//     on a completion worker with the WC. ErrQueueFull means retry later;
+//     ErrEndpointInactive or ErrContextInactive mean pick again.
+//   - On a failed WC: WCWRFlushErr retries quietly; Status.Remote() errors
+//     should pause the peer rail and DeleteEndpoint(ep); others move the
+//     slice to another local NIC. The worker already logged Mooncake's
+//     "Process failed for slice" line for every non-flush failure.
+//   - Export NewCollector(ctxs...) where a server runs; Close each
+//     context at shutdown (it waits for in-flight WRs, then reclaims).
 package rdma
 
 import (
