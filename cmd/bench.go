@@ -1,0 +1,488 @@
+package cmd
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jedib0t/go-pretty/v6/progress"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"golang.org/x/term"
+
+	"github.com/kvcache-ops/mc/pkg/engine"
+	"github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/topo"
+)
+
+// benchEngineOptions are the flags target and initiator share: how the
+// local engine is started and found.
+type benchEngineOptions struct {
+	Protocol        string
+	MetadataServer  string
+	LocalServerName string
+	BindAddress     string
+	MinRPCPort      int
+	MaxRPCPort      int
+	ClusterID       string
+	StatusTimeout   int
+	TCPLanes        int
+}
+
+type benchTargetOptions struct {
+	benchEngineOptions
+	BufferSize string
+	// Ready, when set, is called with the running target (tests).
+	Ready func(*bench.Target)
+}
+
+type benchInitiatorOptions struct {
+	benchEngineOptions
+	SegmentID       string
+	Operation       string
+	BatchSize       int
+	BlockSize       string
+	BufferSize      string
+	Duration        string
+	Threads         int
+	ReportUnit      string
+	ReportPrecision int
+	Verify          bool
+	// Progress forces (true) or suppresses (false) the live progress;
+	// nil means "when stdout is a terminal".
+	Progress *bool
+}
+
+func newBenchCmd(p *printer) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "bench",
+		Short: "Transfer benchmark compatible with Mooncake's transfer_engine_bench",
+		Long: `mc bench measures the transfer engine between a target (which registers
+memory and serves it) and an initiator (which reads or writes it in batches),
+with transfer_engine_bench's flags and its "Test completed" line, plus IOPS,
+batch latency percentiles, failed tasks and optional byte verification.
+
+Without --segment-id, mc bench initiator starts a target in the same process
+and benchmarks it over real loopback TCP.`,
+	}
+	c.AddCommand(newBenchTargetCmd(p), newBenchInitiatorCmd(p))
+	return c
+}
+
+func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
+	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport protocol: tcp")
+	fs.StringVar(&o.MetadataServer, "metadata-server", "P2PHANDSHAKE", "metadata server: P2PHANDSHAKE, etcd host:port[,host:port], etcd://h:p;h:p or http://host:port/path")
+	fs.StringVar(&o.LocalServerName, "local-server-name", "", "this engine's server name (default the hostname)")
+	fs.StringVar(&o.BindAddress, "bind-address", "", "address the handshake and data listeners bind to (default 0.0.0.0)")
+	fs.IntVar(&o.MinRPCPort, "min-rpc-port", engine.DefaultMinRPCPort, "lowest handshake (RPC) port")
+	fs.IntVar(&o.MaxRPCPort, "max-rpc-port", engine.DefaultMaxRPCPort, "highest handshake (RPC) port")
+	fs.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/")
+	fs.IntVar(&o.StatusTimeout, "tcp-status-timeout-sec", 30, "seconds to wait for a TCP status or reply before failing the tasks")
+	fs.IntVar(&o.TCPLanes, "tcp-lanes", engine.DefaultTCPLanes, "persistent TCP connections per peer")
+	envName(fs, "bind-address", "MC_TCP_BIND_ADDRESS")
+	envName(fs, "min-rpc-port", "MC_MIN_RPC_PORT")
+	envName(fs, "max-rpc-port", "MC_MAX_RPC_PORT")
+	envName(fs, "metadata-cluster-id", "MC_METADATA_CLUSTER_ID")
+	envName(fs, "tcp-status-timeout-sec", "MC_TCP_STATUS_TIMEOUT_SEC")
+}
+
+func (o benchEngineOptions) config() (engine.Config, error) {
+	if o.Protocol != "tcp" {
+		return engine.Config{}, fmt.Errorf("--protocol %q is not supported: want one of: tcp", o.Protocol)
+	}
+	if o.StatusTimeout <= 0 {
+		return engine.Config{}, fmt.Errorf("--tcp-status-timeout-sec %d must be positive", o.StatusTimeout)
+	}
+	if o.TCPLanes <= 0 {
+		return engine.Config{}, fmt.Errorf("--tcp-lanes %d must be positive", o.TCPLanes)
+	}
+	return engine.Config{
+		LocalServerName:  o.LocalServerName,
+		MetadataServer:   o.MetadataServer,
+		ClusterID:        o.ClusterID,
+		BindAddress:      o.BindAddress,
+		MinRPCPort:       o.MinRPCPort,
+		MaxRPCPort:       o.MaxRPCPort,
+		TCPLanes:         o.TCPLanes,
+		TCPStatusTimeout: time.Duration(o.StatusTimeout) * time.Second,
+	}, nil
+}
+
+func newBenchTargetCmd(p *printer) *cobra.Command {
+	var o benchTargetOptions
+	c := &cobra.Command{
+		Use:   "target",
+		Short: "Register buffers and serve them until SIGINT/SIGTERM",
+		Long: `mc bench target registers --buffer-size bytes per NUMA node (as cpu:<n>),
+filled with the pattern mc bench initiator --verify checks, prints the
+name to pass as --segment-id, and serves until SIGINT or SIGTERM.`,
+		Example: `  mc bench target --buffer-size 1G
+  mc bench target --metadata-server 10.0.0.1:2379 --local-server-name node1`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runBenchTarget(ctx, o, p)
+		},
+	}
+	fs := c.Flags()
+	addBenchEngineFlags(fs, &o.benchEngineOptions)
+	fs.StringVar(&o.BufferSize, "buffer-size", "1G", "bytes registered per NUMA node (K, M, G suffixes are binary)")
+	return c
+}
+
+func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error {
+	cfg, err := o.config()
+	if err != nil {
+		return err
+	}
+	size, err := bench.ParseSize(o.BufferSize)
+	if err != nil {
+		return fmt.Errorf("--buffer-size: %w", err)
+	}
+	nodes := numaNodes()
+	e, err := engine.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	t, err := bench.StartTarget(ctx, e, bench.TargetConfig{BufferSize: size, Nodes: nodes})
+	if err != nil {
+		return fmt.Errorf("register target memory: %w", err)
+	}
+	defer t.Close()
+	type buf struct {
+		Location string `json:"location"`
+		Addr     uint64 `json:"addr"`
+		Length   int    `json:"length"`
+	}
+	var bufs []buf
+	var locs []string
+	for _, m := range t.Buffers {
+		bufs = append(bufs, buf{m.Location(), m.Addr(), m.Len()})
+		locs = append(locs, m.Location())
+	}
+	if p.JSON() {
+		if err := p.PrintJSON(map[string]any{
+			"segment_id":      e.SegmentName(),
+			"protocol":        o.Protocol,
+			"metadata_server": cfg.MetadataServer,
+			"buffers":         bufs,
+		}); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(p.Out, "segment_id %s (protocol %s, metadata %s, %d x %s: %s)\n",
+			e.SegmentName(), o.Protocol, cfg.MetadataServer, len(t.Buffers), bench.FormatSize(size), strings.Join(locs, ","))
+		fmt.Fprintf(p.Out, "run: mc bench initiator --segment_id %s --metadata_server %s\n", e.SegmentName(), cfg.MetadataServer)
+	}
+	if o.Ready != nil {
+		o.Ready(t)
+	}
+	<-ctx.Done()
+	if !p.JSON() {
+		fmt.Fprintln(p.Out, "stopping target")
+	}
+	if err := t.Close(); err != nil {
+		return err
+	}
+	return e.Close()
+}
+
+// numaNodes lists the host's NUMA nodes, or nil (node 0) when unknown.
+func numaNodes() []int {
+	fs, err := topo.NewFS("/")
+	if err != nil {
+		return nil
+	}
+	t, err := topo.Discover(fs, topo.Options{})
+	if err != nil || t == nil {
+		return nil
+	}
+	var out []int
+	for _, n := range t.NUMANodes {
+		if n >= 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func newBenchInitiatorCmd(p *printer) *cobra.Command {
+	var o benchInitiatorOptions
+	c := &cobra.Command{
+		Use:   "initiator",
+		Short: "Run Mooncake's transfer loop against a target and report",
+		Long: `mc bench initiator runs transfer_engine_bench's loop: each of --threads
+threads submits --batch-size requests of --block-size bytes, waits for all
+of them and repeats for --duration. It prints Mooncake's "Test completed"
+line, then throughput, IOPS, batch latency percentiles and failed tasks.
+A comma list of block sizes runs a sweep, one row per size. Without
+--segment-id it benchmarks an in-process target over loopback TCP.
+
+Exit status: 0 when every task completed (and verified), 1 otherwise.`,
+		Example: `  mc bench initiator                                   # embedded loopback target
+  mc bench initiator --segment_id 10.0.0.2:15123 --operation write --threads 1
+  mc bench initiator --block_size 4K,64K,1M --batch_size 128 --threads 1 --verify`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runBenchInitiator(ctx, o, p)
+		},
+	}
+	fs := c.Flags()
+	addBenchEngineFlags(fs, &o.benchEngineOptions)
+	fs.StringVar(&o.SegmentID, "segment-id", "", "target segment name (empty: start an in-process loopback target)")
+	fs.StringVar(&o.Operation, "operation", "read", "read or write")
+	fs.IntVar(&o.BatchSize, "batch-size", 128, "requests per batch")
+	fs.StringVar(&o.BlockSize, "block-size", "65536", "bytes per request; a comma list (4K,64K,1M) runs a sweep")
+	fs.StringVar(&o.BufferSize, "buffer-size", "1G", "local buffer limit: batch-size x block-size x threads must fit")
+	fs.StringVar(&o.Duration, "duration", "10", "seconds per run (or a Go duration: 500ms, 2m)")
+	fs.IntVar(&o.Threads, "threads", 12, "submitting threads")
+	fs.StringVar(&o.ReportUnit, "report-unit", "GB", "throughput unit: "+strings.Join(bench.UnitNames(), ", "))
+	fs.IntVar(&o.ReportPrecision, "report-precision", 2, "digits after the decimal point")
+	fs.BoolVar(&o.Verify, "verify", false, "check every byte against the target's pattern (writes are read back)")
+	return c
+}
+
+func parseBenchDuration(s string) (time.Duration, error) {
+	if n, err := strconv.ParseFloat(s, 64); err == nil {
+		if n <= 0 {
+			return 0, fmt.Errorf("--duration %q must be positive", s)
+		}
+		return time.Duration(n * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("--duration %q: want seconds (10) or a positive Go duration (500ms)", s)
+	}
+	return d, nil
+}
+
+func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer) error {
+	cfg, err := o.config()
+	if err != nil {
+		return err
+	}
+	var op engine.Opcode
+	switch o.Operation {
+	case "read":
+		op = engine.Read
+	case "write":
+		op = engine.Write
+	default:
+		return fmt.Errorf("--operation %q: want read or write", o.Operation)
+	}
+	if o.BatchSize <= 0 {
+		return fmt.Errorf("--batch-size %d must be positive", o.BatchSize)
+	}
+	if o.Threads <= 0 {
+		return fmt.Errorf("--threads %d must be positive", o.Threads)
+	}
+	if o.ReportPrecision < 0 || o.ReportPrecision > 12 {
+		return fmt.Errorf("--report-precision %d: want 0-12", o.ReportPrecision)
+	}
+	sizes, err := bench.ParseSizeList(o.BlockSize)
+	if err != nil {
+		return fmt.Errorf("--block-size: %w", err)
+	}
+	bufSize, err := bench.ParseSize(o.BufferSize)
+	if err != nil {
+		return fmt.Errorf("--buffer-size: %w", err)
+	}
+	dur, err := parseBenchDuration(o.Duration)
+	if err != nil {
+		return err
+	}
+	unit, err := bench.ParseUnit(o.ReportUnit)
+	if err != nil {
+		return fmt.Errorf("--report-unit: %w", err)
+	}
+
+	segment := o.SegmentID
+	if segment == "" {
+		// The embedded target holds exactly what the run touches.
+		var maxBlock int64
+		for _, s := range sizes {
+			maxBlock = max(maxBlock, s)
+		}
+		need := maxBlock * int64(o.BatchSize) * int64(o.Threads)
+		if need > bufSize {
+			return fmt.Errorf("batch_size %d x block_size %d x threads %d = %d bytes does not fit in buffer_size %d", o.BatchSize, maxBlock, o.Threads, need, bufSize)
+		}
+		tcfg := cfg
+		tcfg.LocalServerName = ""
+		t, err := bench.StartLoopbackTarget(ctx, tcfg, need)
+		if err != nil {
+			return err
+		}
+		defer t.Close()
+		segment = t.Engine.SegmentName()
+		cfg.BindAddress = "127.0.0.1"
+		cfg.MetadataServer = "P2PHANDSHAKE"
+		if !p.JSON() {
+			fmt.Fprintf(p.Out, "embedded target %s (loopback tcp, %s)\n", segment, bench.FormatSize(need))
+		}
+	}
+	e, err := engine.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+
+	bc := bench.InitiatorConfig{
+		Engine: e, Segment: segment, Op: op, BatchSize: o.BatchSize, BlockSizes: sizes,
+		BufferSize: bufSize, Duration: dur, Threads: o.Threads, Verify: o.Verify,
+	}
+	showProgress := !p.JSON() && isTerminal(p.Out)
+	if o.Progress != nil {
+		showProgress = *o.Progress && !p.JSON()
+	}
+	var stopProgress func()
+	if showProgress {
+		bc.Progress, stopProgress = liveProgress(p.Out, unit, o.ReportPrecision)
+	}
+	results, runErr := bench.Run(ctx, bc)
+	if stopProgress != nil {
+		stopProgress()
+	}
+	if len(results) == 0 && runErr != nil {
+		return runErr
+	}
+	if err := printBenchResults(p, segment, unit, o.ReportPrecision, results); err != nil {
+		return err
+	}
+	if runErr != nil {
+		return runErr
+	}
+	return nil
+}
+
+type benchJSONResult struct {
+	Operation     string  `json:"operation"`
+	BlockSize     int64   `json:"block_size"`
+	BatchSize     int     `json:"batch_size"`
+	Threads       int     `json:"threads"`
+	DurationSec   float64 `json:"duration_sec"`
+	BatchCount    uint64  `json:"batch_count"`
+	Bytes         uint64  `json:"bytes"`
+	Throughput    float64 `json:"throughput"`
+	ReportUnit    string  `json:"report_unit"`
+	BytesPerSec   float64 `json:"bytes_per_sec"`
+	IOPS          float64 `json:"iops"`
+	LatencyP50Us  float64 `json:"latency_p50_us"`
+	LatencyP99Us  float64 `json:"latency_p99_us"`
+	LatencyP999Us float64 `json:"latency_p999_us"`
+	FailedTasks   uint64  `json:"failed_tasks"`
+	Verified      bool    `json:"verified"`
+	Error         string  `json:"error,omitempty"`
+}
+
+func printBenchResults(p *printer, segment string, unit bench.Unit, prec int, rs []bench.Result) error {
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	if p.JSON() {
+		out := make([]benchJSONResult, 0, len(rs))
+		for _, r := range rs {
+			j := benchJSONResult{
+				Operation: r.Operation, BlockSize: r.BlockSize, BatchSize: r.BatchSize, Threads: r.Threads,
+				DurationSec: r.Duration.Seconds(), BatchCount: r.BatchCount, Bytes: r.Bytes,
+				Throughput: unit.Per(r.BytesPerSec), ReportUnit: unit.Name, BytesPerSec: r.BytesPerSec, IOPS: r.IOPS,
+				LatencyP50Us: us(r.LatencyP50), LatencyP99Us: us(r.LatencyP99), LatencyP999Us: us(r.LatencyP999),
+				FailedTasks: r.FailedTasks, Verified: r.Verified && r.Err == nil,
+			}
+			if r.Err != nil {
+				j.Error = r.Err.Error()
+			}
+			out = append(out, j)
+		}
+		return p.PrintJSON(map[string]any{"segment_id": segment, "results": out})
+	}
+	lat := func(d time.Duration) string {
+		if d >= 10*time.Millisecond {
+			return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+		}
+		return fmt.Sprintf("%.0f µs", us(d))
+	}
+	var rows [][]string
+	for _, r := range rs {
+		// Mooncake's line, for scripts that parse it.
+		fmt.Fprintf(p.Out, "Test completed: duration %.2f, batch count %d, throughput %.*f %s/s\n",
+			r.Duration.Seconds(), r.BatchCount, prec, unit.Per(r.BytesPerSec), unit.Name)
+		verified := "no"
+		if r.Verified {
+			verified = "yes"
+			if r.Err != nil {
+				verified = "FAILED"
+			}
+		}
+		rows = append(rows, []string{
+			bench.FormatSize(r.BlockSize), r.Operation, strconv.Itoa(r.Threads), strconv.Itoa(r.BatchSize),
+			fmt.Sprintf("%.*f", prec, unit.Per(r.BytesPerSec)), fmt.Sprintf("%.0f", r.IOPS),
+			lat(r.LatencyP50), lat(r.LatencyP99), lat(r.LatencyP999),
+			strconv.FormatUint(r.FailedTasks, 10), verified,
+		})
+	}
+	p.Table("", []string{"block", "op", "threads", "batch", unit.Name + "/s", "IOPS", "p50", "p99", "p99.9", "failed", "verified"}, rows)
+	return nil
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// liveProgress renders elapsed time and current throughput with go-pretty,
+// one tracker per block size.
+func liveProgress(w io.Writer, unit bench.Unit, prec int) (func(bench.Progress), func()) {
+	pw := progress.NewWriter()
+	pw.SetOutputWriter(w)
+	pw.SetAutoStop(false)
+	pw.SetUpdateFrequency(200 * time.Millisecond)
+	pw.SetMessageLength(32)
+	pw.ShowValue(false)
+	pw.ShowETA(false)
+	pw.Style().Visibility.Percentage = true
+	go pw.Render()
+	var cur *progress.Tracker
+	var curBlock int64
+	var last bench.Progress
+	var lastAt time.Time
+	update := func(pr bench.Progress) {
+		if cur == nil || pr.BlockSize != curBlock {
+			if cur != nil {
+				cur.MarkAsDone()
+			}
+			cur = &progress.Tracker{Total: pr.Duration.Milliseconds(), Units: progress.UnitsDefault,
+				Message: bench.FormatSize(pr.BlockSize)}
+			curBlock = pr.BlockSize
+			pw.AppendTracker(cur)
+			last, lastAt = bench.Progress{}, time.Time{}
+		}
+		now := time.Now()
+		rate := float64(pr.Bytes) / pr.Elapsed.Seconds()
+		if !lastAt.IsZero() && now.Sub(lastAt) > 0 {
+			rate = float64(pr.Bytes-last.Bytes) / now.Sub(lastAt).Seconds()
+		}
+		last, lastAt = pr, now
+		cur.UpdateMessage(fmt.Sprintf("%s %.*f %s/s", bench.FormatSize(pr.BlockSize), prec, unit.Per(rate), unit.Name))
+		cur.SetValue(min(pr.Elapsed.Milliseconds(), cur.Total))
+	}
+	stop := func() {
+		if cur != nil {
+			cur.MarkAsDone()
+		}
+		time.Sleep(250 * time.Millisecond) // let the final frame render
+		pw.Stop()
+		for pw.IsRenderInProgress() {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return update, stop
+}

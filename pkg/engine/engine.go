@@ -1,0 +1,370 @@
+// Package engine is mc's transfer engine, modelled on Mooncake's Transfer
+// Engine: local memory is registered (mmap'd, so addresses are stable and
+// travel on the wire), remote memory is reached by opening a Segment by
+// name through a metadata backend, and bytes move in Batches of Tasks
+// (READ or WRITE, local address, segment, target address, length) that are
+// polled or waited on.
+//
+// The transport is chosen from the segment descriptor's protocol: a
+// segment of this engine itself is served by a memcpy (the local
+// transport); "tcp" by Mooncake's TCP data protocol (package tcp) over
+// persistent, pipelined lanes. Other protocols plug in through Transport.
+//
+// Main types: Engine, Memory, Segment, Batch, Request, TaskStatus.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/engine/handshake"
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
+	"github.com/kvcache-ops/mc/pkg/engine/tcp"
+)
+
+// Defaults for Config.
+const (
+	DefaultMinRPCPort = 15000
+	DefaultMaxRPCPort = 17000
+	// DefaultUnregisterGrace is how long UnregisterMemory waits for
+	// transfers using the buffer before refusing with ErrBusy.
+	DefaultUnregisterGrace = 5 * time.Second
+	// DefaultTCPLanes is the number of persistent connections per peer
+	// (Mooncake's opt-in pool uses 4 too).
+	DefaultTCPLanes = tcp.DefaultLanes
+)
+
+// ErrSegmentNotFound is matched when a segment name is not registered in
+// the metadata backend (or a P2P peer has nothing to describe).
+var ErrSegmentNotFound = errors.New("segment not found")
+
+// Config configures an Engine.
+type Config struct {
+	// LocalServerName is this engine's name (Mooncake's local_server_name);
+	// default the hostname. With etcd/http metadata it is the segment name.
+	LocalServerName string
+	// MetadataServer is Mooncake's --metadata_server; default P2PHANDSHAKE.
+	MetadataServer string
+	// Backend, when set, is used instead of opening MetadataServer; the
+	// engine closes it.
+	Backend meta.Backend
+	// ClusterID is MC_METADATA_CLUSTER_ID.
+	ClusterID string
+	// MetadataTimeout bounds each metadata call (default 5 s).
+	MetadataTimeout time.Duration
+	// BindAddress is the host the handshake and data listeners bind to
+	// (MC_TCP_BIND_ADDRESS); default 0.0.0.0.
+	BindAddress string
+	// AdvertiseHost is the host peers are told to connect to; default
+	// BindAddress when it is a specific address, else the host part of
+	// LocalServerName.
+	AdvertiseHost string
+	// HandshakeAddr, when set, is the exact handshake listen address
+	// ("127.0.0.1:0" in tests); otherwise a random port in
+	// [MinRPCPort, MaxRPCPort] of BindAddress.
+	HandshakeAddr          string
+	MinRPCPort, MaxRPCPort int
+	// TCPLanes is the number of persistent connections per peer.
+	TCPLanes int
+	// TCPStatusTimeout is MC_TCP_STATUS_TIMEOUT_SEC (default 30 s).
+	TCPStatusTimeout time.Duration
+	// UnregisterGrace: see DefaultUnregisterGrace.
+	UnregisterGrace time.Duration
+}
+
+// Engine is one transfer engine instance. Its methods are safe for
+// concurrent use; a Batch is used by one goroutine at a time.
+type Engine struct {
+	cfg     Config
+	hs      *handshake.Server
+	backend meta.Backend
+	segName string
+	advHost string
+	reg     registry
+	closed  atomic.Bool
+
+	local      *localTransport
+	transports map[string]Transport
+	primary    Transport // describes the local segment (tcp for now)
+
+	pubMu sync.Mutex // serialises descriptor publication
+}
+
+// New starts an engine: the handshake listener, the metadata backend, the
+// transports' listeners, and publishes this engine's (empty) segment.
+func New(ctx context.Context, cfg Config) (*Engine, error) {
+	if cfg.LocalServerName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("local server name: %w", err)
+		}
+		cfg.LocalServerName = h
+	}
+	if cfg.MetadataServer == "" {
+		cfg.MetadataServer = meta.P2PHandshake
+	}
+	if cfg.BindAddress == "" {
+		cfg.BindAddress = "0.0.0.0"
+	}
+	if cfg.MinRPCPort == 0 {
+		cfg.MinRPCPort = DefaultMinRPCPort
+	}
+	if cfg.MaxRPCPort == 0 {
+		cfg.MaxRPCPort = DefaultMaxRPCPort
+	}
+	if cfg.UnregisterGrace <= 0 {
+		cfg.UnregisterGrace = DefaultUnregisterGrace
+	}
+	if cfg.TCPStatusTimeout <= 0 {
+		cfg.TCPStatusTimeout = tcp.DefaultStatusTimeout
+	}
+	adv := cfg.AdvertiseHost
+	if adv == "" {
+		if ip := net.ParseIP(cfg.BindAddress); ip == nil || !ip.IsUnspecified() {
+			adv = cfg.BindAddress
+		} else if h, _, err := net.SplitHostPort(cfg.LocalServerName); err == nil {
+			adv = h
+		} else {
+			adv = cfg.LocalServerName
+		}
+	}
+	e := &Engine{cfg: cfg, advHost: adv, transports: make(map[string]Transport)}
+	e.local = &localTransport{e: e}
+
+	var err error
+	if cfg.HandshakeAddr != "" {
+		e.hs, err = handshake.Listen(cfg.HandshakeAddr, handshake.Options{})
+	} else {
+		e.hs, err = handshake.ListenRange(cfg.BindAddress, cfg.MinRPCPort, cfg.MaxRPCPort, handshake.Options{})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("start engine: %w", err)
+	}
+	_, hsPort, _ := net.SplitHostPort(e.hs.Addr())
+
+	e.backend = cfg.Backend
+	if e.backend == nil {
+		e.backend, err = meta.Open(ctx, cfg.MetadataServer, meta.Options{
+			ClusterID: cfg.ClusterID,
+			Timeout:   cfg.MetadataTimeout,
+			Handshake: e.hs,
+		})
+		if err != nil {
+			e.hs.Close()
+			return nil, fmt.Errorf("start engine: %w", err)
+		}
+	}
+	if cfg.MetadataServer == meta.P2PHandshake && cfg.Backend == nil {
+		e.segName = net.JoinHostPort(adv, hsPort)
+	} else {
+		e.segName = cfg.LocalServerName
+	}
+
+	tr, err := newTCPTransport(e)
+	if err != nil {
+		e.backend.Close()
+		e.hs.Close()
+		return nil, fmt.Errorf("start engine: %w", err)
+	}
+	e.transports[tr.Protocol()] = tr
+	e.primary = tr
+
+	if cfg.MetadataServer != meta.P2PHandshake || cfg.Backend != nil {
+		port, _ := strconv.Atoi(hsPort)
+		if err := e.backend.PutRPCMeta(ctx, e.segName, meta.RPCMeta{IPOrHostName: adv, RPCPort: port}); err != nil {
+			e.shutdown(ctx)
+			return nil, fmt.Errorf("start engine: publish rpc meta of %q: %w", e.segName, err)
+		}
+	}
+	if err := e.publish(ctx); err != nil {
+		e.shutdown(ctx)
+		return nil, fmt.Errorf("start engine: %w", err)
+	}
+	return e, nil
+}
+
+// SegmentName is the name peers pass to OpenSegment (and Mooncake's bench
+// to --segment_id): "host:port" of the handshake listener with
+// P2PHANDSHAKE, the local server name otherwise.
+func (e *Engine) SegmentName() string { return e.segName }
+
+// HandshakeAddr is the handshake (RPC) listener's address.
+func (e *Engine) HandshakeAddr() string { return e.hs.Addr() }
+
+// Descriptor returns the descriptor this engine publishes.
+func (e *Engine) Descriptor() *meta.SegmentDesc {
+	d := &meta.SegmentDesc{Name: e.segName, Protocol: e.primary.Protocol(), Buffers: []meta.BufferDesc{}}
+	e.primary.Describe(d)
+	for _, m := range e.reg.list() {
+		if m.remote {
+			d.Buffers = append(d.Buffers, e.primary.DescribeBuffer(m))
+		}
+	}
+	return d
+}
+
+func (e *Engine) publish(ctx context.Context) error {
+	e.pubMu.Lock()
+	defer e.pubMu.Unlock()
+	d := e.Descriptor()
+	d.Timestamp = meta.Timestamp(time.Now())
+	if err := e.backend.PutSegment(ctx, d); err != nil {
+		return fmt.Errorf("publish segment %q: %w", e.segName, err)
+	}
+	return nil
+}
+
+// RegisterMemory maps size bytes of memory at location ("cpu:0",
+// "cuda:0"; mc allocates host memory for every location: it has no GPU
+// allocator) and registers it. With remote set, peers may read and write
+// it and the segment descriptor is republished to include it.
+func (e *Engine) RegisterMemory(ctx context.Context, size int, location string, remote bool) (*Memory, error) {
+	if e.closed.Load() {
+		return nil, ErrEngineClosed
+	}
+	if location == "" {
+		location = "cpu:0"
+	}
+	m, err := allocate(size, location, remote)
+	if err != nil {
+		return nil, err
+	}
+	e.reg.add(m)
+	if remote {
+		if err := e.publish(ctx); err != nil {
+			e.reg.remove(m)
+			m.retire(0)
+			return nil, fmt.Errorf("register memory: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// UnregisterMemory removes m: new requests touching it fail at once, and
+// the call waits (up to Config.UnregisterGrace) for transfers already using
+// it to end before unmapping it. If they do not end in time it returns
+// ErrBusy and m stays registered.
+func (e *Engine) UnregisterMemory(ctx context.Context, m *Memory) error {
+	if !e.reg.remove(m) {
+		return fmt.Errorf("unregister memory at 0x%x: not registered", m.addr)
+	}
+	if err := m.retire(e.cfg.UnregisterGrace); err != nil {
+		e.reg.add(m)
+		return fmt.Errorf("unregister memory at 0x%x: %w", m.addr, err)
+	}
+	if m.remote && !e.closed.Load() {
+		return e.publish(ctx)
+	}
+	return nil
+}
+
+// Memory returns the registered buffers, by address.
+func (e *Engine) Memory() []*Memory { return append([]*Memory(nil), e.reg.list()...) }
+
+// OpenSegment looks name up and returns a handle for requests. The name of
+// this engine's own segment (or its local server name) opens the local
+// transport.
+func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error) {
+	if e.closed.Load() {
+		return nil, ErrEngineClosed
+	}
+	if name == e.segName || name == e.cfg.LocalServerName {
+		return &Segment{name: name, route: e.local, localSeg: true, e: e}, nil
+	}
+	d, err := e.backend.GetSegment(ctx, name)
+	if err != nil {
+		if errors.Is(err, meta.ErrNotFound) {
+			return nil, fmt.Errorf("open segment %q: %w: %w", name, ErrSegmentNotFound, err)
+		}
+		return nil, fmt.Errorf("open segment %q: %w", name, err)
+	}
+	tr := e.transports[d.Protocol]
+	if tr == nil {
+		return nil, fmt.Errorf("open segment %q: protocol %q not supported by this engine", name, d.Protocol)
+	}
+	rpc, err := e.backend.GetRPCMeta(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("open segment %q: %w", name, err)
+	}
+	r, err := tr.Dial(ctx, SegmentInfo{Name: name, Desc: d, RPC: rpc})
+	if err != nil {
+		return nil, fmt.Errorf("open segment %q: %w", name, err)
+	}
+	s := &Segment{name: name, desc: d, route: r, e: e}
+	s.index()
+	return s, nil
+}
+
+// Close stops the engine: transfers in flight fail, listeners close, the
+// segment is withdrawn from the metadata backend and memory is unmapped.
+func (e *Engine) Close() error {
+	if !e.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return e.shutdown(ctx)
+}
+
+func (e *Engine) shutdown(ctx context.Context) error {
+	e.closed.Store(true)
+	var errs []error
+	for _, tr := range e.transports {
+		errs = append(errs, tr.Close())
+	}
+	if e.backend != nil {
+		if err := e.backend.DeleteSegment(ctx, e.segName); err != nil && !errors.Is(err, meta.ErrNotFound) {
+			errs = append(errs, err)
+		}
+		if e.cfg.MetadataServer != meta.P2PHandshake || e.cfg.Backend != nil {
+			if err := e.backend.DeleteRPCMeta(ctx, e.segName); err != nil && !errors.Is(err, meta.ErrNotFound) {
+				errs = append(errs, err)
+			}
+		}
+		errs = append(errs, e.backend.Close())
+	}
+	errs = append(errs, e.hs.Close())
+	for _, m := range e.reg.list() {
+		e.reg.remove(m)
+		errs = append(errs, m.retire(e.cfg.UnregisterGrace))
+	}
+	return errors.Join(errs...)
+}
+
+// prepare checks t's request and pins its local memory.
+func (e *Engine) prepare(t *Task) error {
+	r := &t.req
+	if e.closed.Load() {
+		return ErrEngineClosed
+	}
+	if r.Segment == nil {
+		return fmt.Errorf("%w: no segment", ErrInvalidRequest)
+	}
+	if r.Segment.closed.Load() {
+		return fmt.Errorf("segment %q: %w", r.Segment.name, ErrSegmentClosed)
+	}
+	if r.Length == 0 {
+		return fmt.Errorf("%w: length 0", ErrInvalidRequest)
+	}
+	if r.Op != Read && r.Op != Write {
+		return fmt.Errorf("%w: opcode %d", ErrInvalidRequest, r.Op)
+	}
+	m := e.reg.find(r.Source, r.Length)
+	if m == nil || !m.acquire() {
+		return fmt.Errorf("local range [0x%x, +%d): %w", r.Source, r.Length, ErrOutOfRange)
+	}
+	if !r.Segment.holds(r.Target, r.Length) {
+		m.Release()
+		return fmt.Errorf("target range [0x%x, +%d) of segment %q: %w", r.Target, r.Length, r.Segment.name, ErrOutOfRange)
+	}
+	t.local = m
+	t.op = tcp.Op{Write: r.Op == Write, Addr: r.Target, Buf: m.slice(r.Source, r.Length), Done: t}
+	return nil
+}

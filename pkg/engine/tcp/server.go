@@ -1,0 +1,239 @@
+package tcp
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+)
+
+// Memory resolves a remote address range to registered local bytes. The
+// server never touches a byte outside what Acquire returns.
+type Memory interface {
+	// Acquire returns exactly the bytes [addr, addr+size) when that range
+	// lies inside ONE registered, remotely accessible buffer, pinned until
+	// the Ref is released (so it cannot be unregistered under a transfer).
+	Acquire(addr, size uint64) ([]byte, Ref, error)
+}
+
+// Ref pins registered memory while a transfer uses it.
+type Ref interface{ Release() }
+
+// DefaultIdleTimeout bounds how long a server connection may sit between
+// (or inside) requests before the server drops it. Clients redial lanes
+// idle for half of it, so persistent lanes never hit it.
+const DefaultIdleTimeout = 10 * time.Minute
+
+// ServerOptions configures a Server.
+type ServerOptions struct {
+	// IdleTimeout is the read deadline for a connection; 0 means
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
+}
+
+// Server is one data listener: every accepted connection is served by its
+// own goroutine, request after request, until the peer closes it, a
+// request is rejected, or the server is closed.
+type Server struct {
+	ln   net.Listener
+	mem  Memory
+	opts ServerOptions
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewServer serves ln in the background until Close.
+func NewServer(ln net.Listener, mem Memory, opts ServerOptions) *Server {
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = DefaultIdleTimeout
+	}
+	s := &Server{ln: ln, mem: mem, opts: opts, conns: make(map[net.Conn]struct{})}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s
+}
+
+// Addr is the listener's address.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Close stops accepting, closes every connection (a request in flight fails
+// on the peer with a connection error) and waits for the handlers to exit.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	err := s.ln.Close()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	var backoff time.Duration
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Transient (EMFILE and friends): back off as net/http does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			slog.Warn("tcp data listener: accept failed", "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			err := s.ServeConn(c)
+			c.Close()
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+			if err != nil && !errors.Is(err, net.ErrClosed) {
+				slog.Debug("tcp data connection closed", "peer", c.RemoteAddr(), "err", err)
+			}
+		}()
+	}
+}
+
+// deadliner is the part of net.Conn the handler uses when it has it.
+type deadliner interface{ SetReadDeadline(time.Time) error }
+
+// smallRead is the size up to which READ data is copied behind its status
+// into the connection's write buffer; larger blocks go out with writev
+// straight from registered memory.
+const smallRead = 16 << 10
+
+// ServeConn handles requests on rw until EOF or an error, which it returns
+// (nil for a clean EOF between requests). It does not close rw. A request
+// whose range is not inside one registered buffer gets the rejected status
+// (v2) and ends the connection, as Mooncake's server does.
+func (s *Server) ServeConn(rw io.ReadWriter) error {
+	dl, _ := rw.(deadliner)
+	br := bufio.NewReaderSize(rw, 64<<10)
+	wbuf := make([]byte, 0, 4<<10)
+	var vec net.Buffers
+	var hdr [HeaderSize]byte
+	var lastDeadline time.Time
+	flush := func() error {
+		if len(wbuf) == 0 {
+			return nil
+		}
+		_, err := rw.Write(wbuf)
+		wbuf = wbuf[:0]
+		return err
+	}
+	for {
+		// Coalesce statuses of pipelined requests: flush only when no
+		// further request is already buffered.
+		if br.Buffered() == 0 {
+			if err := flush(); err != nil {
+				return fmt.Errorf("write status: %w", err)
+			}
+		}
+		if dl != nil {
+			// Refreshing the deadline costs a timer update; doing it at
+			// most every 1/8 of the timeout keeps the bound within 7/8-1x.
+			if now := time.Now(); now.Sub(lastDeadline) > s.opts.IdleTimeout/8 {
+				lastDeadline = now
+				dl.SetReadDeadline(now.Add(s.opts.IdleTimeout))
+			}
+		}
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			ferr := flush()
+			if err == io.EOF {
+				return ferr
+			}
+			return fmt.Errorf("read header: %w", err)
+		}
+		h, err := DecodeHeader(hdr[:])
+		if err != nil {
+			if hdr[16]&VersionBit != 0 {
+				wbuf = binaryStatus(wbuf, StatusRejected)
+			}
+			flush()
+			return err
+		}
+		if h.Size == 0 {
+			err = fmt.Errorf("request of 0 bytes at 0x%x", h.Addr)
+		}
+		var mem []byte
+		var ref Ref
+		if err == nil {
+			mem, ref, err = s.mem.Acquire(h.Addr, h.Size)
+		}
+		if err != nil {
+			if h.V2 {
+				wbuf = binaryStatus(wbuf, StatusRejected)
+			}
+			flush()
+			return fmt.Errorf("reject %s of %d bytes at 0x%x: %w", opName(h.Write), h.Size, h.Addr, err)
+		}
+		if h.Write {
+			_, err = io.ReadFull(br, mem)
+			ref.Release()
+			if err != nil {
+				return fmt.Errorf("read %d bytes of write payload: %w", h.Size, err)
+			}
+			if h.V2 {
+				wbuf = binaryStatus(wbuf, StatusOK)
+			}
+			continue
+		}
+		if h.V2 {
+			wbuf = binaryStatus(wbuf, StatusOK)
+		}
+		if len(mem) <= smallRead && len(wbuf)+len(mem) <= cap(wbuf)*4 {
+			wbuf = append(wbuf, mem...)
+			ref.Release()
+			continue
+		}
+		vec = append(vec[:0], wbuf, mem)
+		_, err = vec.WriteTo(rw)
+		ref.Release()
+		wbuf = wbuf[:0]
+		if err != nil {
+			return fmt.Errorf("write %d bytes of read data: %w", h.Size, err)
+		}
+	}
+}
+
+func binaryStatus(dst []byte, s uint64) []byte {
+	var b [StatusSize]byte
+	PutStatus(b[:], s)
+	return append(dst, b[:]...)
+}
+
+func opName(write bool) string {
+	if write {
+		return "write"
+	}
+	return "read"
+}

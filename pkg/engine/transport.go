@@ -1,0 +1,205 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
+	"github.com/kvcache-ops/mc/pkg/engine/tcp"
+)
+
+// Transport moves bytes to and from segments of one descriptor protocol
+// ("tcp"; "rdma" later). The engine picks it from the protocol of the
+// segment being opened.
+type Transport interface {
+	// Protocol is the descriptor protocol served.
+	Protocol() string
+	// Describe adds what peers need to reach this engine (TCP: data port
+	// and protocol version) to the local descriptor.
+	Describe(d *meta.SegmentDesc)
+	// DescribeBuffer is the descriptor entry for a registered buffer.
+	DescribeBuffer(m *Memory) meta.BufferDesc
+	// Dial prepares a route to a remote segment.
+	Dial(ctx context.Context, s SegmentInfo) (Route, error)
+	// Close fails transfers in flight and stops listeners.
+	Close() error
+}
+
+// SegmentInfo is what the engine learnt about a remote segment.
+type SegmentInfo struct {
+	Name string
+	Desc *meta.SegmentDesc
+	RPC  meta.RPCMeta // where the peer's handshake listener is (its host)
+}
+
+// Route carries tasks to one segment. Submit must complete every task
+// (Task.Complete), possibly before it returns.
+type Route interface {
+	Submit(tasks []*Task)
+	Close() error
+}
+
+// Segment is an open segment: the target of requests.
+type Segment struct {
+	name     string
+	desc     *meta.SegmentDesc
+	route    Route
+	localSeg bool
+	e        *Engine
+	closed   atomic.Bool
+	ranges   []meta.BufferDesc // desc.Buffers sorted by address
+}
+
+// Name is the name the segment was opened with.
+func (s *Segment) Name() string { return s.name }
+
+// Descriptor is the segment's descriptor (this engine's own for the local
+// segment).
+func (s *Segment) Descriptor() *meta.SegmentDesc {
+	if s.localSeg {
+		return s.e.Descriptor()
+	}
+	return s.desc
+}
+
+// Close closes the handle; later requests on it fail with ErrSegmentClosed.
+// Connections are shared per peer and stay for other handles.
+func (s *Segment) Close() error {
+	s.closed.Store(true)
+	return nil
+}
+
+func (s *Segment) index() {
+	s.ranges = slices.Clone(s.desc.Buffers)
+	slices.SortFunc(s.ranges, func(a, b meta.BufferDesc) int { return cmpU64(a.Addr, b.Addr) })
+}
+
+// holds reports whether [addr, addr+n) lies inside one of the segment's
+// buffers. Checking before sending keeps a bad address from costing the
+// lane (the server closes the connection after rejecting).
+func (s *Segment) holds(addr, n uint64) bool {
+	if s.localSeg {
+		return s.e.reg.find(addr, n) != nil
+	}
+	i, _ := slices.BinarySearchFunc(s.ranges, addr, func(b meta.BufferDesc, a uint64) int {
+		if b.Addr <= a {
+			return -1
+		}
+		return 1
+	})
+	if i == 0 {
+		return false
+	}
+	b := s.ranges[i-1]
+	off := addr - b.Addr
+	return off <= b.Length && n <= b.Length-off
+}
+
+func (s *Segment) submit(tasks []*Task) { s.route.Submit(tasks) }
+
+// localTransport serves the engine's own segment with memcpy.
+type localTransport struct{ e *Engine }
+
+func (l *localTransport) Submit(tasks []*Task) {
+	for _, t := range tasks {
+		m := l.e.reg.find(t.op.Addr, uint64(len(t.op.Buf)))
+		if m == nil || !m.acquire() {
+			t.Complete(fmt.Errorf("target range [0x%x, +%d) of the local segment: %w", t.op.Addr, len(t.op.Buf), ErrOutOfRange))
+			continue
+		}
+		target := m.slice(t.op.Addr, uint64(len(t.op.Buf)))
+		if t.op.Write {
+			copy(target, t.op.Buf)
+		} else {
+			copy(t.op.Buf, target)
+		}
+		m.Release()
+		t.Complete(nil)
+	}
+}
+
+func (l *localTransport) Close() error { return nil }
+
+// tcpTransport is Mooncake's TCP transport: a data server over this
+// engine's registered memory, and a client with persistent lanes.
+type tcpTransport struct {
+	e      *Engine
+	server *tcp.Server
+	client *tcp.Client
+	port   int
+	pool   sync.Pool // *[]*tcp.Op scratch for Submit
+}
+
+func newTCPTransport(e *Engine) (*tcpTransport, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(e.cfg.BindAddress, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("tcp data listener on %s: %w", e.cfg.BindAddress, err)
+	}
+	t := &tcpTransport{
+		e:      e,
+		server: tcp.NewServer(ln, &e.reg, tcp.ServerOptions{}),
+		client: tcp.NewClient(tcp.ClientOptions{Lanes: e.cfg.TCPLanes, StatusTimeout: e.cfg.TCPStatusTimeout}),
+		port:   ln.Addr().(*net.TCPAddr).Port,
+	}
+	return t, nil
+}
+
+func (t *tcpTransport) Protocol() string { return meta.ProtocolTCP }
+
+func (t *tcpTransport) Describe(d *meta.SegmentDesc) {
+	d.TCPDataPort = t.port
+	d.TCPProtoVersion = 2
+}
+
+func (t *tcpTransport) DescribeBuffer(m *Memory) meta.BufferDesc {
+	// Mooncake's TCP transport names every buffer after the server.
+	return meta.BufferDesc{Name: t.e.cfg.LocalServerName, Addr: m.addr, Length: uint64(len(m.b))}
+}
+
+func (t *tcpTransport) Dial(ctx context.Context, s SegmentInfo) (Route, error) {
+	host := s.RPC.IPOrHostName
+	if host == "" {
+		return nil, fmt.Errorf("no host for the tcp data port")
+	}
+	return &tcpRoute{
+		t:    t,
+		addr: net.JoinHostPort(host, strconv.Itoa(s.Desc.TCPDataPort)),
+		v2:   s.Desc.TCPProtoVersion >= 2,
+	}, nil
+}
+
+func (t *tcpTransport) Close() error {
+	err := t.client.Close()
+	if serr := t.server.Close(); err == nil {
+		err = serr
+	}
+	return err
+}
+
+type tcpRoute struct {
+	t    *tcpTransport
+	addr string
+	v2   bool
+}
+
+func (r *tcpRoute) Submit(tasks []*Task) {
+	p, _ := r.t.pool.Get().(*[]*tcp.Op)
+	if p == nil {
+		p = new([]*tcp.Op)
+	}
+	ops := (*p)[:0]
+	for _, t := range tasks {
+		ops = append(ops, &t.op)
+	}
+	r.t.client.Submit(context.Background(), r.addr, r.v2, ops)
+	clear(ops)
+	*p = ops[:0]
+	r.t.pool.Put(p)
+}
+
+func (r *tcpRoute) Close() error { return nil }
