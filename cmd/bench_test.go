@@ -1,0 +1,170 @@
+package cmd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/engine/bench"
+)
+
+func TestBenchInitiatorEmbeddedJSON(t *testing.T) {
+	isolateEnv(t)
+	out, _, err := runCmd(t, "bench", "initiator", "--duration", "300ms", "--threads", "2", "--batch_size", "16",
+		"--block_size", "4K,64K", "--verify", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		SegmentID string `json:"segment_id"`
+		Results   []struct {
+			BlockSize   int64   `json:"block_size"`
+			BatchCount  uint64  `json:"batch_count"`
+			Throughput  float64 `json:"throughput"`
+			ReportUnit  string  `json:"report_unit"`
+			IOPS        float64 `json:"iops"`
+			P50         float64 `json:"latency_p50_us"`
+			P999        float64 `json:"latency_p999_us"`
+			FailedTasks uint64  `json:"failed_tasks"`
+			Verified    bool    `json:"verified"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(got.Results) != 2 || got.Results[0].BlockSize != 4096 || got.Results[1].BlockSize != 65536 {
+		t.Fatalf("results: %+v", got.Results)
+	}
+	for _, r := range got.Results {
+		if r.BatchCount == 0 || r.Throughput <= 0 || r.IOPS <= 0 || r.P50 <= 0 || r.P999 < r.P50 ||
+			r.FailedTasks != 0 || !r.Verified || r.ReportUnit != "GB" {
+			t.Fatalf("result: %+v", r)
+		}
+	}
+}
+
+func TestBenchInitiatorTableAndMooncakeLine(t *testing.T) {
+	isolateEnv(t)
+	out, _, err := runCmd(t, "bench", "initiator", "--duration", "200ms", "--threads", "1",
+		"--block_size", "8K", "--operation", "write", "--report_unit", "MiB", "--report_precision", "3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Test completed: duration 0.", "batch count ", " MiB/s\n", "MiB/s", "IOPS", "p99.9", "failed", "│ 8K "} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// startTarget runs `mc bench target` in-process until the test ends.
+func startTarget(t *testing.T) (segment string, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	var out bytes.Buffer
+	p := &printer{Out: &out, Err: &out, format: "table"}
+	o := benchTargetOptions{BufferSize: "64M", Ready: func(tg *bench.Target) { ready <- tg.Engine.SegmentName() }}
+	o.Protocol, o.MetadataServer, o.BindAddress = "tcp", "P2PHANDSHAKE", "127.0.0.1"
+	o.MinRPCPort, o.MaxRPCPort, o.StatusTimeout, o.TCPLanes = 15000, 17000, 2, 4
+	go func() { done <- runBenchTarget(ctx, o, p) }()
+	select {
+	case s := <-ready:
+		segment = s
+	case err := <-done:
+		t.Fatalf("target: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("target not ready")
+	}
+	if !strings.Contains(out.String(), "segment_id "+segment) {
+		t.Fatalf("target output: %s", out.String())
+	}
+	stopped := false
+	stop = func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		return <-done
+	}
+	t.Cleanup(func() { stop() })
+	return segment, stop
+}
+
+func TestBenchTargetAndInitiator(t *testing.T) {
+	isolateEnv(t)
+	seg, stop := startTarget(t)
+	out, _, err := runCmd(t, "bench", "initiator", "--segment_id", seg, "--metadata_server", "P2PHANDSHAKE",
+		"--bind-address", "127.0.0.1", "--duration", "300ms", "--threads", "2", "--block_size", "64K", "--verify")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "Test completed") || !strings.Contains(out, "yes") {
+		t.Fatalf("output:\n%s", out)
+	}
+	// Writes leave the target's pattern in place: a read verify after a
+	// write verify still passes.
+	for _, op := range []string{"write", "read"} {
+		if _, _, err := runCmd(t, "bench", "initiator", "--segment_id", seg, "--bind-address", "127.0.0.1",
+			"--duration", "200ms", "--threads", "1", "--operation", op, "--verify"); err != nil {
+			t.Fatalf("%s: %v", op, err)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("target stop: %v", err)
+	}
+}
+
+func TestBenchKilledTargetExitsNonZero(t *testing.T) {
+	isolateEnv(t)
+	t.Setenv("MC_TCP_STATUS_TIMEOUT_SEC", "2")
+	seg, stop := startTarget(t)
+	var out, errb bytes.Buffer
+	code := make(chan int, 1)
+	start := time.Now()
+	go func() {
+		code <- Execute(context.Background(), []string{"bench", "initiator", "--segment_id", seg,
+			"--bind-address", "127.0.0.1", "--duration", "30", "--threads", "1", "--block_size", "256K"}, &out, &errb)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	stop()
+	select {
+	case c := <-code:
+		if c == 0 {
+			t.Fatalf("exit 0 after the target died:\n%s", out.String())
+		}
+		if !strings.Contains(errb.String(), "transfer tasks failed") || strings.Count(errb.String(), "\n") != 1 {
+			t.Fatalf("stderr: %q", errb.String())
+		}
+		if !strings.Contains(out.String(), "Test completed") {
+			t.Fatalf("no report before the error:\n%s", out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("initiator still running %v after the target stopped", time.Since(start))
+	}
+}
+
+func TestBenchBadInput(t *testing.T) {
+	isolateEnv(t)
+	cases := map[string][]string{
+		`--protocol "rdma" is not supported: want one of: tcp`: {"--protocol", "rdma"},
+		`--block-size: size "0"`:                               {"--block-size", "4K,0"},
+		`--report-unit: report unit "XB"`:                      {"--report-unit", "XB"},
+		`--operation "copy": want read or write`:               {"--operation", "copy"},
+		`--duration "-1" must be positive`:                     {"--duration", "-1"},
+		`does not fit in buffer_size`:                          {"--buffer-size", "1M", "--block-size", "1M"},
+		`peer 127.0.0.1:1 unreachable`:                         {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
+	}
+	for want, args := range cases {
+		var out, errb bytes.Buffer
+		code := Execute(context.Background(), append([]string{"bench", "initiator", "--duration", "100ms", "--threads", "1"}, args...), &out, &errb)
+		if code != 1 || !strings.Contains(errb.String(), want) || strings.Count(errb.String(), "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want %q", args, code, errb.String(), want)
+		}
+	}
+}
