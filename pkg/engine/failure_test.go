@@ -202,3 +202,49 @@ func TestEtcdBackendEndToEnd(t *testing.T) {
 		t.Fatalf("after target close: %v", err)
 	}
 }
+
+func TestUnregisterWaitsForTransfers(t *testing.T) {
+	ctx := context.Background()
+	// A peer that never answers keeps the task, and its local memory
+	// pinned, until the status timeout.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	be := meta.NewMemory()
+	be.PutSegment(ctx, &meta.SegmentDesc{Name: "silent", Protocol: "tcp", TCPDataPort: ln.Addr().(*net.TCPAddr).Port, TCPProtoVersion: 2,
+		Buffers: []meta.BufferDesc{{Name: "silent", Addr: 0x10000, Length: 1 << 20}}})
+	be.PutRPCMeta(ctx, "silent", meta.RPCMeta{IPOrHostName: "127.0.0.1", RPCPort: 1})
+	e := newEngine(t, func(c *engine.Config) {
+		c.Backend = be
+		c.TCPStatusTimeout = 2 * time.Second
+		c.UnregisterGrace = 100 * time.Millisecond
+	})
+	lm := register(t, e, 4096, false)
+	seg, err := e.OpenSegment(ctx, "silent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.AllocateBatch(1)
+	b.Submit(engine.Request{Op: engine.Read, Source: lm.Addr(), Segment: seg, Target: 0x10000, Length: 4096})
+	if err := e.UnregisterMemory(ctx, lm); !errors.Is(err, engine.ErrBusy) {
+		t.Fatalf("unregister under a transfer: %v", err)
+	}
+	if len(e.Memory()) != 1 {
+		t.Fatal("refused unregister dropped the buffer")
+	}
+	b.Wait(ctx) // fails at the status timeout and unpins
+	if err := e.UnregisterMemory(ctx, lm); err != nil {
+		t.Fatalf("unregister after the transfer ended: %v", err)
+	}
+}

@@ -64,9 +64,12 @@ func BenchmarkTCPvsStream(b *testing.B) {
 			b.ReportMetric(r.BytesPerSec/1e9, "mc-GB/s")
 			b.ReportMetric(r.IOPS, "mc-IOPS")
 			b.ReportMetric(ratio, "ratio")
-			rows = append(rows, fmt.Sprintf("| %-6s | %-5s | %8.2f | %8.2f | %9.0f | %5.2f |",
+			rows = append(rows, fmt.Sprintf("| %-6s | %-5s | %11.2f | %7.2f | %8.0f | %5.2f |",
 				FormatSize(bs), r.Operation, ceiling/1e9, r.BytesPerSec/1e9, r.IOPS, ratio))
 		})
 	}
-	b.Logf("\n| block  | op    | stream GB/s | mc GB/s | mc IOPS | ratio |\n%s", strings.Join(rows, "\n"))
+	if len(rows) > 0 {
+		fmt.Printf("\nloopback, 1 thread, batch 128, %s per measurement, GB = 1e9 B\n| block  | op    | stream GB/s | mc GB/s |  mc IOPS | ratio |\n|--------|-------|-------------|---------|----------|-------|\n%s\n",
+			*compareDuration, strings.Join(rows, "\n"))
+	}
 }

@@ -139,6 +139,9 @@ func (s *Server) ServeConn(rw io.ReadWriter) error {
 	dl, _ := rw.(deadliner)
 	br := bufio.NewReaderSize(rw, 64<<10)
 	wbuf := make([]byte, 0, 4<<10)
+	// One backing array for writev, reused: net.Buffers.WriteTo consumes
+	// its receiver, and re-slicing a fresh one per request allocated.
+	vecArr := new([2][]byte)
 	var vec net.Buffers
 	var hdr [HeaderSize]byte
 	var lastDeadline time.Time
@@ -215,8 +218,10 @@ func (s *Server) ServeConn(rw io.ReadWriter) error {
 			ref.Release()
 			continue
 		}
-		vec = append(vec[:0], wbuf, mem)
+		vecArr[0], vecArr[1] = wbuf, mem
+		vec = vecArr[:]
 		_, err = vec.WriteTo(rw)
+		vecArr[1] = nil
 		ref.Release()
 		wbuf = wbuf[:0]
 		if err != nil {
