@@ -446,8 +446,8 @@ func liveProgress(w io.Writer, unit bench.Unit, prec int) (func(bench.Progress),
 	pw.SetAutoStop(false)
 	pw.SetUpdateFrequency(200 * time.Millisecond)
 	pw.SetMessageLength(32)
-	pw.ShowValue(false)
-	pw.ShowETA(false)
+	pw.Style().Visibility.Value = false
+	pw.Style().Visibility.ETA = false
 	pw.Style().Visibility.Percentage = true
 	go pw.Render()
 	var cur *progress.Tracker

@@ -30,8 +30,8 @@ const DefaultIdleTimeout = 10 * time.Minute
 
 // ServerOptions configures a Server.
 type ServerOptions struct {
-	// IdleTimeout is the read deadline for a connection; 0 means
-	// DefaultIdleTimeout.
+	// IdleTimeout bounds every read and write on a connection (refreshed
+	// as requests arrive); 0 means DefaultIdleTimeout.
 	IdleTimeout time.Duration
 }
 
@@ -124,7 +124,7 @@ func (s *Server) acceptLoop() {
 }
 
 // deadliner is the part of net.Conn the handler uses when it has it.
-type deadliner interface{ SetReadDeadline(time.Time) error }
+type deadliner interface{ SetDeadline(time.Time) error }
 
 // smallRead is the size up to which READ data is copied behind its status
 // into the connection's write buffer; larger blocks go out with writev
@@ -166,7 +166,9 @@ func (s *Server) ServeConn(rw io.ReadWriter) error {
 			// most every 1/8 of the timeout keeps the bound within 7/8-1x.
 			if now := time.Now(); now.Sub(lastDeadline) > s.opts.IdleTimeout/8 {
 				lastDeadline = now
-				dl.SetReadDeadline(now.Add(s.opts.IdleTimeout))
+				// Reads and writes: a peer that stops reading its
+				// READ data must not pin the handler either.
+				dl.SetDeadline(now.Add(s.opts.IdleTimeout))
 			}
 		}
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
