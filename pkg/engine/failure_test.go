@@ -175,9 +175,9 @@ func TestEtcdBackendEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer etcd.Close()
-	ms := strings.Join(etcd.Endpoints(), ",")
-	ms = strings.TrimPrefix(strings.ReplaceAll(ms, "http://", ""), "")
+	// Cleanups run last-in first-out: the engines close before etcd.
+	t.Cleanup(func() { etcd.Close() })
+	ms := strings.ReplaceAll(strings.Join(etcd.Endpoints(), ","), "http://", "")
 	target := newEngine(t, func(c *engine.Config) { c.MetadataServer = ms; c.LocalServerName = "node-a" })
 	if target.SegmentName() != "node-a" {
 		t.Fatalf("segment name %q", target.SegmentName())
