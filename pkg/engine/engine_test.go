@@ -322,3 +322,33 @@ func TestCloseLeavesNoGoroutines(t *testing.T) {
 		t.Fatalf("%d goroutines before, %d after Close:\n%s", before, n, buf[:runtime.Stack(buf, true)])
 	}
 }
+
+// Polling, as Mooncake's getTransferStatus loop: each task is WAITING until
+// it is COMPLETED or FAILED; a task whose target range is not registered
+// fails with the reason and does not stop the others.
+func ExampleBatch_TaskStatus() {
+	ctx := context.Background()
+	e, _ := engine.New(ctx, engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0", LocalServerName: "poll"})
+	defer e.Close()
+	remote, _ := e.RegisterMemory(ctx, 8192, "cpu:0", true)
+	local, _ := e.RegisterMemory(ctx, 8192, "cpu:0", false)
+	seg, _ := e.OpenSegment(ctx, e.SegmentName()) // our own segment: memcpy
+
+	b, _ := e.AllocateBatch(2)
+	b.Submit(
+		engine.Request{Op: engine.Read, Source: local.Addr(), Segment: seg, Target: remote.Addr(), Length: 4096},
+		engine.Request{Op: engine.Read, Source: local.Addr(), Segment: seg, Target: remote.Addr() + 8000, Length: 4096},
+	)
+	for i := 0; i < b.Len(); i++ {
+		st, _ := b.TaskStatus(i)
+		for st.Status == engine.Waiting {
+			st, _ = b.TaskStatus(i)
+		}
+		fmt.Println(i, st.Status, st.Transferred, errors.Is(st.Err, engine.ErrOutOfRange))
+	}
+	fmt.Println(b.Free())
+	// Output:
+	// 0 COMPLETED 4096 false
+	// 1 FAILED 0 true
+	// <nil>
+}
