@@ -8,7 +8,9 @@
 // The transport is chosen from the segment descriptor's protocol: a
 // segment of this engine itself is served by a memcpy (the local
 // transport); "tcp" by Mooncake's TCP data protocol (package tcp) over
-// persistent, pipelined lanes. Other protocols plug in through Transport.
+// persistent, pipelined lanes. Other protocols (RDMA) plug in through
+// Config.Transports: a Transport, optionally a MemoryRegistrar, and the
+// handshake server for connection setup.
 //
 // Main types: Engine, Memory, Segment, Batch, Request, TaskStatus.
 package engine
@@ -77,7 +79,18 @@ type Config struct {
 	TCPStatusTimeout time.Duration
 	// UnregisterGrace: see DefaultUnregisterGrace.
 	UnregisterGrace time.Duration
+	// Protocol is the protocol the local segment is published under; it
+	// must be served by one of the engine's transports. Default "tcp".
+	Protocol string
+	// Transports are started after the built-in tcp transport (the RDMA
+	// transport plugs in here). A transport for a protocol already present
+	// replaces it.
+	Transports []TransportFactory
 }
+
+// TransportFactory starts a transport for e. It may use e.Handshake() to
+// register handshake handlers (RDMA connection setup).
+type TransportFactory func(e *Engine) (Transport, error)
 
 // Engine is one transfer engine instance. Its methods are safe for
 // concurrent use; a Batch is used by one goroutine at a time.
@@ -92,7 +105,7 @@ type Engine struct {
 
 	local      *localTransport
 	transports map[string]Transport
-	primary    Transport // describes the local segment (tcp for now)
+	primary    Transport // publishes the local segment (Config.Protocol)
 
 	pubMu sync.Mutex // serialises descriptor publication
 }
@@ -174,7 +187,25 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("start engine: %w", err)
 	}
 	e.transports[tr.Protocol()] = tr
-	e.primary = tr
+	for _, f := range cfg.Transports {
+		tr, err := f(e)
+		if err != nil {
+			e.shutdown(ctx)
+			return nil, fmt.Errorf("start engine: %w", err)
+		}
+		if old := e.transports[tr.Protocol()]; old != nil {
+			old.Close()
+		}
+		e.transports[tr.Protocol()] = tr
+	}
+	proto := cfg.Protocol
+	if proto == "" {
+		proto = meta.ProtocolTCP
+	}
+	if e.primary = e.transports[proto]; e.primary == nil {
+		e.shutdown(ctx)
+		return nil, fmt.Errorf("start engine: protocol %q has no transport", proto)
+	}
 
 	if cfg.MetadataServer != meta.P2PHandshake || cfg.Backend != nil {
 		port, _ := strconv.Atoi(hsPort)
@@ -197,6 +228,43 @@ func (e *Engine) SegmentName() string { return e.segName }
 
 // HandshakeAddr is the handshake (RPC) listener's address.
 func (e *Engine) HandshakeAddr() string { return e.hs.Addr() }
+
+// Handshake is the engine's handshake server, for transports that answer
+// handshake frames (RDMA Connection requests).
+func (e *Engine) Handshake() *handshake.Server { return e.hs }
+
+// Config returns the configuration the engine runs with (defaults filled).
+func (e *Engine) Config() Config { return e.cfg }
+
+// MemoryRegistrar is implemented by transports that must register memory
+// with hardware before peers may use it (RDMA: ibv_reg_mr for the lkey and
+// rkey). RegisterMemory calls it for every new buffer, UnregisterMemory
+// after the last transfer ended and before the memory is unmapped.
+type MemoryRegistrar interface {
+	RegisterMemory(m *Memory) error
+	UnregisterMemory(m *Memory) error
+}
+
+func (e *Engine) registrars() []MemoryRegistrar {
+	var out []MemoryRegistrar
+	for _, tr := range e.transports {
+		if r, ok := tr.(MemoryRegistrar); ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// release unregisters m from the transports and unmaps it; m must be
+// retired.
+func (e *Engine) release(m *Memory) error {
+	var errs []error
+	for _, r := range e.registrars() {
+		errs = append(errs, r.UnregisterMemory(m))
+	}
+	errs = append(errs, m.unmap())
+	return errors.Join(errs...)
+}
 
 // Descriptor returns the descriptor this engine publishes.
 func (e *Engine) Descriptor() *meta.SegmentDesc {
@@ -236,11 +304,26 @@ func (e *Engine) RegisterMemory(ctx context.Context, size int, location string, 
 	if err != nil {
 		return nil, err
 	}
+	var done []MemoryRegistrar
+	undo := func() {
+		for _, r := range done {
+			r.UnregisterMemory(m)
+		}
+		m.unmap()
+	}
+	for _, r := range e.registrars() {
+		if err := r.RegisterMemory(m); err != nil {
+			undo()
+			return nil, fmt.Errorf("register memory at %s: %w", location, err)
+		}
+		done = append(done, r)
+	}
 	e.reg.add(m)
 	if remote {
 		if err := e.publish(ctx); err != nil {
 			e.reg.remove(m)
 			m.retire(0)
+			undo()
 			return nil, fmt.Errorf("register memory: %w", err)
 		}
 	}
@@ -257,6 +340,9 @@ func (e *Engine) UnregisterMemory(ctx context.Context, m *Memory) error {
 	}
 	if err := m.retire(e.cfg.UnregisterGrace); err != nil {
 		e.reg.add(m)
+		return fmt.Errorf("unregister memory at 0x%x: %w", m.addr, err)
+	}
+	if err := e.release(m); err != nil {
 		return fmt.Errorf("unregister memory at 0x%x: %w", m.addr, err)
 	}
 	if m.remote && !e.closed.Load() {
@@ -333,7 +419,13 @@ func (e *Engine) shutdown(ctx context.Context) error {
 	errs = append(errs, e.hs.Close())
 	for _, m := range e.reg.list() {
 		e.reg.remove(m)
-		errs = append(errs, m.retire(e.cfg.UnregisterGrace))
+		if err := m.retire(e.cfg.UnregisterGrace); err != nil {
+			// Still in use after the transports closed: leave it
+			// mapped rather than pull memory from under a copy.
+			errs = append(errs, fmt.Errorf("memory at 0x%x: %w", m.addr, err))
+			continue
+		}
+		errs = append(errs, e.release(m))
 	}
 	return errors.Join(errs...)
 }

@@ -178,8 +178,8 @@ func allocate(size int, location string, remote bool) (*Memory, error) {
 	}, nil
 }
 
-// retire waits until no transfer holds m (up to grace), marks it dead and
-// unmaps it.
+// retire waits until no transfer holds m (up to grace) and marks it dead:
+// from then on nothing can acquire it and it may be unmapped.
 func (m *Memory) retire(grace time.Duration) error {
 	deadline := time.Now().Add(grace)
 	for !m.refs.CompareAndSwap(0, -1) {
@@ -188,5 +188,7 @@ func (m *Memory) retire(grace time.Duration) error {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	return unix.Munmap(m.b)
+	return nil
 }
+
+func (m *Memory) unmap() error { return unix.Munmap(m.b) }
