@@ -47,6 +47,17 @@ const (
 // the metadata backend (or a P2P peer has nothing to describe).
 var ErrSegmentNotFound = errors.New("segment not found")
 
+// notFoundError matches both ErrSegmentNotFound and the backend's
+// meta.ErrNotFound without repeating "not found" in its one line.
+type notFoundError struct {
+	name string
+	err  error
+}
+
+func (e *notFoundError) Error() string        { return fmt.Sprintf("open segment %q: %v", e.name, e.err) }
+func (e *notFoundError) Is(target error) bool { return target == ErrSegmentNotFound }
+func (e *notFoundError) Unwrap() error        { return e.err }
+
 // Config configures an Engine.
 type Config struct {
 	// LocalServerName is this engine's name (Mooncake's local_server_name);
@@ -367,7 +378,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error)
 	d, err := e.backend.GetSegment(ctx, name)
 	if err != nil {
 		if errors.Is(err, meta.ErrNotFound) {
-			return nil, fmt.Errorf("open segment %q: %w: %w", name, ErrSegmentNotFound, err)
+			return nil, &notFoundError{name: name, err: err}
 		}
 		return nil, fmt.Errorf("open segment %q: %w", name, err)
 	}
