@@ -40,6 +40,7 @@ deps-deb:
 test: deps fmt-check vet build
 	$(GO) test -race -count=1 ./...
 	$(GO) vet -tags ibverbs ./pkg/rdma/...
+	$(GO) test -tags ibverbs -count=1 ./pkg/rdma/ibverbs/
 	CGO_ENABLED=0 $(GO) build -o /dev/null .
 
 unit:
@@ -61,9 +62,21 @@ gen:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count=1 ./...
 
+# mc's TCP transport against a plain Go stream over one persistent loopback
+# connection (the ceiling), in the same run: 4K, 64K and 1M, read and write.
+bench-tcp:
+	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkTCPvsStream$$' -benchtime 1x -count=1 -compare.duration 5s
+	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkTCPvsStream$$' -benchtime 1x -count=1 -compare.duration 5s -compare.op write
+
+# Log parsing throughput of mc diag against `grep -c evicted` on the same
+# generated log (1 GB unless MC_DIAG_BENCH_MB says otherwise).
+bench-diag:
+	MC_DIAG_BENCH_MB=$${MC_DIAG_BENCH_MB:-1024} $(GO) test ./pkg/diag -run '^$$' -bench 'LogScanVsGrep|LogScanGzip' -benchtime 2x -count=1
+
+# The main job on embedded defaults: an in-process target benchmarked over
+# real loopback TCP with Mooncake's bench defaults.
 demo: build
-	@echo "mc demo: the main job on embedded defaults"
-	./bin/mc --help
+	./bin/mc bench initiator
 
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1

@@ -89,6 +89,10 @@ NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
 
 	root.AddCommand(newVersionCmd(p))
 	// command groups
+	root.AddCommand(newBenchCmd(p))
+	root.AddCommand(newDiagCmd(p))
+	root.AddCommand(newTopoCmd(p))
+	root.AddCommand(newServeCmd(p))
 	root.InitDefaultCompletionCmd()
 	root.InitDefaultHelpCmd()
 
