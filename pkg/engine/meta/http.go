@@ -138,72 +138,25 @@ func snippet(b []byte) string {
 	return fmt.Sprintf("%q", s)
 }
 
-func (h *httpBackend) GetSegment(ctx context.Context, name string) (*SegmentDesc, error) {
-	key := SegmentKey(h.opts.ClusterID, name)
-	v, ok, err := h.do(ctx, http.MethodGet, key, nil)
-	if err != nil {
-		return nil, fmt.Errorf("segment %q: %w", name, err)
-	}
-	if !ok {
-		return nil, segmentNotFound(name, key)
-	}
-	d, err := DecodeSegment(v)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", key, err)
-	}
-	return d, nil
+func (h *httpBackend) get(ctx context.Context, key string) ([]byte, bool, error) {
+	return h.do(ctx, http.MethodGet, key, nil)
 }
 
-func (h *httpBackend) PutSegment(ctx context.Context, d *SegmentDesc) error {
-	b, err := EncodeSegment(d)
-	if err != nil {
-		return err
-	}
-	key := SegmentKey(h.opts.ClusterID, d.Name)
-	_, ok, err := h.do(ctx, http.MethodPut, key, b)
+func (h *httpBackend) put(ctx context.Context, key string, v []byte) error {
+	_, ok, err := h.do(ctx, http.MethodPut, key, v)
 	if err == nil && !ok {
 		err = fmt.Errorf("PUT %s: metadata server %s answered 404", key, h.host)
 	}
 	return err
 }
 
-func (h *httpBackend) DeleteSegment(ctx context.Context, name string) error {
-	// A 404 on delete means already gone: deleting is idempotent.
-	_, _, err := h.do(ctx, http.MethodDelete, SegmentKey(h.opts.ClusterID, name), nil)
+// del treats a 404 as success: deleting is idempotent.
+func (h *httpBackend) del(ctx context.Context, key string) error {
+	_, _, err := h.do(ctx, http.MethodDelete, key, nil)
 	return err
 }
 
-func (h *httpBackend) GetRPCMeta(ctx context.Context, server string) (RPCMeta, error) {
-	key := RPCMetaKey(h.opts.ClusterID, server)
-	v, ok, err := h.do(ctx, http.MethodGet, key, nil)
-	if err != nil {
-		return RPCMeta{}, fmt.Errorf("rpc meta of %q: %w", server, err)
-	}
-	if !ok {
-		return RPCMeta{}, rpcMetaNotFound(server, key)
-	}
-	return DecodeRPCMeta(server, v)
-}
-
-func (h *httpBackend) PutRPCMeta(ctx context.Context, server string, m RPCMeta) error {
-	b, err := EncodeRPCMeta(m)
-	if err != nil {
-		return err
-	}
-	key := RPCMetaKey(h.opts.ClusterID, server)
-	_, ok, err := h.do(ctx, http.MethodPut, key, b)
-	if err == nil && !ok {
-		err = fmt.Errorf("PUT %s: metadata server %s answered 404", key, h.host)
-	}
-	return err
-}
-
-func (h *httpBackend) DeleteRPCMeta(ctx context.Context, server string) error {
-	_, _, err := h.do(ctx, http.MethodDelete, RPCMetaKey(h.opts.ClusterID, server), nil)
-	return err
-}
-
-func (h *httpBackend) Close() error {
+func (h *httpBackend) close() error {
 	h.cli.CloseIdleConnections()
 	return nil
 }

@@ -86,9 +86,17 @@ func Open(ctx context.Context, server string, opts Options) (Backend, error) {
 		if err != nil {
 			return nil, fmt.Errorf("metadata server %q: %w", server, err)
 		}
-		return newEtcd(eps, opts)
+		e, err := newEtcd(eps, opts)
+		if err != nil {
+			return nil, err
+		}
+		return &kvBackend{kv: e, clusterID: opts.ClusterID}, nil
 	case "http", "https":
-		return newHTTP(server, opts)
+		h, err := newHTTP(server, opts)
+		if err != nil {
+			return nil, err
+		}
+		return &kvBackend{kv: h, clusterID: opts.ClusterID}, nil
 	case "redis", "rediss":
 		return nil, fmt.Errorf("metadata server %q: %w: redis (use etcd, http or P2PHANDSHAKE)", server, ErrUnsupported)
 	}
