@@ -1,0 +1,262 @@
+package rdmatransport_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/engine"
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
+	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
+	"github.com/kvcache-ops/mc/pkg/rdma"
+	"github.com/kvcache-ops/mc/pkg/rdma/soft"
+)
+
+type node struct {
+	e  *engine.Engine
+	p  *soft.Provider
+	tr *rdmatransport.Transport
+}
+
+// start runs an engine with the rdma transport over its own soft NICs.
+func start(t *testing.T, be meta.Backend, name string, devs ...soft.DeviceConfig) *node {
+	t.Helper()
+	if len(devs) == 0 {
+		devs = []soft.DeviceConfig{{Name: "soft0"}, {Name: "soft1"}}
+	}
+	p, err := soft.New(soft.Config{Devices: devs, RetryTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{p: p}
+	cfg := rdmatransport.Config{Provider: p, RDMA: rdma.Config{MonitorInterval: 20 * time.Millisecond, ReenableDelay: 100 * time.Millisecond, ReclaimGrace: time.Second}}
+	f := rdmatransport.Factory(cfg)
+	n.e, err = engine.New(context.Background(), engine.Config{LocalServerName: name, Backend: be, BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0",
+		Protocol: meta.ProtocolRDMA, Transports: []engine.TransportFactory{func(e *engine.Engine) (engine.Transport, error) {
+			tr, err := f(e)
+			if err == nil {
+				n.tr = tr.(*rdmatransport.Transport)
+			}
+			return tr, err
+		}}})
+	if err != nil {
+		p.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.e.Close()
+		p.Close()
+	})
+	return n
+}
+
+func fill(b []byte, seed byte) {
+	for i := range b {
+		b[i] = byte(i*7) + seed
+	}
+}
+
+type pair struct {
+	a, b   *node // a initiates, b is the target
+	am, bm *engine.Memory
+	seg    *engine.Segment
+}
+
+func newPair(t *testing.T, size int, adevs ...soft.DeviceConfig) *pair {
+	t.Helper()
+	be := meta.NewMemory()
+	p := &pair{b: start(t, be, "target"), a: start(t, be, "initiator", adevs...)}
+	ctx := context.Background()
+	var err error
+	if p.bm, err = p.b.e.RegisterMemory(ctx, size, "cpu:0", true); err != nil {
+		t.Fatal(err)
+	}
+	if p.am, err = p.a.e.RegisterMemory(ctx, size, "cpu:0", false); err != nil {
+		t.Fatal(err)
+	}
+	if p.seg, err = p.a.e.OpenSegment(ctx, "target"); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDescriptorHasDevicesKeysAndMatrix(t *testing.T) {
+	p := newPair(t, 1<<16)
+	d := p.seg.Descriptor()
+	if d.Protocol != "rdma" || len(d.Devices) != 2 || d.Devices[0].Name != "soft0" || d.Devices[1].GID == "" || d.Devices[1].LID == 0 {
+		t.Fatalf("devices: %+v", d)
+	}
+	if len(d.Buffers) != 1 || d.Buffers[0].Name != "cpu:0" || len(d.Buffers[0].Rkey) != 2 || len(d.Buffers[0].Lkey) != 2 {
+		t.Fatalf("buffers: %+v", d.Buffers)
+	}
+	if e, ok := d.PriorityMatrix["cpu:0"]; !ok || len(e.Preferred)+len(e.Accessible) != 2 {
+		t.Fatalf("matrix: %+v", d.PriorityMatrix)
+	}
+}
+
+// Multi-slice requests with odd tails, both directions, byte exact, and
+// slices spread over both local NICs.
+func TestReadWriteMultiSlice(t *testing.T) {
+	const size = 4 << 20
+	p := newPair(t, size)
+	ctx := context.Background()
+	fill(p.am.Bytes(), 1)
+	lens := []uint64{1, 65536, 65536 + 16384, 65536 + 16385, 1<<20 + 3, 2<<20 - 7}
+	var off uint64
+	var reqs []engine.Request
+	for _, n := range lens {
+		reqs = append(reqs, engine.Request{Op: engine.Write, Source: p.am.Addr() + off, Segment: p.seg, Target: p.bm.Addr() + off, Length: n})
+		off += n
+	}
+	if err := p.a.e.Transfer(ctx, reqs...); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p.am.Bytes()[:off], p.bm.Bytes()[:off]) {
+		t.Fatal("write: target bytes differ")
+	}
+	fill(p.bm.Bytes(), 9)
+	for i := range reqs {
+		reqs[i].Op = engine.Read
+	}
+	if err := p.a.e.Transfer(ctx, reqs...); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p.am.Bytes()[:off], p.bm.Bytes()[:off]) {
+		t.Fatal("read: local bytes differ")
+	}
+	for _, c := range p.a.tr.Contexts() {
+		if st := c.Stats(); st.LiveEndpoints == 0 {
+			t.Errorf("local NIC %s carried no slice: %+v", c.Name(), st)
+		}
+	}
+}
+
+// A local port goes down while transfers run: slices move to the other
+// NIC, every byte verifies, and the NIC carries traffic again once its
+// port is back.
+func TestPortDownMidTransfer(t *testing.T) {
+	const size = 2 << 20
+	p := newPair(t, size)
+	ctx := context.Background()
+	fill(p.bm.Bytes(), 3)
+	round := func() error {
+		clear(p.am.Bytes())
+		if err := p.a.e.Transfer(ctx, engine.Request{Op: engine.Read, Source: p.am.Addr(), Segment: p.seg, Target: p.bm.Addr(), Length: size}); err != nil {
+			return err
+		}
+		if !bytes.Equal(p.am.Bytes(), p.bm.Bytes()) {
+			return errors.New("bytes differ")
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, 1)
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := round(); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := p.a.p.SetPortState("soft0", rdma.PortDown); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	c0 := p.a.tr.Contexts()[0]
+	if c0.Active() {
+		t.Error("soft0 still active with its port down")
+	}
+	close(stop)
+	wg.Wait()
+	select {
+	case err := <-errc:
+		t.Fatalf("transfer while soft0 went down: %v", err)
+	default:
+	}
+	if err := round(); err != nil {
+		t.Fatal(err)
+	}
+	if n := c0.Stats().LiveEndpoints; n != 0 {
+		t.Errorf("soft0 down but has %d endpoints", n)
+	}
+	if err := p.a.p.SetPortState("soft0", rdma.PortActive); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for c0.Stats().LiveEndpoints == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("soft0 not used again after its port came back: %+v", c0.Stats())
+		}
+		if err := round(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// One local NIC's QP pool is exhausted: QP creation fails there with
+// ENOMEM and transfers continue on the other NIC.
+func TestQPExhaustionOnOneNIC(t *testing.T) {
+	const size = 1 << 20
+	p := newPair(t, size, soft.DeviceConfig{Name: "soft0", MaxQP: 1}, soft.DeviceConfig{Name: "soft1"})
+	fill(p.am.Bytes(), 5)
+	for range 4 {
+		if err := p.a.e.Transfer(context.Background(), engine.Request{Op: engine.Write, Source: p.am.Addr(), Segment: p.seg, Target: p.bm.Addr(), Length: size}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(p.am.Bytes(), p.bm.Bytes()) {
+		t.Fatal("bytes differ")
+	}
+	c := p.a.tr.Contexts()
+	if c[0].Stats().QPCreateFails == 0 || c[0].Stats().LiveEndpoints != 0 {
+		t.Errorf("soft0: %+v", c[0].Stats())
+	}
+	if c[1].Stats().LiveEndpoints == 0 {
+		t.Errorf("soft1 carried nothing: %+v", c[1].Stats())
+	}
+}
+
+// Every local NIC exhausted: the task fails with the QP error, not a hang.
+func TestQPExhaustionEverywhereFailsClearly(t *testing.T) {
+	p := newPair(t, 1<<16, soft.DeviceConfig{Name: "soft0", MaxQP: 1}, soft.DeviceConfig{Name: "soft1", MaxQP: 1})
+	err := p.a.e.Transfer(context.Background(), engine.Request{Op: engine.Write, Source: p.am.Addr(), Segment: p.seg, Target: p.bm.Addr(), Length: 100})
+	if err == nil || !strings.Contains(err.Error(), "create QP") || !strings.Contains(err.Error(), "gave up after 9 retries") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestOutOfRangeRemoteAddress(t *testing.T) {
+	p := newPair(t, 1<<16)
+	err := p.a.e.Transfer(context.Background(), engine.Request{Op: engine.Read, Source: p.am.Addr(), Segment: p.seg, Target: p.bm.Addr() + 1<<16 - 10, Length: 100})
+	if !errors.Is(err, engine.ErrOutOfRange) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// The target deregistered its buffer behind a stale handle: the NIC
+// refuses (remote access error), the slice is retried on other rails and
+// the task fails naming the status.
+func TestRemoteAccessErrorFailsAfterRetries(t *testing.T) {
+	p := newPair(t, 1<<16)
+	if err := p.b.e.UnregisterMemory(context.Background(), p.bm); err != nil {
+		t.Fatal(err)
+	}
+	err := p.a.e.Transfer(context.Background(), engine.Request{Op: engine.Read, Source: p.am.Addr(), Segment: p.seg, Target: p.bm.Addr(), Length: 4096})
+	if err == nil || !strings.Contains(err.Error(), "remote access error") || !strings.Contains(err.Error(), "retries") {
+		t.Fatalf("err = %v", err)
+	}
+}
