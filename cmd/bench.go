@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/topo"
 )
 
@@ -33,6 +34,10 @@ type benchEngineOptions struct {
 	ClusterID       string
 	StatusTimeout   int
 	TCPLanes        int
+	// RDMA (--protocol rdma).
+	DeviceName        string
+	NICPriorityMatrix string
+	AutoDiscovery     bool
 }
 
 type benchTargetOptions struct {
@@ -76,7 +81,10 @@ and benchmarks it over real loopback TCP.`,
 }
 
 func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
-	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport protocol: tcp")
+	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport protocol: tcp or rdma")
+	fs.StringVar(&o.DeviceName, "device-name", "", "rdma: comma list of NICs to use (default all; with the soft provider, the soft NICs to create)")
+	fs.StringVar(&o.NICPriorityMatrix, "nic-priority-matrix", "", "rdma: NIC priority matrix file (Mooncake's JSON)")
+	fs.BoolVar(&o.AutoDiscovery, "auto-discovery", false, "rdma: build the NIC priority matrix from this host's topology (and use its NICs when --device-name is empty)")
 	fs.StringVar(&o.MetadataServer, "metadata-server", "P2PHANDSHAKE", "metadata server: P2PHANDSHAKE, etcd host:port[,host:port], etcd://h:p;h:p or http://host:port/path")
 	fs.StringVar(&o.LocalServerName, "local-server-name", "", "this engine's server name (default the hostname)")
 	fs.StringVar(&o.BindAddress, "bind-address", "", "address the handshake and data listeners bind to (default 0.0.0.0)")
@@ -93,8 +101,11 @@ func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 }
 
 func (o benchEngineOptions) config() (engine.Config, error) {
-	if o.Protocol != "tcp" {
-		return engine.Config{}, fmt.Errorf("--protocol %q is not supported: want one of: tcp", o.Protocol)
+	if o.Protocol != "tcp" && o.Protocol != "rdma" {
+		return engine.Config{}, fmt.Errorf("--protocol %q is not supported: want one of: tcp, rdma", o.Protocol)
+	}
+	if o.Protocol != "rdma" && (o.DeviceName != "" || o.NICPriorityMatrix != "" || o.AutoDiscovery) {
+		return engine.Config{}, fmt.Errorf("--device-name, --nic-priority-matrix and --auto-discovery need --protocol rdma")
 	}
 	if o.StatusTimeout <= 0 {
 		return engine.Config{}, fmt.Errorf("--tcp-status-timeout-sec %d must be positive", o.StatusTimeout)
@@ -102,7 +113,17 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 	if o.TCPLanes <= 0 {
 		return engine.Config{}, fmt.Errorf("--tcp-lanes %d must be positive", o.TCPLanes)
 	}
+	var transports []engine.TransportFactory
+	if o.Protocol == "rdma" {
+		rc, err := o.rdmaConfig()
+		if err != nil {
+			return engine.Config{}, err
+		}
+		transports = append(transports, rdmatransport.Factory(rc))
+	}
 	return engine.Config{
+		Protocol:         o.Protocol,
+		Transports:       transports,
 		LocalServerName:  o.LocalServerName,
 		MetadataServer:   o.MetadataServer,
 		ClusterID:        o.ClusterID,
@@ -112,6 +133,45 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 		TCPLanes:         o.TCPLanes,
 		TCPStatusTimeout: time.Duration(o.StatusTimeout) * time.Second,
 	}, nil
+}
+
+// rdmaConfig is the rdma transport's configuration: Mooncake's MC_*
+// variables, the devices and the priority matrix. Every engine built from
+// it opens its own provider (its own soft NICs with the soft provider).
+func (o benchEngineOptions) rdmaConfig() (rdmatransport.Config, error) {
+	rc, err := rdmatransport.ConfigFromEnv()
+	if err != nil {
+		return rc, err
+	}
+	if rc.Devices, err = rdmatransport.ParseDevices(o.DeviceName); err != nil {
+		return rc, fmt.Errorf("--device-name: %w", err)
+	}
+	switch {
+	case o.NICPriorityMatrix != "" && o.AutoDiscovery:
+		return rc, fmt.Errorf("--nic-priority-matrix and --auto-discovery exclude each other")
+	case o.NICPriorityMatrix != "":
+		if rc.Matrix, err = topo.ReadMatrixFile(o.NICPriorityMatrix); err != nil {
+			return rc, fmt.Errorf("--nic-priority-matrix: %w", err)
+		}
+	case o.AutoDiscovery:
+		fs, err := topo.NewFS("/")
+		if err != nil {
+			return rc, fmt.Errorf("--auto-discovery: %w", err)
+		}
+		t, err := topo.Discover(fs, topo.Options{})
+		if err != nil {
+			return rc, fmt.Errorf("--auto-discovery: %w", err)
+		}
+		// A host without RDMA NICs (the soft provider) has an empty
+		// matrix: the transport's NUMA-based default applies.
+		if m := t.Matrix(); len(m) > 0 {
+			rc.Matrix = m
+			if len(rc.Devices) == 0 {
+				rc.Devices = m.NICs()
+			}
+		}
+	}
+	return rc, nil
 }
 
 func newBenchTargetCmd(p *printer) *cobra.Command {
@@ -328,7 +388,7 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 		cfg.BindAddress = "127.0.0.1"
 		cfg.MetadataServer = "P2PHANDSHAKE"
 		if !p.JSON() {
-			fmt.Fprintf(p.Out, "embedded target %s (loopback tcp, %s)\n", segment, bench.FormatSize(need))
+			fmt.Fprintf(p.Out, "embedded target %s (loopback %s, %s)\n", segment, o.Protocol, bench.FormatSize(need))
 		}
 	}
 	e, err := engine.New(ctx, cfg)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -61,7 +63,7 @@ func TestBenchInitiatorTableAndMooncakeLine(t *testing.T) {
 }
 
 // startTarget runs `mc bench target` in-process until the test ends.
-func startTarget(t *testing.T) (segment string, stop func() error) {
+func startTarget(t *testing.T, opts ...func(*benchTargetOptions)) (segment string, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
@@ -71,6 +73,9 @@ func startTarget(t *testing.T) (segment string, stop func() error) {
 	o := benchTargetOptions{BufferSize: "64M", Ready: func(tg *bench.Target) { ready <- tg.Engine.SegmentName() }}
 	o.Protocol, o.MetadataServer, o.BindAddress = "tcp", "P2PHANDSHAKE", "127.0.0.1"
 	o.MinRPCPort, o.MaxRPCPort, o.StatusTimeout, o.TCPLanes = 15000, 17000, 2, 4
+	for _, f := range opts {
+		f(&o)
+	}
 	go func() { done <- runBenchTarget(ctx, o, p) }()
 	select {
 	case s := <-ready:
@@ -152,13 +157,16 @@ func TestBenchKilledTargetExitsNonZero(t *testing.T) {
 func TestBenchBadInput(t *testing.T) {
 	isolateEnv(t)
 	cases := map[string][]string{
-		`--protocol "rdma" is not supported: want one of: tcp`: {"--protocol", "rdma"},
-		`--block-size: size "0"`:                               {"--block-size", "4K,0"},
-		`--report-unit: report unit "XB"`:                      {"--report-unit", "XB"},
-		`--operation "copy": want read or write`:               {"--operation", "copy"},
-		`--duration "-1" must be positive`:                     {"--duration", "-1"},
-		`does not fit in buffer_size`:                          {"--buffer-size", "1M", "--block-size", "1M"},
-		`peer 127.0.0.1:1 unreachable`:                         {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
+		`--protocol "ib" is not supported: want one of: tcp, rdma`: {"--protocol", "ib"},
+		`need --protocol rdma`:                        {"--device-name", "soft0"},
+		`--device-name: device "soft0" listed twice`:  {"--protocol", "rdma", "--device-name", "soft0,soft0"},
+		`--nic-priority-matrix: read priority matrix`: {"--protocol", "rdma", "--nic-priority-matrix", "/nonexistent/matrix.json"},
+		`--block-size: size "0"`:                      {"--block-size", "4K,0"},
+		`--report-unit: report unit "XB"`:             {"--report-unit", "XB"},
+		`--operation "copy": want read or write`:      {"--operation", "copy"},
+		`--duration "-1" must be positive`:            {"--duration", "-1"},
+		`does not fit in buffer_size`:                 {"--buffer-size", "1M", "--block-size", "1M"},
+		`peer 127.0.0.1:1 unreachable`:                {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
 	}
 	for want, args := range cases {
 		var out, errb bytes.Buffer
@@ -166,5 +174,60 @@ func TestBenchBadInput(t *testing.T) {
 		if code != 1 || !strings.Contains(errb.String(), want) || strings.Count(errb.String(), "\n") != 1 {
 			t.Errorf("%v: exit %d, stderr %q; want %q", args, code, errb.String(), want)
 		}
+	}
+}
+
+func TestBenchRDMAEmbeddedVerify(t *testing.T) {
+	isolateEnv(t)
+	matrix := filepath.Join(t.TempDir(), "matrix.json")
+	if err := os.WriteFile(matrix, []byte(`{"cpu:0": [["soft1"], ["soft0"]]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, extra := range [][]string{nil, {"--nic_priority_matrix", matrix}, {"--auto_discovery"}} {
+		args := append([]string{"bench", "initiator", "--protocol", "rdma", "--device_name", "soft0,soft1", "--duration", "300ms",
+			"--threads", "1", "--batch_size", "16", "--block_size", "4K,200K", "--operation", "write", "--verify", "-o", "json"}, extra...)
+		out, _, err := runCmd(t, args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", extra, err, out)
+		}
+		var got struct {
+			Results []struct {
+				BatchCount  uint64 `json:"batch_count"`
+				FailedTasks uint64 `json:"failed_tasks"`
+				Verified    bool   `json:"verified"`
+			} `json:"results"`
+		}
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if len(got.Results) != 2 {
+			t.Fatalf("%v: results %+v", extra, got.Results)
+		}
+		for _, r := range got.Results {
+			if r.BatchCount == 0 || r.FailedTasks != 0 || !r.Verified {
+				t.Fatalf("%v: result %+v", extra, r)
+			}
+		}
+	}
+}
+
+func TestBenchRDMATargetAndInitiator(t *testing.T) {
+	isolateEnv(t)
+	seg, stop := startTarget(t, func(o *benchTargetOptions) {
+		o.Protocol, o.DeviceName, o.BufferSize = "rdma", "soft0,soft1", "16M"
+	})
+	for _, op := range []string{"write", "read"} {
+		out, _, err := runCmd(t, "bench", "initiator", "--protocol", "rdma", "--device_name", "soft0,soft1", "--segment_id", seg,
+			"--bind-address", "127.0.0.1", "--duration", "300ms", "--threads", "2", "--batch_size", "16", "--block_size", "128K",
+			"--operation", op, "--verify")
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", op, err, out)
+		}
+		if !strings.Contains(out, "Test completed") || !strings.Contains(out, "yes") {
+			t.Fatalf("output:\n%s", out)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("target stop: %v", err)
 	}
 }

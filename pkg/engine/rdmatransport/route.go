@@ -157,10 +157,15 @@ func (r *route) post(s *slice) {
 			return
 		}
 		rr := t.rr.Add(1)
-		localName := pick(t.localEntry(s.reg.m.Location()), s.retry, rr, t.cfg.RoundRobin, s.lastLocal, func(n string) bool {
+		activeLocal := func(n string) bool {
 			_, c := t.ctxByName(n)
 			return c != nil && c.Active()
-		})
+		}
+		localName := pick(t.localEntry(s.reg.m.Location()), s.retry, rr, t.cfg.RoundRobin, s.lastLocal, activeLocal)
+		if localName == "" && t.cfg.Matrix != nil {
+			// The matrix names no open, active NIC for this location.
+			localName = pick(t.defaultEntry(s.reg.m.Location()), s.retry, rr, t.cfg.RoundRobin, s.lastLocal, activeLocal)
+		}
 		if localName == "" {
 			r.finish(s, fmt.Errorf("rdma %s at 0x%x of segment %q: no active local NIC for %s: %w", s.op, s.remote, r.desc.Name, s.reg.m.Location(), ErrNoPath))
 			return
