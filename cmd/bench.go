@@ -240,7 +240,14 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 	} else {
 		fmt.Fprintf(p.Out, "segment_id %s (protocol %s, metadata %s, %d x %s: %s)\n",
 			e.SegmentName(), o.Protocol, cfg.MetadataServer, len(t.Buffers), bench.FormatSize(size), strings.Join(locs, ","))
-		fmt.Fprintf(p.Out, "run: mc bench initiator --segment_id %s --metadata_server %s\n", e.SegmentName(), cfg.MetadataServer)
+		hint := ""
+		if o.Protocol == "rdma" {
+			hint = " --protocol rdma"
+			if o.DeviceName != "" {
+				hint += " --device_name " + o.DeviceName
+			}
+		}
+		fmt.Fprintf(p.Out, "run: mc bench initiator --segment_id %s --metadata_server %s%s\n", e.SegmentName(), cfg.MetadataServer, hint)
 	}
 	if o.Ready != nil {
 		o.Ready(t)

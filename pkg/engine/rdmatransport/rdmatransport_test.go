@@ -33,7 +33,7 @@ func start(t *testing.T, be meta.Backend, name string, devs ...soft.DeviceConfig
 		t.Fatal(err)
 	}
 	n := &node{p: p}
-	cfg := rdmatransport.Config{Provider: p, RDMA: rdma.Config{MonitorInterval: 20 * time.Millisecond, ReenableDelay: 100 * time.Millisecond, ReclaimGrace: time.Second}}
+	cfg := rdmatransport.Config{Provider: p, RailPause: 300 * time.Millisecond, RDMA: rdma.Config{MonitorInterval: 20 * time.Millisecond, ReenableDelay: 100 * time.Millisecond, ReclaimGrace: time.Second}}
 	f := rdmatransport.Factory(cfg)
 	n.e, err = engine.New(context.Background(), engine.Config{LocalServerName: name, Backend: be, BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0",
 		Protocol: meta.ProtocolRDMA, Transports: []engine.TransportFactory{func(e *engine.Engine) (engine.Transport, error) {
@@ -258,5 +258,53 @@ func TestRemoteAccessErrorFailsAfterRetries(t *testing.T) {
 	err := p.a.e.Transfer(context.Background(), engine.Request{Op: engine.Read, Source: p.am.Addr(), Segment: p.seg, Target: p.bm.Addr(), Length: 4096})
 	if err == nil || !strings.Contains(err.Error(), "remote access error") || !strings.Contains(err.Error(), "retries") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// The target's NIC goes down: requests to it go unanswered (transport
+// retry counter exceeded), the rail is counted and the endpoint deleted,
+// slices move to the target's other NIC and every byte verifies; once the
+// port is back the target NIC carries traffic again.
+func TestPeerPortDownMovesToOtherPeerNIC(t *testing.T) {
+	const size = 1 << 20
+	p := newPair(t, size)
+	ctx := context.Background()
+	fill(p.bm.Bytes(), 11)
+	round := func() error {
+		clear(p.am.Bytes())
+		if err := p.a.e.Transfer(ctx, engine.Request{Op: engine.Read, Source: p.am.Addr(), Segment: p.seg, Target: p.bm.Addr(), Length: size}); err != nil {
+			return err
+		}
+		if !bytes.Equal(p.am.Bytes(), p.bm.Bytes()) {
+			return errors.New("bytes differ")
+		}
+		return nil
+	}
+	if err := round(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.b.p.SetPortState("soft0", rdma.PortDown); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := round(); err != nil {
+			t.Fatalf("with the target's soft0 down: %v", err)
+		}
+	}
+	tc0 := p.b.tr.Contexts()[0]
+	if tc0.Active() || tc0.Stats().LiveEndpoints != 0 {
+		t.Fatalf("target soft0: %+v", tc0.Stats())
+	}
+	if err := p.b.p.SetPortState("soft0", rdma.PortActive); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for tc0.Stats().LiveEndpoints == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("target soft0 not used again: %+v", tc0.Stats())
+		}
+		if err := round(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
@@ -86,19 +87,13 @@ func (r *route) Submit(tasks []*engine.Task) {
 		if req.Op == engine.Write {
 			op = rdma.OpWrite
 		}
-		var cuts []uint64
-		for off := uint64(0); off < req.Length; {
-			n := sl
-			if req.Length-off <= frag {
-				n = req.Length - off
-			}
-			cuts = append(cuts, off, n)
-			off += n
-		}
+		lens := sliceLengths(req.Length, sl, frag)
 		ts := &taskState{task: task}
-		ts.remaining.Store(int32(len(cuts) / 2))
-		for i := 0; i < len(cuts); i += 2 {
-			s := &slice{ts: ts, op: op, local: req.Source + cuts[i], remote: req.Target + cuts[i], length: uint32(cuts[i+1]), reg: reg, rbuf: rbuf}
+		ts.remaining.Store(int32(len(lens)))
+		var off uint64
+		for _, n := range lens {
+			s := &slice{ts: ts, op: op, local: req.Source + off, remote: req.Target + off, length: uint32(n), reg: reg, rbuf: rbuf}
+			off += n
 			t.slicesOut.Add(1)
 			r.post(s)
 		}
@@ -106,6 +101,22 @@ func (r *route) Submit(tasks []*engine.Task) {
 }
 
 func (r *route) Close() error { return nil }
+
+// sliceLengths cuts n bytes into slices of sl bytes; a tail of at most
+// frag (slice + slice/MC_FRAGMENT_RATIO) is kept whole rather than
+// leaving a small fragment.
+func sliceLengths(n, sl, frag uint64) []uint64 {
+	out := make([]uint64, 0, n/sl+1)
+	for off := uint64(0); off < n; {
+		l := sl
+		if n-off <= frag {
+			l = n - off
+		}
+		out = append(out, l)
+		off += l
+	}
+	return out
+}
 
 func (r *route) remoteBuffer(addr, n uint64) *meta.BufferDesc {
 	i, _ := slices.BinarySearchFunc(r.bufs, addr, func(b meta.BufferDesc, a uint64) int {
@@ -191,6 +202,11 @@ func (r *route) post(s *slice) {
 		cancel()
 		if err != nil {
 			s.lastErr, s.lastLocal, s.lastPeer = err, localName, peerName
+			if !errors.Is(err, rdma.ErrContextInactive) && !errors.Is(err, syscall.ENOMEM) {
+				// The peer refused or did not answer: count it against the
+				// rail so a dead peer NIC stops costing a handshake per slice.
+				t.railError(peerPath)
+			}
 			s.retry++
 			continue
 		}
