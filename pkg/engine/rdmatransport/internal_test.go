@@ -1,10 +1,14 @@
 package rdmatransport
 
 import (
+	"context"
+	"encoding/json"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/kvcache-ops/mc/pkg/rdma"
+	"github.com/kvcache-ops/mc/pkg/rdma/soft"
 	"github.com/kvcache-ops/mc/pkg/topo"
 )
 
@@ -92,4 +96,43 @@ func TestRailPause(t *testing.T) {
 	if tr.railPaused("peer@soft0") {
 		t.Fatal("pause did not lift by itself")
 	}
+}
+
+// FuzzAcceptConnection feeds the handshake Connection handler arbitrary
+// frames: it must answer valid JSON or refuse, never panic, and refuse
+// every request that does not name one of its NICs.
+func FuzzAcceptConnection(f *testing.F) {
+	p, err := soft.New(soft.Config{Devices: []soft.DeviceConfig{{Name: "soft0", MaxQP: 64}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer p.Close()
+	ctxs, err := rdma.OpenContexts(p, nil, rdma.Config{ServerName: "srv", MaxEndpoints: 4})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer func() {
+		for _, c := range ctxs {
+			c.Close()
+		}
+	}()
+	tr := &Transport{ctxs: ctxs}
+	f.Add([]byte(`{"local_nic_path":"peer@soft0","local_lid":1,"local_gid":"00:00:00:00:00:00:00:00:00:00:ff:ff:7f:00:00:01","peer_nic_path":"srv@soft0","qp_num":[1,2],"reply_msg":""}`))
+	f.Add([]byte(`{"peer_nic_path":"other@soft9"}`))
+	f.Add([]byte(`{"qp_num":[-1]}`))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		out, err := tr.accept(context.Background(), payload)
+		if err != nil {
+			return
+		}
+		var req, reply rdma.ConnectionDesc
+		if jerr := json.Unmarshal(out, &reply); jerr != nil {
+			t.Fatalf("reply is not JSON: %v: %q", jerr, out)
+		}
+		json.Unmarshal(payload, &req)
+		if req.PeerNICPath != "srv@soft0" && reply.ReplyMsg == "" {
+			t.Fatalf("request for %q accepted: %+v", req.PeerNICPath, reply)
+		}
+	})
 }

@@ -48,7 +48,9 @@ func start(t *testing.T, be meta.Backend, name string, devs ...soft.DeviceConfig
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		n.e.Close()
+		if err := n.e.Close(); err != nil {
+			t.Errorf("close %s: %v", name, err)
+		}
 		p.Close()
 	})
 	return n
