@@ -74,7 +74,12 @@ with transfer_engine_bench's flags and its "Test completed" line, plus IOPS,
 batch latency percentiles, failed tasks and optional byte verification.
 
 Without --segment-id, mc bench initiator starts a target in the same process
-and benchmarks it over real loopback TCP.`,
+and benchmarks it over real loopback TCP, or with --protocol rdma over
+RDMA NICs: the software NICs (soft provider) named by --device-name when
+the host has no RDMA hardware, the target getting its own set. Slicing,
+retries and queue pairs follow Mooncake's MC_* variables (MC_SLICE_SIZE,
+MC_RETRY_CNT, MC_NUM_QP_PER_EP, ...); MC_RDMA_PROVIDER picks soft, ibverbs
+or auto.`,
 	}
 	c.AddCommand(newBenchTargetCmd(p), newBenchInitiatorCmd(p))
 	return c
@@ -183,7 +188,8 @@ func newBenchTargetCmd(p *printer) *cobra.Command {
 filled with the pattern mc bench initiator --verify checks, prints the
 name to pass as --segment-id, and serves until SIGINT or SIGTERM.`,
 		Example: `  mc bench target --buffer-size 1G
-  mc bench target --metadata-server 10.0.0.1:2379 --local-server-name node1`,
+  mc bench target --metadata-server 10.0.0.1:2379 --local-server-name node1
+  mc bench target --protocol rdma --device_name soft0,soft1 --nic_priority_matrix matrix.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -291,12 +297,14 @@ threads submits --batch-size requests of --block-size bytes, waits for all
 of them and repeats for --duration. It prints Mooncake's "Test completed"
 line, then throughput, IOPS, batch latency percentiles and failed tasks.
 A comma list of block sizes runs a sweep, one row per size. Without
---segment-id it benchmarks an in-process target over loopback TCP.
+--segment-id it benchmarks an in-process target over loopback TCP (or
+over its own soft RDMA NICs with --protocol rdma).
 
 Exit status: 0 when every task completed (and verified), 1 otherwise.`,
 		Example: `  mc bench initiator                                   # embedded loopback target
   mc bench initiator --segment_id 10.0.0.2:15123 --operation write --threads 1
-  mc bench initiator --block_size 4K,64K,1M --batch_size 128 --threads 1 --verify`,
+  mc bench initiator --block_size 4K,64K,1M --batch_size 128 --threads 1 --verify
+  mc bench initiator --protocol rdma --device_name soft0,soft1 --threads 1 --verify`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)

@@ -63,9 +63,11 @@ type Config struct {
 	Matrix        topo.Matrix
 	SliceSize     int
 	FragmentRatio int
-	RetryCount    int
-	RailPause     time.Duration
-	RoundRobin    bool // MC_PATH_ROUNDROBIN
+	// RetryCount is how often a failed slice is retried on another path;
+	// negative means never (MC_RETRY_CNT=0).
+	RetryCount int
+	RailPause  time.Duration
+	RoundRobin bool // MC_PATH_ROUNDROBIN
 	// ConnectTimeout bounds one connection exchange (default 5 s).
 	ConnectTimeout time.Duration
 }
