@@ -310,3 +310,23 @@ func TestPeerPortDownMovesToOtherPeerNIC(t *testing.T) {
 		}
 	}
 }
+
+// With every local port down the task fails at once with ErrNoPath.
+func TestAllLocalPortsDownFailsWithNoPath(t *testing.T) {
+	p := newPair(t, 1<<16)
+	for _, d := range []string{"soft0", "soft1"} {
+		if err := p.a.p.SetPortState(d, rdma.PortDown); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for _, c := range p.a.tr.Contexts() {
+		for c.Active() && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	err := p.a.e.Transfer(context.Background(), engine.Request{Op: engine.Write, Source: p.am.Addr(), Segment: p.seg, Target: p.bm.Addr(), Length: 1 << 16})
+	if !errors.Is(err, rdmatransport.ErrNoPath) || !strings.Contains(err.Error(), "no active local NIC for cpu:0") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -164,7 +164,7 @@ func (r *route) post(s *slice) {
 			return
 		}
 		if s.retry > t.cfg.RetryCount {
-			r.finish(s, fmt.Errorf("rdma %s of %d bytes at 0x%x of segment %q: gave up after %d retries: %w", s.op, s.length, s.remote, r.desc.Name, t.cfg.RetryCount, s.lastErr))
+			r.finish(s, fmt.Errorf("rdma slice [0x%x, +%d): gave up after %d retries: %w", s.remote, s.length, t.cfg.RetryCount, s.lastErr))
 			return
 		}
 		rr := t.rr.Add(1)
@@ -178,7 +178,7 @@ func (r *route) post(s *slice) {
 			localName = pick(t.defaultEntry(s.reg.m.Location()), s.retry, rr, t.cfg.RoundRobin, s.lastLocal, activeLocal)
 		}
 		if localName == "" {
-			r.finish(s, fmt.Errorf("rdma %s at 0x%x of segment %q: no active local NIC for %s: %w", s.op, s.remote, r.desc.Name, s.reg.m.Location(), ErrNoPath))
+			r.finish(s, fmt.Errorf("rdma slice [0x%x, +%d): no active local NIC for %s: %w", s.remote, s.length, s.reg.m.Location(), ErrNoPath))
 			return
 		}
 		peerName := pick(r.peerEntry(s.rbuf.Name), s.retry, rr, t.cfg.RoundRobin, s.lastPeer, func(n string) bool {
@@ -191,7 +191,7 @@ func (r *route) post(s *slice) {
 			peerName = pick(r.peerEntry(s.rbuf.Name), s.retry, rr, t.cfg.RoundRobin, "", func(n string) bool { _, ok := r.devIdx[n]; return ok })
 		}
 		if peerName == "" {
-			r.finish(s, fmt.Errorf("rdma %s at 0x%x of segment %q: no peer NIC for %s: %w", s.op, s.remote, r.desc.Name, s.rbuf.Name, ErrNoPath))
+			r.finish(s, fmt.Errorf("rdma slice [0x%x, +%d): segment %q has no NIC for %s: %w", s.remote, s.length, r.desc.Name, s.rbuf.Name, ErrNoPath))
 			return
 		}
 		li, c := t.ctxByName(localName)
