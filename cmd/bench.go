@@ -20,6 +20,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/topo"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // benchEngineOptions are the flags target and initiator share: how the
@@ -42,7 +43,8 @@ type benchEngineOptions struct {
 
 type benchTargetOptions struct {
 	benchEngineOptions
-	BufferSize string
+	BufferSize    string
+	MetricsListen string
 	// Ready, when set, is called with the running target (tests).
 	Ready func(*bench.Target)
 }
@@ -200,6 +202,7 @@ name to pass as --segment-id, and serves until SIGINT or SIGTERM.`,
 	fs := c.Flags()
 	addBenchEngineFlags(fs, &o.benchEngineOptions)
 	fs.StringVar(&o.BufferSize, "buffer-size", "1G", "bytes registered per NUMA node (K, M, G suffixes are binary)")
+	fs.StringVar(&o.MetricsListen, "metrics-listen", "", "serve Prometheus /metrics (per-NIC endpoints, waiting list, QPs with --protocol rdma) on this address, e.g. 127.0.0.1:9464")
 	return c
 }
 
@@ -228,6 +231,16 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 		Addr     uint64 `json:"addr"`
 		Length   int    `json:"length"`
 	}
+	metricsAddr := ""
+	if o.MetricsListen != "" {
+		var cs []prometheus.Collector
+		if rt, ok := e.Transport("rdma").(*rdmatransport.Transport); ok {
+			cs = append(cs, rt.Collector())
+		}
+		if metricsAddr, err = serveMetrics(ctx, o.MetricsListen, cs...); err != nil {
+			return err
+		}
+	}
 	var bufs []buf
 	var locs []string
 	for _, m := range t.Buffers {
@@ -240,6 +253,7 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 			"protocol":        o.Protocol,
 			"metadata_server": cfg.MetadataServer,
 			"buffers":         bufs,
+			"metrics_addr":    metricsAddr,
 		}); err != nil {
 			return err
 		}
@@ -254,6 +268,9 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 			}
 		}
 		fmt.Fprintf(p.Out, "run: mc bench initiator --segment_id %s --metadata_server %s%s\n", e.SegmentName(), cfg.MetadataServer, hint)
+		if metricsAddr != "" {
+			fmt.Fprintf(p.Out, "metrics http://%s/metrics\n", metricsAddr)
+		}
 	}
 	if o.Ready != nil {
 		o.Ready(t)

@@ -244,6 +244,11 @@ func (e *Engine) HandshakeAddr() string { return e.hs.Addr() }
 // handshake frames (RDMA Connection requests).
 func (e *Engine) Handshake() *handshake.Server { return e.hs }
 
+// Transport returns the engine's transport for protocol ("tcp", "rdma"),
+// or nil when it has none; callers type-assert for transport-specific
+// surfaces such as metrics.
+func (e *Engine) Transport(protocol string) Transport { return e.transports[protocol] }
+
 // Config returns the configuration the engine runs with (defaults filled).
 func (e *Engine) Config() Config { return e.cfg }
 
