@@ -176,75 +176,30 @@ func watchQPLeak(ctx context.Context, o qpLeakOptions, opts diag.Options, sample
 	if o.Interval <= 0 {
 		return unknown(fmt.Errorf("invalid --interval %v", o.Interval))
 	}
-	sc := diag.NewLogScanner()
-	var tailed []string
-	for _, l := range o.Logs {
-		if l == "-" || strings.HasSuffix(l, ".gz") {
-			fmt.Fprintf(p.Err, "note: %s is read once, not followed\n", l)
-			continue
-		}
-		tailed = append(tailed, l)
+	cfg := diag.WatchConfig{
+		Logs:     o.Logs,
+		Interval: o.Interval,
+		Duration: o.Watch,
+		Sampler:  sampler,
+		Notef: func(format string, args ...any) {
+			fmt.Fprintf(p.Err, "note: %s\n", fmt.Sprintf(format, args...))
+		},
 	}
-	if err := diag.ScanFiles(sc, o.Logs); err != nil {
-		return unknown(err)
-	}
-	// Open the tails after the full read: lines written in between are
-	// counted at the first poll only if they arrive after the seek; a
-	// few lost lines at the start of a watch do not change a verdict.
-	tl, err := diag.NewTailer(sc, tailed)
-	if err != nil {
-		return unknown(fmt.Errorf("follow logs: %w", err))
-	}
-	defer tl.Close()
-
-	first, err := sampler.Sample(ctx)
-	if err != nil {
-		return unknown(err)
-	}
-	snaps := []*diag.Snapshot{first}
 	if !p.JSON() {
-		fmt.Fprintf(p.Out, "watching %s every %v for %v\n", sampler.Bin, o.Interval, o.Watch)
-		printGrowth(p.Out, first, first, first, 0, 0)
-	}
-	deadline := time.NewTimer(o.Watch)
-	defer deadline.Stop()
-	tick := time.NewTicker(o.Interval)
-	defer tick.Stop()
-	lastEv := sc.Summary().Stats.Evictions
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-deadline.C:
-			break loop
-		case <-tick.C:
-		}
-		if err := tl.Poll(); err != nil {
-			fmt.Fprintf(p.Err, "note: %v\n", err)
-		}
-		s, err := sampler.Sample(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				break loop
+		// The header waits for the first sample: a watch that cannot
+		// sample at all prints only its error.
+		header := false
+		cfg.OnSample = func(first, prev, cur *diag.Snapshot, ev, dev int) {
+			if !header {
+				fmt.Fprintf(p.Out, "watching %s every %v for %v\n", sampler.Bin, o.Interval, o.Watch)
+				header = true
 			}
-			fmt.Fprintf(p.Err, "note: sample failed: %v\n", err)
-			continue
+			printGrowth(p.Out, first, prev, cur, ev, dev)
 		}
-		prev := snaps[len(snaps)-1]
-		snaps = append(snaps, s)
-		ev := sc.Summary().Stats.Evictions
-		if !p.JSON() {
-			printGrowth(p.Out, first, prev, s, ev, ev-lastEv)
-		}
-		lastEv = ev
 	}
-	if err := tl.Poll(); err != nil {
-		fmt.Fprintf(p.Err, "note: %v\n", err)
-	}
-	var logs *diag.LogSummary
-	if len(o.Logs) > 0 {
-		logs = sc.Summary()
+	snaps, logs, err := diag.Watch(ctx, cfg)
+	if err != nil {
+		return unknown(err)
 	}
 	if !p.JSON() {
 		fmt.Fprintln(p.Out)

@@ -9,7 +9,8 @@
 // comparisons; Analyze turns both into a Report: per-NIC QP counts against
 // the ceiling live endpoints can explain, findings with stable codes, and
 // a verdict (healthy, suspect, leak). Sample runs `rdma -j resource show`
-// on the live host.
+// on the live host; Watch samples it repeatedly while following the logs,
+// so that a leak shows as growth.
 //
 // The package stands alone: it imports no other mc package except
 // pkg/diag/glog, whose line format it reads.
