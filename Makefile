@@ -6,7 +6,7 @@ GO      ?= go
 PREFIX  ?= /usr/local
 export GOTOOLCHAIN := local
 
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION ?= $(shell git describe --tags --dirty 2>/dev/null || echo v0.0.0-dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/kvcache-ops/mc/cmd.version=$(VERSION) -X github.com/kvcache-ops/mc/cmd.commit=$(COMMIT)
 
