@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/engine/handshake"
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/topo"
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,6 +36,7 @@ type benchEngineOptions struct {
 	ClusterID       string
 	StatusTimeout   int
 	TCPLanes        int
+	HandshakeMax    int
 	// RDMA (--protocol rdma).
 	DeviceName        string
 	NICPriorityMatrix string
@@ -100,16 +102,22 @@ func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 	fs.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/")
 	fs.IntVar(&o.StatusTimeout, "tcp-status-timeout-sec", 30, "seconds to wait for a TCP status or reply before failing the tasks")
 	fs.IntVar(&o.TCPLanes, "tcp-lanes", engine.DefaultTCPLanes, "persistent TCP connections per peer")
+	fs.IntVar(&o.HandshakeMax, "handshake-max-length", handshake.DefaultMaxLength, "largest handshake frame in bytes, sent or accepted (at most 128 MiB)")
 	envName(fs, "bind-address", "MC_TCP_BIND_ADDRESS")
 	envName(fs, "min-rpc-port", "MC_MIN_RPC_PORT")
 	envName(fs, "max-rpc-port", "MC_MAX_RPC_PORT")
 	envName(fs, "metadata-cluster-id", "MC_METADATA_CLUSTER_ID")
 	envName(fs, "tcp-status-timeout-sec", "MC_TCP_STATUS_TIMEOUT_SEC")
+	envName(fs, "handshake-max-length", "MC_HANDSHAKE_MAX_LENGTH")
 }
 
 func (o benchEngineOptions) config() (engine.Config, error) {
 	if o.Protocol != "tcp" && o.Protocol != "rdma" {
 		return engine.Config{}, fmt.Errorf("--protocol %q is not supported: want one of: tcp, rdma", o.Protocol)
+	}
+	// 0 (options built in code) means the handshake default.
+	if o.HandshakeMax < 0 || o.HandshakeMax > handshake.MaxMaxLength {
+		return engine.Config{}, fmt.Errorf("--handshake-max-length %d: want 1 to %d bytes", o.HandshakeMax, handshake.MaxMaxLength)
 	}
 	if o.Protocol != "rdma" && (o.DeviceName != "" || o.NICPriorityMatrix != "" || o.AutoDiscovery) {
 		return engine.Config{}, fmt.Errorf("--device-name, --nic-priority-matrix and --auto-discovery need --protocol rdma")
@@ -129,16 +137,17 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 		transports = append(transports, rdmatransport.Factory(rc))
 	}
 	return engine.Config{
-		Protocol:         o.Protocol,
-		Transports:       transports,
-		LocalServerName:  o.LocalServerName,
-		MetadataServer:   o.MetadataServer,
-		ClusterID:        o.ClusterID,
-		BindAddress:      o.BindAddress,
-		MinRPCPort:       o.MinRPCPort,
-		MaxRPCPort:       o.MaxRPCPort,
-		TCPLanes:         o.TCPLanes,
-		TCPStatusTimeout: time.Duration(o.StatusTimeout) * time.Second,
+		Protocol:           o.Protocol,
+		Transports:         transports,
+		LocalServerName:    o.LocalServerName,
+		MetadataServer:     o.MetadataServer,
+		ClusterID:          o.ClusterID,
+		BindAddress:        o.BindAddress,
+		MinRPCPort:         o.MinRPCPort,
+		MaxRPCPort:         o.MaxRPCPort,
+		TCPLanes:           o.TCPLanes,
+		HandshakeMaxLength: o.HandshakeMax,
+		TCPStatusTimeout:   time.Duration(o.StatusTimeout) * time.Second,
 	}, nil
 }
 

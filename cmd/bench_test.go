@@ -167,6 +167,10 @@ func TestBenchBadInput(t *testing.T) {
 		`--duration "-1" must be positive`:            {"--duration", "-1"},
 		`does not fit in buffer_size`:                 {"--buffer-size", "1M", "--block-size", "1M"},
 		`peer 127.0.0.1:1 unreachable`:                {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
+		`--handshake-max-length 200000000: want 1 to`: {"--handshake-max-length", "200000000"},
+		// Frames over the limit are refused, so a 64-byte limit cannot
+		// carry a descriptor: proof the limit reaches the handshake.
+		`read Metadata reply`: {"--handshake-max-length", "64", "--bind-address", "127.0.0.1"},
 	}
 	for want, args := range cases {
 		var out, errb bytes.Buffer

@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -37,6 +39,7 @@ type globalOptions struct {
 	ConfigFile string
 	Output     string
 	LogLevel   string
+	LogDir     string
 }
 
 // Execute runs mc with args and returns the process exit status. Errors are
@@ -84,6 +87,7 @@ NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
 	pf.StringVar(&g.ConfigFile, "config", "", "config file (default $XDG_CONFIG_HOME/mc/config.yaml when present)")
 	pf.StringVarP(&g.Output, "output", "o", "table", "output format: table or json")
 	pf.StringVar(&g.LogLevel, "log-level", "info", "log level: debug, info, warning, error or fatal")
+	pf.StringVar(&g.LogDir, "log-dir", "", "write logs to glog-named files in this directory (errors still go to stderr)")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = root.RegisterFlagCompletionFunc("log-level", cobra.FixedCompletions([]string{"debug", "info", "warning", "error", "fatal"}, cobra.ShellCompDirectiveNoFileComp))
 
@@ -125,6 +129,19 @@ func setup(cmd *cobra.Command, g *globalOptions, p *printer) error {
 	if err != nil {
 		return fmt.Errorf("invalid --log-level: %w", err)
 	}
-	glog.Setup(p.Err, level)
+	if g.LogDir == "" {
+		glog.Setup(p.Err, level)
+		return nil
+	}
+	// As glog with --log_dir: every line to the file, errors to stderr
+	// too. The file stays open until the process exits.
+	f, err := glog.CreateLogFile(g.LogDir, "mc", time.Now())
+	if err != nil {
+		return fmt.Errorf("--log-dir: %w", err)
+	}
+	slog.SetDefault(slog.New(glog.Tee(
+		glog.NewHandler(f, &glog.Options{Level: level}),
+		glog.NewHandler(p.Err, &glog.Options{Level: max(level, slog.LevelError)}),
+	)))
 	return nil
 }

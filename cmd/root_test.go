@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -176,5 +178,29 @@ func TestDerivedEnvNames(t *testing.T) {
 		if got := derivedEnv(in[0], in[1]); got != want {
 			t.Errorf("derivedEnv(%q, %q) = %q, want %q", in[0], in[1], got, want)
 		}
+	}
+}
+
+// --log-dir (MC_LOG_DIR) writes glog-named files that mc diag can read;
+// only errors still reach stderr.
+func TestLogDir(t *testing.T) {
+	isolateEnv(t)
+	dir := filepath.Join(t.TempDir(), "logs")
+	t.Setenv("MC_LOG_DIR", dir)
+	defer slog.SetDefault(slog.Default())
+	_, errOut, err := runCmd(t, "bench", "initiator", "--protocol", "rdma", "--device_name", "soft0",
+		"--bind-address", "127.0.0.1", "--duration", "100ms", "--threads", "1", "--batch_size", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "mc.INFO"))
+	if err != nil {
+		t.Fatalf("mc.INFO: %v", err)
+	}
+	if !regexp.MustCompile(`(?m)^I\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ \S+:\d+\] Using SIEVE endpoint store`).Match(b) {
+		t.Fatalf("log file lacks the glog store line:\n%s", b)
+	}
+	if strings.Contains(errOut, "Using SIEVE") {
+		t.Fatalf("INFO line also on stderr: %q", errOut)
 	}
 }

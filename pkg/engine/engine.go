@@ -84,6 +84,9 @@ type Config struct {
 	// [MinRPCPort, MaxRPCPort] of BindAddress.
 	HandshakeAddr          string
 	MinRPCPort, MaxRPCPort int
+	// HandshakeMaxLength bounds handshake frames, sent and received
+	// (MC_HANDSHAKE_MAX_LENGTH; default 1 MiB, at most 128 MiB).
+	HandshakeMaxLength int
 	// TCPLanes is the number of persistent connections per peer.
 	TCPLanes int
 	// TCPStatusTimeout is MC_TCP_STATUS_TIMEOUT_SEC (default 30 s).
@@ -164,9 +167,9 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 
 	var err error
 	if cfg.HandshakeAddr != "" {
-		e.hs, err = handshake.Listen(cfg.HandshakeAddr, handshake.Options{})
+		e.hs, err = handshake.Listen(cfg.HandshakeAddr, handshake.Options{MaxLength: cfg.HandshakeMaxLength})
 	} else {
-		e.hs, err = handshake.ListenRange(cfg.BindAddress, cfg.MinRPCPort, cfg.MaxRPCPort, handshake.Options{})
+		e.hs, err = handshake.ListenRange(cfg.BindAddress, cfg.MinRPCPort, cfg.MaxRPCPort, handshake.Options{MaxLength: cfg.HandshakeMaxLength})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("start engine: %w", err)
@@ -179,6 +182,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 			ClusterID: cfg.ClusterID,
 			Timeout:   cfg.MetadataTimeout,
 			Handshake: e.hs,
+			MaxLength: cfg.HandshakeMaxLength,
 		})
 		if err != nil {
 			e.hs.Close()
