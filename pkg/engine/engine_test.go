@@ -198,25 +198,7 @@ func TestOutOfRangeTargetFailsTaskCorruptsNothing(t *testing.T) {
 func TestFreeRefusedWhilePendingAndCtxCancel(t *testing.T) {
 	ctx := context.Background()
 	// A "target" that accepts and never answers: tasks stay WAITING.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
-	be := meta.NewMemory()
-	port := ln.Addr().(*net.TCPAddr).Port
-	be.PutSegment(ctx, &meta.SegmentDesc{Name: "silent", Protocol: "tcp", TCPDataPort: port, TCPProtoVersion: 2,
-		Buffers: []meta.BufferDesc{{Name: "silent", Addr: 0x10000, Length: 1 << 20}}})
-	be.PutRPCMeta(ctx, "silent", meta.RPCMeta{IPOrHostName: "127.0.0.1", RPCPort: 1})
+	be := silentPeer(t)
 	init := newEngine(t, func(c *engine.Config) {
 		c.Backend = be
 		c.TCPStatusTimeout = 300 * time.Millisecond
@@ -351,4 +333,41 @@ func ExampleBatch_TaskStatus() {
 	// 0 COMPLETED 4096 false
 	// 1 FAILED 0 true
 	// <nil>
+}
+
+// silentPeer publishes, in a fresh in-memory backend, a TCP segment named
+// "silent" whose data port accepts connections and never answers, so
+// transfers to it stay WAITING until the status timeout.
+func silentPeer(t *testing.T) meta.Backend {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	ctx := context.Background()
+	be := meta.NewMemory()
+	if err := be.PutSegment(ctx, &meta.SegmentDesc{Name: "silent", Protocol: "tcp", TCPDataPort: ln.Addr().(*net.TCPAddr).Port, TCPProtoVersion: 2,
+		Buffers: []meta.BufferDesc{{Name: "silent", Addr: 0x10000, Length: 1 << 20}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := be.PutRPCMeta(ctx, "silent", meta.RPCMeta{IPOrHostName: "127.0.0.1", RPCPort: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return be
 }

@@ -207,24 +207,7 @@ func TestUnregisterWaitsForTransfers(t *testing.T) {
 	ctx := context.Background()
 	// A peer that never answers keeps the task, and its local memory
 	// pinned, until the status timeout.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
-	be := meta.NewMemory()
-	be.PutSegment(ctx, &meta.SegmentDesc{Name: "silent", Protocol: "tcp", TCPDataPort: ln.Addr().(*net.TCPAddr).Port, TCPProtoVersion: 2,
-		Buffers: []meta.BufferDesc{{Name: "silent", Addr: 0x10000, Length: 1 << 20}}})
-	be.PutRPCMeta(ctx, "silent", meta.RPCMeta{IPOrHostName: "127.0.0.1", RPCPort: 1})
+	be := silentPeer(t)
 	e := newEngine(t, func(c *engine.Config) {
 		c.Backend = be
 		c.TCPStatusTimeout = 2 * time.Second

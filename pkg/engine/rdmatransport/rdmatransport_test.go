@@ -198,15 +198,7 @@ func TestPortDownMidTransfer(t *testing.T) {
 	if err := p.a.p.SetPortState("soft0", rdma.PortActive); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for c0.Stats().LiveEndpoints == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("soft0 not used again after its port came back: %+v", c0.Stats())
-		}
-		if err := round(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	usedAgain(t, c0, "soft0", round)
 }
 
 // One local NIC's QP pool is exhausted: QP creation fails there with
@@ -300,15 +292,7 @@ func TestPeerPortDownMovesToOtherPeerNIC(t *testing.T) {
 	if err := p.b.p.SetPortState("soft0", rdma.PortActive); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for tc0.Stats().LiveEndpoints == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("target soft0 not used again: %+v", tc0.Stats())
-		}
-		if err := round(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	usedAgain(t, tc0, "target soft0", round)
 }
 
 // With every local port down the task fails at once with ErrNoPath.
@@ -328,5 +312,20 @@ func TestAllLocalPortsDownFailsWithNoPath(t *testing.T) {
 	err := p.a.e.Transfer(context.Background(), engine.Request{Op: engine.Write, Source: p.am.Addr(), Segment: p.seg, Target: p.bm.Addr(), Length: 1 << 16})
 	if !errors.Is(err, rdmatransport.ErrNoPath) || !strings.Contains(err.Error(), "no active local NIC for cpu:0") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// usedAgain runs transfer rounds until c, whose port came back, carries an
+// endpoint again; it fails after 3 s (the re-enable delay is far shorter).
+func usedAgain(t *testing.T, c *rdma.Context, name string, round func() error) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for c.Stats().LiveEndpoints == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not used again after its port came back: %+v", name, c.Stats())
+		}
+		if err := round(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
