@@ -11,10 +11,14 @@ COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/kvcache-ops/mc/cmd.version=$(VERSION) -X github.com/kvcache-ops/mc/cmd.commit=$(COMMIT)
 
 # Debian packages `make test` needs: the verbs headers, so the `ibverbs`
-# build of pkg/rdma compiles.
-DEB_PKGS := libibverbs-dev
+# build of pkg/rdma compiles; protoc, to check the store's generated RPC
+# code is fresh (its Go plugins are pinned as tools in go.mod).
+DEB_PKGS := libibverbs-dev protobuf-compiler
 
-.PHONY: all build test deps deps-go deps-deb unit fmt-check vet lint gen gen-check bench bench-tcp bench-diag demo install clean
+PROTO_DIR := pkg/store/storepb
+PROTO_GEN := .cache/protoc-gen
+
+.PHONY: all build test deps deps-go deps-deb unit fmt-check vet lint gen gen-proto proto-check bench bench-tcp bench-diag demo install clean
 
 all: build
 
@@ -37,7 +41,7 @@ deps-deb:
 # Everything CI checks. The race detector runs on every package (a superset
 # of "packages with goroutines"); the generated-files check is part of the
 # cmd package's tests.
-test: deps fmt-check vet build
+test: deps fmt-check vet proto-check build
 	$(GO) test -race -count=1 ./...
 	$(GO) vet -tags ibverbs ./pkg/rdma/...
 	$(GO) test -tags ibverbs -count=1 ./pkg/rdma/ibverbs/
@@ -56,8 +60,29 @@ vet:
 lint: fmt-check vet
 	$(GO) tool staticcheck ./...
 
-gen:
+gen: gen-proto
 	$(GO) test ./cmd -run '^TestGeneratedFilesUpToDate$$' -count=1 -update-gen
+
+# The store's gRPC code, from store.proto, with Debian's protoc and the Go
+# plugins at the versions go.mod pins.
+$(PROTO_GEN)/protoc-gen-go $(PROTO_GEN)/protoc-gen-go-grpc: go.mod go.sum
+	@mkdir -p $(PROTO_GEN)
+	$(GO) build -o $(PROTO_GEN)/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	$(GO) build -o $(PROTO_GEN)/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
+
+gen-proto: $(PROTO_GEN)/protoc-gen-go $(PROTO_GEN)/protoc-gen-go-grpc
+	PATH="$(CURDIR)/$(PROTO_GEN):$$PATH" protoc -I $(PROTO_DIR) \
+		--go_out=paths=source_relative:$(PROTO_DIR) --go-grpc_out=paths=source_relative:$(PROTO_DIR) \
+		$(PROTO_DIR)/store.proto
+
+# Fails when the committed generated code is not what store.proto gives.
+proto-check: $(PROTO_GEN)/protoc-gen-go $(PROTO_GEN)/protoc-gen-go-grpc
+	@tmp=$$(mktemp -d); \
+	PATH="$(CURDIR)/$(PROTO_GEN):$$PATH" protoc -I $(PROTO_DIR) \
+		--go_out=paths=source_relative:$$tmp --go-grpc_out=paths=source_relative:$$tmp $(PROTO_DIR)/store.proto && \
+	for f in store.pb.go store_grpc.pb.go; do \
+		cmp -s $$tmp/$$f $(PROTO_DIR)/$$f || { echo "$(PROTO_DIR)/$$f is stale: run 'make gen-proto' and commit"; rm -rf $$tmp; exit 1; }; \
+	done; rm -rf $$tmp; echo "generated RPC code is fresh"
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count=1 ./...

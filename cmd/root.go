@@ -97,6 +97,7 @@ NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
 	root.AddCommand(newDiagCmd(p))
 	root.AddCommand(newTopoCmd(p))
 	root.AddCommand(newServeCmd(p))
+	root.AddCommand(newStoreCmd(p))
 	root.InitDefaultCompletionCmd()
 	root.InitDefaultHelpCmd()
 
@@ -123,7 +124,10 @@ func setup(cmd *cobra.Command, g *globalOptions, p *printer) error {
 	case "table", "json":
 		p.format = g.Output
 	default:
-		return fmt.Errorf("invalid --output %q: want table or json", g.Output)
+		if cmd.Annotations[outputMayBeFile] == "" {
+			return fmt.Errorf("invalid --output %q: want table or json", g.Output)
+		}
+		p.format = "table" // -o names a file here (mc store get KEY -o FILE)
 	}
 	level, err := glog.ParseLevel(g.LogLevel)
 	if err != nil {

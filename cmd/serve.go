@@ -22,12 +22,13 @@ import (
 func newServeCmd(p *printer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Run mc services (metadata server)",
+		Short: "Run mc services (metadata server, KV-cache store)",
 		Long: `serve runs a long-lived service in the foreground until SIGINT or SIGTERM,
 then stops it cleanly.`,
 		Args: cobra.NoArgs,
 	}
 	cmd.AddCommand(newServeMetadataCmd(p))
+	cmd.AddCommand(newServeStoreCmd(p))
 	return cmd
 }
 

@@ -1,0 +1,848 @@
+package cmd
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvcache-ops/mc/pkg/engine"
+	"github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+	"github.com/kvcache-ops/mc/pkg/store/server"
+)
+
+// storeDataOptions pick the transport a store process moves bytes with.
+type storeDataOptions struct {
+	Protocol      string
+	DeviceName    string
+	LocalHostname string
+}
+
+func (o *storeDataOptions) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport for the bytes: tcp or rdma")
+	fs.StringVar(&o.DeviceName, "device-name", "", "RDMA NICs to use, comma-separated (--protocol rdma; soft NICs here)")
+	fs.StringVar(&o.LocalHostname, "local-hostname", "", "host other processes reach this one's segment or engine at (default: the bind address, else this host's name)")
+	envName(fs, "device-name", "MC_DEVICE_NAME")
+}
+
+func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
+	cfg := engine.Config{Protocol: o.Protocol, BindAddress: bind, AdvertiseHost: o.LocalHostname}
+	switch o.Protocol {
+	case "tcp":
+		if o.DeviceName != "" {
+			return cfg, fmt.Errorf("--device-name needs --protocol rdma")
+		}
+	case "rdma":
+		rc, err := rdmatransport.ConfigFromEnv()
+		if err != nil {
+			return cfg, err
+		}
+		if rc.Devices, err = rdmatransport.ParseDevices(o.DeviceName); err != nil {
+			return cfg, fmt.Errorf("--device-name: %w", err)
+		}
+		cfg.Transports = append(cfg.Transports, rdmatransport.Factory(rc))
+	default:
+		return cfg, fmt.Errorf("--protocol %q is not supported: want tcp or rdma", o.Protocol)
+	}
+	return cfg, nil
+}
+
+// ---- mc serve store ----
+
+type serveStoreOptions struct {
+	Data                  storeDataOptions
+	Master                string
+	SegmentSize           string
+	RPCPort               int
+	Port                  int
+	RPCAddress            string
+	MetricsPort           int
+	LeaseTTL              string
+	SoftPinTTL            string
+	MaxSoftPinTTL         string
+	AllowEvictSoftPinned  bool
+	EvictionRatio         float64
+	HighWatermark         float64
+	ClientTTL             int
+	ClusterID             string
+	PutDiscardTimeoutSec  int
+	PutReleaseTimeoutSec  int
+	AllocationStrategy    string
+	RPCThreadNum          int
+	EnableMetricReporting bool
+	ConfigPath            string
+	RegionSize            string
+	MaxRegionsPerInstance int
+	ExistKeyGrantLease    bool
+	ready                 func(*server.Server) // tests
+}
+
+func newServeStoreCmd(p *printer) *cobra.Command {
+	var o serveStoreOptions
+	cmd := &cobra.Command{
+		Use:   "store",
+		Short: "Run a KV-cache store: a master with a segment, a master only, or a node",
+		Long: `store runs mc's KV-cache pool (Mooncake Store compatible in its flags, admin
+HTTP API and metrics). The master keeps metadata only; nodes contribute memory
+segments registered with the transfer engine; clients (mc store, mc bench
+store, the Go package pkg/store) move bytes straight to and from segments.
+
+Default: a master on --rpc_port plus one segment of --segment-size in this
+process, ready to use. --segment-size 0: master only. --master HOST:PORT: a
+node that mounts its segment on that master, pings it every second and
+re-mounts by itself when the master restarts or asks.
+
+Without HA, a master keeps its metadata in memory: objects stored before a
+master restart are gone after it (nodes re-mount their empty segments).
+
+mooncake_master's flags are accepted under their own names
+(--rpc_port, --default_kv_lease_ttl, --eviction_high_watermark_ratio, ...).
+--default_kv_lease_ttl takes milliseconds or a unit suffix (ms, s, m, h).
+--rpc_thread_num is accepted for compatibility: gRPC sizes its own workers.
+--config_path reads mooncake_master's config file (JSON or YAML, keys are
+the flag names); flags on the command line win over it.
+
+The admin HTTP API on --metrics_port has the Mooncake master's paths:
+/metrics, /metrics/summary, /health, /role, /ha_status, /leader,
+/get_all_keys, /get_all_segments, /get_segments_detail, /query_segment,
+/query_key, /batch_query_keys, /api/v1/segments/status, /api/v1/remove_all.
+A node started with --metrics_port serves its own /metrics and /health.
+
+SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
+		Example: `  mc serve store
+  mc serve store --segment-size 0 --rpc_port 50051 --metrics_port 9003
+  mc serve store --master 10.0.0.1:50051 --segment-size 16G --local-hostname 10.0.0.2
+  mc serve store --protocol rdma --device-name soft0,soft1`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if o.ConfigPath != "" {
+				vals, err := readMasterConfigFile(o.ConfigPath)
+				if err != nil {
+					return err
+				}
+				if err := applyMasterConfigFile(cmd.Flags(), vals); err != nil {
+					return err
+				}
+			}
+			return runServeStore(ctx, o, p)
+		},
+	}
+	f := cmd.Flags()
+	o.Data.addFlags(f)
+	f.StringVar(&o.Master, "master", "", "run as a node of this master, host:port (default: run a master here)")
+	f.StringVar(&o.SegmentSize, "segment-size", "1G", "bytes of memory this process contributes (0: master only)")
+	f.IntVar(&o.RPCPort, "rpc-port", 50051, "master RPC port (0: use the deprecated --port)")
+	f.IntVar(&o.Port, "port", 50051, "deprecated spelling of --rpc-port")
+	f.StringVar(&o.RPCAddress, "rpc-address", "0.0.0.0", "address the master listens on")
+	f.IntVar(&o.MetricsPort, "metrics-port", 9003, "admin HTTP port (/metrics, /health, ...); 0 disables it")
+	f.StringVar(&o.LeaseTTL, "default-kv-lease-ttl", "10000", "read lease granted by a get: ms, or with a unit (10s)")
+	f.StringVar(&o.SoftPinTTL, "default-kv-soft-pin-ttl", "30m", "soft pin lifetime when a put asks for none (ms or with a unit)")
+	f.StringVar(&o.MaxSoftPinTTL, "max-kv-soft-pin-ttl", "24h", "longest soft pin a put may ask for (ms or with a unit)")
+	f.BoolVar(&o.AllowEvictSoftPinned, "allow-evict-soft-pinned-objects", true, "evict soft-pinned objects when nothing else is left")
+	f.Float64Var(&o.EvictionRatio, "eviction-ratio", master.DefaultEvictionRatio, "fraction of capacity an eviction round frees")
+	f.Float64Var(&o.HighWatermark, "eviction-high-watermark-ratio", master.DefaultHighWatermark, "used/capacity above which eviction runs")
+	f.IntVar(&o.ClientTTL, "client-ttl", 10, "seconds without a ping before a client is dropped and its segments unmounted")
+	f.StringVar(&o.ClusterID, "cluster-id", "mooncake_cluster", "cluster id (names this store in logs and /health; the HA key prefix)")
+	f.IntVar(&o.PutDiscardTimeoutSec, "put-start-discard-timeout-sec", 30, "seconds after which a put with no PutEnd is discarded")
+	f.IntVar(&o.PutReleaseTimeoutSec, "put-start-release-timeout-sec", 600, "seconds after a discarded put's start before its space is reused")
+	f.StringVar(&o.AllocationStrategy, "allocation-strategy", master.DefaultAllocationStrategy, "placement: random, free_ratio_first or local_first")
+	f.IntVar(&o.RPCThreadNum, "rpc-thread-num", 0, "accepted for mooncake_master compatibility (gRPC sizes its own workers)")
+	f.BoolVar(&o.EnableMetricReporting, "enable-metric-reporting", false, "log a summary line every 10 s")
+	f.StringVar(&o.ConfigPath, "config-path", "", "mooncake_master config file (JSON or YAML; command-line flags win)")
+	f.StringVar(&o.RegionSize, "region-size", "64M", "piece of a segment handed to one writing client")
+	f.IntVar(&o.MaxRegionsPerInstance, "max-regions-per-instance", 0, "regions one client may hold (0: unlimited)")
+	f.BoolVar(&o.ExistKeyGrantLease, "exist-key-grant-lease", false, "ExistKey grants a read lease as Mooncake's does (off: probes never pin objects)")
+	_ = f.MarkHidden("port")
+	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"tcp", "rdma"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("allocation-strategy", cobra.FixedCompletions(master.Strategies, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+// readMasterConfigFile reads mooncake_master's --config_path file: a flat
+// object of flag names to values, JSON or YAML.
+func readMasterConfigFile(path string) (map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--config-path: %w", err)
+	}
+	var raw map[string]any
+	if err := yaml.Unmarshal(b, &raw); err != nil { // YAML is a superset of JSON
+		return nil, fmt.Errorf("--config-path %s: %w", path, err)
+	}
+	out := make(map[string]string, len(raw))
+	for k, v := range raw {
+		switch x := v.(type) {
+		case map[string]any, []any:
+			return nil, fmt.Errorf("--config-path %s: %q: want a plain value, not a list or object", path, k)
+		case nil:
+			continue
+		default:
+			out[k] = fmt.Sprint(x)
+		}
+	}
+	return out, nil
+}
+
+func applyMasterConfigFile(fs *pflag.FlagSet, vals map[string]string) error {
+	for k, v := range vals {
+		name := strings.ReplaceAll(k, "_", "-")
+		f := fs.Lookup(name)
+		if f == nil {
+			return fmt.Errorf("--config-path: unknown setting %q", k)
+		}
+		if f.Changed || name == "config-path" {
+			continue
+		}
+		if err := f.Value.Set(v); err != nil {
+			return fmt.Errorf("--config-path: %s=%q: %w", k, v, err)
+		}
+	}
+	return nil
+}
+
+func (o serveStoreOptions) serverConfig() (server.Config, error) {
+	var cfg server.Config
+	seg, err := bench.ParseSize(o.SegmentSize)
+	if err != nil || seg < 0 {
+		return cfg, fmt.Errorf("invalid --segment-size %q: want bytes with an optional unit (1G, 512M) or 0", o.SegmentSize)
+	}
+	region, err := bench.ParseSize(o.RegionSize)
+	if err != nil || region <= 0 {
+		return cfg, fmt.Errorf("invalid --region-size %q: want bytes with an optional unit (64M)", o.RegionSize)
+	}
+	lease, err := store.ParseTTL(o.LeaseTTL, time.Millisecond)
+	if err != nil || lease == 0 {
+		return cfg, fmt.Errorf("invalid --default-kv-lease-ttl %q: want milliseconds or a duration with ms, s, m or h", o.LeaseTTL)
+	}
+	softPin, err := store.ParseTTL(o.SoftPinTTL, time.Millisecond)
+	if err != nil {
+		return cfg, fmt.Errorf("invalid --default-kv-soft-pin-ttl: %w", err)
+	}
+	maxSoftPin, err := store.ParseTTL(o.MaxSoftPinTTL, time.Millisecond)
+	if err != nil {
+		return cfg, fmt.Errorf("invalid --max-kv-soft-pin-ttl: %w", err)
+	}
+	switch {
+	case o.ClientTTL <= 0:
+		return cfg, fmt.Errorf("invalid --client-ttl %d: want seconds > 0", o.ClientTTL)
+	case o.PutDiscardTimeoutSec <= 0:
+		return cfg, fmt.Errorf("invalid --put-start-discard-timeout-sec %d: want seconds > 0", o.PutDiscardTimeoutSec)
+	case o.RPCThreadNum < 0:
+		return cfg, fmt.Errorf("invalid --rpc-thread-num %d", o.RPCThreadNum)
+	case o.MetricsPort < 0 || o.MetricsPort > 65535:
+		return cfg, fmt.Errorf("invalid --metrics-port %d", o.MetricsPort)
+	}
+	port := o.RPCPort
+	if port == 0 {
+		port = o.Port
+	}
+	if port < 0 || port > 65535 {
+		return cfg, fmt.Errorf("invalid --rpc-port %d", port)
+	}
+	if o.Master != "" {
+		if _, _, err := net.SplitHostPort(o.Master); err != nil {
+			return cfg, fmt.Errorf("invalid --master %q: want host:port", o.Master)
+		}
+		if seg == 0 {
+			return cfg, fmt.Errorf("--master with --segment-size 0 contributes nothing: give the node a segment size")
+		}
+	}
+	bind := "0.0.0.0"
+	if o.RPCAddress != "" && o.RPCAddress != "0.0.0.0" {
+		bind = o.RPCAddress
+	}
+	ecfg, err := o.Data.engineConfig(bind)
+	if err != nil {
+		return cfg, err
+	}
+	allowSoft := o.AllowEvictSoftPinned
+	cfg = server.Config{
+		MasterAddr:  o.Master,
+		RPCAddress:  net.JoinHostPort(o.RPCAddress, strconv.Itoa(port)),
+		SegmentSize: uint64(seg),
+		Engine:      ecfg,
+		Master: master.Config{
+			KVLeaseTTL: lease, DefaultSoftPinTTL: softPin, MaxSoftPinTTL: maxSoftPin,
+			AllowEvictSoftPinned: &allowSoft, EvictionRatio: o.EvictionRatio, HighWatermark: o.HighWatermark,
+			ClientTTL:          time.Duration(o.ClientTTL) * time.Second,
+			PutDiscardTimeout:  time.Duration(o.PutDiscardTimeoutSec) * time.Second,
+			PutReleaseTimeout:  time.Duration(o.PutReleaseTimeoutSec) * time.Second,
+			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(region),
+			MaxRegionsPerInstance: o.MaxRegionsPerInstance, ExistKeyGrantLease: o.ExistKeyGrantLease,
+		},
+		MetricReporting: o.EnableMetricReporting,
+	}
+	if o.MetricsPort > 0 {
+		host := o.RPCAddress
+		if host == "" {
+			host = "0.0.0.0"
+		}
+		cfg.AdminAddress = net.JoinHostPort(host, strconv.Itoa(o.MetricsPort))
+	}
+	if o.Master == "" {
+		// Validate the master's settings before binding anything.
+		if _, err := master.New(cfg.Master); err != nil {
+			return cfg, err
+		}
+	}
+	return cfg, nil
+}
+
+// serveStoreInfo is what `mc serve store` prints once it serves.
+type serveStoreInfo struct {
+	Role         string `json:"role"`
+	ClusterID    string `json:"cluster_id"`
+	Master       string `json:"master"`
+	Admin        string `json:"admin,omitempty"`
+	Segment      string `json:"segment,omitempty"`
+	SegmentBytes uint64 `json:"segment_bytes,omitempty"`
+	Endpoint     string `json:"te_endpoint,omitempty"`
+	Protocol     string `json:"protocol,omitempty"`
+}
+
+func runServeStore(ctx context.Context, o serveStoreOptions, p *printer) error {
+	cfg, err := o.serverConfig()
+	if err != nil {
+		return err
+	}
+	srv, err := server.Start(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("serve store: %w", err)
+	}
+	info := serveStoreInfo{Role: "master", ClusterID: o.ClusterID, Master: displayAddr(srv.RPCAddr), Admin: displayAddr(srv.AdminAddr)}
+	switch {
+	case srv.Master == nil:
+		info.Role = "node"
+	case srv.Node != nil:
+		info.Role = "master+node"
+	}
+	if srv.Node != nil {
+		if seg, ok := srv.Node.Segment(); ok {
+			info.Segment, info.SegmentBytes, info.Endpoint, info.Protocol = seg.Name, seg.Size, seg.Endpoint, seg.Protocol
+		}
+	}
+	if p.JSON() {
+		if err := p.PrintJSON(info); err != nil {
+			return err
+		}
+	} else {
+		rows := [][]string{{"role", info.Role}, {"cluster id", info.ClusterID}, {"master RPC", info.Master}}
+		if info.Admin != "" {
+			rows = append(rows, []string{"admin HTTP", "http://" + info.Admin})
+		}
+		if info.Segment != "" {
+			rows = append(rows, []string{"segment", fmt.Sprintf("%s (%s, %s at %s)", info.Segment, humanBytes(info.SegmentBytes), info.Protocol, info.Endpoint)})
+		}
+		p.Table("", []string{"store", "value"}, rows)
+		fmt.Fprintln(p.Out, "serving; SIGINT or SIGTERM stops")
+	}
+	if o.ready != nil {
+		o.ready(srv)
+	}
+	<-ctx.Done()
+	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Close(cctx); err != nil {
+		return fmt.Errorf("serve store: shutdown: %w", err)
+	}
+	return nil
+}
+
+// ---- mc store ----
+
+type storeClientOptions struct {
+	Data   storeDataOptions
+	Master string
+	Admin  string
+}
+
+func (o *storeClientOptions) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Master, "master", store.DefaultMaster, "master RPC address, host:port")
+	fs.StringVar(&o.Admin, "admin", "", "master admin HTTP API (default http://<master host>:9003)")
+}
+
+func (o storeClientOptions) adminURL() (string, error) {
+	if o.Admin != "" {
+		return o.Admin, nil
+	}
+	h, _, err := net.SplitHostPort(o.Master)
+	if err != nil {
+		return "", fmt.Errorf("invalid --master %q: want host:port", o.Master)
+	}
+	return "http://" + net.JoinHostPort(h, "9003"), nil
+}
+
+func (o storeClientOptions) admin() (*store.Admin, error) {
+	u, err := o.adminURL()
+	if err != nil {
+		return nil, err
+	}
+	return store.NewAdmin(u)
+}
+
+func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
+	if _, _, err := net.SplitHostPort(o.Master); err != nil {
+		return nil, fmt.Errorf("invalid --master %q: want host:port", o.Master)
+	}
+	ecfg, err := o.Data.engineConfig("0.0.0.0")
+	if err != nil {
+		return nil, err
+	}
+	// A one-shot client waits for nobody: fail fast when the master is
+	// not there.
+	return store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: 5 * time.Second, Logger: quietLogger()})
+}
+
+func newStoreCmd(p *printer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "store",
+		Short: "Use a KV-cache store: put, get, exists, rm, ls, stat, query",
+		Long: `store talks to a store master (mc serve store, or mooncake_master for the
+admin reads). put, get, exists and rm use the master's RPC API and move the
+bytes with the transfer engine; ls, stat and query read only the admin HTTP
+API, so they also work against a real mooncake_master.`,
+		Args: cobra.NoArgs,
+	}
+	cmd.AddCommand(newStorePutCmd(p), newStoreGetCmd(p), newStoreExistsCmd(p), newStoreRmCmd(p),
+		newStoreLsCmd(p), newStoreStatCmd(p), newStoreQueryCmd(p))
+	return cmd
+}
+
+type storePutOptions struct {
+	storeClientOptions
+	Replicas int
+	SoftPin  bool
+	HardPin  bool
+	In       io.Reader
+}
+
+func newStorePutCmd(p *printer) *cobra.Command {
+	var o storePutOptions
+	cmd := &cobra.Command{
+		Use:   "put KEY [FILE|-]",
+		Short: "Store a file (or standard input) under KEY",
+		Example: `  mc store put prefix/0001 block.bin
+  echo hello | mc store put greeting - --replicas 2`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src := "-"
+			if len(args) == 2 {
+				src = args[1]
+			}
+			o.In = cmd.InOrStdin()
+			return runStorePut(cmd.Context(), o, args[0], src, p)
+		},
+	}
+	o.storeClientOptions.addFlags(cmd.Flags())
+	o.Data.addFlags(cmd.Flags())
+	cmd.Flags().IntVar(&o.Replicas, "replicas", 1, "copies on distinct segments (best effort)")
+	cmd.Flags().BoolVar(&o.SoftPin, "soft-pin", false, "keep it out of eviction for the master's soft-pin TTL, unless nothing else is left")
+	cmd.Flags().BoolVar(&o.HardPin, "hard-pin", false, "keep it out of eviction until removed")
+	return cmd
+}
+
+func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *printer) error {
+	if o.Replicas < 1 || o.Replicas > store.MaxReplicas {
+		return fmt.Errorf("invalid --replicas %d: want 1 to %d", o.Replicas, store.MaxReplicas)
+	}
+	var value []byte
+	var err error
+	if src == "-" {
+		value, err = io.ReadAll(o.In)
+	} else {
+		value, err = os.ReadFile(src)
+	}
+	if err != nil {
+		return fmt.Errorf("put %q: read value: %w", key, err)
+	}
+	c, err := o.client(ctx)
+	if err != nil {
+		return fmt.Errorf("put %q: %w", key, err)
+	}
+	defer c.Close(context.Background())
+	rc := store.ReplicateConfig{ReplicaNum: o.Replicas, SoftPin: o.SoftPin, HardPin: o.HardPin}
+	if err := c.Put(ctx, key, value, store.WithConfig(rc)); err != nil {
+		return fmt.Errorf("put %q: %w", key, err)
+	}
+	reps, _ := c.Query(ctx, key)
+	if p.JSON() {
+		return p.PrintJSON(map[string]any{"key": key, "size": len(value), "replicas": len(reps)})
+	}
+	fmt.Fprintf(p.Out, "stored %q: %d bytes, %d replica(s)\n", key, len(value), len(reps))
+	return nil
+}
+
+type storeGetOptions struct {
+	storeClientOptions
+	Dest string // file, "-" for stdout
+	Out  io.Writer
+}
+
+func newStoreGetCmd(p *printer) *cobra.Command {
+	var o storeGetOptions
+	cmd := &cobra.Command{
+		Use:   "get KEY [-o FILE|-]",
+		Short: "Write KEY's value to standard output or a file",
+		Long: `get reads KEY's value from one of its replicas (another one when a transfer
+fails) and writes it to standard output, or to FILE with -o FILE. -o json
+prints the value base64-encoded in a JSON object instead.`,
+		Example: `  mc store get prefix/0001 -o block.bin
+  mc store get greeting
+  mc store get greeting -o json`,
+		Annotations: map[string]string{outputMayBeFile: "true"},
+		Args:        cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.Out = p.Out
+			if f := cmd.Flag("output"); f != nil && f.Changed && f.Value.String() != "table" && f.Value.String() != "json" {
+				o.Dest = f.Value.String()
+			}
+			return runStoreGet(cmd.Context(), o, args[0], p)
+		},
+	}
+	o.storeClientOptions.addFlags(cmd.Flags())
+	o.Data.addFlags(cmd.Flags())
+	return cmd
+}
+
+// outputMayBeFile marks a command whose -o takes a file name besides the
+// table|json formats (mc store get KEY -o FILE).
+const outputMayBeFile = "mc_output_may_be_file"
+
+func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer) error {
+	c, err := o.client(ctx)
+	if err != nil {
+		return fmt.Errorf("get %q: %w", key, err)
+	}
+	defer c.Close(context.Background())
+	v, err := c.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("get %q: %w", key, err)
+	}
+	switch {
+	case p.JSON():
+		return p.PrintJSON(map[string]any{"key": key, "size": len(v), "value_base64": base64.StdEncoding.EncodeToString(v)})
+	case o.Dest == "" || o.Dest == "-":
+		_, err = o.Out.Write(v)
+		return err
+	}
+	// Write a temporary file and rename it, so an interrupted get never
+	// leaves a partial value under the asked name.
+	tmp, err := os.CreateTemp(filepath.Dir(o.Dest), ".mc-get-*")
+	if err != nil {
+		return fmt.Errorf("get %q: %w", key, err)
+	}
+	if _, err := tmp.Write(v); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return fmt.Errorf("get %q: write %s: %w", key, o.Dest, err)
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("get %q: write %s: %w", key, o.Dest, err)
+	}
+	if err := os.Rename(tmp.Name(), o.Dest); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("get %q: %w", key, err)
+	}
+	fmt.Fprintf(p.Err, "wrote %d bytes to %s\n", len(v), o.Dest)
+	return nil
+}
+
+func newStoreExistsCmd(p *printer) *cobra.Command {
+	var o storeClientOptions
+	cmd := &cobra.Command{
+		Use:   "exists KEY",
+		Short: "Exit 0 when KEY is stored, 1 when it is not (2 on error)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := o.client(cmd.Context())
+			if err != nil {
+				return &exitError{code: 2, err: fmt.Errorf("exists %q: %w", args[0], err)}
+			}
+			defer c.Close(context.Background())
+			ok, err := c.Exist(cmd.Context(), args[0])
+			if err != nil {
+				return &exitError{code: 2, err: fmt.Errorf("exists %q: %w", args[0], err)}
+			}
+			if p.JSON() {
+				if err := p.PrintJSON(map[string]any{"key": args[0], "exists": ok}); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintf(p.Out, "%s: %s\n", args[0], map[bool]string{true: "exists", false: "not found"}[ok])
+			}
+			if !ok {
+				return &exitError{code: 1}
+			}
+			return nil
+		},
+	}
+	o.addFlags(cmd.Flags())
+	o.Data.addFlags(cmd.Flags())
+	return cmd
+}
+
+func newStoreRmCmd(p *printer) *cobra.Command {
+	var o storeClientOptions
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "rm KEY...",
+		Short: "Remove keys (refused while being read unless --force)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := o.client(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("rm: %w", err)
+			}
+			defer c.Close(context.Background())
+			errs := c.BatchRemove(cmd.Context(), args, force)
+			var failed []error
+			type row struct {
+				Key   string `json:"key"`
+				Error string `json:"error,omitempty"`
+			}
+			rows := make([]row, len(args))
+			for i, err := range errs {
+				rows[i].Key = args[i]
+				if err != nil {
+					rows[i].Error = err.Error()
+					failed = append(failed, fmt.Errorf("rm %q: %w", args[i], err))
+				}
+			}
+			if p.JSON() {
+				if err := p.PrintJSON(map[string]any{"removed": rows}); err != nil {
+					return err
+				}
+			} else {
+				for _, r := range rows {
+					if r.Error == "" {
+						fmt.Fprintf(p.Out, "removed %q\n", r.Key)
+					}
+				}
+			}
+			return errors.Join(failed...)
+		},
+	}
+	o.addFlags(cmd.Flags())
+	o.Data.addFlags(cmd.Flags())
+	cmd.Flags().BoolVar(&force, "force", false, "remove even while a read holds a lease")
+	return cmd
+}
+
+func newStoreLsCmd(p *printer) *cobra.Command {
+	var o storeClientOptions
+	var prefix string
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List stored keys (admin API)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			a, err := o.admin()
+			if err != nil {
+				return err
+			}
+			keys, err := a.Keys(cmd.Context(), prefix)
+			if err != nil {
+				return fmt.Errorf("ls: %w", err)
+			}
+			if p.JSON() {
+				if keys == nil {
+					keys = []string{}
+				}
+				return p.PrintJSON(map[string]any{"keys": keys})
+			}
+			for _, k := range keys {
+				fmt.Fprintln(p.Out, k)
+			}
+			return nil
+		},
+	}
+	o.addFlags(cmd.Flags())
+	cmd.Flags().StringVar(&prefix, "prefix", "", "only keys starting with this")
+	return cmd
+}
+
+// storeStat is `mc store stat -o json`.
+type storeStat struct {
+	Segments      []store.SegmentDetail `json:"segments"`
+	Keys          int64                 `json:"keys"`
+	UsedBytes     uint64                `json:"used_bytes"`
+	CapacityBytes uint64                `json:"capacity_bytes"`
+	EvictedKeys   int64                 `json:"evicted_keys"`
+	EvictedBytes  int64                 `json:"evicted_bytes"`
+	Evictions     int64                 `json:"evictions"`
+	Clients       int64                 `json:"active_clients"`
+	Role          string                `json:"role"`
+	Leader        store.LeaderInfo      `json:"leader"`
+}
+
+func newStoreStatCmd(p *printer) *cobra.Command {
+	var o storeClientOptions
+	cmd := &cobra.Command{
+		Use:   "stat",
+		Short: "Segments with used/capacity, keys, evictions and the leader (admin API)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			a, err := o.admin()
+			if err != nil {
+				return err
+			}
+			return runStoreStat(cmd.Context(), a, p)
+		},
+	}
+	o.addFlags(cmd.Flags())
+	return cmd
+}
+
+func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
+	segs, err := a.Segments(ctx)
+	if err != nil {
+		return fmt.Errorf("stat: %w", err)
+	}
+	m, err := a.Metrics(ctx)
+	if err != nil {
+		return fmt.Errorf("stat: %w", err)
+	}
+	s := storeStat{Segments: segs}
+	if s.Segments == nil {
+		s.Segments = []store.SegmentDetail{}
+	}
+	s.Keys = int64(m["master_key_count"])
+	s.EvictedKeys = int64(m["master_evicted_key_count"])
+	s.EvictedBytes = int64(m["master_evicted_size_bytes"])
+	s.Evictions = int64(m["master_successful_evictions_total"])
+	s.Clients = int64(m["master_active_clients"])
+	for _, g := range segs {
+		s.UsedBytes += g.Used
+		s.CapacityBytes += g.Capacity
+	}
+	// Mooncake masters without HA may lack these; they are optional.
+	s.Role, _ = a.Role(ctx)
+	s.Leader, _ = a.Leader(ctx)
+	if p.JSON() {
+		return p.PrintJSON(s)
+	}
+	rows := make([][]string, 0, len(segs))
+	for _, g := range segs {
+		rows = append(rows, []string{g.Name, g.Endpoint, g.Protocol, g.Status,
+			humanBytes(g.Used), humanBytes(g.Capacity), fmt.Sprintf("%.1f%%", g.UsagePercent)})
+	}
+	p.Table("segments", []string{"segment", "endpoint", "protocol", "status", "used", "capacity", "use"}, rows)
+	leader := "none (no HA view)"
+	if s.Leader.Present && s.Leader.Address != nil {
+		leader = *s.Leader.Address
+		if s.Leader.ViewVersion != nil {
+			leader += fmt.Sprintf(" (view %d)", *s.Leader.ViewVersion)
+		}
+	}
+	p.Table("", []string{"store", "value"}, [][]string{
+		{"keys", strconv.FormatInt(s.Keys, 10)},
+		{"used / capacity", humanBytes(s.UsedBytes) + " / " + humanBytes(s.CapacityBytes)},
+		{"evicted keys", strconv.FormatInt(s.EvictedKeys, 10)},
+		{"evicted bytes", humanBytes(uint64(s.EvictedBytes))},
+		{"clients", strconv.FormatInt(s.Clients, 10)},
+		{"role", s.Role},
+		{"leader", leader},
+	})
+	return nil
+}
+
+func newStoreQueryCmd(p *printer) *cobra.Command {
+	var o storeClientOptions
+	cmd := &cobra.Command{
+		Use:   "query KEY",
+		Short: "Show KEY's replicas without taking a lease (admin API)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a, err := o.admin()
+			if err != nil {
+				return err
+			}
+			reps, err := a.QueryKey(cmd.Context(), args[0])
+			if err != nil {
+				return fmt.Errorf("query %q: %w", args[0], err)
+			}
+			type rep struct {
+				Endpoint string `json:"endpoint"`
+				Protocol string `json:"protocol"`
+				Address  string `json:"address"`
+				Size     uint64 `json:"size"`
+			}
+			out := make([]rep, len(reps))
+			rows := make([][]string, len(reps))
+			for i, r := range reps {
+				out[i] = rep{r.Endpoint, r.Protocol, fmt.Sprintf("0x%x", r.Addr), r.Size}
+				rows[i] = []string{r.Endpoint, r.Protocol, out[i].Address, strconv.FormatUint(r.Size, 10)}
+			}
+			if p.JSON() {
+				return p.PrintJSON(map[string]any{"key": args[0], "replicas": out})
+			}
+			p.Table(args[0], []string{"endpoint", "protocol", "address", "bytes"}, rows)
+			return nil
+		},
+	}
+	o.addFlags(cmd.Flags())
+	return cmd
+}
+
+// quietLogger drops the info lines a short-lived client would print
+// (engine start, pings) unless --log-level debug asked for them.
+func quietLogger() *slog.Logger {
+	h := slog.Default().Handler()
+	if h.Enabled(context.Background(), slog.LevelDebug) {
+		return slog.Default()
+	}
+	return slog.New(minLevel{h, slog.LevelWarn})
+}
+
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+// humanBytes prints a byte count in binary units with one decimal
+// (3000000 -> 2.9 MiB), exact below 1 KiB.
+func humanBytes(n uint64) string {
+	if n < 1024 {
+		return strconv.FormatUint(n, 10) + " B"
+	}
+	v, unit := float64(n), 0
+	for v >= 1024 && unit < 5 {
+		v /= 1024
+		unit++
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64) + " " + []string{"", "KiB", "MiB", "GiB", "TiB", "PiB"}[unit]
+}
+
+// displayAddr shows a wildcard listener as 0.0.0.0:port, which reads as
+// "every interface" to operators, not Go's [::]:port.
+func displayAddr(a string) string {
+	h, port, err := net.SplitHostPort(a)
+	if err != nil || (h != "::" && h != "") {
+		return a
+	}
+	return net.JoinHostPort("0.0.0.0", port)
+}

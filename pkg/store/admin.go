@@ -1,0 +1,215 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Admin reads a master's admin HTTP API (Mooncake's paths and shapes), so
+// it works against mc's master and a real mooncake_master alike. It never
+// takes leases.
+type Admin struct {
+	base string
+	hc   *http.Client
+}
+
+// NewAdmin returns a reader of the admin API at base ("http://host:9003").
+func NewAdmin(base string) (*Admin, error) {
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("admin URL %q: want http://host:port", base)
+	}
+	return &Admin{base: strings.TrimRight(base, "/"), hc: &http.Client{Timeout: 10 * time.Second}}, nil
+}
+
+// maxAdminBody bounds what is read from the admin API (a key listing of
+// millions of keys fits).
+const maxAdminBody = 1 << 30
+
+func (a *Admin) get(ctx context.Context, path string) ([]byte, int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+path, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	resp, err := a.hc.Do(req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("admin API %s: %w", a.base, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminBody))
+	if err != nil {
+		return nil, resp.StatusCode, fmt.Errorf("admin API %s%s: %w", a.base, path, err)
+	}
+	return b, resp.StatusCode, nil
+}
+
+func (a *Admin) getOK(ctx context.Context, path string) ([]byte, error) {
+	b, code, err := a.get(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, adminError(a.base+path, code, b)
+	}
+	return b, nil
+}
+
+func adminError(where string, code int, body []byte) error {
+	var e struct {
+		Code    int32  `json:"error_code"`
+		Message string `json:"error_message"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Code != 0 {
+		return resultErr(e.Code, e.Message)
+	}
+	msg := strings.TrimSpace(string(body))
+	if len(msg) > 200 {
+		msg = msg[:200] + "..."
+	}
+	return fmt.Errorf("admin API %s: HTTP %d: %s", where, code, msg)
+}
+
+// Keys lists the stored keys with the given prefix, sorted.
+func (a *Admin) Keys(ctx context.Context, prefix string) ([]string, error) {
+	b, err := a.getOK(ctx, "/get_all_keys?prefix="+url.QueryEscape(prefix))
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	for _, k := range strings.Split(string(b), "\n") {
+		if k != "" && strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys, nil
+}
+
+// SegmentDetail is one segment of /get_segments_detail.
+type SegmentDetail struct {
+	Name         string  `json:"segment_name"`
+	ID           string  `json:"segment_id"`
+	ClientID     string  `json:"client_id"`
+	Base         string  `json:"base_address"`
+	Size         uint64  `json:"size_bytes"`
+	Endpoint     string  `json:"te_endpoint"`
+	Protocol     string  `json:"protocol"`
+	Status       string  `json:"status"`
+	Used         uint64  `json:"allocator_used_bytes"`
+	Capacity     uint64  `json:"allocator_capacity_bytes"`
+	UsagePercent float64 `json:"allocator_usage_percent"`
+}
+
+// Segments reads /get_segments_detail.
+func (a *Admin) Segments(ctx context.Context) ([]SegmentDetail, error) {
+	b, err := a.getOK(ctx, "/get_segments_detail")
+	if err != nil {
+		return nil, err
+	}
+	var d struct {
+		Segments []SegmentDetail `json:"segments"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("admin API %s/get_segments_detail: %w", a.base, err)
+	}
+	return d.Segments, nil
+}
+
+// AdminReplica is a memory replica as /query_key reports it.
+type AdminReplica struct {
+	Size     uint64 `json:"size_"`
+	Addr     uint64 `json:"buffer_address_"`
+	Protocol string `json:"protocol_"`
+	Endpoint string `json:"transport_endpoint_"`
+}
+
+// QueryKey reads /query_key: the key's replicas, no lease.
+func (a *Admin) QueryKey(ctx context.Context, key string) ([]AdminReplica, error) {
+	b, code, err := a.get(ctx, "/query_key?key="+url.QueryEscape(key))
+	if err != nil {
+		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, adminError(a.base+"/query_key", code, b)
+	}
+	var d struct {
+		Success bool           `json:"success"`
+		Data    []AdminReplica `json:"data"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("admin API %s/query_key: %w", a.base, err)
+	}
+	return d.Data, nil
+}
+
+// LeaderInfo is /leader.
+type LeaderInfo struct {
+	Present     bool    `json:"present"`
+	Address     *string `json:"leader_address"`
+	ViewVersion *uint64 `json:"view_version"`
+}
+
+// Leader reads /leader.
+func (a *Admin) Leader(ctx context.Context) (LeaderInfo, error) {
+	var l LeaderInfo
+	b, err := a.getOK(ctx, "/leader")
+	if err != nil {
+		return l, err
+	}
+	if err := json.Unmarshal(b, &l); err != nil {
+		return l, fmt.Errorf("admin API %s/leader: %w", a.base, err)
+	}
+	return l, nil
+}
+
+// Role reads /role (leader or standby).
+func (a *Admin) Role(ctx context.Context) (string, error) {
+	b, err := a.getOK(ctx, "/role")
+	return strings.TrimSpace(string(b)), err
+}
+
+// Metrics reads /metrics and returns each unlabelled sample by name, and
+// labelled ones as name{label="value"}.
+func (a *Admin) Metrics(ctx context.Context) (map[string]float64, error) {
+	b, err := a.getOK(ctx, "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("admin API %s/metrics: %w", a.base, err)
+	}
+	out := make(map[string]float64)
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			key := name
+			if len(m.GetLabel()) > 0 {
+				var ls []string
+				for _, l := range m.GetLabel() {
+					ls = append(ls, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+				}
+				key += "{" + strings.Join(ls, ",") + "}"
+			}
+			switch {
+			case m.GetCounter() != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.GetUntyped() != nil:
+				out[key] = m.GetUntyped().GetValue()
+			}
+		}
+	}
+	return out, nil
+}

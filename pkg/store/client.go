@@ -1,0 +1,409 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvcache-ops/mc/pkg/engine"
+	"github.com/kvcache-ops/mc/pkg/store/alloc"
+	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
+)
+
+// Defaults for Config.
+const (
+	DefaultMaster       = "127.0.0.1:50051"
+	DefaultPingInterval = time.Second
+	DefaultRPCTimeout   = 5 * time.Second
+	DefaultStagingSize  = 64 << 20
+)
+
+// Config configures a Client.
+type Config struct {
+	// Master is the master's RPC address, host:port.
+	Master string
+	// Engine moves the bytes. Nil: the client starts its own from
+	// EngineConfig and closes it on Close. A node and a client sharing
+	// one engine reach the node's segment by memcpy.
+	Engine       *engine.Engine
+	EngineConfig engine.Config
+	// SegmentSize > 0 makes this client a node: it registers a segment of
+	// that many bytes with the engine and mounts it on the master.
+	SegmentSize uint64
+	// SegmentName names the segment on the master (default: the engine's
+	// segment name, "host:port").
+	SegmentName string
+	// Replicate is the default placement of puts.
+	Replicate ReplicateConfig
+	// PingInterval is how often the client pings the master (1 s).
+	PingInterval time.Duration
+	// RPCTimeout bounds each call to the master (5 s).
+	RPCTimeout time.Duration
+	// StagingSize is the registered memory the copying forms (Put, Get)
+	// stage values in (64 MiB); larger values get memory of their own.
+	StagingSize int
+	Logger      *slog.Logger
+}
+
+// Client talks to the master and moves bytes with the transfer engine.
+// Its methods are safe for concurrent use.
+type Client struct {
+	cfg     Config
+	id      UUID
+	log     *slog.Logger
+	conn    *grpc.ClientConn
+	rpc     pb.MasterClient
+	eng     *engine.Engine
+	ownsEng bool
+	host    string
+
+	segMem  *engine.Memory
+	segInfo SegmentInfo
+
+	stageMu  sync.Mutex
+	stage    *engine.Memory
+	stageAlc *alloc.Allocator
+
+	segsMu sync.Mutex
+	segs   map[string]*engine.Segment
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	masterUp bool
+	view     uint64
+	stats    ClientStats
+}
+
+// ClientStats counts the client's conversation with the master.
+type ClientStats struct {
+	MasterUp     bool
+	Pings        uint64
+	PingFailures uint64
+	Remounts     uint64
+}
+
+// Stats reports the client's ping and re-mount counters.
+func (c *Client) Stats() ClientStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.stats
+	s.MasterUp = c.masterUp
+	return s
+}
+
+// New connects to the master and, for a node, registers and mounts its
+// segment. The client pings the master in the background and re-mounts
+// its segment by itself when the master restarts or asks.
+func New(ctx context.Context, cfg Config) (*Client, error) {
+	if cfg.Master == "" {
+		cfg.Master = DefaultMaster
+	}
+	if _, _, err := net.SplitHostPort(cfg.Master); err != nil {
+		return nil, fmt.Errorf("master address %q: want host:port", cfg.Master)
+	}
+	if cfg.PingInterval <= 0 {
+		cfg.PingInterval = DefaultPingInterval
+	}
+	if cfg.RPCTimeout <= 0 {
+		cfg.RPCTimeout = DefaultRPCTimeout
+	}
+	if cfg.StagingSize <= 0 {
+		cfg.StagingSize = DefaultStagingSize
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Replicate.ReplicaNum == 0 {
+		cfg.Replicate.ReplicaNum = 1
+	}
+	c := &Client{cfg: cfg, id: NewUUID(), log: cfg.Logger, segs: make(map[string]*engine.Segment), stop: make(chan struct{})}
+	var err error
+	c.conn, err = grpc.NewClient(cfg.Master,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMsgSize), grpc.MaxCallSendMsgSize(MaxMsgSize)))
+	if err != nil {
+		return nil, fmt.Errorf("master %s: %w", cfg.Master, err)
+	}
+	c.rpc = pb.NewMasterClient(c.conn)
+	fail := func(err error) (*Client, error) {
+		c.closeLocal(ctx)
+		return nil, err
+	}
+	c.eng = cfg.Engine
+	if c.eng == nil {
+		if c.eng, err = engine.New(ctx, cfg.EngineConfig); err != nil {
+			return fail(err)
+		}
+		c.ownsEng = true
+	}
+	c.host = hostOf(c.eng.SegmentName())
+	if c.stage, err = c.eng.RegisterMemory(ctx, cfg.StagingSize, "cpu:0", false); err != nil {
+		return fail(fmt.Errorf("staging buffer: %w", err))
+	}
+	if c.stageAlc, err = alloc.New(c.stage.Addr(), uint64(c.stage.Len())); err != nil {
+		return fail(fmt.Errorf("staging buffer: %w", err))
+	}
+	// Register with the master (and learn it is there) before serving.
+	if cfg.SegmentSize > 0 {
+		if err := c.mountSegment(ctx); err != nil {
+			return fail(err)
+		}
+	} else if err := c.remount(ctx); err != nil {
+		return fail(err)
+	}
+	c.masterUp = true
+	c.wg.Add(1)
+	go c.pingLoop()
+	return c, nil
+}
+
+func hostOf(endpoint string) string {
+	if h, _, err := net.SplitHostPort(endpoint); err == nil {
+		return h
+	}
+	return endpoint
+}
+
+func (c *Client) mountSegment(ctx context.Context) error {
+	if c.cfg.SegmentSize > uint64(maxInt) {
+		return fmt.Errorf("segment size %d does not fit this platform", c.cfg.SegmentSize)
+	}
+	mem, err := c.eng.RegisterMemory(ctx, int(c.cfg.SegmentSize), "cpu:0", true)
+	if err != nil {
+		return fmt.Errorf("register segment of %d bytes: %w", c.cfg.SegmentSize, err)
+	}
+	c.segMem = mem
+	name := c.cfg.SegmentName
+	if name == "" {
+		name = c.eng.SegmentName()
+	}
+	c.segInfo = SegmentInfo{
+		ID: NewUUID(), Name: name, Base: mem.Addr(), Size: uint64(mem.Len()),
+		Endpoint: c.eng.SegmentName(), Protocol: c.eng.Config().Protocol,
+	}
+	if c.segInfo.Protocol == "" {
+		c.segInfo.Protocol = "tcp"
+	}
+	return c.remount(ctx)
+}
+
+const maxInt = int(^uint(0) >> 1)
+
+// remount (re-)registers this client and its segment with the master.
+func (c *Client) remount(ctx context.Context) error {
+	req := &pb.ReMountSegmentRequest{ClientId: UUIDToPB(c.id)}
+	if c.segMem != nil {
+		req.Segments = []*pb.Segment{SegmentToPB(c.segInfo)}
+	}
+	var resp *pb.ReMountSegmentResponse
+	err := c.call(ctx, "mount segment", func(ctx context.Context) (err error) {
+		resp, err = c.rpc.ReMountSegment(ctx, req)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for _, r := range resp.Results {
+		if err := ResultFromPB(r); err != nil {
+			return fmt.Errorf("mount segment %q: %w", c.segInfo.Name, err)
+		}
+	}
+	return nil
+}
+
+func (c *Client) pingLoop() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.cfg.PingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+		c.ping(ctx)
+		cancel()
+	}
+}
+
+func (c *Client) ping(ctx context.Context) {
+	var resp *pb.PingResponse
+	err := c.call(ctx, "ping", func(ctx context.Context) (err error) {
+		resp, err = c.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(c.id)})
+		return err
+	})
+	c.mu.Lock()
+	wasUp := c.masterUp
+	c.masterUp = err == nil
+	c.stats.Pings++
+	if err != nil {
+		c.stats.PingFailures++
+	}
+	c.mu.Unlock()
+	if err != nil {
+		if wasUp {
+			c.log.Warn(fmt.Sprintf("master %s unreachable; retrying every %s: %v", c.cfg.Master, c.cfg.PingInterval, err))
+		}
+		return
+	}
+	if !wasUp {
+		c.log.Info(fmt.Sprintf("master %s reachable again", c.cfg.Master))
+	}
+	c.mu.Lock()
+	c.view = resp.ViewVersion
+	c.mu.Unlock()
+	if resp.ClientStatus == pb.ClientStatus_NEED_REMOUNT {
+		if err := c.remount(ctx); err != nil {
+			c.log.Warn(fmt.Sprintf("re-mount on master %s: %v", c.cfg.Master, err))
+			return
+		}
+		c.mu.Lock()
+		c.stats.Remounts++
+		c.mu.Unlock()
+		if c.segMem != nil {
+			c.log.Info(fmt.Sprintf("re-mounted segment %s on master %s", c.segInfo.Name, c.cfg.Master))
+		}
+	}
+}
+
+// call runs one RPC with the client's timeout and turns transport errors
+// into store errors (RPC_FAIL, RPC_TIMEOUT) that name the master.
+func (c *Client) call(ctx context.Context, what string, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
+	defer cancel()
+	err := f(ctx)
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return Errorf(RPCFail, "%s: master %s: %v", what, c.cfg.Master, err)
+	}
+	switch st.Code() {
+	case codes.DeadlineExceeded:
+		if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return Errorf(RPCTimeout, "%s: master %s: no answer within %s", what, c.cfg.Master, c.cfg.RPCTimeout)
+		}
+		return Errorf(RPCTimeout, "%s: master %s: %s", what, c.cfg.Master, st.Message())
+	case codes.Canceled:
+		return fmt.Errorf("%s: %w", what, context.Canceled)
+	case codes.Unavailable:
+		return Errorf(RPCFail, "%s: master %s unreachable: %s", what, c.cfg.Master, st.Message())
+	case codes.InvalidArgument, codes.ResourceExhausted:
+		return Errorf(InvalidParams, "%s: %s", what, st.Message())
+	}
+	return Errorf(RPCFail, "%s: master %s: %s", what, c.cfg.Master, st.Message())
+}
+
+// ID is the client's id on the master.
+func (c *Client) ID() UUID { return c.id }
+
+// Engine is the transfer engine the client moves bytes with.
+func (c *Client) Engine() *engine.Engine { return c.eng }
+
+// Segment describes the segment this client contributes (ok false for a
+// pure client).
+func (c *Client) Segment() (SegmentInfo, bool) { return c.segInfo, c.segMem != nil }
+
+// ViewVersion is the master view version from the last ping.
+func (c *Client) ViewVersion() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.view
+}
+
+// Close stops pinging; a node unmounts its segment gracefully first (the
+// master waits for reads in flight), then the segment's memory and the
+// client's own engine are released.
+func (c *Client) Close(ctx context.Context) error {
+	var err error
+	c.stopOnce.Do(func() {
+		close(c.stop)
+		c.wg.Wait()
+		if c.segMem != nil {
+			err = c.call(ctx, "unmount segment", func(ctx context.Context) error {
+				r, err := c.rpc.GracefulUnmountSegment(ctx, &pb.UnmountSegmentRequest{ClientId: UUIDToPB(c.id), SegmentId: UUIDToPB(c.segInfo.ID)})
+				if err == nil {
+					if e := ResultFromPB(r); e != nil && CodeOf(e) != SegmentNotFound {
+						return e
+					}
+				}
+				return err
+			})
+			if err != nil {
+				err = fmt.Errorf("unmount segment %q: %w", c.segInfo.Name, err)
+			}
+		}
+		c.closeLocal(ctx)
+	})
+	return err
+}
+
+func (c *Client) closeLocal(ctx context.Context) {
+	c.segsMu.Lock()
+	for k, s := range c.segs {
+		s.Close()
+		delete(c.segs, k)
+	}
+	c.segsMu.Unlock()
+	if c.eng != nil {
+		if c.ownsEng {
+			c.eng.Close()
+		} else {
+			for _, m := range []*engine.Memory{c.stage, c.segMem} {
+				if m != nil {
+					c.eng.UnregisterMemory(ctx, m)
+				}
+			}
+		}
+	}
+	if c.conn != nil {
+		c.conn.Close()
+	}
+}
+
+// openSegment returns the engine's handle for a replica's endpoint,
+// cached; dropSegment forgets it after a failure so the next use looks
+// the peer up again.
+func (c *Client) openSegment(ctx context.Context, endpoint string) (*engine.Segment, error) {
+	c.segsMu.Lock()
+	s := c.segs[endpoint]
+	c.segsMu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	s, err := c.eng.OpenSegment(ctx, endpoint)
+	if err != nil {
+		return nil, Errorf(TransferFail, "%v", err)
+	}
+	c.segsMu.Lock()
+	if old := c.segs[endpoint]; old != nil {
+		c.segsMu.Unlock()
+		s.Close()
+		return old, nil
+	}
+	c.segs[endpoint] = s
+	c.segsMu.Unlock()
+	return s, nil
+}
+
+func (c *Client) dropSegment(endpoint string, s *engine.Segment) {
+	c.segsMu.Lock()
+	if c.segs[endpoint] == s {
+		delete(c.segs, endpoint)
+		s.Close()
+	}
+	c.segsMu.Unlock()
+}

@@ -1,0 +1,148 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is Mooncake Store's ErrorCode: the same numbers, so logs, metrics
+// and scripts read the same in mc and Mooncake.
+type Code int32
+
+// Mooncake's error codes (store.md).
+const (
+	OK                         Code = 0
+	InternalError              Code = -1
+	SegmentNotFound            Code = -101
+	SegmentAlreadyExists       Code = -102
+	ClientNotFound             Code = -103
+	NoAvailableHandle          Code = -200
+	InvalidKey                 Code = -400
+	InvalidParams              Code = -600
+	InvalidWrite               Code = -700
+	InvalidRead                Code = -701
+	InvalidReplica             Code = -702
+	ReplicaIsNotReady          Code = -703
+	ObjectNotFound             Code = -704
+	ObjectAlreadyExists        Code = -705
+	ObjectHasLease             Code = -706
+	LeaseExpired               Code = -707
+	TransferFail               Code = -800
+	RPCFail                    Code = -900
+	RPCTimeout                 Code = -901
+	UnavailableInCurrentStatus Code = -1010
+	UnavailableInCurrentMode   Code = -1011
+)
+
+var codeNames = map[Code]string{
+	OK:                         "OK",
+	InternalError:              "INTERNAL_ERROR",
+	SegmentNotFound:            "SEGMENT_NOT_FOUND",
+	SegmentAlreadyExists:       "SEGMENT_ALREADY_EXISTS",
+	ClientNotFound:             "CLIENT_NOT_FOUND",
+	NoAvailableHandle:          "NO_AVAILABLE_HANDLE",
+	InvalidKey:                 "INVALID_KEY",
+	InvalidParams:              "INVALID_PARAMS",
+	InvalidWrite:               "INVALID_WRITE",
+	InvalidRead:                "INVALID_READ",
+	InvalidReplica:             "INVALID_REPLICA",
+	ReplicaIsNotReady:          "REPLICA_IS_NOT_READY",
+	ObjectNotFound:             "OBJECT_NOT_FOUND",
+	ObjectAlreadyExists:        "OBJECT_ALREADY_EXISTS",
+	ObjectHasLease:             "OBJECT_HAS_LEASE",
+	LeaseExpired:               "LEASE_EXPIRED",
+	TransferFail:               "TRANSFER_FAIL",
+	RPCFail:                    "RPC_FAIL",
+	RPCTimeout:                 "RPC_TIMEOUT",
+	UnavailableInCurrentStatus: "UNAVAILABLE_IN_CURRENT_STATUS",
+	UnavailableInCurrentMode:   "UNAVAILABLE_IN_CURRENT_MODE",
+}
+
+// String is Mooncake's name for the code (OBJECT_NOT_FOUND), or the number
+// when it has none.
+func (c Code) String() string {
+	if n, ok := codeNames[c]; ok {
+		return n
+	}
+	return fmt.Sprintf("ERROR_%d", int32(c))
+}
+
+// Error is a store error: a Mooncake code and a message saying why.
+// errors.Is(err, store.ErrObjectNotFound) matches by code, so callers
+// branch on the sentinel values below.
+type Error struct {
+	Code Code
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	if e.Msg == "" {
+		return e.Code.String()
+	}
+	return e.Code.String() + ": " + e.Msg
+}
+
+// Is matches another *Error with the same code.
+func (e *Error) Is(target error) bool {
+	var t *Error
+	return errors.As(target, &t) && t.Code == e.Code
+}
+
+// Errorf builds an *Error with a formatted message.
+func Errorf(c Code, format string, args ...any) *Error {
+	return &Error{Code: c, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Sentinels to match with errors.Is.
+var (
+	ErrObjectNotFound      = &Error{Code: ObjectNotFound}
+	ErrObjectAlreadyExists = &Error{Code: ObjectAlreadyExists}
+	ErrObjectHasLease      = &Error{Code: ObjectHasLease}
+	ErrReplicaIsNotReady   = &Error{Code: ReplicaIsNotReady}
+	ErrNoAvailableHandle   = &Error{Code: NoAvailableHandle}
+	ErrSegmentNotFound     = &Error{Code: SegmentNotFound}
+	ErrSegmentExists       = &Error{Code: SegmentAlreadyExists}
+	ErrInvalidParams       = &Error{Code: InvalidParams}
+	ErrInvalidKey          = &Error{Code: InvalidKey}
+	ErrTransferFail        = &Error{Code: TransferFail}
+	ErrUnavailable         = &Error{Code: UnavailableInCurrentMode}
+)
+
+// CodeOf returns the code of err: OK for nil, the code of a store *Error
+// in its chain, InternalError otherwise.
+func CodeOf(err error) Code {
+	if err == nil {
+		return OK
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return InternalError
+}
+
+// Limits on what the master accepts, so a bad or hostile request is
+// refused with a message that names the limit instead of exhausting it.
+const (
+	MaxKeyLength = 4096     // bytes
+	MaxBatchSize = 16384    // items in one batch call
+	MaxMsgSize   = 64 << 20 // bytes in one RPC message
+	MaxReplicas  = 16       // replica_num
+	MaxValueSize = 1 << 40  // one object
+)
+
+// CheckKey validates a key: non-empty, at most MaxKeyLength bytes, no NUL.
+func CheckKey(key string) error {
+	switch {
+	case key == "":
+		return Errorf(InvalidKey, "empty key")
+	case len(key) > MaxKeyLength:
+		return Errorf(InvalidKey, "key of %d bytes exceeds the limit of %d", len(key), MaxKeyLength)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] == 0 {
+			return Errorf(InvalidKey, "key contains a NUL byte at %d", i)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,283 @@
+package master
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+)
+
+// HAState is what the admin API reports about roles and the leader view.
+// Without HA a master is the leader and serving, with no view.
+type HAState struct {
+	Role        string // leader | standby
+	State       string // starting | standby | candidate | recovering | catching_up | leader_warmup | serving
+	Ready       bool   // the service plane is active
+	Leader      string // leader address, "" when there is no view
+	ViewVersion uint64
+	HasView     bool
+}
+
+// AdminOptions configures the admin handler.
+type AdminOptions struct {
+	// HA reports roles (nil: leader, serving, no view).
+	HA func() HAState
+}
+
+// NewAdminHandler serves the Mooncake master's admin HTTP API for m, with
+// its paths and shapes, so scripts and dashboards written for
+// mooncake_master work unchanged. Admin reads never grant leases.
+func NewAdminHandler(m *Master, o AdminOptions) http.Handler {
+	a := &admin{m: m, ha: o.HA}
+	if a.ha == nil {
+		a.ha = func() HAState { return HAState{Role: "leader", State: "serving", Ready: true} }
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.m.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /metrics/summary", a.summary)
+	mux.HandleFunc("GET /health", a.health)
+	mux.HandleFunc("GET /role", a.role)
+	mux.HandleFunc("GET /ha_status", a.haStatus)
+	mux.HandleFunc("GET /leader", a.leader)
+	mux.HandleFunc("GET /get_all_keys", a.serving(a.allKeys))
+	mux.HandleFunc("GET /get_all_segments", a.serving(a.allSegments))
+	mux.HandleFunc("GET /get_segments_detail", a.serving(a.segmentsDetail))
+	mux.HandleFunc("GET /query_segment", a.serving(a.querySegment))
+	mux.HandleFunc("GET /query_key", a.serving(a.queryKey))
+	mux.HandleFunc("GET /batch_query_keys", a.serving(a.batchQueryKeys))
+	mux.HandleFunc("GET /api/v1/segments/status", a.serving(a.segmentsStatus))
+	mux.HandleFunc("POST /api/v1/remove_all", a.serving(a.removeAll))
+	return mux
+}
+
+type admin struct {
+	m  *Master
+	ha func() HAState
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeText(w http.ResponseWriter, s string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte(s))
+}
+
+type errorBody struct {
+	Success bool   `json:"success"`
+	Code    int32  `json:"error_code"`
+	Message string `json:"error_message"`
+}
+
+func writeErr(w http.ResponseWriter, status int, err error) {
+	writeJSON(w, status, errorBody{Code: int32(store.CodeOf(err)), Message: err.Error()})
+}
+
+// serving answers data endpoints with 503 on a master whose service plane
+// is not active (a standby), as Mooncake's does.
+func (a *admin) serving(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !a.ha().Ready {
+			writeJSON(w, http.StatusServiceUnavailable, errorBody{Code: int32(store.UnavailableInCurrentMode), Message: "service plane is not active"})
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (a *admin) summary(w http.ResponseWriter, _ *http.Request) {
+	writeText(w, a.m.Summary()+"\n")
+}
+
+// Summary is the one-line state the admin API and the metric reporting
+// loop print.
+func (m *Master) Summary() string {
+	s := m.Stats()
+	return fmt.Sprintf("Master Metrics: Storage: %s / %s | Keys: %d (soft-pinned: %d, hard-pinned: %d, writing: %d) | Clients: %d | Segments: %d | Eviction: keys=%d size=%s",
+		fmtBytes(s.Used), fmtBytes(s.Capacity), s.Keys, s.SoftPinned, s.HardPinned, s.Processing, s.Clients, s.Segments, s.EvictedKeys, fmtBytes(s.EvictedBytes))
+}
+
+func (a *admin) health(w http.ResponseWriter, _ *http.Request) {
+	h := a.ha()
+	body := map[string]any{
+		"status": "ok", "role": h.Role, "ha_state": h.State, "service_ready": h.Ready,
+		"leader_address": nil, "view_version": nil,
+	}
+	if h.HasView {
+		body["leader_address"], body["view_version"] = h.Leader, h.ViewVersion
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+func (a *admin) role(w http.ResponseWriter, _ *http.Request)     { writeText(w, a.ha().Role) }
+func (a *admin) haStatus(w http.ResponseWriter, _ *http.Request) { writeText(w, a.ha().State) }
+
+func (a *admin) leader(w http.ResponseWriter, _ *http.Request) {
+	h := a.ha()
+	body := map[string]any{"present": h.HasView, "leader_address": nil, "view_version": nil}
+	if h.HasView {
+		body["leader_address"], body["view_version"] = h.Leader, h.ViewVersion
+	}
+	writeJSON(w, http.StatusOK, body)
+}
+
+func (a *admin) allKeys(w http.ResponseWriter, r *http.Request) {
+	var b strings.Builder
+	a.m.Keys(r.URL.Query().Get("prefix"), func(k string, _ uint64) bool {
+		b.WriteString(k)
+		b.WriteByte('\n')
+		return true
+	})
+	writeText(w, b.String())
+}
+
+func (a *admin) allSegments(w http.ResponseWriter, _ *http.Request) {
+	var b strings.Builder
+	for _, s := range a.m.Segments() {
+		b.WriteString(s.Info.Name)
+		b.WriteByte('\n')
+	}
+	writeText(w, b.String())
+}
+
+// SegmentDetail is one entry of /get_segments_detail.
+type SegmentDetail struct {
+	Name         string  `json:"segment_name"`
+	ID           string  `json:"segment_id"`
+	ClientID     string  `json:"client_id"`
+	Base         string  `json:"base_address"`
+	Size         uint64  `json:"size_bytes"`
+	SizeHuman    string  `json:"size_human"`
+	Endpoint     string  `json:"te_endpoint"`
+	Protocol     string  `json:"protocol"`
+	Status       string  `json:"status"`
+	Used         uint64  `json:"allocator_used_bytes"`
+	Capacity     uint64  `json:"allocator_capacity_bytes"`
+	UsagePercent float64 `json:"allocator_usage_percent"`
+}
+
+// SegmentsDetail is the body of /get_segments_detail.
+type SegmentsDetail struct {
+	Total    int             `json:"total_segments"`
+	Segments []SegmentDetail `json:"segments"`
+}
+
+func (a *admin) segmentsDetail(w http.ResponseWriter, _ *http.Request) {
+	segs := a.m.Segments()
+	out := SegmentsDetail{Total: len(segs), Segments: make([]SegmentDetail, 0, len(segs))}
+	for _, s := range segs {
+		pct := 0.0
+		if s.Capacity > 0 {
+			pct = float64(s.Used) * 100 / float64(s.Capacity)
+		}
+		out.Segments = append(out.Segments, SegmentDetail{
+			Name: s.Info.Name, ID: s.Info.ID.String(), ClientID: s.Client.String(),
+			Base: fmt.Sprintf("0x%x", s.Info.Base), Size: s.Info.Size,
+			SizeHuman: strconv.FormatFloat(float64(s.Info.Size)/(1<<30), 'f', -1, 64) + " GiB",
+			Endpoint:  s.Info.Endpoint, Protocol: s.Info.Protocol, Status: s.Status.String(),
+			Used: s.Used, Capacity: s.Capacity, UsagePercent: pct,
+		})
+	}
+	sort.Slice(out.Segments, func(i, j int) bool { return out.Segments[i].Name < out.Segments[j].Name })
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (a *admin) querySegment(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("segment")
+	if name == "" {
+		writeErr(w, http.StatusBadRequest, store.Errorf(store.InvalidParams, "missing ?segment=NAME"))
+		return
+	}
+	for _, s := range a.m.Segments() {
+		if s.Info.Name == name {
+			writeText(w, fmt.Sprintf("%s\nUsed(bytes): %d\nCapacity(bytes) : %d\n", name, s.Used, s.Capacity))
+			return
+		}
+	}
+	writeErr(w, http.StatusNotFound, store.Errorf(store.SegmentNotFound, "segment %q is not mounted", name))
+}
+
+// BufferDesc is a memory replica as Mooncake's admin API prints it.
+type BufferDesc struct {
+	Size     uint64 `json:"size_"`
+	Addr     uint64 `json:"buffer_address_"`
+	Protocol string `json:"protocol_"`
+	Endpoint string `json:"transport_endpoint_"`
+}
+
+func bufferDescs(reps []store.Replica) []BufferDesc {
+	out := make([]BufferDesc, len(reps))
+	for i, r := range reps {
+		out[i] = BufferDesc{Size: r.Len, Addr: r.Addr, Protocol: r.Protocol, Endpoint: r.Endpoint}
+	}
+	return out
+}
+
+func (a *admin) queryKey(w http.ResponseWriter, r *http.Request) {
+	key := r.URL.Query().Get("key")
+	res := a.m.BatchQuery([]string{key})[0]
+	if res.Err != nil {
+		writeErr(w, http.StatusNotFound, res.Err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "data": bufferDescs(res.Replicas)})
+}
+
+// KeyResult is one key of /batch_query_keys.
+type KeyResult struct {
+	OK     bool         `json:"ok"`
+	Values []BufferDesc `json:"values,omitempty"`
+	Error  string       `json:"error,omitempty"`
+}
+
+func (a *admin) batchQueryKeys(w http.ResponseWriter, r *http.Request) {
+	raw := r.URL.Query().Get("keys")
+	if raw == "" {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"success": false, "error": "no keys given: use ?keys=key1,key2,..."})
+		return
+	}
+	keys := strings.Split(raw, ",")
+	if len(keys) > store.MaxBatchSize {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"success": false, "error": fmt.Sprintf("%d keys exceed the batch limit of %d", len(keys), store.MaxBatchSize)})
+		return
+	}
+	data := make(map[string]KeyResult, len(keys))
+	for i, res := range a.m.BatchQuery(keys) {
+		if res.Err != nil {
+			data[keys[i]] = KeyResult{Error: store.CodeOf(res.Err).String()}
+		} else {
+			data[keys[i]] = KeyResult{OK: true, Values: bufferDescs(res.Replicas)}
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "data": data})
+}
+
+func (a *admin) segmentsStatus(w http.ResponseWriter, _ *http.Request) {
+	type seg struct {
+		Name     string `json:"segment_name"`
+		Status   string `json:"status"`
+		Used     uint64 `json:"used_bytes"`
+		Capacity uint64 `json:"capacity_bytes"`
+	}
+	segs := a.m.Segments()
+	out := make([]seg, 0, len(segs))
+	for _, s := range segs {
+		out = append(out, seg{s.Info.Name, s.Status.String(), s.Used, s.Capacity})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "segments": out})
+}
+
+func (a *admin) removeAll(w http.ResponseWriter, _ *http.Request) {
+	n := a.m.RemoveAll()
+	a.m.m.Op("remove_all", false)
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "removed": n})
+}

@@ -1,0 +1,506 @@
+// Package master is the store's master: metadata only. It knows the
+// mounted segments and the space inside them, every object's replicas and
+// state (PROCESSING until the writer's PutEnd, then COMPLETE), read leases
+// and pins, and which clients are alive. Bytes never pass through it.
+//
+// The state is split so that the hot paths do not queue behind each other:
+// objects live in shards (a key's shard lock covers its object, its lease
+// and the shard's eviction order); space (segments, regions, allocators)
+// has one lock taken only to place or free replicas; client liveness is a
+// read-mostly map with atomic timestamps, so a Ping never waits behind the
+// data plane. Lock order: shard, then space.
+//
+// Space is handed out in regions (store.md): a segment is carved into
+// RegionSize pieces, a writing client instance is given regions on demand,
+// and its objects are placed inside its own regions with an offset
+// allocator. Eviction (package-level Policy, watermark loop) and HA (the
+// OnChange hook, Restore) plug in at the seams this package exposes.
+//
+// Main types: Master, Config, Policy, Change.
+package master
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+)
+
+// Defaults, as mooncake_master's.
+const (
+	DefaultKVLeaseTTL         = 10 * time.Second
+	DefaultSoftPinTTL         = 30 * time.Minute
+	DefaultMaxSoftPinTTL      = 24 * time.Hour
+	DefaultEvictionRatio      = 0.05
+	DefaultHighWatermark      = 0.90
+	DefaultClientTTL          = 10 * time.Second
+	DefaultPutDiscardTimeout  = 30 * time.Second
+	DefaultPutReleaseTimeout  = 600 * time.Second
+	DefaultRegionSize         = 64 << 20
+	DefaultEvictionInterval   = 10 * time.Millisecond
+	DefaultMaintenanceTick    = 100 * time.Millisecond
+	defaultShards             = 256
+	strategyRandom            = "random"
+	strategyFreeRatioFirst    = "free_ratio_first"
+	strategyLocalFirst        = "local_first"
+	DefaultAllocationStrategy = strategyRandom
+)
+
+// Strategies lists the values of Config.AllocationStrategy.
+var Strategies = []string{strategyRandom, strategyFreeRatioFirst, strategyLocalFirst}
+
+// Config configures a Master. Zero fields take mooncake_master's defaults.
+type Config struct {
+	KVLeaseTTL           time.Duration
+	DefaultSoftPinTTL    time.Duration
+	MaxSoftPinTTL        time.Duration
+	AllowEvictSoftPinned *bool // default true
+	EvictionRatio        float64
+	HighWatermark        float64
+	ClientTTL            time.Duration
+	PutDiscardTimeout    time.Duration
+	PutReleaseTimeout    time.Duration
+	AllocationStrategy   string
+	// ExistKeyGrantLease makes ExistKey grant a read lease as Mooncake's
+	// does. Off by default: frequent probes then kept a full pool
+	// unevictable (Mooncake #2187).
+	ExistKeyGrantLease bool
+	// RegionSize is the piece of a segment handed to one writing instance;
+	// objects of at least half a region get a region of their own.
+	RegionSize uint64
+	// MaxRegionsPerInstance bounds the regions one instance holds (0 =
+	// unlimited).
+	MaxRegionsPerInstance int
+	// NewPolicy makes the eviction order of one shard (default LRU).
+	NewPolicy func() Policy
+	// OnChange is called for every metadata change, in order, while the
+	// changed key (or the space) is locked: the HA op log hooks in here.
+	// It must not block for long or call back into the Master.
+	OnChange func(Change)
+	// ViewVersion is reported by Ping (the HA view version; 0 without HA).
+	ViewVersion uint64
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
+	// EvictionInterval is the watermark loop's period (default 10 ms).
+	EvictionInterval time.Duration
+	// GracefulUnmountWait bounds how long a graceful unmount waits for
+	// leased reads (default 2 s, at most the lease TTL): a read moves its
+	// bytes in milliseconds, the lease is only its upper bound.
+	GracefulUnmountWait time.Duration
+	Logger              *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.KVLeaseTTL, DefaultKVLeaseTTL)
+	def(&c.DefaultSoftPinTTL, DefaultSoftPinTTL)
+	def(&c.MaxSoftPinTTL, DefaultMaxSoftPinTTL)
+	def(&c.ClientTTL, DefaultClientTTL)
+	def(&c.PutDiscardTimeout, DefaultPutDiscardTimeout)
+	def(&c.PutReleaseTimeout, DefaultPutReleaseTimeout)
+	def(&c.EvictionInterval, DefaultEvictionInterval)
+	def(&c.GracefulUnmountWait, 2*time.Second)
+	c.GracefulUnmountWait = min(c.GracefulUnmountWait, c.KVLeaseTTL)
+	if c.AllowEvictSoftPinned == nil {
+		t := true
+		c.AllowEvictSoftPinned = &t
+	}
+	if c.EvictionRatio == 0 {
+		c.EvictionRatio = DefaultEvictionRatio
+	}
+	if c.HighWatermark == 0 {
+		c.HighWatermark = DefaultHighWatermark
+	}
+	if c.RegionSize == 0 {
+		c.RegionSize = DefaultRegionSize
+	}
+	if c.AllocationStrategy == "" {
+		c.AllocationStrategy = DefaultAllocationStrategy
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.NewPolicy == nil {
+		c.NewPolicy = NewLRU
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	switch {
+	case c.EvictionRatio < 0 || c.EvictionRatio > 1:
+		return fmt.Errorf("eviction_ratio %g: want a fraction in [0, 1]", c.EvictionRatio)
+	case c.HighWatermark <= 0 || c.HighWatermark > 1:
+		return fmt.Errorf("eviction_high_watermark_ratio %g: want a fraction in (0, 1]", c.HighWatermark)
+	case c.PutReleaseTimeout <= c.PutDiscardTimeout:
+		return fmt.Errorf("put_start_release_timeout_sec (%s) must exceed put_start_discard_timeout_sec (%s)", c.PutReleaseTimeout, c.PutDiscardTimeout)
+	case c.RegionSize < 4096:
+		return fmt.Errorf("region size %d: want at least 4096 bytes", c.RegionSize)
+	case c.MaxRegionsPerInstance < 0:
+		return fmt.Errorf("max regions per instance %d: want 0 (unlimited) or more", c.MaxRegionsPerInstance)
+	}
+	for _, s := range Strategies {
+		if s == c.AllocationStrategy {
+			return nil
+		}
+	}
+	return fmt.Errorf("allocation_strategy %q: want one of %v", c.AllocationStrategy, Strategies)
+}
+
+// ChangeOp names a metadata change.
+type ChangeOp uint8
+
+const (
+	OpMount ChangeOp = iota + 1
+	OpUnmount
+	OpPutEnd
+	OpRemove
+	OpEvict
+	OpDiscard
+)
+
+func (o ChangeOp) String() string {
+	return [...]string{"", "mount", "unmount", "put_end", "remove", "evict", "discard"}[o]
+}
+
+// Change is one metadata change, as the OnChange hook sees it.
+type Change struct {
+	Op       ChangeOp
+	Key      string          // object changes
+	Size     uint64          // object size
+	Replicas []store.Replica // put_end: where the bytes are
+	SoftPin  time.Time       // put_end: soft pin expiry, zero if none
+	HardPin  bool
+	Segment  store.SegmentInfo // mount / unmount
+	Client   store.UUID
+}
+
+// Master is the store's metadata service. Its methods are safe for
+// concurrent use.
+type Master struct {
+	cfg    Config
+	log    *slog.Logger
+	seed   maphash.Seed
+	shards []shard
+	space  space
+	pend   pending
+	m      *Metrics
+
+	clientsMu sync.RWMutex
+	clients   map[store.UUID]*clientState
+
+	evictKick chan struct{}
+	closeOnce sync.Once
+	done      chan struct{}
+	wg        sync.WaitGroup
+}
+
+type clientState struct {
+	id       store.UUID
+	lastPing atomic.Int64 // unix nanos
+	segments map[store.UUID]struct{}
+}
+
+// New makes a master; Start runs its background loops.
+func New(cfg Config) (*Master, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	m := &Master{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		seed:      maphash.MakeSeed(),
+		shards:    make([]shard, defaultShards),
+		clients:   make(map[store.UUID]*clientState),
+		evictKick: make(chan struct{}, 1),
+		done:      make(chan struct{}),
+	}
+	m.m = newMetrics(m)
+	for i := range m.shards {
+		m.shards[i].objects = make(map[string]*Object)
+		m.shards[i].policy = cfg.NewPolicy()
+	}
+	m.space.init(&m.cfg)
+	return m, nil
+}
+
+// Config returns the effective configuration.
+func (m *Master) Config() Config { return m.cfg }
+
+// Start runs the background loops (client TTL, discard and release of
+// abandoned puts, watermark eviction) until Close.
+func (m *Master) Start() {
+	m.wg.Add(2)
+	go m.maintenanceLoop()
+	go m.evictionLoop()
+}
+
+// Close stops the background loops.
+func (m *Master) Close() {
+	m.closeOnce.Do(func() { close(m.done) })
+	m.wg.Wait()
+}
+
+func (m *Master) now() int64 { return m.cfg.Now().UnixNano() }
+
+func (m *Master) shardOf(key string) *shard {
+	return &m.shards[maphash.String(m.seed, key)%uint64(len(m.shards))]
+}
+
+func (m *Master) emit(c Change) {
+	if m.cfg.OnChange != nil {
+		m.cfg.OnChange(c)
+	}
+}
+
+// ---- clients and segments ----
+
+// Ping records that client is alive and tells it whether it must
+// re-mount (the master does not know it: a restart, or it was dropped).
+func (m *Master) Ping(client store.UUID) (viewVersion uint64, status store.ClientStatus) {
+	m.clientsMu.RLock()
+	c := m.clients[client]
+	m.clientsMu.RUnlock()
+	if c == nil {
+		return m.cfg.ViewVersion, store.ClientNeedRemount
+	}
+	c.lastPing.Store(m.now())
+	return m.cfg.ViewVersion, store.ClientOK
+}
+
+// touchClient returns client's state, registering it when new.
+func (m *Master) touchClient(client store.UUID) *clientState {
+	m.clientsMu.RLock()
+	c := m.clients[client]
+	m.clientsMu.RUnlock()
+	if c == nil {
+		m.clientsMu.Lock()
+		if c = m.clients[client]; c == nil {
+			c = &clientState{id: client, segments: make(map[store.UUID]struct{})}
+			m.clients[client] = c
+		}
+		m.clientsMu.Unlock()
+	}
+	c.lastPing.Store(m.now())
+	return c
+}
+
+// ActiveClients counts the clients the master currently knows.
+func (m *Master) ActiveClients() int {
+	m.clientsMu.RLock()
+	defer m.clientsMu.RUnlock()
+	return len(m.clients)
+}
+
+// MountSegment adds a segment owned by client. Mounting the same segment
+// again from the same client is a no-op.
+func (m *Master) MountSegment(client store.UUID, seg store.SegmentInfo) error {
+	if client.IsZero() {
+		return store.Errorf(store.InvalidParams, "mount segment %q: no client id", seg.Name)
+	}
+	c := m.touchClient(client)
+	if err := m.space.mount(client, seg); err != nil {
+		return err
+	}
+	m.clientsMu.Lock()
+	c.segments[seg.ID] = struct{}{}
+	m.clientsMu.Unlock()
+	m.emit(Change{Op: OpMount, Segment: seg, Client: client})
+	m.log.Info(fmt.Sprintf("mounted segment %s (%s) of %s at 0x%x from client %s via %s", seg.Name, seg.ID, fmtBytes(seg.Size), seg.Base, client, seg.Endpoint))
+	return nil
+}
+
+// ReMountSegment mounts every segment in segs for client, as a client does
+// after NEED_REMOUNT; segments already mounted are left as they are. The
+// client becomes known even when segs is empty.
+func (m *Master) ReMountSegment(client store.UUID, segs []store.SegmentInfo) []error {
+	m.touchClient(client)
+	errs := make([]error, len(segs))
+	for i, s := range segs {
+		err := m.MountSegment(client, s)
+		if store.CodeOf(err) == store.SegmentAlreadyExists && m.space.ownedBy(s.ID, client) {
+			err = nil
+		}
+		errs[i] = err
+	}
+	return errs
+}
+
+// UnmountSegment removes a segment at once: every replica on it goes, and
+// objects left with no replica are removed.
+func (m *Master) UnmountSegment(client store.UUID, id store.UUID) error {
+	seg, err := m.space.beginUnmount(client, id, SegUnmounting)
+	if err != nil {
+		return err
+	}
+	m.finishUnmount(seg)
+	return nil
+}
+
+// GracefulUnmountSegment stops placing new replicas on the segment, waits
+// (up to Config.GracefulUnmountWait, or ctx) for reads holding leases on
+// its objects to end, then unmounts it.
+func (m *Master) GracefulUnmountSegment(ctx context.Context, client store.UUID, id store.UUID) error {
+	seg, err := m.space.beginUnmount(client, id, SegGracefullyUnmounting)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(m.cfg.GracefulUnmountWait)
+	for time.Now().Before(deadline) && m.leasedOn(seg) {
+		select {
+		case <-ctx.Done():
+			deadline = time.Time{}
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	m.finishUnmount(seg)
+	return nil
+}
+
+func (m *Master) leasedOn(seg *segment) bool {
+	now := m.now()
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, o := range sh.objects {
+			if o.lease > now && o.onSegment(seg) {
+				sh.mu.Unlock()
+				return true
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return false
+}
+
+func (m *Master) finishUnmount(seg *segment) {
+	var dropped, lost int
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for key, o := range sh.objects {
+			if !o.onSegment(seg) {
+				continue
+			}
+			dropped++
+			if o.dropSegment(seg) == 0 {
+				lost++
+				sh.remove(key, o)
+				if o.state == stateComplete {
+					m.emit(Change{Op: OpRemove, Key: key})
+				}
+			}
+		}
+		sh.mu.Unlock()
+	}
+	m.space.unmount(seg)
+	m.clientsMu.Lock()
+	if c := m.clients[seg.owner]; c != nil {
+		delete(c.segments, seg.info.ID)
+	}
+	m.clientsMu.Unlock()
+	m.emit(Change{Op: OpUnmount, Segment: seg.info, Client: seg.owner})
+	m.log.Info(fmt.Sprintf("unmounted segment %s (%s): %d replicas dropped, %d objects lost their last replica", seg.info.Name, seg.info.ID, dropped, lost))
+}
+
+// dropClient forgets a client that stopped pinging and unmounts its
+// segments.
+func (m *Master) dropClient(c *clientState) {
+	m.clientsMu.Lock()
+	delete(m.clients, c.id)
+	ids := make([]store.UUID, 0, len(c.segments))
+	for id := range c.segments {
+		ids = append(ids, id)
+	}
+	m.clientsMu.Unlock()
+	m.log.Warn(fmt.Sprintf("client %s silent for more than client_ttl %s: dropping it and unmounting its %d segments", c.id, m.cfg.ClientTTL, len(ids)))
+	for _, id := range ids {
+		if seg, err := m.space.beginUnmount(c.id, id, SegUnmounting); err == nil {
+			m.finishUnmount(seg)
+		}
+	}
+	m.space.dropInstance(c.id)
+}
+
+// ---- background loops ----
+
+func (m *Master) maintenanceLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(DefaultMaintenanceTick)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-t.C:
+			m.Maintain()
+		}
+	}
+}
+
+// Maintain runs one round of housekeeping: drop clients silent for
+// client_ttl, discard puts with no PutEnd after the discard timeout,
+// release their space after the release timeout. The background loop
+// calls it; tests call it directly.
+func (m *Master) Maintain() {
+	now := m.now()
+	ttl := m.cfg.ClientTTL.Nanoseconds()
+	var dead []*clientState
+	m.clientsMu.RLock()
+	for _, c := range m.clients {
+		if now-c.lastPing.Load() > ttl {
+			dead = append(dead, c)
+		}
+	}
+	m.clientsMu.RUnlock()
+	for _, c := range dead {
+		m.dropClient(c)
+	}
+	m.discardStale(now)
+	m.releaseDue(now)
+}
+
+func (m *Master) evictionLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.EvictionInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-t.C:
+		case <-m.evictKick:
+		}
+		m.EvictIfNeeded()
+	}
+}
+
+// kickEviction asks the watermark loop to run now (a PutStart found no
+// space); it never blocks.
+func (m *Master) kickEviction() {
+	select {
+	case m.evictKick <- struct{}{}:
+	default:
+	}
+}
+
+func fmtBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for v := n / unit; v >= unit; v /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

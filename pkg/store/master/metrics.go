@@ -1,0 +1,134 @@
+package master
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the master's Prometheus metrics under Mooncake's names, in a
+// registry of their own (several masters can live in one process).
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	putStart, putStartFail             prometheus.Counter
+	getReplicaList, getReplicaListFail prometheus.Counter
+	existKey, remove, removeFail       prometheus.Counter
+	allocFailures                      prometheus.Counter
+	putDiscards, putReleases           prometheus.Counter
+	evictAttempts, evictSuccess        prometheus.Counter
+	evictedKeys, evictedBytes          atomic.Uint64
+	ops                                map[string][2]prometheus.Counter
+}
+
+// rpcOps are the operations counted as master_<op>_requests_total and
+// master_<op>_failures_total. Single-item operations count items; batch_*
+// count calls.
+var rpcOps = []string{
+	"put_end", "put_revoke", "upsert_start", "upsert_end", "upsert_revoke",
+	"remove_all", "mount_segment", "remount_segment", "unmount_segment", "ping",
+	"batch_put_start", "batch_put_end", "batch_put_revoke", "batch_upsert_start",
+	"batch_upsert_end", "batch_upsert_revoke", "batch_get_replica_list",
+	"batch_exist_key", "batch_remove", "batch_query",
+}
+
+func newMetrics(m *Master) *Metrics {
+	r := prometheus.NewRegistry()
+	x := &Metrics{Registry: r, ops: make(map[string][2]prometheus.Counter)}
+	counter := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+		r.MustRegister(c)
+		return c
+	}
+	gauge := func(name, help string, f func() float64) {
+		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
+	}
+	x.putStart = counter("master_put_start_requests_total", "PutStart items")
+	x.putStartFail = counter("master_put_start_failures_total", "PutStart items that failed")
+	x.getReplicaList = counter("master_get_replica_list_requests_total", "GetReplicaList items")
+	x.getReplicaListFail = counter("master_get_replica_list_failures_total", "GetReplicaList items that failed")
+	x.existKey = counter("master_exist_key_requests_total", "ExistKey items")
+	x.remove = counter("master_remove_requests_total", "Remove items")
+	x.removeFail = counter("master_remove_failures_total", "Remove items that failed")
+	x.allocFailures = counter("master_put_start_alloc_failures_total", "PutStart items refused for lack of space")
+	x.putDiscards = counter("master_put_start_discard_cnt", "puts discarded for want of a PutEnd within the discard timeout")
+	x.putReleases = counter("master_put_start_release_cnt", "discarded puts whose space was released after the release timeout")
+	x.evictAttempts = counter("master_attempted_evictions_total", "eviction rounds started")
+	x.evictSuccess = counter("master_successful_evictions_total", "eviction rounds that evicted something")
+	for _, op := range rpcOps {
+		x.ops[op] = [2]prometheus.Counter{
+			counter("master_"+op+"_requests_total", op+" requests"),
+			counter("master_"+op+"_failures_total", op+" requests that failed"),
+		}
+	}
+	r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "master_evicted_key_count", Help: "objects evicted"},
+		func() float64 { return float64(x.evictedKeys.Load()) }))
+	r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "master_evicted_size_bytes", Help: "bytes evicted (replica bytes)"},
+		func() float64 { return float64(x.evictedBytes.Load()) }))
+	gauge("master_allocated_bytes", "bytes of object replicas placed", func() float64 { return float64(m.space.used.Load()) })
+	gauge("master_total_capacity_bytes", "bytes of mounted segments", func() float64 { return float64(m.space.capacity.Load()) })
+	gauge("master_key_count", "complete objects", func() float64 { return float64(m.KeyCount()) })
+	gauge("master_active_clients", "clients the master knows", func() float64 { return float64(m.ActiveClients()) })
+	gauge("master_soft_pin_key_count", "objects with a soft pin (live or expired)", func() float64 { return float64(m.softPinnedCount()) })
+	r.MustRegister(&segmentCollector{m: m})
+	return x
+}
+
+// Op counts one operation and whether it failed.
+func (x *Metrics) Op(name string, failed bool) {
+	c, ok := x.ops[name]
+	if !ok {
+		return
+	}
+	c[0].Inc()
+	if failed {
+		c[1].Inc()
+	}
+}
+
+// Metrics returns the master's metrics.
+func (m *Master) Metrics() *Metrics { return m.m }
+
+// KeyCount is the number of complete objects, without a scan.
+func (m *Master) KeyCount() int {
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		n += sh.keys
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+func (m *Master) softPinnedCount() int {
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		n += sh.softPinned
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// segmentCollector exports per-segment gauges for the segments mounted at
+// scrape time.
+type segmentCollector struct{ m *Master }
+
+var (
+	segAllocDesc = prometheus.NewDesc("segment_allocated_bytes", "bytes of object replicas placed in the segment", []string{"segment"}, nil)
+	segCapDesc   = prometheus.NewDesc("segment_total_capacity_bytes", "bytes of the segment", []string{"segment"}, nil)
+)
+
+func (c *segmentCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- segAllocDesc
+	ch <- segCapDesc
+}
+
+func (c *segmentCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.m.Segments() {
+		ch <- prometheus.MustNewConstMetric(segAllocDesc, prometheus.GaugeValue, float64(s.Used), s.Info.Name)
+		ch <- prometheus.MustNewConstMetric(segCapDesc, prometheus.GaugeValue, float64(s.Capacity), s.Info.Name)
+	}
+}

@@ -1,0 +1,328 @@
+package master
+
+import (
+	"sync"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+)
+
+const (
+	stateProcessing uint8 = iota + 1
+	stateComplete
+)
+
+// Object is one key's metadata. It is kept small: the master must hold
+// tens of millions of them. Policies see it through its methods.
+type Object struct {
+	key      string
+	size     uint64
+	replicas []replicaRef
+	putStart int64 // unix nanos of the PutStart that created this version
+	lease    int64 // read lease expiry, unix nanos
+	softPin  int64 // soft pin expiry, unix nanos; 0 = none
+	// upsert holds the replicas of a resizing upsert until its End.
+	upsert     *[]replicaRef
+	upsertSize uint64
+	state      uint8
+	hardPin    bool
+	inPlace    bool // a same-size upsert is rewriting the replicas
+	// Policy bookkeeping: an intrusive list and a counter, so the
+	// built-in policies cost no allocation per object.
+	prev, next *Object
+	hits       uint32
+	seq        uint64
+}
+
+type replicaRef struct {
+	reg  *region
+	addr uint64
+}
+
+// Key is the object's key.
+func (o *Object) Key() string { return o.key }
+
+// Size is the object's length in bytes.
+func (o *Object) Size() uint64 { return o.size }
+
+// Hits is how many reads the object has served (LFU).
+func (o *Object) Hits() uint32 { return o.hits }
+
+// Seq is the master-wide insertion order of this version (FIFO).
+func (o *Object) Seq() uint64 { return o.seq }
+
+func (o *Object) onSegment(s *segment) bool {
+	for _, r := range o.replicas {
+		if r.reg.seg.info.ID == s.info.ID {
+			return true
+		}
+	}
+	if o.upsert != nil {
+		for _, r := range *o.upsert {
+			if r.reg.seg.info.ID == s.info.ID {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// dropSegment forgets the replicas on s (their segment is gone: nothing
+// to free) and returns how many replicas are left.
+func (o *Object) dropSegment(s *segment) int {
+	keep := o.replicas[:0]
+	for _, r := range o.replicas {
+		if r.reg.seg.info.ID != s.info.ID {
+			keep = append(keep, r)
+		}
+	}
+	clear(o.replicas[len(keep):])
+	o.replicas = keep
+	if o.upsert != nil {
+		u := (*o.upsert)[:0]
+		for _, r := range *o.upsert {
+			if r.reg.seg.info.ID != s.info.ID {
+				u = append(u, r)
+			}
+		}
+		*o.upsert = u
+	}
+	return len(o.replicas)
+}
+
+func (o *Object) descriptors(complete bool) []store.Replica {
+	out := make([]store.Replica, len(o.replicas))
+	for i, r := range o.replicas {
+		out[i] = r.descriptor(o.size, complete)
+	}
+	return out
+}
+
+func (r replicaRef) descriptor(size uint64, complete bool) store.Replica {
+	s := r.reg.seg
+	return store.Replica{
+		Segment:  s.info.Name,
+		Endpoint: s.info.Endpoint,
+		Protocol: s.info.Protocol,
+		Addr:     r.addr,
+		Len:      size,
+		Complete: complete,
+	}
+}
+
+// evictable: complete, not read (leased), not hard-pinned; soft-pinned
+// ones only when allowSoft.
+func (o *Object) evictable(now int64, allowSoft bool) bool {
+	if o.state != stateComplete || o.hardPin || o.lease > now || o.upsert != nil {
+		return false
+	}
+	return allowSoft || o.softPin <= now
+}
+
+// shard holds a slice of the key space: its objects and their eviction
+// order, under one lock.
+type shard struct {
+	mu      sync.Mutex
+	objects map[string]*Object
+	policy  Policy
+	keys    int // complete objects
+	// softPinned counts complete objects with a soft pin, live or
+	// expired, so the metric needs no scan.
+	softPinned int
+	_          [24]byte // keep neighbouring shard locks off one cache line
+}
+
+// remove deletes o from the shard and its eviction order; the caller
+// frees its replicas.
+func (sh *shard) remove(key string, o *Object) {
+	delete(sh.objects, key)
+	if o.state == stateComplete {
+		sh.policy.Removed(o)
+		sh.keys--
+		if o.softPin != 0 {
+			sh.softPinned--
+		}
+	}
+}
+
+// Policy orders one shard's complete objects for eviction. The master
+// calls it with the shard locked; implementations need no locking of their
+// own. A new policy is one type implementing these four methods.
+type Policy interface {
+	// Added: o became complete (PutEnd).
+	Added(o *Object)
+	// Accessed: o was read (GetReplicaList).
+	Accessed(o *Object)
+	// Removed: o left (remove, eviction, unmount).
+	Removed(o *Object)
+	// Victims calls fn with objects in eviction order, best victim first,
+	// until fn returns false. fn may remove the object it is given.
+	Victims(fn func(o *Object) bool)
+}
+
+// lru is the default policy: least recently put or read first, an
+// intrusive doubly linked list, O(1) per operation.
+type lru struct{ head, tail *Object }
+
+// NewLRU returns a least-recently-used Policy.
+func NewLRU() Policy { return &lru{} }
+
+func (l *lru) Added(o *Object) { l.pushBack(o) }
+func (l *lru) Accessed(o *Object) {
+	l.unlink(o)
+	l.pushBack(o)
+}
+func (l *lru) Removed(o *Object) { l.unlink(o) }
+
+func (l *lru) Victims(fn func(o *Object) bool) {
+	for o := l.head; o != nil; {
+		next := o.next
+		if !fn(o) {
+			return
+		}
+		o = next
+	}
+}
+
+func (l *lru) pushBack(o *Object) {
+	o.prev, o.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = o
+	} else {
+		l.head = o
+	}
+	l.tail = o
+}
+
+func (l *lru) unlink(o *Object) {
+	if o.prev != nil {
+		o.prev.next = o.next
+	} else if l.head == o {
+		l.head = o.next
+	}
+	if o.next != nil {
+		o.next.prev = o.prev
+	} else if l.tail == o {
+		l.tail = o.prev
+	}
+	o.prev, o.next = nil, nil
+}
+
+// pending tracks puts that have started but not ended (FIFO by start
+// time, so the discard scan is O(discarded)), and the space of discarded
+// puts waiting for the release timeout before it may be reused: the
+// writer may still be moving bytes into it.
+type pending struct {
+	mu       sync.Mutex
+	puts     []pendingPut
+	releases []pendingRelease
+}
+
+type pendingPut struct {
+	key   string
+	obj   *Object
+	start int64
+}
+
+type pendingRelease struct {
+	at       int64
+	size     uint64
+	replicas []replicaRef
+}
+
+func (p *pending) addPut(key string, o *Object, start int64) {
+	p.mu.Lock()
+	p.puts = append(p.puts, pendingPut{key, o, start})
+	p.mu.Unlock()
+}
+
+func (p *pending) addRelease(at int64, size uint64, r []replicaRef) {
+	if len(r) == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.releases = append(p.releases, pendingRelease{at, size, r})
+	p.mu.Unlock()
+}
+
+// discardStale removes puts whose PutEnd did not come within the discard
+// timeout; their space is queued for release.
+func (m *Master) discardStale(now int64) {
+	cut := now - m.cfg.PutDiscardTimeout.Nanoseconds()
+	m.pend.mu.Lock()
+	n := 0
+	for n < len(m.pend.puts) && m.pend.puts[n].start <= cut {
+		n++
+	}
+	due := append([]pendingPut(nil), m.pend.puts[:n]...)
+	m.pend.puts = append(m.pend.puts[:0], m.pend.puts[n:]...)
+	m.pend.mu.Unlock()
+	for _, p := range due {
+		sh := m.shardOf(p.key)
+		sh.mu.Lock()
+		o := sh.objects[p.key]
+		if o != p.obj || o.putStart != p.start {
+			sh.mu.Unlock()
+			continue
+		}
+		release := p.start + m.cfg.PutReleaseTimeout.Nanoseconds()
+		switch {
+		case o.upsert != nil:
+			// A resizing upsert abandoned: the old version stays.
+			m.pend.addRelease(release, o.size, *o.upsert)
+			o.upsert = nil
+			o.putStart = 0
+		case o.state == stateProcessing:
+			sh.remove(p.key, o)
+			m.pend.addRelease(release, o.size, o.replicas)
+			if o.inPlace {
+				m.emit(Change{Op: OpRemove, Key: p.key})
+			}
+		default:
+			sh.mu.Unlock()
+			continue
+		}
+		sh.mu.Unlock()
+		m.m.putDiscards.Inc()
+		m.log.Warn("discarded put with no PutEnd", "key", p.key, "after", m.cfg.PutDiscardTimeout)
+	}
+}
+
+func (m *Master) releaseDue(now int64) {
+	m.pend.mu.Lock()
+	var due []pendingRelease
+	keep := m.pend.releases[:0]
+	for _, r := range m.pend.releases {
+		if r.at <= now {
+			due = append(due, r)
+		} else {
+			keep = append(keep, r)
+		}
+	}
+	clear(m.pend.releases[len(keep):])
+	m.pend.releases = keep
+	m.pend.mu.Unlock()
+	for _, r := range due {
+		m.space.free(r.replicas, r.size)
+		m.m.putReleases.Inc()
+	}
+}
+
+func (m *Master) softPinExpiry(cfg store.ReplicateConfig, now int64) int64 {
+	if !cfg.SoftPin {
+		return 0
+	}
+	ttl := cfg.SoftPinTTL
+	if ttl <= 0 {
+		ttl = m.cfg.DefaultSoftPinTTL
+	}
+	ttl = min(ttl, m.cfg.MaxSoftPinTTL)
+	return now + ttl.Nanoseconds()
+}
+
+func expiry(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}

@@ -1,0 +1,476 @@
+package master
+
+import (
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+)
+
+// PutItem is one object a writer is about to put.
+type PutItem struct {
+	Key  string
+	Size uint64
+}
+
+// ReplicaResult is one item's answer: where its replicas are, or why not.
+type ReplicaResult struct {
+	Replicas []store.Replica
+	LeaseTTL time.Duration // granted read lease (GetReplicaList)
+	Err      error
+}
+
+var seqCounter atomic.Uint64
+
+func checkItem(it PutItem) error {
+	if err := store.CheckKey(it.Key); err != nil {
+		return err
+	}
+	switch {
+	case it.Size == 0:
+		return store.Errorf(store.InvalidParams, "key %q: a value of 0 bytes cannot be stored", it.Key)
+	case it.Size > store.MaxValueSize:
+		return store.Errorf(store.InvalidParams, "key %q: value of %d bytes exceeds the limit of %d", it.Key, it.Size, uint64(store.MaxValueSize))
+	}
+	return nil
+}
+
+func checkConfig(cfg store.ReplicateConfig) error {
+	if cfg.ReplicaNum < 0 || cfg.ReplicaNum > store.MaxReplicas {
+		return store.Errorf(store.InvalidParams, "replica_num %d: want 1 to %d", cfg.ReplicaNum, store.MaxReplicas)
+	}
+	return nil
+}
+
+// BatchPutStart allocates replicas for each item (state PROCESSING) and
+// returns where the writer must put the bytes. A key that is complete, or
+// whose put started less than the discard timeout ago, is refused with
+// OBJECT_ALREADY_EXISTS; an older unfinished put is replaced.
+func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig) []ReplicaResult {
+	m.touchClient(client)
+	out := make([]ReplicaResult, len(items))
+	if err := checkConfig(cfg); err != nil {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	for i, it := range items {
+		m.m.putStart.Inc()
+		out[i] = m.putStart(client, host, it, cfg)
+		if out[i].Err != nil {
+			m.m.putStartFail.Inc()
+		}
+	}
+	return out
+}
+
+func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.ReplicateConfig) ReplicaResult {
+	if err := checkItem(it); err != nil {
+		return ReplicaResult{Err: err}
+	}
+	now := m.now()
+	sh := m.shardOf(it.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if old := sh.objects[it.Key]; old != nil {
+		if old.state == stateComplete {
+			return ReplicaResult{Err: store.Errorf(store.ObjectAlreadyExists, "key %q already exists", it.Key)}
+		}
+		if now-old.putStart < m.cfg.PutDiscardTimeout.Nanoseconds() {
+			return ReplicaResult{Err: store.Errorf(store.ObjectAlreadyExists, "key %q is being put by another writer (started %s ago)", it.Key, time.Duration(now-old.putStart).Round(time.Millisecond))}
+		}
+		// An abandoned put: replace it, keeping its space out of use
+		// until the release timeout (its writer may still be writing).
+		sh.remove(it.Key, old)
+		m.pend.addRelease(old.putStart+m.cfg.PutReleaseTimeout.Nanoseconds(), old.size, old.replicas)
+		m.m.putDiscards.Inc()
+	}
+	refs, err := m.space.place(client, host, it.Size, cfg)
+	if err != nil {
+		m.m.allocFailures.Inc()
+		m.kickEviction()
+		return ReplicaResult{Err: err}
+	}
+	o := &Object{
+		key: it.Key, size: it.Size, replicas: refs, putStart: now, state: stateProcessing,
+		softPin: m.softPinExpiry(cfg, now), hardPin: cfg.HardPin,
+	}
+	sh.objects[it.Key] = o
+	m.pend.addPut(it.Key, o, now)
+	return ReplicaResult{Replicas: o.descriptors(false)}
+}
+
+// BatchPutEnd marks each put complete: from now on readers see it.
+func (m *Master) BatchPutEnd(client store.UUID, keys []string) []error {
+	out := make([]error, len(keys))
+	for i, k := range keys {
+		out[i] = m.putEnd(k)
+	}
+	return out
+}
+
+func (m *Master) putEnd(key string) error {
+	sh := m.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o := sh.objects[key]
+	if o == nil {
+		return store.Errorf(store.ObjectNotFound, "key %q: no put in progress (discarded after %s, or never started)", key, m.cfg.PutDiscardTimeout)
+	}
+	switch {
+	case o.upsert != nil:
+		old := o.replicas
+		o.replicas, o.upsert = *o.upsert, nil
+		sh.policy.Removed(o)
+		m.space.free(old, o.size)
+		o.size = sizeOf(o)
+	case o.state == stateComplete:
+		return store.Errorf(store.InvalidWrite, "key %q is already complete", key)
+	}
+	if o.state != stateComplete {
+		sh.keys++
+		if o.softPin != 0 {
+			sh.softPinned++
+		}
+	}
+	o.state, o.inPlace, o.putStart = stateComplete, false, 0
+	o.seq = seqCounter.Add(1)
+	sh.policy.Added(o)
+	m.emit(Change{Op: OpPutEnd, Key: key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin})
+	return nil
+}
+
+// sizeOf is the size recorded when a resizing upsert's replicas were
+// allocated (upsertSize), which putEnd installs.
+func sizeOf(o *Object) uint64 {
+	if o.upsertSize != 0 {
+		s := o.upsertSize
+		o.upsertSize = 0
+		return s
+	}
+	return o.size
+}
+
+// BatchPutRevoke abandons puts: their space is freed at once (the writer
+// says it stopped writing).
+func (m *Master) BatchPutRevoke(client store.UUID, keys []string) []error {
+	out := make([]error, len(keys))
+	for i, k := range keys {
+		out[i] = m.revoke(k)
+	}
+	return out
+}
+
+func (m *Master) revoke(key string) error {
+	sh := m.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o := sh.objects[key]
+	switch {
+	case o == nil:
+		return store.Errorf(store.ObjectNotFound, "key %q: no put in progress", key)
+	case o.upsert != nil:
+		m.space.free(*o.upsert, o.upsertSize)
+		o.upsert, o.upsertSize, o.putStart = nil, 0, 0
+		return nil
+	case o.state == stateComplete:
+		return store.Errorf(store.InvalidWrite, "key %q is complete: remove it instead", key)
+	}
+	sh.remove(key, o)
+	m.space.free(o.replicas, o.size)
+	if o.inPlace {
+		// A same-size upsert was rewriting the bytes: the old version
+		// is torn, so the object is gone.
+		m.emit(Change{Op: OpRemove, Key: key})
+	}
+	return nil
+}
+
+// BatchUpsertStart is a put that may replace a complete object: the same
+// size is rewritten in place (readers get REPLICA_IS_NOT_READY until the
+// End), another size gets new replicas while the old version stays
+// readable until the End.
+func (m *Master) BatchUpsertStart(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig) []ReplicaResult {
+	m.touchClient(client)
+	out := make([]ReplicaResult, len(items))
+	if err := checkConfig(cfg); err != nil {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	for i, it := range items {
+		out[i] = m.upsertStart(client, host, it, cfg)
+	}
+	return out
+}
+
+func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg store.ReplicateConfig) ReplicaResult {
+	if err := checkItem(it); err != nil {
+		return ReplicaResult{Err: err}
+	}
+	sh := m.shardOf(it.Key)
+	sh.mu.Lock()
+	o := sh.objects[it.Key]
+	if o == nil || o.state != stateComplete {
+		sh.mu.Unlock()
+		return m.putStart(client, host, it, cfg)
+	}
+	defer sh.mu.Unlock()
+	now := m.now()
+	switch {
+	case o.upsert != nil && now-o.putStart < m.cfg.PutDiscardTimeout.Nanoseconds():
+		return ReplicaResult{Err: store.Errorf(store.ObjectAlreadyExists, "key %q is being upserted by another writer", it.Key)}
+	case o.lease > now:
+		return ReplicaResult{Err: store.Errorf(store.ObjectHasLease, "key %q is being read (lease for %s more)", it.Key, time.Duration(o.lease-now).Round(time.Millisecond))}
+	}
+	if o.upsert != nil { // abandoned resize
+		m.pend.addRelease(o.putStart+m.cfg.PutReleaseTimeout.Nanoseconds(), o.upsertSize, *o.upsert)
+		o.upsert, o.upsertSize = nil, 0
+	}
+	pin := m.softPinExpiry(cfg, now)
+	o.putStart = now
+	if it.Size == o.size {
+		sh.remove(it.Key, o)
+		sh.objects[it.Key] = o
+		o.softPin, o.hardPin = pin, cfg.HardPin
+		o.state, o.inPlace = stateProcessing, true
+		m.pend.addPut(it.Key, o, now)
+		return ReplicaResult{Replicas: o.descriptors(false)}
+	}
+	refs, err := m.space.place(client, host, it.Size, cfg)
+	if err != nil {
+		m.m.allocFailures.Inc()
+		m.kickEviction()
+		o.putStart = 0
+		return ReplicaResult{Err: err}
+	}
+	o.upsert, o.upsertSize = &refs, it.Size
+	if (pin != 0) != (o.softPin != 0) {
+		if pin != 0 {
+			sh.softPinned++
+		} else {
+			sh.softPinned--
+		}
+	}
+	o.softPin, o.hardPin = pin, cfg.HardPin
+	m.pend.addPut(it.Key, o, now)
+	out := make([]store.Replica, len(refs))
+	for i, r := range refs {
+		out[i] = r.descriptor(it.Size, false)
+	}
+	return ReplicaResult{Replicas: out}
+}
+
+// BatchUpsertEnd completes upserts (as PutEnd).
+func (m *Master) BatchUpsertEnd(client store.UUID, keys []string) []error {
+	return m.BatchPutEnd(client, keys)
+}
+
+// BatchUpsertRevoke abandons upserts (as PutRevoke; a resize keeps the
+// old version).
+func (m *Master) BatchUpsertRevoke(client store.UUID, keys []string) []error {
+	return m.BatchPutRevoke(client, keys)
+}
+
+// BatchGetReplicaList returns the complete replicas of each key and grants
+// a read lease of the KV lease TTL: the object is not evicted or removed
+// (unless forced) while the reader moves its bytes.
+func (m *Master) BatchGetReplicaList(keys []string) []ReplicaResult {
+	return m.lookup(keys, true)
+}
+
+// BatchQuery is the admin read: replicas, no lease, no touch of the
+// eviction order.
+func (m *Master) BatchQuery(keys []string) []ReplicaResult {
+	return m.lookup(keys, false)
+}
+
+func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
+	out := make([]ReplicaResult, len(keys))
+	now := m.now()
+	ttl := m.cfg.KVLeaseTTL
+	for i, k := range keys {
+		if lease {
+			m.m.getReplicaList.Inc()
+		}
+		if err := store.CheckKey(k); err != nil {
+			out[i].Err = err
+			continue
+		}
+		sh := m.shardOf(k)
+		sh.mu.Lock()
+		o := sh.objects[k]
+		switch {
+		case o == nil:
+			out[i].Err = store.Errorf(store.ObjectNotFound, "key %q not found", k)
+		case o.state != stateComplete:
+			out[i].Err = store.Errorf(store.ReplicaIsNotReady, "key %q is still being written", k)
+		default:
+			out[i].Replicas = o.descriptors(true)
+			if lease {
+				o.lease = max(o.lease, now+ttl.Nanoseconds())
+				o.hits++
+				sh.policy.Accessed(o)
+				out[i].LeaseTTL = ttl
+			}
+		}
+		sh.mu.Unlock()
+		if lease && out[i].Err != nil {
+			m.m.getReplicaListFail.Inc()
+		}
+	}
+	return out
+}
+
+// BatchExistKey reports whether each key is complete. It grants a lease
+// only with Config.ExistKeyGrantLease.
+func (m *Master) BatchExistKey(keys []string) ([]bool, []error) {
+	exists := make([]bool, len(keys))
+	errs := make([]error, len(keys))
+	now := m.now()
+	for i, k := range keys {
+		m.m.existKey.Inc()
+		if err := store.CheckKey(k); err != nil {
+			errs[i] = err
+			continue
+		}
+		sh := m.shardOf(k)
+		sh.mu.Lock()
+		if o := sh.objects[k]; o != nil && o.state == stateComplete {
+			exists[i] = true
+			if m.cfg.ExistKeyGrantLease {
+				o.lease = max(o.lease, now+m.cfg.KVLeaseTTL.Nanoseconds())
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return exists, errs
+}
+
+// BatchRemove removes objects. A key being read (leased) is refused with
+// OBJECT_HAS_LEASE unless force; a key still being written is refused
+// even when forced.
+func (m *Master) BatchRemove(keys []string, force bool) []error {
+	out := make([]error, len(keys))
+	now := m.now()
+	for i, k := range keys {
+		m.m.remove.Inc()
+		out[i] = m.remove(k, force, now)
+		if out[i] != nil {
+			m.m.removeFail.Inc()
+		}
+	}
+	return out
+}
+
+func (m *Master) remove(key string, force bool, now int64) error {
+	if err := store.CheckKey(key); err != nil {
+		return err
+	}
+	sh := m.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o := sh.objects[key]
+	switch {
+	case o == nil:
+		return store.Errorf(store.ObjectNotFound, "key %q not found", key)
+	case o.state != stateComplete || o.upsert != nil:
+		return store.Errorf(store.ReplicaIsNotReady, "key %q is being written; it cannot be removed until its put ends", key)
+	case o.lease > now && !force:
+		return store.Errorf(store.ObjectHasLease, "key %q is being read (lease for %s more); remove with force to override", key, time.Duration(o.lease-now).Round(time.Millisecond))
+	}
+	sh.remove(key, o)
+	m.space.free(o.replicas, o.size)
+	m.emit(Change{Op: OpRemove, Key: key})
+	return nil
+}
+
+// RemoveAll removes every complete object not being read; it returns how
+// many went.
+func (m *Master) RemoveAll() int {
+	now := m.now()
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for k, o := range sh.objects {
+			if o.state == stateComplete && o.upsert == nil && o.lease <= now {
+				sh.remove(k, o)
+				m.space.free(o.replicas, o.size)
+				m.emit(Change{Op: OpRemove, Key: k})
+				n++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Keys calls fn with every complete key (in no order) until fn returns
+// false. Admin reads: no lease, no touch.
+func (m *Master) Keys(prefix string, fn func(key string, size uint64) bool) {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		var batch []PutItem
+		for k, o := range sh.objects {
+			if o.state == stateComplete && strings.HasPrefix(k, prefix) {
+				batch = append(batch, PutItem{k, o.size})
+			}
+		}
+		sh.mu.Unlock()
+		for _, it := range batch {
+			if !fn(it.Key, it.Size) {
+				return
+			}
+		}
+	}
+}
+
+// Segments lists the mounted segments.
+func (m *Master) Segments() []SegmentStatus { return m.space.list() }
+
+// Stats is a summary of the master's state.
+type Stats struct {
+	Keys         int
+	SoftPinned   int
+	HardPinned   int
+	Processing   int
+	Used         uint64
+	Capacity     uint64
+	Segments     int
+	Clients      int
+	EvictedKeys  uint64
+	EvictedBytes uint64
+}
+
+// Stats counts keys and space.
+func (m *Master) Stats() Stats {
+	var s Stats
+	now := m.now()
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, o := range sh.objects {
+			if o.state != stateComplete {
+				s.Processing++
+				continue
+			}
+			s.Keys++
+			if o.hardPin {
+				s.HardPinned++
+			} else if o.softPin > now {
+				s.SoftPinned++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	s.Used, s.Capacity = m.space.used.Load(), m.space.capacity.Load()
+	s.Segments = len(m.space.list())
+	s.Clients = m.ActiveClients()
+	s.EvictedKeys, s.EvictedBytes = m.m.evictedKeys.Load(), m.m.evictedBytes.Load()
+	return s
+}

@@ -1,0 +1,89 @@
+package master
+
+import (
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+)
+
+// RestoredObject is a complete object known from before this master
+// started (an HA op log or snapshot): its replicas are on segments that
+// are not mounted yet and will be re-mounted by their nodes.
+type RestoredObject struct {
+	Key      string
+	Size     uint64
+	Replicas []RestoredReplica
+	SoftPin  time.Time
+	HardPin  bool
+}
+
+// RestoredReplica is where one copy of a restored object lives.
+type RestoredReplica struct {
+	Segment store.SegmentInfo
+	Addr    uint64
+}
+
+// Restore installs complete objects before their segments are mounted.
+// When a segment is (re-)mounted, its allocators are rebuilt around the
+// restored replicas, so no new allocation lands on their bytes (the
+// corruption of Mooncake #3826 and #1336). Replicas must lie inside their
+// segment; restoring onto a segment that is already mounted is refused.
+func (m *Master) Restore(objs []RestoredObject) error {
+	placeholders := make(map[store.UUID]*segment)
+	var refs []*restoredRef
+	built := make([]*Object, 0, len(objs))
+	for _, ro := range objs {
+		if err := store.CheckKey(ro.Key); err != nil {
+			return err
+		}
+		o := &Object{key: ro.Key, size: ro.Size, state: stateComplete, hardPin: ro.HardPin}
+		if !ro.SoftPin.IsZero() {
+			o.softPin = ro.SoftPin.UnixNano()
+		}
+		for _, r := range ro.Replicas {
+			info := r.Segment
+			if r.Addr < info.Base || r.Addr+ro.Size > info.Base+info.Size || r.Addr+ro.Size < r.Addr {
+				return store.Errorf(store.InvalidReplica, "restore %q: replica at 0x%x+%d lies outside segment %q", ro.Key, r.Addr, ro.Size, info.Name)
+			}
+			// A placeholder segment until the mount rebuilds the real
+			// one: it names the segment so reads and unmounts work.
+			ph := placeholders[info.ID]
+			if ph == nil {
+				ph = &segment{info: info, host: hostOf(info.Endpoint)}
+				placeholders[info.ID] = ph
+			}
+			reg := &region{seg: ph, base: r.Addr, len: ro.Size, dedicated: true, objects: 1}
+			o.replicas = append(o.replicas, replicaRef{reg: reg, addr: r.Addr})
+			refs = append(refs, &restoredRef{reg: reg, addr: r.Addr, size: ro.Size})
+		}
+		built = append(built, o)
+	}
+	m.space.mu.Lock()
+	for id, ph := range placeholders {
+		if m.space.segs[id] != nil {
+			m.space.mu.Unlock()
+			return store.Errorf(store.SegmentAlreadyExists, "restore: segment %q is already mounted", ph.info.Name)
+		}
+	}
+	for _, r := range refs {
+		id := r.reg.seg.info.ID
+		m.space.restored[id] = append(m.space.restored[id], r)
+	}
+	m.space.mu.Unlock()
+	for _, o := range built {
+		sh := m.shardOf(o.key)
+		sh.mu.Lock()
+		if old := sh.objects[o.key]; old != nil {
+			sh.remove(o.key, old)
+		}
+		sh.objects[o.key] = o
+		o.seq = seqCounter.Add(1)
+		sh.policy.Added(o)
+		sh.keys++
+		if o.softPin != 0 {
+			sh.softPinned++
+		}
+		sh.mu.Unlock()
+	}
+	return nil
+}

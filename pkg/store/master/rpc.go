@@ -1,0 +1,208 @@
+package master
+
+import (
+	"context"
+	"net"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
+)
+
+// NewGRPCServer returns a gRPC server serving m's RPC API, with the
+// store's message size limit.
+func NewGRPCServer(m *Master) *grpc.Server {
+	s := grpc.NewServer(grpc.MaxRecvMsgSize(store.MaxMsgSize), grpc.MaxSendMsgSize(store.MaxMsgSize))
+	pb.RegisterMasterServer(s, &rpcServer{m: m})
+	return s
+}
+
+// Serve serves m's RPC API on lis until the server is stopped.
+func Serve(m *Master, lis net.Listener) *grpc.Server {
+	s := NewGRPCServer(m)
+	go s.Serve(lis)
+	return s
+}
+
+type rpcServer struct {
+	pb.UnimplementedMasterServer
+	m *Master
+}
+
+// checkBatch refuses batches over the limit as a whole: an RPC-level
+// error, since no item was looked at.
+func checkBatch(n int) error {
+	if n > store.MaxBatchSize {
+		return status.Errorf(codes.InvalidArgument, "%s: batch of %d items exceeds the limit of %d", store.InvalidParams, n, store.MaxBatchSize)
+	}
+	return nil
+}
+
+func results(errs []error) (*pb.BatchResults, bool) {
+	out := &pb.BatchResults{Results: make([]*pb.Result, len(errs))}
+	failed := false
+	for i, err := range errs {
+		out.Results[i] = store.ResultToPB(err)
+		failed = failed || err != nil
+	}
+	return out, failed
+}
+
+func replicaLists(rs []ReplicaResult) (*pb.BatchReplicaListResponse, bool) {
+	out := &pb.BatchReplicaListResponse{Results: make([]*pb.ReplicaList, len(rs))}
+	failed := false
+	for i, r := range rs {
+		out.Results[i] = replicaListPB(r)
+		failed = failed || r.Err != nil
+	}
+	return out, failed
+}
+
+func replicaListPB(r ReplicaResult) *pb.ReplicaList {
+	if r.Err != nil {
+		return &pb.ReplicaList{Code: int32(store.CodeOf(r.Err)), Message: r.Err.Error()}
+	}
+	l := &pb.ReplicaList{Replicas: make([]*pb.Replica, len(r.Replicas)), LeaseTtlMs: uint64(r.LeaseTTL.Milliseconds())}
+	for i, x := range r.Replicas {
+		l.Replicas[i] = store.ReplicaToPB(x)
+	}
+	return l
+}
+
+func items(in []*pb.PutStartItem) []PutItem {
+	out := make([]PutItem, len(in))
+	for i, it := range in {
+		out[i] = PutItem{Key: it.GetKey(), Size: it.GetLength()}
+	}
+	return out
+}
+
+func (s *rpcServer) Ping(_ context.Context, r *pb.PingRequest) (*pb.PingResponse, error) {
+	v, st := s.m.Ping(store.UUIDFromPB(r.ClientId))
+	s.m.m.Op("ping", false)
+	cs := pb.ClientStatus_OK
+	if st == store.ClientNeedRemount {
+		cs = pb.ClientStatus_NEED_REMOUNT
+	}
+	return &pb.PingResponse{ViewVersion: v, ClientStatus: cs}, nil
+}
+
+func (s *rpcServer) MountSegment(_ context.Context, r *pb.MountSegmentRequest) (*pb.Result, error) {
+	err := s.m.MountSegment(store.UUIDFromPB(r.ClientId), store.SegmentFromPB(r.Segment))
+	s.m.m.Op("mount_segment", err != nil)
+	return store.ResultToPB(err), nil
+}
+
+func (s *rpcServer) ReMountSegment(_ context.Context, r *pb.ReMountSegmentRequest) (*pb.ReMountSegmentResponse, error) {
+	if err := checkBatch(len(r.Segments)); err != nil {
+		return nil, err
+	}
+	segs := make([]store.SegmentInfo, len(r.Segments))
+	for i, x := range r.Segments {
+		segs[i] = store.SegmentFromPB(x)
+	}
+	res, failed := results(s.m.ReMountSegment(store.UUIDFromPB(r.ClientId), segs))
+	s.m.m.Op("remount_segment", failed)
+	return &pb.ReMountSegmentResponse{Results: res.Results}, nil
+}
+
+func (s *rpcServer) UnmountSegment(_ context.Context, r *pb.UnmountSegmentRequest) (*pb.Result, error) {
+	err := s.m.UnmountSegment(store.UUIDFromPB(r.ClientId), store.UUIDFromPB(r.SegmentId))
+	s.m.m.Op("unmount_segment", err != nil)
+	return store.ResultToPB(err), nil
+}
+
+func (s *rpcServer) GracefulUnmountSegment(ctx context.Context, r *pb.UnmountSegmentRequest) (*pb.Result, error) {
+	err := s.m.GracefulUnmountSegment(ctx, store.UUIDFromPB(r.ClientId), store.UUIDFromPB(r.SegmentId))
+	s.m.m.Op("unmount_segment", err != nil)
+	return store.ResultToPB(err), nil
+}
+
+func (s *rpcServer) BatchPutStart(_ context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
+	if err := checkBatch(len(r.Items)); err != nil {
+		return nil, err
+	}
+	res, failed := replicaLists(s.m.BatchPutStart(store.UUIDFromPB(r.ClientId), r.ClientHost, items(r.Items), store.ConfigFromPB(r.Config)))
+	s.m.m.Op("batch_put_start", failed)
+	return &pb.BatchPutStartResponse{Results: res.Results}, nil
+}
+
+func (s *rpcServer) BatchUpsertStart(_ context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
+	if err := checkBatch(len(r.Items)); err != nil {
+		return nil, err
+	}
+	res, failed := replicaLists(s.m.BatchUpsertStart(store.UUIDFromPB(r.ClientId), r.ClientHost, items(r.Items), store.ConfigFromPB(r.Config)))
+	s.m.m.Op("batch_upsert_start", failed)
+	return &pb.BatchPutStartResponse{Results: res.Results}, nil
+}
+
+func (s *rpcServer) keysOp(name string, r *pb.BatchKeysRequest, f func(store.UUID, []string) []error) (*pb.BatchResults, error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
+	res, failed := results(f(store.UUIDFromPB(r.ClientId), r.Keys))
+	s.m.m.Op(name, failed)
+	return res, nil
+}
+
+func (s *rpcServer) BatchPutEnd(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+	return s.keysOp("batch_put_end", r, s.m.BatchPutEnd)
+}
+
+func (s *rpcServer) BatchPutRevoke(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+	return s.keysOp("batch_put_revoke", r, s.m.BatchPutRevoke)
+}
+
+func (s *rpcServer) BatchUpsertEnd(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+	return s.keysOp("batch_upsert_end", r, s.m.BatchUpsertEnd)
+}
+
+func (s *rpcServer) BatchUpsertRevoke(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+	return s.keysOp("batch_upsert_revoke", r, s.m.BatchUpsertRevoke)
+}
+
+func (s *rpcServer) BatchGetReplicaList(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
+	res, failed := replicaLists(s.m.BatchGetReplicaList(r.Keys))
+	s.m.m.Op("batch_get_replica_list", failed)
+	return res, nil
+}
+
+func (s *rpcServer) BatchQuery(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
+	res, failed := replicaLists(s.m.BatchQuery(r.Keys))
+	s.m.m.Op("batch_query", failed)
+	return res, nil
+}
+
+func (s *rpcServer) BatchExistKey(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchExistResponse, error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
+	exists, errs := s.m.BatchExistKey(r.Keys)
+	res, failed := results(errs)
+	s.m.m.Op("batch_exist_key", failed)
+	return &pb.BatchExistResponse{Results: res.Results, Exists: exists}, nil
+}
+
+func (s *rpcServer) BatchRemove(_ context.Context, r *pb.BatchRemoveRequest) (*pb.BatchResults, error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
+	res, failed := results(s.m.BatchRemove(r.Keys, r.Force))
+	s.m.m.Op("batch_remove", failed)
+	return res, nil
+}
+
+func (s *rpcServer) RemoveAll(_ context.Context, r *pb.RemoveAllRequest) (*pb.RemoveAllResponse, error) {
+	n := s.m.RemoveAll()
+	s.m.m.Op("remove_all", false)
+	return &pb.RemoveAllResponse{Removed: uint64(n)}, nil
+}

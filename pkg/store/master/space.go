@@ -1,0 +1,475 @@
+package master
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/alloc"
+)
+
+// SegStatus is a segment's state as the admin API reports it.
+type SegStatus uint8
+
+const (
+	SegOK SegStatus = iota
+	SegDraining
+	SegDrained
+	SegGracefullyUnmounting
+	SegUnmounting
+)
+
+func (s SegStatus) String() string {
+	return [...]string{"OK", "DRAINING", "DRAINED", "GRACEFULLY_UNMOUNTING", "UNMOUNTING"}[s]
+}
+
+type segment struct {
+	info  store.SegmentInfo
+	host  string // for local-first placement
+	owner store.UUID
+	// regions carves the segment into regions.
+	regions *alloc.Allocator
+	status  SegStatus
+	used    atomic.Uint64 // object bytes (replica lengths)
+	nreg    int
+	// live is set on the placeholder of a restored segment once the real
+	// segment is mounted (guarded by space.mu).
+	live *segment
+}
+
+// region is a piece of a segment owned by one writing instance; its
+// objects are placed inside with an allocator of its own.
+type region struct {
+	seg       *segment
+	base, len uint64
+	alloc     *alloc.Allocator
+	owner     *instance
+	objects   int32 // live replicas in the region
+	dedicated bool  // holds one object of at least half a region
+}
+
+// instance is a writing client's placement state: its open regions.
+type instance struct {
+	id      store.UUID
+	regions []*region // not dedicated ones
+	count   int       // all regions, dedicated included
+}
+
+type space struct {
+	mu        sync.Mutex
+	cfg       *Config
+	segs      map[store.UUID]*segment
+	byName    map[string]*segment
+	order     []*segment // mounted, for placement scans
+	instances map[store.UUID]*instance
+	// restored holds replicas known before their segment is (re-)mounted
+	// (Restore): mount rebuilds the allocators around them so no new
+	// allocation lands on live data (Mooncake #3826, #1336).
+	restored map[store.UUID][]*restoredRef
+	capacity atomic.Uint64
+	used     atomic.Uint64
+	rng      *rand.Rand
+}
+
+type restoredRef struct {
+	reg  *region
+	addr uint64
+	size uint64
+}
+
+func (s *space) init(cfg *Config) {
+	s.cfg = cfg
+	s.segs = make(map[store.UUID]*segment)
+	s.byName = make(map[string]*segment)
+	s.instances = make(map[store.UUID]*instance)
+	s.restored = make(map[store.UUID][]*restoredRef)
+	s.rng = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+}
+
+func hostOf(endpoint string) string {
+	if h, _, err := net.SplitHostPort(endpoint); err == nil {
+		return h
+	}
+	return endpoint
+}
+
+func (s *space) mount(client store.UUID, info store.SegmentInfo) error {
+	switch {
+	case info.ID.IsZero():
+		return store.Errorf(store.InvalidParams, "mount segment %q: no segment id", info.Name)
+	case info.Name == "":
+		return store.Errorf(store.InvalidParams, "mount segment %s: no name", info.ID)
+	case info.Size == 0:
+		return store.Errorf(store.InvalidParams, "mount segment %q: size 0", info.Name)
+	case info.Base+info.Size < info.Base:
+		return store.Errorf(store.InvalidParams, "mount segment %q: base 0x%x + size %d overflows", info.Name, info.Base, info.Size)
+	case info.Endpoint == "":
+		return store.Errorf(store.InvalidParams, "mount segment %q: no transfer endpoint", info.Name)
+	}
+	if info.Protocol == "" {
+		info.Protocol = "tcp"
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.segs[info.ID]; old != nil {
+		return store.Errorf(store.SegmentAlreadyExists, "segment %q (%s) is already mounted", info.Name, info.ID)
+	}
+	if old := s.byName[info.Name]; old != nil {
+		return store.Errorf(store.SegmentAlreadyExists, "a segment named %q is already mounted (id %s)", info.Name, old.info.ID)
+	}
+	seg := &segment{info: info, host: hostOf(info.Endpoint), owner: client}
+	var err error
+	if restored := s.restored[info.ID]; len(restored) > 0 {
+		err = s.rebuild(seg, restored)
+		delete(s.restored, info.ID)
+	} else {
+		seg.regions, err = alloc.New(info.Base, info.Size)
+	}
+	if err != nil {
+		return store.Errorf(store.InvalidParams, "mount segment %q: %v", info.Name, err)
+	}
+	s.segs[info.ID] = seg
+	s.byName[info.Name] = seg
+	s.order = append(s.order, seg)
+	s.capacity.Add(info.Size)
+	return nil
+}
+
+// rebuild makes the allocators of a re-mounted segment from the replicas
+// the master already knows on it: each restored replica becomes a
+// dedicated region reserved in the segment's allocator.
+func (s *space) rebuild(seg *segment, refs []*restoredRef) error {
+	used := make([]alloc.Range, len(refs))
+	for i, r := range refs {
+		used[i] = alloc.Range{Addr: r.addr, Len: r.size}
+	}
+	a, err := alloc.NewWithUsed(seg.info.Base, seg.info.Size, used)
+	if err != nil {
+		return fmt.Errorf("restored replicas do not fit the segment: %w", err)
+	}
+	seg.regions = a
+	for _, r := range refs {
+		// The object keeps its placeholder region; frees resolve it to
+		// the live segment through live.
+		r.reg.seg.live = seg
+		seg.nreg++
+		seg.used.Add(r.size)
+		s.used.Add(r.size)
+	}
+	return nil
+}
+
+func (s *space) ownedBy(id, client store.UUID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seg := s.segs[id]
+	return seg != nil && seg.owner == client
+}
+
+// beginUnmount marks a segment as leaving: nothing new is placed on it.
+func (s *space) beginUnmount(client, id store.UUID, st SegStatus) (*segment, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seg := s.segs[id]
+	if seg == nil {
+		return nil, store.Errorf(store.SegmentNotFound, "segment %s is not mounted", id)
+	}
+	if !client.IsZero() && seg.owner != client {
+		return nil, store.Errorf(store.InvalidParams, "segment %q belongs to client %s, not %s", seg.info.Name, seg.owner, client)
+	}
+	if seg.status >= SegGracefullyUnmounting {
+		return nil, store.Errorf(store.UnavailableInCurrentStatus, "segment %q is already unmounting", seg.info.Name)
+	}
+	seg.status = st
+	return seg, nil
+}
+
+// unmount forgets a segment whose objects have been dropped.
+func (s *space) unmount(seg *segment) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.segs[seg.info.ID] != seg {
+		return
+	}
+	delete(s.segs, seg.info.ID)
+	delete(s.byName, seg.info.Name)
+	s.order = slices.DeleteFunc(s.order, func(x *segment) bool { return x == seg })
+	for _, in := range s.instances {
+		n := len(in.regions)
+		in.regions = slices.DeleteFunc(in.regions, func(r *region) bool { return r.seg == seg })
+		in.count -= n - len(in.regions)
+	}
+	s.capacity.Add(-seg.info.Size)
+	s.used.Add(-seg.used.Load())
+}
+
+func (s *space) dropInstance(id store.UUID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := s.instances[id]
+	if in == nil {
+		return
+	}
+	// Its regions stay (their objects live on); they are simply no longer
+	// anyone's to fill, and are returned when they empty.
+	for _, r := range in.regions {
+		r.owner = nil
+	}
+	delete(s.instances, id)
+}
+
+// place allocates up to cfg.ReplicaNum replicas of size bytes on distinct
+// segments for the writer client. It returns at least one replica or an
+// error saying why none could be placed.
+func (s *space) place(client store.UUID, host string, size uint64, cfg store.ReplicateConfig) ([]replicaRef, error) {
+	want := max(cfg.ReplicaNum, 1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.order) == 0 {
+		return nil, store.Errorf(store.NoAvailableHandle, "no segment is mounted")
+	}
+	in := s.instances[client]
+	if in == nil {
+		in = &instance{id: client}
+		s.instances[client] = in
+	}
+	out := make([]replicaRef, 0, want)
+	used := make([]*segment, 0, want)
+	for len(out) < want {
+		r, ok := s.placeOne(in, host, size, cfg, used)
+		if !ok {
+			break
+		}
+		out = append(out, r)
+		used = append(used, r.reg.seg)
+	}
+	if len(out) == 0 {
+		return nil, s.whyNoSpace(in, size)
+	}
+	for _, r := range out {
+		r.reg.seg.used.Add(size)
+	}
+	s.used.Add(size * uint64(len(out)))
+	return out, nil
+}
+
+func (s *space) whyNoSpace(in *instance, size uint64) error {
+	var largest uint64
+	for _, seg := range s.order {
+		largest = max(largest, seg.info.Size)
+	}
+	switch {
+	case size > largest:
+		return store.Errorf(store.NoAvailableHandle, "value of %d bytes is larger than any segment (largest %d bytes)", size, largest)
+	case s.cfg.MaxRegionsPerInstance > 0 && in.count >= s.cfg.MaxRegionsPerInstance:
+		return store.Errorf(store.NoAvailableHandle, "no room for %d bytes in this client's %d regions (max_regions_per_instance) and eviction has not freed space yet", size, in.count)
+	}
+	return store.Errorf(store.NoAvailableHandle, "no segment has %d free bytes (used %d of %d); eviction runs in the background", size, s.used.Load(), s.capacity.Load())
+}
+
+func (s *space) eligible(seg *segment, used []*segment) bool {
+	return seg.status == SegOK && !slices.Contains(used, seg)
+}
+
+func (s *space) placeOne(in *instance, host string, size uint64, cfg store.ReplicateConfig, used []*segment) (replicaRef, bool) {
+	dedicated := size >= s.cfg.RegionSize/2
+	try := func(seg *segment) (replicaRef, bool) {
+		if !s.eligible(seg, used) {
+			return replicaRef{}, false
+		}
+		if !dedicated {
+			if r, ok := s.inOwnRegions(in, seg, size); ok {
+				return r, true
+			}
+		}
+		return s.newRegion(in, seg, size, dedicated)
+	}
+	// 1. Preferred segments, in the caller's order.
+	for _, name := range cfg.PreferredSegments {
+		if seg := s.byName[name]; seg != nil {
+			if r, ok := try(seg); ok {
+				return r, true
+			}
+		}
+	}
+	// 2. The writer's own host (local_first applies to single-replica
+	// puts, as in Mooncake).
+	if host != "" && (cfg.PreferLocal || s.cfg.AllocationStrategy == strategyLocalFirst && max(cfg.ReplicaNum, 1) == 1) {
+		for _, seg := range s.order {
+			if seg.host == host {
+				if r, ok := try(seg); ok {
+					return r, true
+				}
+			}
+		}
+	}
+	// 3. Room in a region this writer already holds.
+	if !dedicated {
+		for i := len(in.regions) - 1; i >= 0; i-- {
+			reg := in.regions[i]
+			if !s.eligible(reg.seg, used) || reg.alloc.LargestFree() < size {
+				continue
+			}
+			if addr, err := reg.alloc.Alloc(size); err == nil {
+				reg.objects++
+				return replicaRef{reg, addr}, true
+			}
+		}
+	}
+	// 4. A new region on a segment chosen by the strategy.
+	for _, seg := range s.candidates(size, used) {
+		if r, ok := s.newRegion(in, seg, size, dedicated); ok {
+			return r, true
+		}
+	}
+	return replicaRef{}, false
+}
+
+func (s *space) inOwnRegions(in *instance, seg *segment, size uint64) (replicaRef, bool) {
+	for i := len(in.regions) - 1; i >= 0; i-- {
+		reg := in.regions[i]
+		if reg.seg != seg || reg.alloc.LargestFree() < size {
+			continue
+		}
+		if addr, err := reg.alloc.Alloc(size); err == nil {
+			reg.objects++
+			return replicaRef{reg, addr}, true
+		}
+	}
+	return replicaRef{}, false
+}
+
+// candidates lists the segments that can take a region for size bytes,
+// in the order the allocation strategy prefers. Each placement draws
+// afresh, so a newly mounted empty segment receives its share of new
+// regions, not every put (Mooncake #3688).
+func (s *space) candidates(size uint64, used []*segment) []*segment {
+	var c []*segment
+	for _, seg := range s.order {
+		if s.eligible(seg, used) && seg.regions.LargestFree() >= size {
+			c = append(c, seg)
+		}
+	}
+	switch s.cfg.AllocationStrategy {
+	case strategyFreeRatioFirst:
+		// Best of a small random sample, so the emptiest segment is
+		// favoured without taking every region.
+		s.rng.Shuffle(len(c), func(i, j int) { c[i], c[j] = c[j], c[i] })
+		k := min(len(c), 2)
+		sort.SliceStable(c[:k], func(i, j int) bool { return freeRatio(c[i]) > freeRatio(c[j]) })
+	default:
+		s.rng.Shuffle(len(c), func(i, j int) { c[i], c[j] = c[j], c[i] })
+	}
+	return c
+}
+
+func freeRatio(seg *segment) float64 {
+	return 1 - float64(seg.used.Load())/float64(seg.info.Size)
+}
+
+func (s *space) newRegion(in *instance, seg *segment, size uint64, dedicated bool) (replicaRef, bool) {
+	if s.cfg.MaxRegionsPerInstance > 0 && in.count >= s.cfg.MaxRegionsPerInstance {
+		return replicaRef{}, false
+	}
+	free := seg.regions.LargestFree()
+	if free < size {
+		return replicaRef{}, false
+	}
+	n := size
+	if !dedicated {
+		n = max(size, min(s.cfg.RegionSize, free))
+	}
+	base, err := seg.regions.Alloc(n)
+	if err != nil {
+		return replicaRef{}, false
+	}
+	reg := &region{seg: seg, base: base, len: n, owner: in, objects: 1, dedicated: dedicated}
+	seg.nreg++
+	in.count++
+	if dedicated {
+		return replicaRef{reg, base}, true
+	}
+	reg.alloc, err = alloc.New(base, n)
+	if err == nil {
+		var addr uint64
+		if addr, err = reg.alloc.Alloc(size); err == nil {
+			in.regions = append(in.regions, reg)
+			return replicaRef{reg, addr}, true
+		}
+	}
+	_ = seg.regions.Free(base, n)
+	seg.nreg--
+	in.count--
+	return replicaRef{}, false
+}
+
+// free returns replicas' space. Regions that empty go back to their
+// segment, except a writer's newest region, which it will fill next.
+func (s *space) free(refs []replicaRef, size uint64) {
+	if len(refs) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range refs {
+		s.freeOne(r, size)
+	}
+}
+
+func (s *space) freeOne(r replicaRef, size uint64) {
+	reg, seg := r.reg, r.reg.seg
+	if seg.live != nil {
+		seg = seg.live
+	}
+	if s.segs[seg.info.ID] != seg {
+		return // the segment is gone, and its space with it
+	}
+	seg.used.Add(-size)
+	s.used.Add(-size)
+	reg.objects--
+	if !reg.dedicated {
+		_ = reg.alloc.Free(r.addr, size)
+	}
+	if reg.objects > 0 {
+		return
+	}
+	if in := reg.owner; in != nil && !reg.dedicated {
+		if len(in.regions) > 0 && in.regions[len(in.regions)-1] == reg {
+			return
+		}
+		in.regions = slices.DeleteFunc(in.regions, func(x *region) bool { return x == reg })
+	}
+	if reg.owner != nil {
+		reg.owner.count--
+	}
+	_ = seg.regions.Free(reg.base, reg.len)
+	seg.nreg--
+}
+
+// SegmentStatus is one segment as the admin API shows it.
+type SegmentStatus struct {
+	Info     store.SegmentInfo
+	Client   store.UUID
+	Status   SegStatus
+	Used     uint64 // object bytes
+	Capacity uint64
+	Regions  int
+}
+
+func (s *space) list() []SegmentStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]SegmentStatus, 0, len(s.order))
+	for _, seg := range s.order {
+		out = append(out, SegmentStatus{
+			Info: seg.info, Client: seg.owner, Status: seg.status,
+			Used: seg.used.Load(), Capacity: seg.info.Size, Regions: seg.nreg,
+		})
+	}
+	return out
+}

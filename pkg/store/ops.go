@@ -1,0 +1,581 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/kvcache-ops/mc/pkg/engine"
+	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
+)
+
+// Buffer is memory registered with the client's engine: PutFrom reads a
+// value from it and GetInto writes one into it with no copy on the way.
+type Buffer struct{ mem *engine.Memory }
+
+// RegisterBuffer registers size bytes for zero-copy puts and gets.
+func (c *Client) RegisterBuffer(ctx context.Context, size int) (*Buffer, error) {
+	m, err := c.eng.RegisterMemory(ctx, size, "cpu:0", false)
+	if err != nil {
+		return nil, err
+	}
+	return &Buffer{mem: m}, nil
+}
+
+// Bytes is the buffer's memory.
+func (b *Buffer) Bytes() []byte { return b.mem.Bytes() }
+
+// Len is the buffer's size.
+func (b *Buffer) Len() int { return b.mem.Len() }
+
+// ReleaseBuffer unregisters a buffer.
+func (c *Client) ReleaseBuffer(ctx context.Context, b *Buffer) error {
+	return c.eng.UnregisterMemory(ctx, b.mem)
+}
+
+// Slice is a part of a Buffer.
+type Slice struct {
+	Buf      *Buffer
+	Off, Len int
+}
+
+func (s Slice) addr() (uint64, error) {
+	if s.Buf == nil || s.Off < 0 || s.Len < 0 || s.Off+s.Len > s.Buf.Len() {
+		return 0, Errorf(InvalidParams, "slice [%d, +%d) is outside its buffer", s.Off, s.Len)
+	}
+	return s.Buf.mem.Addr() + uint64(s.Off), nil
+}
+
+// PutOption adjusts one put's ReplicateConfig.
+type PutOption func(*ReplicateConfig)
+
+// WithReplicas asks for n replicas on distinct segments (best effort).
+func WithReplicas(n int) PutOption { return func(c *ReplicateConfig) { c.ReplicaNum = n } }
+
+// WithConfig replaces the whole ReplicateConfig.
+func WithConfig(rc ReplicateConfig) PutOption { return func(c *ReplicateConfig) { *c = rc } }
+
+func (c *Client) replicate(opts []PutOption) ReplicateConfig {
+	rc := c.cfg.Replicate
+	for _, o := range opts {
+		o(&rc)
+	}
+	return rc
+}
+
+// Put stores value under key. The value is copied once into the client's
+// registered staging memory; PutFrom avoids that copy.
+func (c *Client) Put(ctx context.Context, key string, value []byte, opts ...PutOption) error {
+	return c.BatchPut(ctx, []string{key}, [][]byte{value}, opts...)[0]
+}
+
+// BatchPut stores values under keys, with one master round trip to start
+// them, one batch of transfers and one round trip to end them.
+func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, opts ...PutOption) []error {
+	errs := make([]error, len(keys))
+	if len(values) != len(keys) {
+		for i := range errs {
+			errs[i] = Errorf(InvalidParams, "%d keys but %d values", len(keys), len(values))
+		}
+		return errs
+	}
+	src := make([]local, len(keys))
+	defer c.unstage(ctx, src)
+	for i, v := range values {
+		if len(v) == 0 {
+			errs[i] = Errorf(InvalidParams, "key %q: a value of 0 bytes cannot be stored", keys[i])
+			continue
+		}
+		s, err := c.staged(ctx, len(v))
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		copy(s.bytes(), v)
+		src[i] = s
+	}
+	c.put(ctx, keys, src, c.replicate(opts), errs, false)
+	return errs
+}
+
+// PutFrom stores the bytes of s under key with no copy.
+func (c *Client) PutFrom(ctx context.Context, key string, s Slice, opts ...PutOption) error {
+	return c.BatchPutFrom(ctx, []string{key}, []Slice{s}, opts...)[0]
+}
+
+// BatchPutFrom stores each slice under its key with no copy.
+func (c *Client) BatchPutFrom(ctx context.Context, keys []string, slices []Slice, opts ...PutOption) []error {
+	errs := make([]error, len(keys))
+	src := make([]local, len(keys))
+	for i := range keys {
+		if i >= len(slices) {
+			errs[i] = Errorf(InvalidParams, "%d keys but %d slices", len(keys), len(slices))
+			continue
+		}
+		a, err := slices[i].addr()
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		src[i] = local{addr: a, n: uint64(slices[i].Len), buf: slices[i].Buf.mem.Bytes()[slices[i].Off:][:slices[i].Len]}
+	}
+	c.put(ctx, keys, src, c.replicate(opts), errs, false)
+	return errs
+}
+
+// Upsert stores value under key whether or not it exists.
+func (c *Client) Upsert(ctx context.Context, key string, value []byte, opts ...PutOption) error {
+	errs := []error{nil}
+	if len(value) == 0 {
+		return Errorf(InvalidParams, "key %q: a value of 0 bytes cannot be stored", key)
+	}
+	s, err := c.staged(ctx, len(value))
+	if err != nil {
+		return err
+	}
+	src := []local{s}
+	defer c.unstage(ctx, src)
+	copy(s.bytes(), value)
+	c.put(ctx, []string{key}, src, c.replicate(opts), errs, true)
+	return errs[0]
+}
+
+// put runs the put protocol for the items whose errs entry is nil.
+func (c *Client) put(ctx context.Context, keys []string, src []local, rc ReplicateConfig, errs []error, upsert bool) {
+	req := &pb.BatchPutStartRequest{ClientId: UUIDToPB(c.id), Config: ConfigToPB(rc), ClientHost: c.host}
+	idx := make([]int, 0, len(keys))
+	for i, k := range keys {
+		if errs[i] == nil {
+			req.Items = append(req.Items, &pb.PutStartItem{Key: k, Length: src[i].n})
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return
+	}
+	var resp *pb.BatchPutStartResponse
+	err := c.call(ctx, "put start", func(ctx context.Context) (err error) {
+		if upsert {
+			resp, err = c.rpc.BatchUpsertStart(ctx, req)
+		} else {
+			resp, err = c.rpc.BatchPutStart(ctx, req)
+		}
+		return err
+	})
+	if err == nil && len(resp.Results) != len(idx) {
+		err = Errorf(RPCFail, "put start: master answered %d items for %d", len(resp.Results), len(idx))
+	}
+	if err != nil {
+		for _, i := range idx {
+			errs[i] = err
+		}
+		return
+	}
+	var reqs []xfer
+	for j, i := range idx {
+		reps, _, err := ReplicaListFromPB(resp.Results[j])
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		for _, r := range reps {
+			reqs = append(reqs, xfer{item: i, op: engine.Write, local: src[i].addr, rep: r})
+		}
+	}
+	failed := c.transfer(ctx, reqs)
+	var end, revoke []string
+	var endIdx []int
+	for _, i := range idx {
+		if errs[i] != nil {
+			continue
+		}
+		if err := failed[i]; err != nil {
+			errs[i] = err
+			revoke = append(revoke, keys[i])
+			continue
+		}
+		end = append(end, keys[i])
+		endIdx = append(endIdx, i)
+	}
+	if len(revoke) > 0 {
+		c.keysCall(context.WithoutCancel(ctx), "put revoke", revoke, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+			if upsert {
+				return c.rpc.BatchUpsertRevoke(ctx, r)
+			}
+			return c.rpc.BatchPutRevoke(ctx, r)
+		})
+	}
+	if len(end) > 0 {
+		res := c.keysCall(ctx, "put end", end, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+			if upsert {
+				return c.rpc.BatchUpsertEnd(ctx, r)
+			}
+			return c.rpc.BatchPutEnd(ctx, r)
+		})
+		for j, i := range endIdx {
+			errs[i] = res[j]
+		}
+	}
+}
+
+func (c *Client) keysCall(ctx context.Context, what string, keys []string, f func(context.Context, *pb.BatchKeysRequest) (*pb.BatchResults, error)) []error {
+	out := make([]error, len(keys))
+	var resp *pb.BatchResults
+	err := c.call(ctx, what, func(ctx context.Context) (err error) {
+		resp, err = f(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
+		return err
+	})
+	if err == nil && len(resp.Results) != len(keys) {
+		err = Errorf(RPCFail, "%s: master answered %d items for %d", what, len(resp.Results), len(keys))
+	}
+	for i := range out {
+		if err != nil {
+			out[i] = err
+		} else {
+			out[i] = ResultFromPB(resp.Results[i])
+		}
+	}
+	return out
+}
+
+// Get returns the value of key. It is read into the client's staging
+// memory and copied out once; GetInto avoids that copy.
+func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
+	v, errs := c.BatchGet(ctx, []string{key})
+	return v[0], errs[0]
+}
+
+// BatchGet returns the values of keys: one master round trip, one batch
+// of transfers (and more only for replicas that failed).
+func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error) {
+	vals := make([][]byte, len(keys))
+	errs := make([]error, len(keys))
+	reps := c.replicaLists(ctx, keys, errs)
+	dst := make([]local, len(keys))
+	defer c.unstage(ctx, dst)
+	for i := range keys {
+		if errs[i] != nil {
+			continue
+		}
+		s, err := c.staged(ctx, int(reps[i][0].Len))
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		dst[i] = s
+	}
+	c.read(ctx, keys, reps, dst, errs)
+	for i := range keys {
+		if errs[i] == nil {
+			vals[i] = append([]byte(nil), dst[i].bytes()...)
+		}
+	}
+	return vals, errs
+}
+
+// GetInto reads key's value into s and returns its length. s must be at
+// least as long as the value.
+func (c *Client) GetInto(ctx context.Context, key string, s Slice) (int, error) {
+	n, errs := c.BatchGetInto(ctx, []string{key}, []Slice{s})
+	return n[0], errs[0]
+}
+
+// BatchGetInto reads each key's value into its slice with no copy.
+func (c *Client) BatchGetInto(ctx context.Context, keys []string, slices []Slice) ([]int, []error) {
+	errs := make([]error, len(keys))
+	ns := make([]int, len(keys))
+	reps := c.replicaLists(ctx, keys, errs)
+	dst := make([]local, len(keys))
+	for i := range keys {
+		if errs[i] != nil {
+			continue
+		}
+		if i >= len(slices) {
+			errs[i] = Errorf(InvalidParams, "%d keys but %d slices", len(keys), len(slices))
+			continue
+		}
+		a, err := slices[i].addr()
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if n := reps[i][0].Len; n > uint64(slices[i].Len) {
+			errs[i] = Errorf(InvalidParams, "key %q: value of %d bytes does not fit a slice of %d", keys[i], n, slices[i].Len)
+			continue
+		}
+		dst[i] = local{addr: a, n: reps[i][0].Len}
+	}
+	c.read(ctx, keys, reps, dst, errs)
+	for i := range keys {
+		if errs[i] == nil {
+			ns[i] = int(dst[i].n)
+		}
+	}
+	return ns, errs
+}
+
+// replicaLists asks the master where each key's replicas are (granting a
+// read lease).
+func (c *Client) replicaLists(ctx context.Context, keys []string, errs []error) [][]Replica {
+	out := make([][]Replica, len(keys))
+	var resp *pb.BatchReplicaListResponse
+	err := c.call(ctx, "get", func(ctx context.Context) (err error) {
+		resp, err = c.rpc.BatchGetReplicaList(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
+		return err
+	})
+	if err == nil && len(resp.Results) != len(keys) {
+		err = Errorf(RPCFail, "get: master answered %d items for %d", len(resp.Results), len(keys))
+	}
+	for i := range keys {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		reps, _, e := ReplicaListFromPB(resp.Results[i])
+		switch {
+		case e != nil:
+			errs[i] = e
+		case len(reps) == 0:
+			errs[i] = Errorf(ObjectNotFound, "key %q has no complete replica", keys[i])
+		default:
+			out[i] = c.orderReplicas(reps)
+		}
+	}
+	return out
+}
+
+// orderReplicas puts the replicas this process holds first (a memcpy),
+// then those on this host.
+func (c *Client) orderReplicas(reps []Replica) []Replica {
+	if len(reps) < 2 {
+		return reps
+	}
+	own := c.eng.SegmentName()
+	rank := func(r Replica) int {
+		switch {
+		case r.Endpoint == own:
+			return 0
+		case hostOf(r.Endpoint) == c.host:
+			return 1
+		}
+		return 2
+	}
+	for i := 1; i < len(reps); i++ {
+		for j := i; j > 0 && rank(reps[j]) < rank(reps[j-1]); j-- {
+			reps[j], reps[j-1] = reps[j-1], reps[j]
+		}
+	}
+	return reps
+}
+
+// read moves each item's value from its first replica, falling back to
+// the next replica for items whose transfer failed.
+func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, dst []local, errs []error) {
+	try := make([]int, len(keys))
+	for round := 0; ; round++ {
+		var reqs []xfer
+		for i := range keys {
+			if errs[i] != nil || try[i] < 0 || try[i] >= len(reps[i]) {
+				continue
+			}
+			r := reps[i][try[i]]
+			if r.Len != dst[i].n {
+				errs[i] = Errorf(InvalidReplica, "key %q: replica on %s has %d bytes, another %d", keys[i], r.Segment, r.Len, dst[i].n)
+				continue
+			}
+			reqs = append(reqs, xfer{item: i, op: engine.Read, local: dst[i].addr, rep: r})
+		}
+		if len(reqs) == 0 {
+			return
+		}
+		failed := c.transfer(ctx, reqs)
+		for _, x := range reqs {
+			i := x.item
+			if err := failed[i]; err != nil {
+				try[i]++
+				if try[i] >= len(reps[i]) {
+					errs[i] = fmt.Errorf("every replica failed, last: %w", err)
+				} else {
+					c.log.Warn(fmt.Sprintf("get %q: replica on %s failed, trying the next: %v", keys[i], x.rep.Segment, err))
+				}
+			} else {
+				try[i] = -1
+			}
+		}
+	}
+}
+
+// xfer is one replica transfer of one item.
+type xfer struct {
+	item  int
+	op    engine.Opcode
+	local uint64
+	rep   Replica
+}
+
+// transfer runs reqs as one engine batch and returns the error of each
+// item that had a failed transfer.
+func (c *Client) transfer(ctx context.Context, reqs []xfer) map[int]error {
+	failed := make(map[int]error)
+	if len(reqs) == 0 {
+		return failed
+	}
+	ereqs := make([]engine.Request, 0, len(reqs))
+	sent := make([]xfer, 0, len(reqs))
+	segs := make([]*engine.Segment, 0, len(reqs))
+	for _, x := range reqs {
+		seg, err := c.openSegment(ctx, x.rep.Endpoint)
+		if err != nil {
+			failed[x.item] = err
+			continue
+		}
+		ereqs = append(ereqs, engine.Request{Op: x.op, Source: x.local, Segment: seg, Target: x.rep.Addr, Length: x.rep.Len})
+		sent = append(sent, x)
+		segs = append(segs, seg)
+	}
+	if len(ereqs) == 0 {
+		return failed
+	}
+	b, err := c.eng.AllocateBatch(len(ereqs))
+	if err != nil {
+		for _, x := range sent {
+			failed[x.item] = Errorf(TransferFail, "%v", err)
+		}
+		return failed
+	}
+	if _, err := b.Submit(ereqs...); err != nil {
+		for _, x := range sent {
+			failed[x.item] = Errorf(TransferFail, "%v", err)
+		}
+		return failed
+	}
+	if err := b.Wait(ctx); err != nil && ctx.Err() != nil {
+		// The tasks keep running into our memory: wait them out before
+		// the caller reuses it.
+		_ = b.Wait(context.Background())
+	}
+	for i, x := range sent {
+		st, _ := b.TaskStatus(i)
+		if st.Status == engine.Failed {
+			if _, seen := failed[x.item]; !seen {
+				failed[x.item] = Errorf(TransferFail, "%s %d bytes at 0x%x on %s (%s): %v", x.op, x.rep.Len, x.rep.Addr, x.rep.Segment, x.rep.Endpoint, st.Err)
+			}
+			c.dropSegment(x.rep.Endpoint, segs[i])
+		}
+	}
+	_ = b.Free()
+	return failed
+}
+
+// local is a value's place in registered memory; own marks memory
+// registered just for it.
+type local struct {
+	addr, n uint64
+	buf     []byte
+	own     *engine.Memory
+	staged  bool
+}
+
+func (l local) bytes() []byte { return l.buf }
+
+// staged takes n bytes of staging memory, or registers memory of its own
+// for a value larger than the staging area can give.
+func (c *Client) staged(ctx context.Context, n int) (local, error) {
+	c.stageMu.Lock()
+	addr, err := c.stageAlc.Alloc(uint64(n))
+	c.stageMu.Unlock()
+	if err == nil {
+		off := addr - c.stage.Addr()
+		return local{addr: addr, n: uint64(n), buf: c.stage.Bytes()[off : off+uint64(n)], staged: true}, nil
+	}
+	m, err := c.eng.RegisterMemory(ctx, n, "cpu:0", false)
+	if err != nil {
+		return local{}, fmt.Errorf("memory for a value of %d bytes: %w", n, err)
+	}
+	return local{addr: m.Addr(), n: uint64(n), buf: m.Bytes()[:n], own: m}, nil
+}
+
+func (c *Client) unstage(ctx context.Context, ls []local) {
+	for _, l := range ls {
+		switch {
+		case l.staged:
+			c.stageMu.Lock()
+			_ = c.stageAlc.Free(l.addr, l.n)
+			c.stageMu.Unlock()
+		case l.own != nil:
+			_ = c.eng.UnregisterMemory(context.WithoutCancel(ctx), l.own)
+		}
+	}
+}
+
+// Exist reports whether key is stored (complete).
+func (c *Client) Exist(ctx context.Context, key string) (bool, error) {
+	ex, errs := c.BatchExist(ctx, []string{key})
+	return ex[0], errs[0]
+}
+
+// BatchExist reports whether each key is stored.
+func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, []error) {
+	ex := make([]bool, len(keys))
+	errs := make([]error, len(keys))
+	var resp *pb.BatchExistResponse
+	err := c.call(ctx, "exist", func(ctx context.Context) (err error) {
+		resp, err = c.rpc.BatchExistKey(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
+		return err
+	})
+	if err == nil && (len(resp.Results) != len(keys) || len(resp.Exists) != len(keys)) {
+		err = Errorf(RPCFail, "exist: master answered %d items for %d", len(resp.Results), len(keys))
+	}
+	for i := range keys {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		errs[i] = ResultFromPB(resp.Results[i])
+		ex[i] = resp.Exists[i]
+	}
+	return ex, errs
+}
+
+// Remove removes key; a key being read is refused (OBJECT_HAS_LEASE)
+// unless force.
+func (c *Client) Remove(ctx context.Context, key string, force bool) error {
+	return c.BatchRemove(ctx, []string{key}, force)[0]
+}
+
+// BatchRemove removes keys.
+func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []error {
+	return c.keysCall(ctx, "remove", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+		return c.rpc.BatchRemove(ctx, &pb.BatchRemoveRequest{ClientId: r.ClientId, Keys: r.Keys, Force: force})
+	})
+}
+
+// RemoveAll removes every stored object not being read and returns how
+// many went.
+func (c *Client) RemoveAll(ctx context.Context) (uint64, error) {
+	var resp *pb.RemoveAllResponse
+	err := c.call(ctx, "remove all", func(ctx context.Context) (err error) {
+		resp, err = c.rpc.RemoveAll(ctx, &pb.RemoveAllRequest{ClientId: UUIDToPB(c.id)})
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return resp.Removed, nil
+}
+
+// Query returns key's replicas without taking a lease (an admin read).
+func (c *Client) Query(ctx context.Context, key string) ([]Replica, error) {
+	var resp *pb.BatchReplicaListResponse
+	err := c.call(ctx, "query", func(ctx context.Context) (err error) {
+		resp, err = c.rpc.BatchQuery(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: []string{key}})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Results) != 1 {
+		return nil, Errorf(RPCFail, "query: master answered %d items for 1", len(resp.Results))
+	}
+	reps, _, err := ReplicaListFromPB(resp.Results[0])
+	return reps, err
+}

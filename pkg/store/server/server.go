@@ -1,0 +1,217 @@
+// Package server runs what `mc serve store` starts: a master (RPC and
+// admin HTTP), a node contributing a segment, or both in one process. It
+// owns start-up order, the node's own metrics endpoint and graceful
+// shutdown; the work is done by packages master and store.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/kvcache-ops/mc/pkg/engine"
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+)
+
+// Config says what to run.
+type Config struct {
+	// MasterAddr, when set, makes this process a node of that master
+	// (host:port); otherwise it runs a master on RPCAddress.
+	MasterAddr string
+	Master     master.Config
+	RPCAddress string // master's gRPC listen address (host:port)
+	// AdminAddress serves the admin HTTP API (master) or the node's own
+	// /metrics and /health; "" disables it.
+	AdminAddress string
+	// SegmentSize > 0 contributes a segment of that size (with a master:
+	// in the same process, reached by memcpy from local clients).
+	SegmentSize uint64
+	Engine      engine.Config
+	// MetricReporting logs the master's summary line every
+	// ReportInterval (Mooncake's --enable_metric_reporting).
+	MetricReporting bool
+	ReportInterval  time.Duration
+	PingInterval    time.Duration
+	Logger          *slog.Logger
+}
+
+// Server is a running master and/or node.
+type Server struct {
+	Master    *master.Master // nil for a node
+	Node      *store.Client  // nil for a master only
+	RPCAddr   string         // the master's RPC address (this one, or the one the node uses)
+	AdminAddr string
+	log       *slog.Logger
+	grpc      *grpc.Server
+	admin     *http.Server
+	stop      chan struct{}
+	done      chan struct{}
+}
+
+// Start starts everything Config asks for and returns once it serves.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Master.Logger == nil {
+		cfg.Master.Logger = cfg.Logger
+	}
+	s := &Server{log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
+	var adminHandler http.Handler
+	if cfg.MasterAddr == "" {
+		m, err := master.New(cfg.Master)
+		if err != nil {
+			return nil, err
+		}
+		lis, err := net.Listen("tcp", cfg.RPCAddress)
+		if err != nil {
+			return nil, fmt.Errorf("master RPC listener: %w", err)
+		}
+		m.Start()
+		s.Master, s.RPCAddr = m, lis.Addr().String()
+		s.grpc = master.Serve(m, lis)
+		adminHandler = master.NewAdminHandler(m, master.AdminOptions{})
+		s.log.Info(fmt.Sprintf("store master serving RPC on %s", s.RPCAddr))
+	} else {
+		s.RPCAddr = cfg.MasterAddr
+	}
+	if cfg.SegmentSize > 0 || cfg.MasterAddr != "" {
+		target := s.RPCAddr
+		if h, p, err := net.SplitHostPort(target); err == nil && (h == "" || h == "0.0.0.0" || h == "::") {
+			target = net.JoinHostPort("127.0.0.1", p)
+		}
+		node, err := store.New(ctx, store.Config{
+			Master: target, EngineConfig: cfg.Engine, SegmentSize: cfg.SegmentSize,
+			PingInterval: cfg.PingInterval, Logger: cfg.Logger,
+		})
+		if err != nil {
+			s.shutdownMaster()
+			return nil, fmt.Errorf("node: %w", err)
+		}
+		s.Node = node
+		if seg, ok := node.Segment(); ok {
+			s.log.Info(fmt.Sprintf("segment %s: %d bytes at 0x%x, reached at %s over %s", seg.Name, seg.Size, seg.Base, seg.Endpoint, seg.Protocol))
+		}
+		if adminHandler == nil {
+			adminHandler = nodeHandler(node, target)
+		}
+	}
+	if cfg.AdminAddress != "" && adminHandler != nil {
+		lis, err := net.Listen("tcp", cfg.AdminAddress)
+		if err != nil {
+			s.Close(ctx)
+			return nil, fmt.Errorf("admin HTTP listener: %w", err)
+		}
+		s.AdminAddr = lis.Addr().String()
+		s.admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 5 * time.Second}
+		go s.admin.Serve(lis)
+	}
+	go s.report(cfg)
+	return s, nil
+}
+
+func (s *Server) report(cfg Config) {
+	defer close(s.done)
+	if !cfg.MetricReporting || s.Master == nil {
+		<-s.stop
+		return
+	}
+	iv := cfg.ReportInterval
+	if iv <= 0 {
+		iv = 10 * time.Second
+	}
+	t := time.NewTicker(iv)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.log.Info(s.Master.Summary())
+		}
+	}
+}
+
+// Close shuts down in order: the node unmounts gracefully (its objects'
+// reads finish), then the admin endpoint, the RPC server and the master.
+func (s *Server) Close(ctx context.Context) error {
+	var errs []error
+	select {
+	case <-s.stop:
+		return nil
+	default:
+		close(s.stop)
+	}
+	if s.Node != nil {
+		if err := s.Node.Close(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s.admin != nil {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_ = s.admin.Shutdown(sctx)
+		cancel()
+	}
+	s.shutdownMaster()
+	<-s.done
+	return errors.Join(errs...)
+}
+
+func (s *Server) shutdownMaster() {
+	if s.grpc == nil {
+		return
+	}
+	stopped := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second):
+		s.grpc.Stop()
+	}
+	s.Master.Close()
+	s.grpc = nil
+}
+
+// nodeHandler serves a node's own /metrics and /health.
+func nodeHandler(c *store.Client, masterAddr string) http.Handler {
+	reg := prometheus.NewRegistry()
+	seg, _ := c.Segment()
+	gauge := func(name, help string, f func() float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: prometheus.Labels{"segment": seg.Name}}, f))
+	}
+	gauge("mc_store_node_segment_bytes", "bytes of the segment this node contributes", func() float64 { return float64(seg.Size) })
+	gauge("mc_store_node_master_up", "1 when the last ping reached the master", func() float64 {
+		if c.Stats().MasterUp {
+			return 1
+		}
+		return 0
+	})
+	gauge("mc_store_node_pings_total", "pings sent to the master", func() float64 { return float64(c.Stats().Pings) })
+	gauge("mc_store_node_ping_failures_total", "pings that failed", func() float64 { return float64(c.Stats().PingFailures) })
+	gauge("mc_store_node_remounts_total", "re-mounts after the master asked (restart, drop)", func() float64 { return float64(c.Stats().Remounts) })
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		st := c.Stats()
+		status := "ok"
+		if !st.MasterUp {
+			status = "master_unreachable"
+		}
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"status": status, "role": "node", "master": masterAddr, "master_reachable": st.MasterUp,
+			"segment": seg.Name, "segment_bytes": seg.Size, "view_version": c.ViewVersion(),
+		})
+	})
+	return mux
+}

@@ -1,0 +1,105 @@
+// Package store is mc's KV-cache pool, modelled on Mooncake Store: a
+// master (package master) keeps metadata only (segments, objects and their
+// replicas, leases, pins), nodes contribute memory segments registered with
+// the transfer engine, and clients move bytes straight to and from those
+// segments through pkg/engine, never through the master.
+//
+// This package is the client side and the vocabulary both sides share:
+// Client (Put, Get, Exist, Remove and their batch forms, optionally
+// contributing a segment, as Mooncake's client does), Mooncake's error
+// codes (Code, Error), and the types the master hands out (Replica,
+// SegmentInfo, ReplicateConfig). The RPC messages live in storepb.
+package store
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// UUID is Mooncake's 128-bit id of a client or segment, written
+// "first-second" in decimal as Mooncake's admin API prints it.
+type UUID struct{ First, Second uint64 }
+
+// NewUUID returns a random UUID.
+func NewUUID() UUID {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return UUID{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}
+}
+
+// IsZero reports whether u is the zero UUID (unset).
+func (u UUID) IsZero() bool { return u == UUID{} }
+
+func (u UUID) String() string {
+	return strconv.FormatUint(u.First, 10) + "-" + strconv.FormatUint(u.Second, 10)
+}
+
+// ParseUUID reads the "first-second" form.
+func ParseUUID(s string) (UUID, error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		return UUID{}, fmt.Errorf("uuid %q: want first-second", s)
+	}
+	f, err1 := strconv.ParseUint(a, 10, 64)
+	g, err2 := strconv.ParseUint(b, 10, 64)
+	if err1 != nil || err2 != nil {
+		return UUID{}, fmt.Errorf("uuid %q: want two decimal numbers first-second", s)
+	}
+	return UUID{f, g}, nil
+}
+
+// SegmentInfo describes a mounted segment: where its bytes are and how a
+// client reaches them.
+type SegmentInfo struct {
+	ID   UUID
+	Name string
+	Base uint64
+	Size uint64
+	// Endpoint is the transfer-engine segment name a client opens
+	// ("host:port" of the owner's handshake listener under P2PHANDSHAKE).
+	Endpoint string
+	Protocol string
+}
+
+// Replica is one copy of an object: Len bytes at Addr in the segment
+// reached through Endpoint.
+type Replica struct {
+	Segment  string
+	Endpoint string
+	Protocol string
+	Addr     uint64
+	Len      uint64
+	Complete bool
+}
+
+// ReplicateConfig is Mooncake's ReplicateConfig: how many copies, where.
+type ReplicateConfig struct {
+	// ReplicaNum copies on distinct segments, best effort: a put succeeds
+	// with at least one (default 1).
+	ReplicaNum int
+	// PreferredSegments are tried first, in order (segment names).
+	PreferredSegments []string
+	// PreferLocal places the copy on a segment of the writer's own host
+	// (Mooncake's prefer_alloc_in_same_node).
+	PreferLocal bool
+	// SoftPin keeps the object out of eviction until SoftPinTTL passes
+	// (0: the master's default), unless nothing else is evictable.
+	SoftPin    bool
+	SoftPinTTL time.Duration
+	// HardPin keeps the object out of eviction until it is removed.
+	HardPin bool
+}
+
+// ClientStatus is what a Ping tells a client.
+type ClientStatus int
+
+const (
+	ClientOK ClientStatus = iota + 1
+	// ClientNeedRemount: the master does not know this client (it
+	// restarted, or dropped the client after client_ttl): re-mount.
+	ClientNeedRemount
+)
