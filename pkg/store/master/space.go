@@ -37,6 +37,7 @@ type segment struct {
 	status  SegStatus
 	used    atomic.Uint64 // object bytes (replica lengths)
 	nreg    int
+	shared  []*region // its shareable (not dedicated) regions, for borrowing
 	// live is set on the placeholder of a restored segment once the real
 	// segment is mounted (guarded by space.mu).
 	live *segment
@@ -277,17 +278,16 @@ func (s *space) eligible(seg *segment, used []*segment) bool {
 }
 
 func (s *space) placeOne(in *instance, host string, size uint64, cfg store.ReplicateConfig, used []*segment) (replicaRef, bool) {
-	dedicated := size >= s.cfg.RegionSize/2
 	try := func(seg *segment) (replicaRef, bool) {
 		if !s.eligible(seg, used) {
 			return replicaRef{}, false
 		}
-		if !dedicated {
+		if size < s.regionSize(seg)/2 {
 			if r, ok := s.inOwnRegions(in, seg, size); ok {
 				return r, true
 			}
 		}
-		return s.newRegion(in, seg, size, dedicated)
+		return s.newRegion(in, seg, size)
 	}
 	// 1. Preferred segments, in the caller's order.
 	for _, name := range cfg.PreferredSegments {
@@ -309,10 +309,31 @@ func (s *space) placeOne(in *instance, host string, size uint64, cfg store.Repli
 		}
 	}
 	// 3. Room in a region this writer already holds.
-	if !dedicated {
-		for i := len(in.regions) - 1; i >= 0; i-- {
-			reg := in.regions[i]
-			if !s.eligible(reg.seg, used) || reg.alloc.LargestFree() < size {
+	for i := len(in.regions) - 1; i >= 0; i-- {
+		reg := in.regions[i]
+		if !s.eligible(reg.seg, used) || reg.alloc.LargestFree() < size {
+			continue
+		}
+		if addr, err := reg.alloc.Alloc(size); err == nil {
+			reg.objects++
+			return replicaRef{reg, addr}, true
+		}
+	}
+	// 4. A new region on a segment chosen by the strategy.
+	for _, seg := range s.candidates(size, used) {
+		if r, ok := s.newRegion(in, seg, size); ok {
+			return r, true
+		}
+	}
+	// 5. No region to be had: rather than refuse a put while bytes are
+	// free, borrow room in another writer's region. Such objects count in
+	// the lender's region (its reference count) like its own.
+	for _, seg := range s.order {
+		if !s.eligible(seg, used) {
+			continue
+		}
+		for _, reg := range seg.shared {
+			if reg.alloc == nil || reg.alloc.LargestFree() < size {
 				continue
 			}
 			if addr, err := reg.alloc.Alloc(size); err == nil {
@@ -321,13 +342,14 @@ func (s *space) placeOne(in *instance, host string, size uint64, cfg store.Repli
 			}
 		}
 	}
-	// 4. A new region on a segment chosen by the strategy.
-	for _, seg := range s.candidates(size, used) {
-		if r, ok := s.newRegion(in, seg, size, dedicated); ok {
-			return r, true
-		}
-	}
 	return replicaRef{}, false
+}
+
+// regionSize is the region size on seg: the configured size, but at most
+// a sixteenth of the segment (at least 1 MiB), so one writer never takes
+// a small segment whole.
+func (s *space) regionSize(seg *segment) uint64 {
+	return min(s.cfg.RegionSize, max(seg.info.Size/16, 1<<20))
 }
 
 func (s *space) inOwnRegions(in *instance, seg *segment, size uint64) (replicaRef, bool) {
@@ -372,7 +394,7 @@ func freeRatio(seg *segment) float64 {
 	return 1 - float64(seg.used.Load())/float64(seg.info.Size)
 }
 
-func (s *space) newRegion(in *instance, seg *segment, size uint64, dedicated bool) (replicaRef, bool) {
+func (s *space) newRegion(in *instance, seg *segment, size uint64) (replicaRef, bool) {
 	if s.cfg.MaxRegionsPerInstance > 0 && in.count >= s.cfg.MaxRegionsPerInstance {
 		return replicaRef{}, false
 	}
@@ -380,9 +402,11 @@ func (s *space) newRegion(in *instance, seg *segment, size uint64, dedicated boo
 	if free < size {
 		return replicaRef{}, false
 	}
+	rs := s.regionSize(seg)
+	dedicated := size >= rs/2
 	n := size
 	if !dedicated {
-		n = max(size, min(s.cfg.RegionSize, free))
+		n = max(size, min(rs, free))
 	}
 	base, err := seg.regions.Alloc(n)
 	if err != nil {
@@ -399,6 +423,7 @@ func (s *space) newRegion(in *instance, seg *segment, size uint64, dedicated boo
 		var addr uint64
 		if addr, err = reg.alloc.Alloc(size); err == nil {
 			in.regions = append(in.regions, reg)
+			seg.shared = append(seg.shared, reg)
 			return replicaRef{reg, addr}, true
 		}
 	}
@@ -408,8 +433,8 @@ func (s *space) newRegion(in *instance, seg *segment, size uint64, dedicated boo
 	return replicaRef{}, false
 }
 
-// free returns replicas' space. Regions that empty go back to their
-// segment, except a writer's newest region, which it will fill next.
+// free returns replicas' space; regions that empty go back to their
+// segment.
 func (s *space) free(refs []replicaRef, size uint64) {
 	if len(refs) == 0 {
 		return
@@ -438,11 +463,13 @@ func (s *space) freeOne(r replicaRef, size uint64) {
 	if reg.objects > 0 {
 		return
 	}
-	if in := reg.owner; in != nil && !reg.dedicated {
-		if len(in.regions) > 0 && in.regions[len(in.regions)-1] == reg {
-			return
+	// An empty region goes back to its segment at once: holding it for
+	// its writer would starve the others, and taking a new one is cheap.
+	if !reg.dedicated {
+		if in := reg.owner; in != nil {
+			in.regions = slices.DeleteFunc(in.regions, func(x *region) bool { return x == reg })
 		}
-		in.regions = slices.DeleteFunc(in.regions, func(x *region) bool { return x == reg })
+		seg.shared = slices.DeleteFunc(seg.shared, func(x *region) bool { return x == reg })
 	}
 	if reg.owner != nil {
 		reg.owner.count--
