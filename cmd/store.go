@@ -221,7 +221,10 @@ func applyMasterConfigFile(fs *pflag.FlagSet, vals map[string]string) error {
 
 func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	var cfg server.Config
-	seg, err := bench.ParseSize(o.SegmentSize)
+	seg, err := int64(0), error(nil)
+	if strings.TrimSpace(o.SegmentSize) != "0" {
+		seg, err = bench.ParseSize(o.SegmentSize)
+	}
 	if err != nil || seg < 0 {
 		return cfg, fmt.Errorf("invalid --segment-size %q: want bytes with an optional unit (1G, 512M) or 0", o.SegmentSize)
 	}

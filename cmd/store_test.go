@@ -1,0 +1,285 @@
+package cmd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startServeStore runs `mc serve store ARGS` in-process, as a user types
+// it, and waits until its admin API answers. stop ends it as SIGINT does
+// and returns its exit status.
+func startServeStore(t *testing.T, args ...string) (rpc, admin string, out *syncBuffer, stop func() int) {
+	t.Helper()
+	rpcPort, adminPort := freePort(t), freePort(t)
+	rpc = "127.0.0.1:" + strconv.Itoa(rpcPort)
+	admin = "http://127.0.0.1:" + strconv.Itoa(adminPort)
+	out = &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	full := append([]string{"serve", "store", "--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(rpcPort),
+		"--metrics_port", strconv.Itoa(adminPort), "--local-hostname", "127.0.0.1"}, args...)
+	go func() { done <- Execute(ctx, full, out, out) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(admin + "/health")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		select {
+		case code := <-done:
+			cancel()
+			t.Fatalf("serve store exited %d before serving:\n%s", code, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("serve store not serving after 20s:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopped := false
+	stop = func() int {
+		if stopped {
+			return 0
+		}
+		stopped = true
+		cancel()
+		select {
+		case code := <-done:
+			return code
+		case <-time.After(15 * time.Second):
+			t.Fatal("serve store did not stop within 15s of its signal")
+			return -1
+		}
+	}
+	t.Cleanup(func() { stop() })
+	return rpc, admin, out, stop
+}
+
+func TestStoreCLIWalkthrough(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, stop := startServeStore(t, "--segment-size", "64M")
+	m := []string{"--master", rpc, "--admin", admin}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "block.bin")
+	val := bytes.Repeat([]byte("kv-cache block "), 70000)
+	if err := os.WriteFile(src, val, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, errs, code := execMC(t, append([]string{"store", "put", "prefix/0001", src, "--replicas", "1"}, m...)...); code != 0 || !strings.Contains(out, "1050000 bytes") {
+		t.Fatalf("put: %d %q %q", code, out, errs)
+	}
+	dst := filepath.Join(dir, "out.bin")
+	if _, errs, code := execMC(t, append([]string{"store", "get", "prefix/0001", "-o", dst}, m...)...); code != 0 {
+		t.Fatalf("get -o FILE: %d %q", code, errs)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, val) {
+		t.Fatal("get -o FILE wrote other bytes")
+	}
+	out, _, code := execMC(t, append([]string{"store", "get", "prefix/0001"}, m...)...)
+	if code != 0 || out != string(val) {
+		t.Fatalf("get to stdout: %d, %d bytes", code, len(out))
+	}
+	out, _, _ = execMC(t, append([]string{"store", "get", "prefix/0001", "-o", "json"}, m...)...)
+	var gj struct {
+		Key   string `json:"key"`
+		Size  int    `json:"size"`
+		Value string `json:"value_base64"`
+	}
+	if err := json.Unmarshal([]byte(out), &gj); err != nil || gj.Size != len(val) || gj.Key != "prefix/0001" {
+		t.Fatalf("get -o json: %v %+v", err, gj)
+	}
+	if _, _, code := execMC(t, append([]string{"store", "exists", "prefix/0001"}, m...)...); code != 0 {
+		t.Fatalf("exists of a stored key: exit %d", code)
+	}
+	if _, _, code := execMC(t, append([]string{"store", "exists", "nope"}, m...)...); code != 1 {
+		t.Fatalf("exists of an absent key: exit %d, want 1", code)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "get", "nope"}, m...)...); code != 1 || !strings.Contains(errs, "OBJECT_NOT_FOUND") || strings.Count(errs, "\n") != 1 {
+		t.Fatalf("get of an unknown key: %d %q", code, errs)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "put", "prefix/0001", src}, m...)...); code != 1 || !strings.Contains(errs, "OBJECT_ALREADY_EXISTS") {
+		t.Fatalf("duplicate put: %d %q", code, errs)
+	}
+	execMC(t, append([]string{"store", "put", "other/1", src}, m...)...)
+	out, _, _ = execMC(t, append([]string{"store", "ls", "--prefix", "prefix/"}, m...)...)
+	if out != "prefix/0001\n" {
+		t.Fatalf("ls --prefix: %q", out)
+	}
+	out, _, _ = execMC(t, append([]string{"store", "ls", "-o", "json"}, m...)...)
+	var lj struct{ Keys []string }
+	if json.Unmarshal([]byte(out), &lj); len(lj.Keys) != 2 {
+		t.Fatalf("ls -o json: %q", out)
+	}
+	out, _, code = execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
+	var sj struct {
+		Segments []struct {
+			Name     string `json:"segment_name"`
+			Used     uint64 `json:"allocator_used_bytes"`
+			Capacity uint64 `json:"allocator_capacity_bytes"`
+		} `json:"segments"`
+		Keys   int    `json:"keys"`
+		Used   uint64 `json:"used_bytes"`
+		Role   string `json:"role"`
+		Leader struct {
+			Present bool `json:"present"`
+		} `json:"leader"`
+	}
+	if err := json.Unmarshal([]byte(out), &sj); err != nil || code != 0 {
+		t.Fatalf("stat -o json: %v %q", err, out)
+	}
+	if sj.Keys != 2 || len(sj.Segments) != 1 || sj.Segments[0].Capacity != 64<<20 || sj.Used != 2*uint64(len(val)) || sj.Role != "leader" {
+		t.Fatalf("stat: %+v", sj)
+	}
+	out, _, _ = execMC(t, append([]string{"store", "stat"}, m...)...)
+	for _, want := range []string{"segments", "keys", "2.0 MiB / 64.0 MiB", "evicted keys", "leader"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("stat table lacks %q:\n%s", want, out)
+		}
+	}
+	out, _, _ = execMC(t, append([]string{"store", "query", "prefix/0001", "-o", "json"}, m...)...)
+	var qj struct {
+		Replicas []struct {
+			Endpoint string `json:"endpoint"`
+			Size     uint64 `json:"size"`
+		} `json:"replicas"`
+	}
+	if json.Unmarshal([]byte(out), &qj); len(qj.Replicas) != 1 || qj.Replicas[0].Size != uint64(len(val)) {
+		t.Fatalf("query: %q", out)
+	}
+	// The gets above hold leases: rm refuses, rm --force removes.
+	if _, errs, code := execMC(t, append([]string{"store", "rm", "prefix/0001"}, m...)...); code != 1 || !strings.Contains(errs, "OBJECT_HAS_LEASE") {
+		t.Fatalf("rm while leased: %d %q", code, errs)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "rm", "--force", "prefix/0001"}, m...)...); code != 0 {
+		t.Fatalf("rm --force: %d %q", code, errs)
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("serve store exit %d after its signal", code)
+	}
+	// With the store gone, a client says which master it could not reach.
+	if _, errs, code := execMC(t, append([]string{"store", "put", "x", src}, m...)...); code != 1 || !strings.Contains(errs, rpc) {
+		t.Fatalf("put with no master: %d %q", code, errs)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "ls"}, m...)...); code != 1 || !strings.Contains(errs, "admin API") {
+		t.Fatalf("ls with no master: %d %q", code, errs)
+	}
+}
+
+// A node on a second process-equivalent mounts on an existing master,
+// serves its own /metrics and /health, and unmounts at its signal.
+func TestServeStoreNode(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "0")
+	_, nodeAdmin, _, stopNode := startServeStore(t, "--master", rpc, "--segment-size", "32M")
+	m := []string{"--master", rpc, "--admin", admin}
+	out, _, _ := execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
+	var sj struct {
+		Segments []struct {
+			Capacity uint64 `json:"allocator_capacity_bytes"`
+		} `json:"segments"`
+	}
+	if json.Unmarshal([]byte(out), &sj); len(sj.Segments) != 1 || sj.Segments[0].Capacity != 32<<20 {
+		t.Fatalf("master sees %q, want the node's 32 MiB segment", out)
+	}
+	for path, want := range map[string]string{"/metrics": "mc_store_node_master_up", "/health": `"role":"node"`} {
+		resp, err := http.Get(nodeAdmin + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		b.ReadFrom(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("node %s lacks %s:\n%s", path, want, b.String())
+		}
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "v")
+	os.WriteFile(src, []byte("on the node"), 0o644)
+	if _, errs, code := execMC(t, append([]string{"store", "put", "k", src}, m...)...); code != 0 {
+		t.Fatalf("put to the node: %q", errs)
+	}
+	if code := stopNode(); code != 0 {
+		t.Fatalf("node exit %d", code)
+	}
+	out, _, _ = execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
+	if json.Unmarshal([]byte(out), &sj); len(sj.Segments) != 0 {
+		t.Fatalf("segment still mounted after the node's graceful stop: %q", out)
+	}
+}
+
+func TestServeStoreConfigPath(t *testing.T) {
+	isolateEnv(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "master.json")
+	os.WriteFile(cfg, []byte(`{"default_kv_lease_ttl": "250ms", "eviction_high_watermark_ratio": 0.8, "segment_size": "16M"}`), 0o644)
+	_, admin, _, _ := startServeStore(t, "--config_path", cfg, "--segment-size", "8M")
+	resp, err := http.Get(admin + "/get_segments_detail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var d struct {
+		Segments []struct {
+			Size uint64 `json:"size_bytes"`
+		} `json:"segments"`
+	}
+	json.NewDecoder(resp.Body).Decode(&d)
+	if len(d.Segments) != 1 || d.Segments[0].Size != 8<<20 {
+		t.Fatalf("segments %+v: the command line's --segment-size must win over the config file", d.Segments)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(bad, []byte(`{"rpc_prot": 1}`), 0o644)
+	if _, errs, code := execMC(t, "serve", "store", "--config_path", bad); code != 1 || !strings.Contains(errs, `"rpc_prot"`) {
+		t.Fatalf("unknown config key: %d %q", code, errs)
+	}
+}
+
+func TestStoreBadInput(t *testing.T) {
+	isolateEnv(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "store", "--segment-size", "lots"}, "--segment-size"},
+		{[]string{"serve", "store", "--default_kv_lease_ttl", "10x"}, "--default-kv-lease-ttl"},
+		{[]string{"serve", "store", "--allocation_strategy", "best"}, "allocation_strategy"},
+		{[]string{"serve", "store", "--eviction_high_watermark_ratio", "1.5"}, "eviction_high_watermark_ratio"},
+		{[]string{"serve", "store", "--put_start_release_timeout_sec", "10"}, "must exceed"},
+		{[]string{"serve", "store", "--master", "nohost"}, "--master"},
+		{[]string{"serve", "store", "--protocol", "udp"}, "--protocol"},
+		{[]string{"serve", "store", "--config_path", "/nonexistent/x.json"}, "--config-path"},
+		{[]string{"store", "put"}, "arg"},
+		{[]string{"store", "get", "k", "--master", "nohost"}, "--master"},
+		{[]string{"store", "put", "k", "/nonexistent/file"}, "read value"},
+		{[]string{"store", "put", "k", "--replicas", "0"}, "--replicas"},
+		{[]string{"store", "ls", "--admin", "ftp://x"}, "admin URL"},
+	} {
+		_, errs, code := execMC(t, c.args...)
+		if code == 0 || !strings.Contains(errs, c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc %s: exit %d, stderr %q; want one line naming %q", strings.Join(c.args, " "), code, errs, c.want)
+		}
+	}
+}
