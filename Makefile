@@ -98,10 +98,13 @@ bench-tcp:
 bench-diag:
 	MC_DIAG_BENCH_MB=$${MC_DIAG_BENCH_MB:-1024} $(GO) test ./pkg/diag -run '^$$' -bench 'LogScanVsGrep|LogScanGzip' -benchtime 2x -count=1
 
-# The main job on embedded defaults: an in-process target benchmarked over
-# real loopback TCP with Mooncake's bench defaults.
+# The main jobs on embedded defaults: an in-process target benchmarked over
+# real loopback TCP with Mooncake's bench defaults, then the KV-cache store
+# (start, put, get, stat, stop).
 demo: build
 	./bin/mc bench initiator
+	@echo
+	MC=./bin/mc scripts/store-demo.sh
 
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
