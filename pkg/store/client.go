@@ -344,8 +344,16 @@ func (c *Client) Close(ctx context.Context) error {
 			})
 			if err != nil {
 				err = fmt.Errorf("unmount segment %q: %w", c.segInfo.Name, err)
+			} else {
+				c.log.Info(fmt.Sprintf("unmounted segment %s from master %s", c.segInfo.Name, c.cfg.Master))
 			}
 		}
+		// Leave, so the master's client count is true at once rather
+		// than after client_ttl. Best effort: the master may be gone.
+		_ = c.call(ctx, "unregister", func(ctx context.Context) error {
+			_, err := c.rpc.UnregisterClient(ctx, &pb.PingRequest{ClientId: UUIDToPB(c.id)})
+			return err
+		})
 		c.closeLocal(ctx)
 	})
 	return err

@@ -413,7 +413,7 @@ func (m *Master) finishUnmount(seg *segment) {
 
 // dropClient forgets a client that stopped pinging and unmounts its
 // segments.
-func (m *Master) dropClient(c *clientState) {
+func (m *Master) dropClient(c *clientState, why string) {
 	m.clientsMu.Lock()
 	delete(m.clients, c.id)
 	ids := make([]store.UUID, 0, len(c.segments))
@@ -421,13 +421,28 @@ func (m *Master) dropClient(c *clientState) {
 		ids = append(ids, id)
 	}
 	m.clientsMu.Unlock()
-	m.log.Warn(fmt.Sprintf("client %s silent for more than client_ttl %s: dropping it and unmounting its %d segments", c.id, m.cfg.ClientTTL, len(ids)))
+	if why == "" {
+		m.log.Warn(fmt.Sprintf("client %s silent for more than client_ttl %s: dropping it and unmounting its %d segments", c.id, m.cfg.ClientTTL, len(ids)))
+	}
 	for _, id := range ids {
 		if seg, err := m.space.beginUnmount(c.id, id, SegUnmounting); err == nil {
 			m.finishUnmount(seg)
 		}
 	}
 	m.space.dropInstance(c.id)
+}
+
+// UnregisterClient forgets a client that is leaving, unmounting any
+// segment it still has; its objects in other segments stay.
+func (m *Master) UnregisterClient(client store.UUID) error {
+	m.clientsMu.RLock()
+	c := m.clients[client]
+	m.clientsMu.RUnlock()
+	if c == nil {
+		return store.Errorf(store.ClientNotFound, "client %s is not registered", client)
+	}
+	m.dropClient(c, "unregistered")
+	return nil
 }
 
 // ---- background loops ----
@@ -462,7 +477,7 @@ func (m *Master) Maintain() {
 	}
 	m.clientsMu.RUnlock()
 	for _, c := range dead {
-		m.dropClient(c)
+		m.dropClient(c, "")
 	}
 	m.discardStale(now)
 	m.releaseDue(now)

@@ -26,7 +26,7 @@ type Metrics struct {
 // count calls.
 var rpcOps = []string{
 	"put_end", "put_revoke", "upsert_start", "upsert_end", "upsert_revoke",
-	"remove_all", "mount_segment", "remount_segment", "unmount_segment", "ping",
+	"remove_all", "mount_segment", "remount_segment", "unmount_segment", "unregister_client", "ping",
 	"batch_put_start", "batch_put_end", "batch_put_revoke", "batch_upsert_start",
 	"batch_upsert_end", "batch_upsert_revoke", "batch_get_replica_list",
 	"batch_exist_key", "batch_remove", "batch_query",

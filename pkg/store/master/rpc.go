@@ -121,6 +121,12 @@ func (s *rpcServer) GracefulUnmountSegment(ctx context.Context, r *pb.UnmountSeg
 	return store.ResultToPB(err), nil
 }
 
+func (s *rpcServer) UnregisterClient(_ context.Context, r *pb.PingRequest) (*pb.Result, error) {
+	err := s.m.UnregisterClient(store.UUIDFromPB(r.ClientId))
+	s.m.m.Op("unregister_client", err != nil)
+	return store.ResultToPB(err), nil
+}
+
 func (s *rpcServer) BatchPutStart(_ context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
 	if err := checkBatch(len(r.Items)); err != nil {
 		return nil, err

@@ -1449,14 +1449,15 @@ const file_store_proto_rawDesc = "" +
 	"\x18REPLICA_STATUS_UNDEFINED\x10\x00\x12\x0e\n" +
 	"\n" +
 	"PROCESSING\x10\x01\x12\f\n" +
-	"\bCOMPLETE\x10\x022\x81\n" +
+	"\bCOMPLETE\x10\x022\xc4\n" +
 	"\n" +
 	"\x06Master\x12;\n" +
 	"\x04Ping\x12\x18.mc.store.v1.PingRequest\x1a\x19.mc.store.v1.PingResponse\x12E\n" +
 	"\fMountSegment\x12 .mc.store.v1.MountSegmentRequest\x1a\x13.mc.store.v1.Result\x12Y\n" +
 	"\x0eReMountSegment\x12\".mc.store.v1.ReMountSegmentRequest\x1a#.mc.store.v1.ReMountSegmentResponse\x12I\n" +
 	"\x0eUnmountSegment\x12\".mc.store.v1.UnmountSegmentRequest\x1a\x13.mc.store.v1.Result\x12Q\n" +
-	"\x16GracefulUnmountSegment\x12\".mc.store.v1.UnmountSegmentRequest\x1a\x13.mc.store.v1.Result\x12V\n" +
+	"\x16GracefulUnmountSegment\x12\".mc.store.v1.UnmountSegmentRequest\x1a\x13.mc.store.v1.Result\x12A\n" +
+	"\x10UnregisterClient\x12\x18.mc.store.v1.PingRequest\x1a\x13.mc.store.v1.Result\x12V\n" +
 	"\rBatchPutStart\x12!.mc.store.v1.BatchPutStartRequest\x1a\".mc.store.v1.BatchPutStartResponse\x12G\n" +
 	"\vBatchPutEnd\x12\x1d.mc.store.v1.BatchKeysRequest\x1a\x19.mc.store.v1.BatchResults\x12J\n" +
 	"\x0eBatchPutRevoke\x12\x1d.mc.store.v1.BatchKeysRequest\x1a\x19.mc.store.v1.BatchResults\x12Y\n" +
@@ -1538,35 +1539,37 @@ var file_store_proto_depIdxs = []int32{
 	9,  // 24: mc.store.v1.Master.ReMountSegment:input_type -> mc.store.v1.ReMountSegmentRequest
 	11, // 25: mc.store.v1.Master.UnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
 	11, // 26: mc.store.v1.Master.GracefulUnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
-	14, // 27: mc.store.v1.Master.BatchPutStart:input_type -> mc.store.v1.BatchPutStartRequest
-	18, // 28: mc.store.v1.Master.BatchPutEnd:input_type -> mc.store.v1.BatchKeysRequest
-	18, // 29: mc.store.v1.Master.BatchPutRevoke:input_type -> mc.store.v1.BatchKeysRequest
-	14, // 30: mc.store.v1.Master.BatchUpsertStart:input_type -> mc.store.v1.BatchPutStartRequest
-	18, // 31: mc.store.v1.Master.BatchUpsertEnd:input_type -> mc.store.v1.BatchKeysRequest
-	18, // 32: mc.store.v1.Master.BatchUpsertRevoke:input_type -> mc.store.v1.BatchKeysRequest
-	18, // 33: mc.store.v1.Master.BatchGetReplicaList:input_type -> mc.store.v1.BatchKeysRequest
-	18, // 34: mc.store.v1.Master.BatchExistKey:input_type -> mc.store.v1.BatchKeysRequest
-	21, // 35: mc.store.v1.Master.BatchRemove:input_type -> mc.store.v1.BatchRemoveRequest
-	22, // 36: mc.store.v1.Master.RemoveAll:input_type -> mc.store.v1.RemoveAllRequest
-	18, // 37: mc.store.v1.Master.BatchQuery:input_type -> mc.store.v1.BatchKeysRequest
-	7,  // 38: mc.store.v1.Master.Ping:output_type -> mc.store.v1.PingResponse
-	3,  // 39: mc.store.v1.Master.MountSegment:output_type -> mc.store.v1.Result
-	10, // 40: mc.store.v1.Master.ReMountSegment:output_type -> mc.store.v1.ReMountSegmentResponse
-	3,  // 41: mc.store.v1.Master.UnmountSegment:output_type -> mc.store.v1.Result
-	3,  // 42: mc.store.v1.Master.GracefulUnmountSegment:output_type -> mc.store.v1.Result
-	17, // 43: mc.store.v1.Master.BatchPutStart:output_type -> mc.store.v1.BatchPutStartResponse
-	4,  // 44: mc.store.v1.Master.BatchPutEnd:output_type -> mc.store.v1.BatchResults
-	4,  // 45: mc.store.v1.Master.BatchPutRevoke:output_type -> mc.store.v1.BatchResults
-	17, // 46: mc.store.v1.Master.BatchUpsertStart:output_type -> mc.store.v1.BatchPutStartResponse
-	4,  // 47: mc.store.v1.Master.BatchUpsertEnd:output_type -> mc.store.v1.BatchResults
-	4,  // 48: mc.store.v1.Master.BatchUpsertRevoke:output_type -> mc.store.v1.BatchResults
-	19, // 49: mc.store.v1.Master.BatchGetReplicaList:output_type -> mc.store.v1.BatchReplicaListResponse
-	20, // 50: mc.store.v1.Master.BatchExistKey:output_type -> mc.store.v1.BatchExistResponse
-	4,  // 51: mc.store.v1.Master.BatchRemove:output_type -> mc.store.v1.BatchResults
-	23, // 52: mc.store.v1.Master.RemoveAll:output_type -> mc.store.v1.RemoveAllResponse
-	19, // 53: mc.store.v1.Master.BatchQuery:output_type -> mc.store.v1.BatchReplicaListResponse
-	38, // [38:54] is the sub-list for method output_type
-	22, // [22:38] is the sub-list for method input_type
+	6,  // 27: mc.store.v1.Master.UnregisterClient:input_type -> mc.store.v1.PingRequest
+	14, // 28: mc.store.v1.Master.BatchPutStart:input_type -> mc.store.v1.BatchPutStartRequest
+	18, // 29: mc.store.v1.Master.BatchPutEnd:input_type -> mc.store.v1.BatchKeysRequest
+	18, // 30: mc.store.v1.Master.BatchPutRevoke:input_type -> mc.store.v1.BatchKeysRequest
+	14, // 31: mc.store.v1.Master.BatchUpsertStart:input_type -> mc.store.v1.BatchPutStartRequest
+	18, // 32: mc.store.v1.Master.BatchUpsertEnd:input_type -> mc.store.v1.BatchKeysRequest
+	18, // 33: mc.store.v1.Master.BatchUpsertRevoke:input_type -> mc.store.v1.BatchKeysRequest
+	18, // 34: mc.store.v1.Master.BatchGetReplicaList:input_type -> mc.store.v1.BatchKeysRequest
+	18, // 35: mc.store.v1.Master.BatchExistKey:input_type -> mc.store.v1.BatchKeysRequest
+	21, // 36: mc.store.v1.Master.BatchRemove:input_type -> mc.store.v1.BatchRemoveRequest
+	22, // 37: mc.store.v1.Master.RemoveAll:input_type -> mc.store.v1.RemoveAllRequest
+	18, // 38: mc.store.v1.Master.BatchQuery:input_type -> mc.store.v1.BatchKeysRequest
+	7,  // 39: mc.store.v1.Master.Ping:output_type -> mc.store.v1.PingResponse
+	3,  // 40: mc.store.v1.Master.MountSegment:output_type -> mc.store.v1.Result
+	10, // 41: mc.store.v1.Master.ReMountSegment:output_type -> mc.store.v1.ReMountSegmentResponse
+	3,  // 42: mc.store.v1.Master.UnmountSegment:output_type -> mc.store.v1.Result
+	3,  // 43: mc.store.v1.Master.GracefulUnmountSegment:output_type -> mc.store.v1.Result
+	3,  // 44: mc.store.v1.Master.UnregisterClient:output_type -> mc.store.v1.Result
+	17, // 45: mc.store.v1.Master.BatchPutStart:output_type -> mc.store.v1.BatchPutStartResponse
+	4,  // 46: mc.store.v1.Master.BatchPutEnd:output_type -> mc.store.v1.BatchResults
+	4,  // 47: mc.store.v1.Master.BatchPutRevoke:output_type -> mc.store.v1.BatchResults
+	17, // 48: mc.store.v1.Master.BatchUpsertStart:output_type -> mc.store.v1.BatchPutStartResponse
+	4,  // 49: mc.store.v1.Master.BatchUpsertEnd:output_type -> mc.store.v1.BatchResults
+	4,  // 50: mc.store.v1.Master.BatchUpsertRevoke:output_type -> mc.store.v1.BatchResults
+	19, // 51: mc.store.v1.Master.BatchGetReplicaList:output_type -> mc.store.v1.BatchReplicaListResponse
+	20, // 52: mc.store.v1.Master.BatchExistKey:output_type -> mc.store.v1.BatchExistResponse
+	4,  // 53: mc.store.v1.Master.BatchRemove:output_type -> mc.store.v1.BatchResults
+	23, // 54: mc.store.v1.Master.RemoveAll:output_type -> mc.store.v1.RemoveAllResponse
+	19, // 55: mc.store.v1.Master.BatchQuery:output_type -> mc.store.v1.BatchReplicaListResponse
+	39, // [39:56] is the sub-list for method output_type
+	22, // [22:39] is the sub-list for method input_type
 	22, // [22:22] is the sub-list for extension type_name
 	22, // [22:22] is the sub-list for extension extendee
 	0,  // [0:22] is the sub-list for field type_name

@@ -29,6 +29,7 @@ const (
 	Master_ReMountSegment_FullMethodName         = "/mc.store.v1.Master/ReMountSegment"
 	Master_UnmountSegment_FullMethodName         = "/mc.store.v1.Master/UnmountSegment"
 	Master_GracefulUnmountSegment_FullMethodName = "/mc.store.v1.Master/GracefulUnmountSegment"
+	Master_UnregisterClient_FullMethodName       = "/mc.store.v1.Master/UnregisterClient"
 	Master_BatchPutStart_FullMethodName          = "/mc.store.v1.Master/BatchPutStart"
 	Master_BatchPutEnd_FullMethodName            = "/mc.store.v1.Master/BatchPutEnd"
 	Master_BatchPutRevoke_FullMethodName         = "/mc.store.v1.Master/BatchPutRevoke"
@@ -51,6 +52,8 @@ type MasterClient interface {
 	ReMountSegment(ctx context.Context, in *ReMountSegmentRequest, opts ...grpc.CallOption) (*ReMountSegmentResponse, error)
 	UnmountSegment(ctx context.Context, in *UnmountSegmentRequest, opts ...grpc.CallOption) (*Result, error)
 	GracefulUnmountSegment(ctx context.Context, in *UnmountSegmentRequest, opts ...grpc.CallOption) (*Result, error)
+	// UnregisterClient: the client is leaving (its segments are unmounted).
+	UnregisterClient(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*Result, error)
 	BatchPutStart(ctx context.Context, in *BatchPutStartRequest, opts ...grpc.CallOption) (*BatchPutStartResponse, error)
 	BatchPutEnd(ctx context.Context, in *BatchKeysRequest, opts ...grpc.CallOption) (*BatchResults, error)
 	BatchPutRevoke(ctx context.Context, in *BatchKeysRequest, opts ...grpc.CallOption) (*BatchResults, error)
@@ -117,6 +120,16 @@ func (c *masterClient) GracefulUnmountSegment(ctx context.Context, in *UnmountSe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Result)
 	err := c.cc.Invoke(ctx, Master_GracefulUnmountSegment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *masterClient) UnregisterClient(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*Result, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Result)
+	err := c.cc.Invoke(ctx, Master_UnregisterClient_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -242,6 +255,8 @@ type MasterServer interface {
 	ReMountSegment(context.Context, *ReMountSegmentRequest) (*ReMountSegmentResponse, error)
 	UnmountSegment(context.Context, *UnmountSegmentRequest) (*Result, error)
 	GracefulUnmountSegment(context.Context, *UnmountSegmentRequest) (*Result, error)
+	// UnregisterClient: the client is leaving (its segments are unmounted).
+	UnregisterClient(context.Context, *PingRequest) (*Result, error)
 	BatchPutStart(context.Context, *BatchPutStartRequest) (*BatchPutStartResponse, error)
 	BatchPutEnd(context.Context, *BatchKeysRequest) (*BatchResults, error)
 	BatchPutRevoke(context.Context, *BatchKeysRequest) (*BatchResults, error)
@@ -278,6 +293,9 @@ func (UnimplementedMasterServer) UnmountSegment(context.Context, *UnmountSegment
 }
 func (UnimplementedMasterServer) GracefulUnmountSegment(context.Context, *UnmountSegmentRequest) (*Result, error) {
 	return nil, status.Error(codes.Unimplemented, "method GracefulUnmountSegment not implemented")
+}
+func (UnimplementedMasterServer) UnregisterClient(context.Context, *PingRequest) (*Result, error) {
+	return nil, status.Error(codes.Unimplemented, "method UnregisterClient not implemented")
 }
 func (UnimplementedMasterServer) BatchPutStart(context.Context, *BatchPutStartRequest) (*BatchPutStartResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method BatchPutStart not implemented")
@@ -419,6 +437,24 @@ func _Master_GracefulUnmountSegment_Handler(srv interface{}, ctx context.Context
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(MasterServer).GracefulUnmountSegment(ctx, req.(*UnmountSegmentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Master_UnregisterClient_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).UnregisterClient(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_UnregisterClient_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).UnregisterClient(ctx, req.(*PingRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -647,6 +683,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GracefulUnmountSegment",
 			Handler:    _Master_GracefulUnmountSegment_Handler,
+		},
+		{
+			MethodName: "UnregisterClient",
+			Handler:    _Master_UnregisterClient_Handler,
 		},
 		{
 			MethodName: "BatchPutStart",
