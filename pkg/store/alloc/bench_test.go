@@ -267,3 +267,20 @@ func TestFirstFitBaseline(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkNewWithUsed rebuilds an allocator from 1M used ranges in random
+// order, as a master does when a segment holding 1M replicas re-mounts.
+func BenchmarkNewWithUsed(b *testing.B) {
+	const base, space = 0x7f0000000000, 1 << 40
+	a, _ := New(base, space)
+	w := &kvWorkload{rng: sizeGen{state: 0x9E3779B97F4A7C15}}
+	w.fill(b, a, 1000000)
+	for range 250000 {
+		w.step(b, a) // leave holes
+	}
+	for b.Loop() {
+		if _, err := NewWithUsed(base, space, w.live); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
