@@ -350,6 +350,10 @@ func TestModelManySmall(t *testing.T) {
 	if err := compare(a, m); err != nil {
 		t.Fatal(err)
 	}
+	// Growth keeps pace with inserts, so chains stay short.
+	if x := a.idx; x.count > 2*len(x.cur) {
+		t.Fatalf("index: %d entries in %d buckets", x.count, len(x.cur))
+	}
 	for i := 0; i < len(addrs); i += 2 {
 		if err := a.Free(addrs[i], m.live[addrs[i]]); err != nil {
 			t.Fatal(err)
