@@ -148,22 +148,24 @@ func NewWithUsed(base, size uint64, used []Range) (*Allocator, error) {
 		a.used += g
 		a.allocs++
 	}
+	bad := func(r Range, why string, args ...any) error {
+		return fmt.Errorf("new allocator: used range [%#x, %#x): "+why, append([]any{r.Addr, r.Addr + r.Len}, args...)...)
+	}
 	for k, r := range sorted {
-		name := fmt.Sprintf("used range [%#x, %#x)", r.Addr, r.Addr+r.Len)
 		switch {
 		case r.Len == 0:
 			return nil, fmt.Errorf("new allocator: used range at %#x: empty", r.Addr)
 		case r.Addr+r.Len < r.Addr:
 			return nil, fmt.Errorf("new allocator: used range at %#x, +%d: end overflows 64 bits", r.Addr, r.Len)
 		case r.Addr < base || r.Addr+r.Len > end:
-			return nil, fmt.Errorf("new allocator: %s: outside [%#x, %#x)", name, base, end)
+			return nil, bad(r, "outside [%#x, %#x)", base, end)
 		case (r.Addr-base)&(Align-1) != 0:
-			return nil, fmt.Errorf("new allocator: %s: start not %d-byte aligned from base %#x", name, Align, base)
+			return nil, bad(r, "start not %d-byte aligned from base %#x", Align, base)
 		}
 		off := (r.Addr - base) >> alignShift
 		if off < at {
 			p := sorted[k-1]
-			return nil, fmt.Errorf("new allocator: %s overlaps used range [%#x, %#x)", name, p.Addr, p.Addr+p.Len)
+			return nil, bad(r, "overlaps used range [%#x, %#x)", p.Addr, p.Addr+p.Len)
 		}
 		g := (r.Len + Align - 1) >> alignShift // no overflow: r.Len < end-base
 		if off > at {
@@ -224,7 +226,8 @@ func (a *Allocator) noSpace(n uint64) error {
 }
 
 // Free releases the allocation at addr; n is the size given to Alloc (or
-// the Len given to NewWithUsed). The block merges with free neighbours.
+// the Len given to NewWithUsed; any n that rounds up to the same multiple
+// of Align is the same). The block merges with free neighbours.
 // Anything but a live allocation's start and size is ErrBadFree, and
 // changes nothing. O(1).
 func (a *Allocator) Free(addr, n uint64) error {

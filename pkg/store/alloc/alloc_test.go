@@ -341,7 +341,7 @@ func TestNewWithUsedErrors(t *testing.T) {
 		used []Range
 		want string
 	}{
-		{"overlap", []Range{{base + 4096, 4096}, {base, 8192}}, "used range [0x7f0000001000, 0x7f0000002000) overlaps used range [0x7f0000000000, 0x7f0000002000)"},
+		{"overlap", []Range{{base + 4096, 4096}, {base, 8192}}, "used range [0x7f0000001000, 0x7f0000002000): overlaps used range [0x7f0000000000, 0x7f0000002000)"},
 		{"duplicate", []Range{{base, 64}, {base, 64}}, "overlaps"},
 		{"below base", []Range{{base - 64, 64}}, "used range [0x7effffffffc0, 0x7f0000000000): outside [0x7f0000000000, 0x7f0000100000)"},
 		{"past the end", []Range{{base + size - 64, 128}}, "outside"},

@@ -15,7 +15,8 @@
 // cannot touch it: 24-byte nodes in fixed-size chunks (no large copies when
 // they grow) and a hash index from allocation offset to node that reuses a
 // field a free block needs and an allocated one does not. A live allocation
-// costs about 30 bytes of heap (BenchmarkBytesPerAllocation).
+// costs about 33 bytes of heap at 1M (BenchmarkBytesPerAllocation), and an
+// empty allocator 2.7 KiB for 64 MiB to 4.5 KiB for 1 TiB (its bins).
 //
 // Every allocation is rounded up to a multiple of Align and starts
 // Align-aligned relative to base. NewWithUsed rebuilds an allocator around
