@@ -22,7 +22,8 @@ func newDiagCmd(p *printer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "diag",
 		Short: "Diagnose transfer-engine failures from kernel counters and logs",
-		Args:  cobra.NoArgs,
+		// A mistyped check must not read as healthy to cron or Nagios.
+		Annotations: map[string]string{usageExitAnnotation: "3"},
 	}
 	cmd.AddCommand(newDiagQPLeakCmd(p))
 	return cmd
@@ -69,6 +70,7 @@ Exit status: 0 healthy, 1 suspect, 2 leak, 3 unknown (input unreadable).`,
   mc diag qp-leak --rdma t0.json --rdma t1.json --max-qp 131072 -o json
   rdma -j res show qp | mc diag qp-leak --rdma - --log te.INFO.1.gz --log te.INFO
   mc diag qp-leak --log te.INFO --watch 10m --interval 30s`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Args = args
 			return runQPLeak(cmd.Context(), o, p)

@@ -23,7 +23,6 @@ func newTopoCmd(p *printer) *cobra.Command {
 		Long: `topo builds and inspects the NIC priority matrix of Mooncake's transfer
 engine (--nic_priority_matrix): for each memory location (cpu:<numa node>,
 cuda:<gpu>, hip:<gpu>) the NICs to prefer and the NICs usable on failure.`,
-		Args: cobra.NoArgs,
 	}
 	cmd.AddCommand(newTopoDiscoverCmd(p), newTopoShowCmd(p))
 	return cmd

@@ -205,7 +205,7 @@ func TestTopoDiscoverErrors(t *testing.T) {
 	}{
 		{[]string{"topo", "discover", "--sysfs-root", missing}, "mc: topo discover: sysfs root " + `"` + missing},
 		{[]string{"topo", "discover", "--sysfs-root", escape}, "mc: topo discover: NIC mlx5_0: resolve"},
-		{[]string{"topo", "discover", "extra"}, "mc: unknown command"},
+		{[]string{"topo", "discover", "extra"}, `mc: topo discover: unexpected argument "extra"`},
 		{[]string{"topo", "show"}, "mc: topo show: --segment is required"},
 		{[]string{"topo", "show", "--segment", "x"}, "mc: topo show: --metadata-server is required"},
 		{[]string{"topo", "show", "--segment", "x", "--metadata-server", "redis://h:1"}, "mc: topo show: metadata server"},
