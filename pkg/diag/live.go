@@ -164,10 +164,10 @@ func (t *Tailer) Close() {
 }
 
 // ScanFiles scans every path ("-" is stdin) into sc. It stops at the first
-// file that cannot be opened or decompressed: a report built without an
-// input the operator named would mislead. A read that fails part way (a
-// truncated gzip of a log still being rotated) keeps what was read and is
-// listed in the scanner's problems.
+// file that cannot be opened, decompressed or read to its end (a
+// directory, a truncated gzip): a report built without all of an input
+// the operator named would mislead, so the verdict is unknown. What was
+// read before the failure stays in sc.
 func ScanFiles(sc *LogScanner, paths []string) error {
 	for _, p := range paths {
 		rc, err := Open(p)
@@ -178,8 +178,11 @@ func ScanFiles(sc *LogScanner, paths []string) error {
 			// "mmdd" timestamps take the year the file was last written.
 			sc.Year = st.ModTime().Year()
 		}
-		_ = sc.Scan(bufio.NewReaderSize(rc, lineBufSize), p)
+		err = sc.Scan(bufio.NewReaderSize(rc, lineBufSize), p)
 		rc.Close()
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
