@@ -261,6 +261,9 @@ func runTopoShow(ctx context.Context, o topoShowOptions, p *printer) error {
 		if _, err := p.Out.Write(file); err != nil {
 			return fmt.Errorf("write json: %w", err)
 		}
+	} else if len(m) == 0 && len(d.Devices) == 0 {
+		printSegmentNoNICs(p, d)
+		return nil
 	} else {
 		printSegmentTopo(p, d, m)
 	}
@@ -277,6 +280,30 @@ func runTopoShow(ctx context.Context, o topoShowOptions, p *printer) error {
 		}
 	}
 	return nil
+}
+
+// printSegmentNoNICs speaks for a segment without NICs (a TCP one) instead
+// of printing two empty tables.
+func printSegmentNoNICs(p *printer, d *meta.SegmentDesc) {
+	fmt.Fprintln(p.Out, segmentLine(d))
+	if d.Protocol == "tcp" {
+		fmt.Fprintf(p.Out, "a TCP segment has no NIC priority matrix and no RDMA devices: its buffers are served on TCP data port %d\n", d.TCPDataPort)
+	} else {
+		fmt.Fprintf(p.Out, "the segment published no NIC priority matrix and no RDMA devices\n")
+	}
+	var total uint64
+	for _, b := range d.Buffers {
+		total += b.Length
+	}
+	fmt.Fprintf(p.Out, "buffers: %d, %d bytes\n", len(d.Buffers), total)
+}
+
+func segmentLine(d *meta.SegmentDesc) string {
+	line := fmt.Sprintf("segment %s (%s)", d.Name, d.Protocol)
+	if d.Timestamp != "" {
+		line += ", published " + d.Timestamp
+	}
+	return line
 }
 
 func printSegmentTopo(p *printer, d *meta.SegmentDesc, m topo.Matrix) {
@@ -303,11 +330,7 @@ func printSegmentTopo(p *printer, d *meta.SegmentDesc, m topo.Matrix) {
 		}
 		rows = append(rows, row)
 	}
-	line := fmt.Sprintf("segment %s (%s)", d.Name, d.Protocol)
-	if d.Timestamp != "" {
-		line += ", published " + d.Timestamp
-	}
-	fmt.Fprintln(p.Out, line)
+	fmt.Fprintln(p.Out, segmentLine(d))
 	p.Table("priority matrix", header, rows)
 	fmt.Fprintln(p.Out, "* preferred, + accessible (used when the preferred NICs fail), - not listed")
 	fmt.Fprintln(p.Out)

@@ -286,6 +286,11 @@ func checkShow(t *testing.T, server string) {
 	if err != nil || out != "{}\n" || !strings.Contains(errOut, "published no priority matrix") {
 		t.Errorf("tcp segment: %q %q %v", out, errOut, err)
 	}
+	// The table form says why there is nothing, instead of empty tables.
+	out, errOut, err = runCmd(t, "topo", "show", "--segment", "decode-0", "--metadata-server", server)
+	if err != nil || !strings.Contains(out, "a TCP segment has no NIC priority matrix") || strings.Contains(out, "┌") || errOut != "" {
+		t.Errorf("tcp segment table: %v\n%s\nstderr %q", err, out, errOut)
+	}
 
 	_, _, err = runCmd(t, "topo", "show", "--segment", "absent", "--metadata-server", server)
 	if !errors.Is(err, meta.ErrNotFound) || !strings.Contains(err.Error(), `"absent"`) {
