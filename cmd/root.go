@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvcache-ops/mc/pkg/diag/glog"
+	"github.com/kvcache-ops/mc/pkg/engine/bench"
 )
 
 // exitError carries a specific exit status out of a command. A nil err
@@ -81,6 +82,12 @@ NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
 	}
 	root.SetOut(p.Out)
 	root.SetErr(p.Err)
+	// pflag >= 1.1 prints every boolean as --flag[=true|false]; the
+	// default template, reading flags through flagUsages, shows --flag.
+	cobra.AddTemplateFunc("flagUsages", flagUsages)
+	tmpl := strings.NewReplacer(".LocalFlags.FlagUsages", "flagUsages .LocalFlags",
+		".InheritedFlags.FlagUsages", "flagUsages .InheritedFlags").Replace(root.UsageTemplate())
+	root.SetUsageTemplate(tmpl)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError(c, fmt.Errorf("%s%w (see '%s --help')", subPath(c), err, c.CommandPath()))
 	})
@@ -101,6 +108,7 @@ NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
 	root.AddCommand(newServeCmd(p))
 	root.InitDefaultCompletionCmd()
 	strictArgs(root)
+	completeEnums(root)
 	root.InitDefaultHelpCmd()
 
 	// One normaliser for every flag set: Mooncake's underscore spellings
@@ -186,6 +194,51 @@ func usageError(cmd *cobra.Command, err error) error {
 		}
 	}
 	return err
+}
+
+// flagUsages is fs.FlagUsages with booleans shown as "--verify", not
+// "--verify[=true|false]": they take no value on the command line.
+func flagUsages(fs *pflag.FlagSet) string {
+	out := pflag.NewFlagSet("usage", pflag.ContinueOnError)
+	out.SortFlags = fs.SortFlags
+	fs.VisitAll(func(f *pflag.Flag) {
+		c := *f
+		if c.Value.Type() == "bool" {
+			c.Value = plainBool{f.Value}
+		}
+		out.AddFlag(&c)
+	})
+	return out.FlagUsages()
+}
+
+// plainBool hides IsBoolFlag from pflag's usage printer; a bool flag's
+// NoOptDefVal ("true") already says it needs no value.
+type plainBool struct{ pflag.Value }
+
+// enumValues are the completions offered for flags that take one of a few
+// words, whatever command they are on. A new enum flag adds a line here.
+var enumValues = map[string][]string{
+	"protocol":    {"tcp", "rdma"},
+	"operation":   {"read", "write"},
+	"report-unit": bench.UnitNames(),
+}
+
+// completeEnums registers enumValues on every command of the tree that
+// has one of those flags and no completion of its own.
+func completeEnums(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		completeEnums(sub)
+	}
+	c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+		vals, ok := enumValues[f.Name]
+		if !ok {
+			return
+		}
+		if _, has := c.GetFlagCompletionFunc(f.Name); has {
+			return
+		}
+		_ = c.RegisterFlagCompletionFunc(f.Name, cobra.FixedCompletions(vals, cobra.ShellCompDirectiveNoFileComp))
+	})
 }
 
 func normalizeFlag(_ *pflag.FlagSet, name string) pflag.NormalizedName {
