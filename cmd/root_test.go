@@ -193,6 +193,9 @@ func TestLogDir(t *testing.T) {
 	isolateEnv(t)
 	dir := filepath.Join(t.TempDir(), "logs")
 	t.Setenv("MC_LOG_DIR", dir)
+	// The store line is at info once per process, at debug after that:
+	// another test may have opened an RDMA context first.
+	t.Setenv("MC_LOG_LEVEL", "debug")
 	defer slog.SetDefault(slog.Default())
 	_, errOut, err := runCmd(t, "bench", "initiator", "--protocol", "rdma", "--device_name", "soft0",
 		"--bind-address", "127.0.0.1", "--duration", "100ms", "--threads", "1", "--batch_size", "4")
