@@ -110,6 +110,7 @@ NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
 	strictArgs(root)
 	completeEnums(root)
 	root.InitDefaultHelpCmd()
+	strictHelp(root)
 
 	// One normaliser for every flag set: Mooncake's underscore spellings
 	// (--block_size) resolve to the kebab-case flag (--block-size).
@@ -151,6 +152,24 @@ func strictArgs(c *cobra.Command) {
 			}
 			return nil
 		}
+	}
+}
+
+// strictHelp makes `mc help <topic>` fail as `mc <topic>` would when the
+// topic names no command: cobra's help prints the root's help and exits 0.
+func strictHelp(root *cobra.Command) {
+	help, _, err := root.Find([]string{"help"})
+	if err != nil || help == root || help.Run == nil {
+		return
+	}
+	show := help.Run
+	help.Run = nil
+	help.RunE = func(c *cobra.Command, args []string) error {
+		if cmd, rest, err := root.Find(args); err == nil && len(rest) > 0 {
+			return unknownSubcommand(cmd, rest)
+		}
+		show(c, args)
+		return nil
 	}
 }
 

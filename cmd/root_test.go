@@ -266,6 +266,8 @@ func TestUnknownSubcommandFails(t *testing.T) {
 		{[]string{"diag", "qp-lek"}, 3, `mc: diag: unknown command "qp-lek" (did you mean "qp-leak"?)`},
 		{[]string{"bench", "initator"}, 1, `mc: bench: unknown command "initator" (did you mean "initiator"?)`},
 		{[]string{"diag", "qp-leak", "--bogus"}, 3, "mc: diag qp-leak: unknown flag: --bogus"},
+		{[]string{"help", "bogus"}, 1, `mc: unknown command "bogus"`},
+		{[]string{"help", "diag", "qp-lek"}, 3, `mc: diag: unknown command "qp-lek"`},
 		{[]string{"topo", "discover", "extra"}, 1, `mc: topo discover: unexpected argument "extra"`},
 		{[]string{"completion", "bash", "extra"}, 1, `mc: completion bash: unexpected argument "extra"`},
 		{[]string{"diag", "qp-leak", "no-such-file"}, 3, "mc: diag qp-leak: open no-such-file"},
