@@ -18,12 +18,17 @@ DEB_PKGS := libibverbs-dev protobuf-compiler
 PROTO_DIR := pkg/store/storepb
 PROTO_GEN := .cache/protoc-gen
 
-.PHONY: all build test deps deps-go deps-deb unit fmt-check vet lint gen gen-proto proto-check bench bench-tcp bench-diag demo install clean
+.PHONY: all build build-ibverbs test deps deps-go deps-deb unit fmt-check vet lint gen gen-proto proto-check bench bench-tcp bench-diag demo fixtures install clean
 
 all: build
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/mc .
+
+# For hosts with real RDMA NICs: the ibverbs provider (cgo, libibverbs).
+# MC_RDMA_PROVIDER=ibverbs (or auto) selects it at run time.
+build-ibverbs: deps-deb
+	CGO_ENABLED=1 $(GO) build -tags ibverbs -trimpath -ldflags '$(LDFLAGS)' -o bin/mc .
 
 deps: deps-go deps-deb
 
@@ -106,10 +111,22 @@ demo: build
 	@echo
 	MC=./bin/mc scripts/store-demo.sh
 
+# sysfs trees of the pkg/topo fixtures (a DGX H100-class host, a 2-socket
+# CPU host, a port down, ...) under fixtures/, to try topo discover on.
+fixtures:
+	$(GO) test ./pkg/topo/topotest -run '^TestFixtureTrees$$' -count=1 -fixtures-dir '$(CURDIR)/fixtures'
+	@echo "sysfs trees in fixtures/: try ./bin/mc topo discover --sysfs-root fixtures/dgx-h100"
+
+# The binary, man pages and shell completions (bash-completion, zsh and
+# fish read these directories).
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 0755 bin/mc $(DESTDIR)$(PREFIX)/bin/mc
 	install -m 0644 man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -d $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	install -m 0644 completions/mc.bash $(DESTDIR)$(PREFIX)/share/bash-completion/completions/mc
+	install -m 0644 completions/_mc $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_mc
+	install -m 0644 completions/mc.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/mc.fish
 
 clean:
-	rm -rf bin
+	rm -rf bin fixtures

@@ -505,12 +505,11 @@ func printBenchResults(p *printer, segment string, unit bench.Unit, prec int, rs
 		}
 		return p.PrintJSON(map[string]any{"segment_id": segment, "results": out})
 	}
-	lat := func(d time.Duration) string {
-		if d >= 10*time.Millisecond {
-			return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
-		}
-		return fmt.Sprintf("%.0f µs", us(d))
+	var p50s, p99s, p999s []time.Duration
+	for _, r := range rs {
+		p50s, p99s, p999s = append(p50s, r.LatencyP50), append(p99s, r.LatencyP99), append(p999s, r.LatencyP999)
 	}
+	u50, u99, u999 := latencyUnitFor(p50s), latencyUnitFor(p99s), latencyUnitFor(p999s)
 	var rows [][]string
 	for _, r := range rs {
 		// Mooncake's line, for scripts that parse it.
@@ -526,11 +525,11 @@ func printBenchResults(p *printer, segment string, unit bench.Unit, prec int, rs
 		rows = append(rows, []string{
 			bench.FormatSize(r.BlockSize), r.Operation, strconv.Itoa(r.Threads), strconv.Itoa(r.BatchSize),
 			fmt.Sprintf("%.*f", prec, unit.Per(r.BytesPerSec)), fmt.Sprintf("%.0f", r.IOPS),
-			lat(r.LatencyP50), lat(r.LatencyP99), lat(r.LatencyP999),
+			u50.format(r.LatencyP50), u99.format(r.LatencyP99), u999.format(r.LatencyP999),
 			strconv.FormatUint(r.FailedTasks, 10), verified,
 		})
 	}
-	p.Table("", []string{"block", "op", "threads", "batch", unit.Name + "/s", "IOPS", "p50", "p99", "p99.9", "failed", "verified"}, rows)
+	p.Table("", []string{"block", "op", "threads", "batch", unit.Name + "/s", "IOPS", u50.header("p50"), u99.header("p99"), u999.header("p99.9"), "failed", "verified"}, rows)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -31,6 +32,7 @@ func envName(fs *pflag.FlagSet, name, env string) {
 // (flag > env > config file > default).
 type config struct {
 	v      *viper.Viper
+	path   string // the config file read, "" when none
 	getenv func(string) string
 }
 
@@ -49,13 +51,93 @@ func loadConfig(path string, explicit bool, getenv func(string) string) (*config
 		}
 	}
 	v.SetConfigFile(path)
-	if filepath.Ext(path) == "" {
+	// mc.conf, config (no extension), ...: viper goes by the extension
+	// and refuses what it does not know; YAML is the documented format.
+	if ext := strings.TrimPrefix(filepath.Ext(path), "."); !slices.Contains(viper.SupportedExts, ext) {
 		v.SetConfigType("yaml")
 	}
 	if err := v.ReadInConfig(); err != nil {
 		return nil, fmt.Errorf("read config file %q: %w", path, err)
 	}
+	c.path = path
 	return c, nil
+}
+
+// unknownKeys lists the config file's keys that name no flag of root's
+// tree (a typo like bench.blok-size would otherwise be ignored without a
+// word), each with a suggestion when a known key is close.
+func (c *config) unknownKeys(root *cobra.Command) []string {
+	if c.path == "" {
+		return nil
+	}
+	known := map[string]bool{}
+	addKey := func(group, flag string) {
+		for _, k := range configKeys(group, flag) {
+			known[k] = true
+		}
+	}
+	root.PersistentFlags().VisitAll(func(f *pflag.Flag) { addKey("", f.Name) })
+	var walk func(group string, cmd *cobra.Command)
+	walk = func(group string, cmd *cobra.Command) {
+		cmd.LocalFlags().VisitAll(func(f *pflag.Flag) { addKey(group, f.Name) })
+		for _, sub := range cmd.Commands() {
+			walk(group, sub)
+		}
+	}
+	for _, g := range root.Commands() {
+		walk(g.Name(), g)
+	}
+	var out []string
+	for _, k := range c.v.AllKeys() {
+		if known[k] {
+			continue
+		}
+		msg := fmt.Sprintf("%q", k)
+		if s := closestKey(k, known); s != "" {
+			msg += fmt.Sprintf(" (did you mean %q?)", s)
+		}
+		out = append(out, msg)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// closestKey is the known key nearest to k: the same flag under a group
+// (block-size at the top level for bench.block-size), or one within two
+// edits of it (blok-size).
+func closestKey(k string, known map[string]bool) string {
+	best, bestD := "", 3
+	for cand := range known {
+		d := editDistance(k, cand)
+		if strings.HasSuffix(cand, "."+k) {
+			d = 0
+		}
+		if d < bestD || (d == bestD && cand < best) {
+			best, bestD = cand, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b (bytes).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 func defaultConfigPath(getenv func(string) string) string {

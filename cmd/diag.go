@@ -22,7 +22,8 @@ func newDiagCmd(p *printer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "diag",
 		Short: "Diagnose transfer-engine failures from kernel counters and logs",
-		Args:  cobra.NoArgs,
+		// A mistyped check must not read as healthy to cron or Nagios.
+		Annotations: map[string]string{usageExitAnnotation: "3"},
 	}
 	cmd.AddCommand(newDiagQPLeakCmd(p))
 	return cmd
@@ -69,6 +70,7 @@ Exit status: 0 healthy, 1 suspect, 2 leak, 3 unknown (input unreadable).`,
   mc diag qp-leak --rdma t0.json --rdma t1.json --max-qp 131072 -o json
   rdma -j res show qp | mc diag qp-leak --rdma - --log te.INFO.1.gz --log te.INFO
   mc diag qp-leak --log te.INFO --watch 10m --interval 30s`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Args = args
 			return runQPLeak(cmd.Context(), o, p)
@@ -78,8 +80,8 @@ Exit status: 0 healthy, 1 suspect, 2 leak, 3 unknown (input unreadable).`,
 	f.StringSliceVar(&o.RDMA, "rdma", nil, "`FILE` of 'rdma [-j] resource show [qp]' output (gzip ok, - for stdin); repeat for snapshots")
 	f.StringSliceVar(&o.At, "at", nil, "time of each --rdma snapshot, in order (RFC 3339, 'YYYY-MM-DD hh:mm:ss' UTC or unix seconds); default: file modification time")
 	f.StringSliceVar(&o.Logs, "log", nil, "transfer-engine log `FILE` (glog lines, gzip ok, - for stdin); repeat for rotated files, oldest first")
-	f.IntVar(&o.NumQPPerEP, "num-qp-per-ep", 2, "QPs per endpoint (Mooncake MC_NUM_QP_PER_EP)")
-	f.IntVar(&o.MaxEPPerCtx, "max-ep-per-ctx", 0, "endpoint store size per NIC (Mooncake MC_MAX_EP_PER_CTX); 0: unknown")
+	f.IntVar(&o.NumQPPerEP, "num-qp-per-ep", 0, "QPs per endpoint (Mooncake MC_NUM_QP_PER_EP); 0: assume Mooncake's default, 2")
+	f.IntVar(&o.MaxEPPerCtx, "max-ep-per-ctx", 0, "endpoint store size per NIC (Mooncake MC_MAX_EP_PER_CTX); 0: the peers in the logs, else assume Mooncake's default, 65536")
 	f.Int64Var(&o.MaxQP, "max-qp", 0, "the NIC's max_qp (ibv_devinfo -v), for the time left at the current growth; 0: unknown")
 	f.StringVar(&o.TEVersion, "te-version", "", "the transfer engine's Mooncake version, when the logs do not say it")
 	f.DurationVar(&o.Watch, "watch", 0, "sample live for this long, tailing the logs, then report")
@@ -99,8 +101,8 @@ func unknown(err error) error {
 }
 
 func runQPLeak(ctx context.Context, o qpLeakOptions, p *printer) error {
-	if o.NumQPPerEP <= 0 {
-		return unknown(fmt.Errorf("invalid --num-qp-per-ep %d: want at least 1", o.NumQPPerEP))
+	if o.NumQPPerEP < 0 {
+		return unknown(fmt.Errorf("invalid --num-qp-per-ep %d: want at least 1 (0 for Mooncake's default)", o.NumQPPerEP))
 	}
 	if o.MaxEPPerCtx < 0 || o.MaxQP < 0 {
 		return unknown(errors.New("--max-ep-per-ctx and --max-qp cannot be negative"))
@@ -332,6 +334,10 @@ func printQPLeakTable(r *diag.Report, o qpLeakOptions, p *printer) {
 		in += "; transfer engine " + r.TEVersion
 	}
 	fmt.Fprintln(p.Out, in)
+	if len(r.AssumedDefaults) > 0 {
+		fmt.Fprintf(p.Out, "assumed Mooncake defaults: %s (give --num-qp-per-ep / --max-ep-per-ctx when the engine runs with others)\n",
+			strings.Join(r.AssumedDefaults, ", "))
+	}
 }
 
 // wrapText breaks s at spaces so no line is longer than width; go-pretty

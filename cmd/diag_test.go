@@ -50,6 +50,10 @@ func TestDiagQPLeakVerdictsAndExitCodes(t *testing.T) {
 			2, []string{"QP_GROWTH", "growth/h", "+3600"}},
 		{"perqp", []string{"--rdma", diagTD + "perqp/rdma-qp.txt", "--max_ep_per_ctx", "256"},
 			2, []string{"QP_ERROR_STATE_PILE", "QP owners", "python3"}},
+		// QP counts alone: a known ceiling from Mooncake's defaults, and
+		// the incident's asymmetry is not healthy.
+		{"counts-only", []string{"--rdma", diagTD + "leak/rdma.txt"},
+			1, []string{"verdict: suspect", "ASYMMETRIC_QP", "131088", "assumed Mooncake defaults: MC_NUM_QP_PER_EP=2, MC_MAX_EP_PER_CTX=65536"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -145,6 +149,12 @@ func TestDiagQPLeakUnknown(t *testing.T) {
 	garbage := filepath.Join(dir, "garbage.txt")
 	os.WriteFile(garbage, []byte("this is not\nrdma output\n"), 0o644)
 	nonetlink := fakeRDMAScript(t, "echo 'Failed to open NETLINK_RDMA socket' >&2\nexit 1\n")
+	gz, err := os.ReadFile(diagTD + "leak/prefill-0.INFO.1.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cutGzip := filepath.Join(dir, "cut.gz")
+	os.WriteFile(cutGzip, gz[:len(gz)/2], 0o644)
 	cases := []struct {
 		args []string
 		want string
@@ -154,7 +164,9 @@ func TestDiagQPLeakUnknown(t *testing.T) {
 		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--log", filepath.Join(dir, "nolog")}, "nolog"},
 		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--at", "yesterday"}, `invalid --at "yesterday"`},
 		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--at", "1,2"}, "2 --at stamps for 1 --rdma files"},
-		{[]string{"--num-qp-per-ep", "0", "--rdma", diagTD + "leak/rdma.txt"}, "--num-qp-per-ep"},
+		{[]string{"--num-qp-per-ep", "-1", "--rdma", diagTD + "leak/rdma.txt"}, "--num-qp-per-ep"},
+		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--log", dir}, "is a directory"},
+		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--log", cutGzip}, "cut.gz: unexpected EOF"},
 		{[]string{"--rdma-bin", nonetlink}, "no RDMA netlink"},
 		{[]string{"--rdma-bin", filepath.Join(dir, "no-rdma-here")}, "not installed"},
 		{[]string{garbage}, "neither rdma output nor a glog log"},

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/jedib0t/go-pretty/v6/table"
 	"github.com/jedib0t/go-pretty/v6/text"
@@ -56,3 +57,36 @@ func (p *printer) Table(title string, header []string, rows [][]string) {
 	}
 	t.Render()
 }
+
+// latencyUnit is the one unit of a table column of latencies, named in
+// its header, so that rows compare at a glance.
+type latencyUnit struct {
+	name string
+	per  time.Duration
+	prec int
+}
+
+// latencyUnitFor picks ms when any latency of the column reaches 10 ms
+// (with a decimal more when some are under 1 ms), else µs.
+func latencyUnitFor(ds []time.Duration) latencyUnit {
+	lo, hi := time.Duration(0), time.Duration(0)
+	for i, d := range ds {
+		if i == 0 || d < lo {
+			lo = d
+		}
+		hi = max(hi, d)
+	}
+	switch {
+	case hi < 10*time.Millisecond:
+		return latencyUnit{"µs", time.Microsecond, 0}
+	case lo < time.Millisecond:
+		return latencyUnit{"ms", time.Millisecond, 2}
+	}
+	return latencyUnit{"ms", time.Millisecond, 1}
+}
+
+func (u latencyUnit) format(d time.Duration) string {
+	return fmt.Sprintf("%.*f", u.prec, float64(d)/float64(u.per))
+}
+
+func (u latencyUnit) header(name string) string { return name + " (" + u.name + ")" }

@@ -9,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvcache-ops/mc/pkg/diag/glog"
+	"github.com/kvcache-ops/mc/pkg/engine/bench"
 )
 
 // exitError carries a specific exit status out of a command. A nil err
@@ -79,8 +82,14 @@ NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
 	}
 	root.SetOut(p.Out)
 	root.SetErr(p.Err)
+	// pflag >= 1.1 prints every boolean as --flag[=true|false]; the
+	// default template, reading flags through flagUsages, shows --flag.
+	cobra.AddTemplateFunc("flagUsages", flagUsages)
+	tmpl := strings.NewReplacer(".LocalFlags.FlagUsages", "flagUsages .LocalFlags",
+		".InheritedFlags.FlagUsages", "flagUsages .InheritedFlags").Replace(root.UsageTemplate())
+	root.SetUsageTemplate(tmpl)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return fmt.Errorf("%s: %w (see '%s --help')", c.CommandPath(), err, c.CommandPath())
+		return usageError(c, fmt.Errorf("%s%w (see '%s --help')", subPath(c), err, c.CommandPath()))
 	})
 
 	pf := root.PersistentFlags()
@@ -99,12 +108,157 @@ NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
 	root.AddCommand(newServeCmd(p))
 	root.AddCommand(newStoreCmd(p))
 	root.InitDefaultCompletionCmd()
+	strictArgs(root)
+	completeEnums(root)
 	root.InitDefaultHelpCmd()
+	strictHelp(root)
 
 	// One normaliser for every flag set: Mooncake's underscore spellings
 	// (--block_size) resolve to the kebab-case flag (--block-size).
 	root.SetGlobalNormalizationFunc(normalizeFlag)
 	return root
+}
+
+// usageExitAnnotation on a command gives the exit status of usage errors
+// (unknown sub-command, stray argument, unknown flag) for it and every
+// command below it. diag uses 3, "unknown" in the monitoring-plugin
+// convention, so that a mistyped check never reads as healthy.
+const usageExitAnnotation = "mc_usage_exit"
+
+// strictArgs makes every command of the tree reject what it does not
+// take, so that no typo ends in a help page and exit 0: a command with
+// sub-commands accepts none but them (and prints its help when called
+// bare), a leaf that declares no Args (or cobra.NoArgs) accepts no
+// positional argument; a leaf that takes some says so (cobra.ArbitraryArgs).
+// Groups added later get this without doing anything.
+func strictArgs(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		strictArgs(sub)
+	}
+	// Cobra only runs Args for a runnable command; a bare group prints
+	// its help as before.
+	if c.HasSubCommands() {
+		c.DisableSuggestions = true // ours are one line
+		c.SuggestionsMinimumDistance = 2
+		c.Args = unknownSubcommand
+		if c.Run == nil && c.RunE == nil {
+			c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+		}
+		return
+	}
+	if c.Args == nil || isNoArgs(c.Args) {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError(cmd, fmt.Errorf("%sunexpected argument %q (see '%s --help')", subPath(cmd), args[0], cmd.CommandPath()))
+			}
+			return nil
+		}
+	}
+}
+
+// strictHelp makes `mc help <topic>` fail as `mc <topic>` would when the
+// topic names no command: cobra's help prints the root's help and exits 0.
+func strictHelp(root *cobra.Command) {
+	help, _, err := root.Find([]string{"help"})
+	if err != nil || help == root || help.Run == nil {
+		return
+	}
+	show := help.Run
+	help.Run = nil
+	help.RunE = func(c *cobra.Command, args []string) error {
+		if cmd, rest, err := root.Find(args); err == nil && len(rest) > 0 {
+			return unknownSubcommand(cmd, rest)
+		}
+		show(c, args)
+		return nil
+	}
+}
+
+// isNoArgs reports whether a is cobra.NoArgs, whose message names the
+// command twice ("mc: unknown command "x" for "mc version"").
+func isNoArgs(a cobra.PositionalArgs) bool {
+	return reflect.ValueOf(a).Pointer() == reflect.ValueOf(cobra.NoArgs).Pointer()
+}
+
+// unknownSubcommand is the Args check of a command group.
+func unknownSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("%sunknown command %q", subPath(cmd), args[0])
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += fmt.Sprintf(" (did you mean %q?)", s[0])
+	}
+	return usageError(cmd, fmt.Errorf("%s (see '%s --help')", msg, cmd.CommandPath()))
+}
+
+// subPath is cmd's path below the root followed by ": " ("bench
+// initiator: "), or "" for the root, whose name the error prefix already
+// gives.
+func subPath(cmd *cobra.Command) string {
+	if !cmd.HasParent() {
+		return ""
+	}
+	_, rest, _ := strings.Cut(cmd.CommandPath(), " ")
+	return rest + ": "
+}
+
+// usageError gives err the usage exit status of cmd's nearest ancestor
+// that declares one (1 when none does).
+func usageError(cmd *cobra.Command, err error) error {
+	for c := cmd; c != nil; c = c.Parent() {
+		if v, ok := c.Annotations[usageExitAnnotation]; ok {
+			if code, perr := strconv.Atoi(v); perr == nil {
+				return &exitError{code: code, err: err}
+			}
+		}
+	}
+	return err
+}
+
+// flagUsages is fs.FlagUsages with booleans shown as "--verify", not
+// "--verify[=true|false]": they take no value on the command line.
+func flagUsages(fs *pflag.FlagSet) string {
+	out := pflag.NewFlagSet("usage", pflag.ContinueOnError)
+	out.SortFlags = fs.SortFlags
+	fs.VisitAll(func(f *pflag.Flag) {
+		c := *f
+		if c.Value.Type() == "bool" {
+			c.Value = plainBool{f.Value}
+		}
+		out.AddFlag(&c)
+	})
+	return out.FlagUsages()
+}
+
+// plainBool hides IsBoolFlag from pflag's usage printer; a bool flag's
+// NoOptDefVal ("true") already says it needs no value.
+type plainBool struct{ pflag.Value }
+
+// enumValues are the completions offered for flags that take one of a few
+// words, whatever command they are on. A new enum flag adds a line here.
+var enumValues = map[string][]string{
+	"protocol":    {"tcp", "rdma"},
+	"operation":   {"read", "write"},
+	"report-unit": bench.UnitNames(),
+}
+
+// completeEnums registers enumValues on every command of the tree that
+// has one of those flags and no completion of its own.
+func completeEnums(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		completeEnums(sub)
+	}
+	c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+		vals, ok := enumValues[f.Name]
+		if !ok {
+			return
+		}
+		if _, has := c.GetFlagCompletionFunc(f.Name); has {
+			return
+		}
+		_ = c.RegisterFlagCompletionFunc(f.Name, cobra.FixedCompletions(vals, cobra.ShellCompDirectiveNoFileComp))
+	})
 }
 
 func normalizeFlag(_ *pflag.FlagSet, name string) pflag.NormalizedName {
@@ -135,17 +289,20 @@ func setup(cmd *cobra.Command, g *globalOptions, p *printer) error {
 	}
 	if g.LogDir == "" {
 		glog.Setup(p.Err, level)
-		return nil
+	} else {
+		// As glog with --log_dir: every line to the file, errors to
+		// stderr too. The file stays open until the process exits.
+		f, err := glog.CreateLogFile(g.LogDir, "mc", time.Now())
+		if err != nil {
+			return fmt.Errorf("--log-dir: %w", err)
+		}
+		slog.SetDefault(slog.New(glog.Tee(
+			glog.NewHandler(f, &glog.Options{Level: level}),
+			glog.NewHandler(p.Err, &glog.Options{Level: max(level, slog.LevelError)}),
+		)))
 	}
-	// As glog with --log_dir: every line to the file, errors to stderr
-	// too. The file stays open until the process exits.
-	f, err := glog.CreateLogFile(g.LogDir, "mc", time.Now())
-	if err != nil {
-		return fmt.Errorf("--log-dir: %w", err)
+	for _, k := range cfg.unknownKeys(cmd.Root()) {
+		slog.Warn(fmt.Sprintf("config file %s: unknown key %s, ignored", cfg.path, k))
 	}
-	slog.SetDefault(slog.New(glog.Tee(
-		glog.NewHandler(f, &glog.Options{Level: level}),
-		glog.NewHandler(p.Err, &glog.Options{Level: max(level, slog.LevelError)}),
-	)))
 	return nil
 }

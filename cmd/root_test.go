@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
 // runCmd executes mc with args in-process and returns what it printed.
@@ -63,7 +65,8 @@ func TestExecuteBadInputOneLine(t *testing.T) {
 		want string
 	}{
 		{[]string{"--output", "xml", "version"}, `mc: invalid --output "xml": want table or json`},
-		{[]string{"version", "--bogus"}, "mc: mc version: unknown flag: --bogus"},
+		{[]string{"version", "--bogus"}, "mc: version: unknown flag: --bogus (see 'mc version --help')"},
+		{[]string{"--bogus"}, "mc: unknown flag: --bogus (see 'mc --help')"},
 		{[]string{"--config", filepath.Join(t.TempDir(), "nope.yaml"), "version"}, "mc: read config file"},
 		{[]string{"--log-level", "loud", "version"}, `mc: invalid --log-level: unknown log level "loud"`},
 		{[]string{"nosuchverb"}, `mc: unknown command "nosuchverb"`},
@@ -77,6 +80,9 @@ func TestExecuteBadInputOneLine(t *testing.T) {
 		got := errb.String()
 		if strings.Count(got, "\n") != 1 || !strings.HasPrefix(got, c.want) {
 			t.Errorf("%v: stderr %q, want one line starting %q", c.args, got, c.want)
+		}
+		if strings.Contains(got, "mc: mc") {
+			t.Errorf("%v: prefix repeated: %q", c.args, got)
 		}
 		if strings.Contains(got, "goroutine") || strings.Contains(got, "Usage:") {
 			t.Errorf("%v: stack trace or usage dump on stderr: %q", c.args, got)
@@ -187,6 +193,9 @@ func TestLogDir(t *testing.T) {
 	isolateEnv(t)
 	dir := filepath.Join(t.TempDir(), "logs")
 	t.Setenv("MC_LOG_DIR", dir)
+	// The store line is at info once per process, at debug after that:
+	// another test may have opened an RDMA context first.
+	t.Setenv("MC_LOG_LEVEL", "debug")
 	defer slog.SetDefault(slog.Default())
 	_, errOut, err := runCmd(t, "bench", "initiator", "--protocol", "rdma", "--device_name", "soft0",
 		"--bind-address", "127.0.0.1", "--duration", "100ms", "--threads", "1", "--batch_size", "4")
@@ -202,5 +211,92 @@ func TestLogDir(t *testing.T) {
 	}
 	if strings.Contains(errOut, "Using SIEVE") {
 		t.Fatalf("INFO line also on stderr: %q", errOut)
+	}
+}
+
+// Every command group, present and future, rejects a mistyped sub-command
+// or a stray argument with one line and a failing status (3 under diag,
+// whose 0 means healthy to monitoring), and still prints its help when
+// called bare.
+func TestUnknownSubcommandFails(t *testing.T) {
+	isolateEnv(t)
+	root := newRootCmd(&printer{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}})
+	var groups [][]string
+	var walk func(path []string, c *cobra.Command)
+	walk = func(path []string, c *cobra.Command) {
+		if c.HasSubCommands() && c.Name() != "help" {
+			groups = append(groups, path)
+		}
+		for _, sub := range c.Commands() {
+			walk(append(append([]string(nil), path...), sub.Name()), sub)
+		}
+	}
+	walk(nil, root)
+	if len(groups) < 6 { // root, bench, completion, diag, serve, topo
+		t.Fatalf("only %d groups found: %v", len(groups), groups)
+	}
+	for _, g := range groups {
+		want := 1
+		if len(g) > 0 && g[0] == "diag" {
+			want = 3
+		}
+		var out, errb bytes.Buffer
+		code := Execute(context.Background(), append(append([]string(nil), g...), "bogus"), &out, &errb)
+		got := errb.String()
+		if code != want || strings.Count(got, "\n") != 1 || !strings.Contains(got, `unknown command "bogus"`) {
+			t.Errorf("mc %v bogus: exit %d, stderr %q; want exit %d and one line", g, code, got, want)
+		}
+		if out.Len() != 0 {
+			t.Errorf("mc %v bogus: printed %q on stdout", g, out.String())
+		}
+		if len(g) == 0 {
+			continue
+		}
+		out.Reset()
+		errb.Reset()
+		if code := Execute(context.Background(), g, &out, &errb); code != 0 || !strings.Contains(out.String(), "Usage:") {
+			t.Errorf("mc %v: exit %d, stdout %q: want its help", g, code, out.String())
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"diag", "qp-lek"}, 3, `mc: diag: unknown command "qp-lek" (did you mean "qp-leak"?)`},
+		{[]string{"bench", "initator"}, 1, `mc: bench: unknown command "initator" (did you mean "initiator"?)`},
+		{[]string{"diag", "qp-leak", "--bogus"}, 3, "mc: diag qp-leak: unknown flag: --bogus"},
+		{[]string{"help", "bogus"}, 1, `mc: unknown command "bogus"`},
+		{[]string{"help", "diag", "qp-lek"}, 3, `mc: diag: unknown command "qp-lek"`},
+		{[]string{"topo", "discover", "extra"}, 1, `mc: topo discover: unexpected argument "extra"`},
+		{[]string{"completion", "bash", "extra"}, 1, `mc: completion bash: unexpected argument "extra"`},
+		{[]string{"diag", "qp-leak", "no-such-file"}, 3, "mc: diag qp-leak: open no-such-file"},
+	} {
+		var errb bytes.Buffer
+		code := Execute(context.Background(), c.args, &bytes.Buffer{}, &errb)
+		if code != c.code || !strings.HasPrefix(errb.String(), c.want) || strings.Count(errb.String(), "\n") != 1 {
+			t.Errorf("mc %v: exit %d, stderr %q; want %d, %q", c.args, code, errb.String(), c.code, c.want)
+		}
+	}
+}
+
+// A config key that names no flag is warned about, by name; a config file
+// whose extension viper does not know is read as YAML.
+func TestConfigUnknownKeysAndConfExtension(t *testing.T) {
+	isolateEnv(t)
+	defer slog.SetDefault(slog.Default())
+	path := filepath.Join(t.TempDir(), "mc.conf")
+	if err := os.WriteFile(path, []byte("output: json\nbench:\n  blok-size: 4K\n  block_size: 4K\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err := runCmd(t, "--config", path, "version")
+	if err != nil || !strings.HasPrefix(out, "{") {
+		t.Fatalf("mc.conf not read as YAML: %v %q", err, out)
+	}
+	if !strings.Contains(errOut, `unknown key "bench.blok-size" (did you mean "bench.block-size"?)`) {
+		t.Errorf("no warning naming the misspelt key: %q", errOut)
+	}
+	if strings.Count(errOut, "unknown key") != 1 {
+		t.Errorf("warned about a known key (bench.block_size or output): %q", errOut)
 	}
 }

@@ -25,7 +25,6 @@ func newServeCmd(p *printer) *cobra.Command {
 		Short: "Run mc services (metadata server, KV-cache store)",
 		Long: `serve runs a long-lived service in the foreground until SIGINT or SIGTERM,
 then stops it cleanly.`,
-		Args: cobra.NoArgs,
 	}
 	cmd.AddCommand(newServeMetadataCmd(p))
 	cmd.AddCommand(newServeStoreCmd(p))

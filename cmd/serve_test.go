@@ -186,7 +186,7 @@ func TestServeMetadataBadInput(t *testing.T) {
 		{[]string{"serve", "metadata", "--backend", "http", "--data-dir", "/tmp/x"}, "--data-dir applies to --backend etcd only"},
 		{[]string{"serve", "metadata", "--backend", "http", "--listen", busy.Addr().String()}, "address already in use"},
 		{[]string{"serve", "metadata", "--listen", busy.Addr().String()}, "address already in use"},
-		{[]string{"serve", "metadata", "extra"}, "unknown command"},
+		{[]string{"serve", "metadata", "extra"}, `unexpected argument "extra"`},
 	}
 	for _, c := range cases {
 		_, _, err := runCmd(t, c.args...)

@@ -23,7 +23,6 @@ func newTopoCmd(p *printer) *cobra.Command {
 		Long: `topo builds and inspects the NIC priority matrix of Mooncake's transfer
 engine (--nic_priority_matrix): for each memory location (cpu:<numa node>,
 cuda:<gpu>, hip:<gpu>) the NICs to prefer and the NICs usable on failure.`,
-		Args: cobra.NoArgs,
 	}
 	cmd.AddCommand(newTopoDiscoverCmd(p), newTopoShowCmd(p))
 	return cmd
@@ -262,6 +261,9 @@ func runTopoShow(ctx context.Context, o topoShowOptions, p *printer) error {
 		if _, err := p.Out.Write(file); err != nil {
 			return fmt.Errorf("write json: %w", err)
 		}
+	} else if len(m) == 0 && len(d.Devices) == 0 {
+		printSegmentNoNICs(p, d)
+		return nil
 	} else {
 		printSegmentTopo(p, d, m)
 	}
@@ -278,6 +280,30 @@ func runTopoShow(ctx context.Context, o topoShowOptions, p *printer) error {
 		}
 	}
 	return nil
+}
+
+// printSegmentNoNICs speaks for a segment without NICs (a TCP one) instead
+// of printing two empty tables.
+func printSegmentNoNICs(p *printer, d *meta.SegmentDesc) {
+	fmt.Fprintln(p.Out, segmentLine(d))
+	if d.Protocol == "tcp" {
+		fmt.Fprintf(p.Out, "a TCP segment has no NIC priority matrix and no RDMA devices: its buffers are served on TCP data port %d\n", d.TCPDataPort)
+	} else {
+		fmt.Fprintf(p.Out, "the segment published no NIC priority matrix and no RDMA devices\n")
+	}
+	var total uint64
+	for _, b := range d.Buffers {
+		total += b.Length
+	}
+	fmt.Fprintf(p.Out, "buffers: %d, %d bytes\n", len(d.Buffers), total)
+}
+
+func segmentLine(d *meta.SegmentDesc) string {
+	line := fmt.Sprintf("segment %s (%s)", d.Name, d.Protocol)
+	if d.Timestamp != "" {
+		line += ", published " + d.Timestamp
+	}
+	return line
 }
 
 func printSegmentTopo(p *printer, d *meta.SegmentDesc, m topo.Matrix) {
@@ -304,11 +330,7 @@ func printSegmentTopo(p *printer, d *meta.SegmentDesc, m topo.Matrix) {
 		}
 		rows = append(rows, row)
 	}
-	line := fmt.Sprintf("segment %s (%s)", d.Name, d.Protocol)
-	if d.Timestamp != "" {
-		line += ", published " + d.Timestamp
-	}
-	fmt.Fprintln(p.Out, line)
+	fmt.Fprintln(p.Out, segmentLine(d))
 	p.Table("priority matrix", header, rows)
 	fmt.Fprintln(p.Out, "* preferred, + accessible (used when the preferred NICs fail), - not listed")
 	fmt.Fprintln(p.Out)

@@ -205,7 +205,7 @@ func TestTopoDiscoverErrors(t *testing.T) {
 	}{
 		{[]string{"topo", "discover", "--sysfs-root", missing}, "mc: topo discover: sysfs root " + `"` + missing},
 		{[]string{"topo", "discover", "--sysfs-root", escape}, "mc: topo discover: NIC mlx5_0: resolve"},
-		{[]string{"topo", "discover", "extra"}, "mc: unknown command"},
+		{[]string{"topo", "discover", "extra"}, `mc: topo discover: unexpected argument "extra"`},
 		{[]string{"topo", "show"}, "mc: topo show: --segment is required"},
 		{[]string{"topo", "show", "--segment", "x"}, "mc: topo show: --metadata-server is required"},
 		{[]string{"topo", "show", "--segment", "x", "--metadata-server", "redis://h:1"}, "mc: topo show: metadata server"},
@@ -285,6 +285,11 @@ func checkShow(t *testing.T, server string) {
 	out, errOut, err = runCmd(t, "topo", "show", "--segment", "decode-0", "--metadata-server", server, "-o", "json")
 	if err != nil || out != "{}\n" || !strings.Contains(errOut, "published no priority matrix") {
 		t.Errorf("tcp segment: %q %q %v", out, errOut, err)
+	}
+	// The table form says why there is nothing, instead of empty tables.
+	out, errOut, err = runCmd(t, "topo", "show", "--segment", "decode-0", "--metadata-server", server)
+	if err != nil || !strings.Contains(out, "a TCP segment has no NIC priority matrix") || strings.Contains(out, "┌") || errOut != "" {
+		t.Errorf("tcp segment table: %v\n%s\nstderr %q", err, out, errOut)
 	}
 
 	_, _, err = runCmd(t, "topo", "show", "--segment", "absent", "--metadata-server", server)

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"syscall"
 )
 
 // lineBufSize bounds one line. glog truncates its own lines well below
@@ -28,6 +30,12 @@ func Open(path string) (io.ReadCloser, error) {
 		of, err := os.Open(path)
 		if err != nil {
 			return nil, err
+		}
+		// A directory opens fine on Linux and fails only at the first
+		// read, with a less helpful message.
+		if st, err := of.Stat(); err == nil && st.IsDir() {
+			of.Close()
+			return nil, &fs.PathError{Op: "open", Path: path, Err: syscall.EISDIR}
 		}
 		f = of
 	}

@@ -89,15 +89,21 @@ func (s Sampler) Sample(ctx context.Context) (*Snapshot, error) {
 }
 
 // Tailer follows growing plain-text log files, feeding complete new lines
-// to a LogScanner: `--watch` counts evictions as they happen.
+// to a LogScanner: `--watch` counts evictions as they happen. A file that
+// is rotated away (renamed or deleted and created anew, or a glog
+// symlink pointed at a new file) is read to its end and the new file at
+// the path is then read from its start; a file truncated in place
+// (logrotate's copytruncate) is read again from its start.
 type Tailer struct {
 	Scanner *LogScanner
 	files   []*tailFile
+	buf     []byte
 }
 
 type tailFile struct {
 	path    string
 	f       *os.File
+	off     int64 // bytes of f read so far
 	partial []byte
 }
 
@@ -111,49 +117,96 @@ func NewTailer(sc *LogScanner, paths []string) (*Tailer, error) {
 			t.Close()
 			return nil, err
 		}
-		if _, err := f.Seek(0, io.SeekEnd); err != nil {
+		off, err := f.Seek(0, io.SeekEnd)
+		if err != nil {
 			f.Close()
 			t.Close()
 			return nil, fmt.Errorf("seek %s: %w", p, err)
 		}
-		t.files = append(t.files, &tailFile{path: p, f: f})
+		t.files = append(t.files, &tailFile{path: p, f: f, off: off})
 	}
 	return t, nil
 }
 
-// Poll reads what was appended since the last call. A half-written last
-// line waits for its newline.
+// Poll reads what was appended since the last call, following rotations.
+// A half-written last line waits for its newline.
 func (t *Tailer) Poll() error {
-	buf := make([]byte, 256<<10)
+	if t.buf == nil {
+		t.buf = make([]byte, 256<<10)
+	}
+	var firstErr error
 	for _, tf := range t.files {
-		for {
-			n, err := tf.f.Read(buf)
-			if n > 0 {
-				data := append(tf.partial, buf[:n]...)
-				for {
-					i := bytes.IndexByte(data, '\n')
-					if i < 0 {
-						break
-					}
-					t.Scanner.Line(data[:i])
-					data = data[i+1:]
-				}
-				if len(data) > lineBufSize {
-					t.Scanner.st.Lines++
-					t.Scanner.st.Overlong++
-					data = nil
-				}
-				tf.partial = append(tf.partial[:0], data...)
-			}
-			if errors.Is(err, io.EOF) || n == 0 {
-				break
-			}
-			if err != nil {
-				return fmt.Errorf("tail %s: %w", tf.path, err)
-			}
+		if err := t.poll(tf); err != nil && firstErr == nil {
+			firstErr = err
 		}
 	}
-	return nil
+	return firstErr
+}
+
+func (t *Tailer) poll(tf *tailFile) error {
+	if st, err := tf.f.Stat(); err == nil && st.Size() < tf.off {
+		// Truncated in place: what is there now was written after.
+		if _, err := tf.f.Seek(0, io.SeekStart); err != nil {
+			return fmt.Errorf("tail %s: %w", tf.path, err)
+		}
+		tf.off, tf.partial = 0, tf.partial[:0]
+	}
+	if err := t.drain(tf); err != nil {
+		return err
+	}
+	// Rotated: the path names another file now. The old one was read to
+	// its end above; a missing path (between rename and create) waits
+	// for the next poll.
+	cur, err := tf.f.Stat()
+	if err != nil {
+		return fmt.Errorf("tail %s: %w", tf.path, err)
+	}
+	now, err := os.Stat(tf.path)
+	if err != nil || os.SameFile(cur, now) {
+		return nil
+	}
+	f, err := os.Open(tf.path)
+	if err != nil {
+		return nil
+	}
+	if len(tf.partial) > 0 {
+		// glog writes whole lines: the old file's last one is complete.
+		t.Scanner.Line(tf.partial)
+	}
+	tf.f.Close()
+	tf.f, tf.off, tf.partial = f, 0, tf.partial[:0]
+	return t.drain(tf)
+}
+
+// drain reads tf to its current end.
+func (t *Tailer) drain(tf *tailFile) error {
+	for {
+		n, err := tf.f.Read(t.buf)
+		if n > 0 {
+			tf.off += int64(n)
+			data := append(tf.partial, t.buf[:n]...)
+			for {
+				i := bytes.IndexByte(data, '\n')
+				if i < 0 {
+					break
+				}
+				t.Scanner.Line(data[:i])
+				data = data[i+1:]
+			}
+			if len(data) > lineBufSize {
+				t.Scanner.st.Lines++
+				t.Scanner.st.Overlong++
+				data = nil
+			}
+			tf.partial = append(tf.partial[:0], data...)
+		}
+		if errors.Is(err, io.EOF) || n == 0 {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("tail %s: %w", tf.path, err)
+		}
+	}
 }
 
 // Close closes the files.
@@ -164,10 +217,10 @@ func (t *Tailer) Close() {
 }
 
 // ScanFiles scans every path ("-" is stdin) into sc. It stops at the first
-// file that cannot be opened or decompressed: a report built without an
-// input the operator named would mislead. A read that fails part way (a
-// truncated gzip of a log still being rotated) keeps what was read and is
-// listed in the scanner's problems.
+// file that cannot be opened, decompressed or read to its end (a
+// directory, a truncated gzip): a report built without all of an input
+// the operator named would mislead, so the verdict is unknown. What was
+// read before the failure stays in sc.
 func ScanFiles(sc *LogScanner, paths []string) error {
 	for _, p := range paths {
 		rc, err := Open(p)
@@ -178,8 +231,11 @@ func ScanFiles(sc *LogScanner, paths []string) error {
 			// "mmdd" timestamps take the year the file was last written.
 			sc.Year = st.ModTime().Year()
 		}
-		_ = sc.Scan(bufio.NewReaderSize(rc, lineBufSize), p)
+		err = sc.Scan(bufio.NewReaderSize(rc, lineBufSize), p)
 		rc.Close()
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -101,3 +101,96 @@ func TestTailerFollowsAppends(t *testing.T) {
 		t.Fatalf("after second poll: %d evictions", sc.st.Evictions)
 	}
 }
+
+// --watch keeps counting through log rotation: rename and create, a glog
+// symlink pointed at a new file, and truncation in place (copytruncate).
+func TestTailerFollowsRotation(t *testing.T) {
+	dir := t.TempDir()
+	line := func(peer string) string { return "I0307 09:00:01.000001 1 s.cpp:1] " + peer + "@mlx5_0 evicted\n" }
+	appendTo := func(p, s string) {
+		t.Helper()
+		f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.WriteString(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := filepath.Join(dir, "te.INFO")
+	appendTo(p, line("old"))
+	sc := NewLogScanner()
+	tl, err := NewTailer(sc, []string{p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	poll := func(want int, what string) {
+		t.Helper()
+		if err := tl.Poll(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if sc.st.Evictions != want {
+			t.Fatalf("%s: %d evictions, want %d", what, sc.st.Evictions, want)
+		}
+	}
+	appendTo(p, line("a"))
+	poll(1, "append")
+
+	// logrotate's default: rename, then a new file at the path. The last
+	// lines of the old file and the whole new one count.
+	appendTo(p, line("b"))
+	if err := os.Rename(p, p+".1"); err != nil {
+		t.Fatal(err)
+	}
+	poll(2, "renamed, not yet recreated")
+	appendTo(p, line("c")+line("d"))
+	poll(4, "new file at the path")
+
+	// copytruncate: the same file, emptied and written again.
+	if err := os.Truncate(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	appendTo(p, line("e"))
+	poll(5, "truncated in place")
+
+	// glog: <prog>.INFO is a symlink to the newest file.
+	target1, target2 := filepath.Join(dir, "te.INFO.1"), filepath.Join(dir, "te.INFO.2")
+	appendTo(target1, line("f"))
+	link := filepath.Join(dir, "glog.INFO")
+	if err := os.Symlink(filepath.Base(target1), link); err != nil {
+		t.Fatal(err)
+	}
+	sc2 := NewLogScanner()
+	tl2, err := NewTailer(sc2, []string{link})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl2.Close()
+	appendTo(target1, line("g"))
+	appendTo(target2, line("h"))
+	os.Remove(link)
+	if err := os.Symlink(filepath.Base(target2), link); err != nil {
+		t.Fatal(err)
+	}
+	if err := tl2.Poll(); err != nil || sc2.st.Evictions != 2 || sc2.peers["h@mlx5_0"] == nil {
+		t.Fatalf("symlink moved: %v, %d evictions", err, sc2.st.Evictions)
+	}
+}
+
+// A gzip'd log is read once however it is named; a plain one is followed.
+func TestWatchSniffsGzip(t *testing.T) {
+	if !isGzip("testdata/leak/prefill-0.INFO.1.gz") || isGzip("testdata/leak/prefill-0.INFO") {
+		t.Fatal("isGzip misreads the fixtures")
+	}
+	b, err := os.ReadFile("testdata/leak/prefill-0.INFO.1.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	renamed := filepath.Join(t.TempDir(), "prefill-0.INFO.1")
+	os.WriteFile(renamed, b, 0o644)
+	if !isGzip(renamed) {
+		t.Fatal("gzip without .gz taken as plain text")
+	}
+}

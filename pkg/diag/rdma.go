@@ -47,9 +47,12 @@ type Owner struct {
 // at one moment. Per-QP outputs are summarised as they stream past: a host
 // can hold a million QPs and the analysis needs only the counts.
 type Snapshot struct {
-	Source  string
-	At      time.Time
-	Devices []Device
+	Source string
+	At     time.Time
+	// AtModTime says At is the file's modification time, which a copy
+	// without -p resets: such times are checked before giving a rate.
+	AtModTime bool
+	Devices   []Device
 	// From per-QP output: QPs per NIC, and per owner and state.
 	QPByNIC   map[string]int64
 	QPByOwner map[Owner]map[string]int64

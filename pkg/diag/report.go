@@ -3,6 +3,7 @@ package diag
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,6 +35,29 @@ const (
 	CodeNoEvictionLogs    = "NO_EVICTION_LOGS"
 	CodeNoPeriodicReclaim = "NO_PERIODIC_RECLAIM"
 	CodeQPErrorStatePile  = "QP_ERROR_STATE_PILE"
+	// CodeSnapshotTimes: the snapshots carry no usable times, so growth
+	// is shown in QPs without a rate or a time to --max-qp.
+	CodeSnapshotTimes = "SNAPSHOT_TIMES_UNUSABLE"
+	// CodeNoQPCounts: no snapshot listed a NIC, so nothing says the host
+	// is healthy; the verdict is unknown.
+	CodeNoQPCounts = "NO_QP_COUNTS"
+)
+
+// Mooncake's defaults, assumed when the operator gives neither the flag
+// nor the MC_* variable (the report lists what it assumed).
+const (
+	DefaultNumQPPerEP  = 2     // MC_NUM_QP_PER_EP
+	DefaultMaxEPPerCtx = 65536 // MC_MAX_EP_PER_CTX, clamped to max_qp / num_qp_per_ep
+)
+
+// countAsymmetryRatio is the step in QP counts between NICs that is a
+// finding even with every NIC under its ceiling: leaked QPs pile up on the
+// NICs that route to the failing peers (the incident had 3.6x). Counts
+// below countAsymmetryFloor on the low side are taken as that floor, so an
+// idle NIC next to a moderately busy one is not a finding.
+const (
+	countAsymmetryRatio = 3.0
+	countAsymmetryFloor = 256
 )
 
 // KernelQPAllowance is added to every NIC's ceiling for QPs that are not
@@ -47,7 +71,7 @@ const FixedVersion = "0.3.11"
 // Options are the operator's knowledge the logs cannot supply.
 type Options struct {
 	NumQPPerEP  int    // MC_NUM_QP_PER_EP; 0 means Mooncake's default, 2
-	MaxEPPerCtx int    // MC_MAX_EP_PER_CTX; 0 when not given
+	MaxEPPerCtx int    // MC_MAX_EP_PER_CTX; 0 when not given (Mooncake's default is assumed when the logs name no peer)
 	MaxQP       int64  // the NIC's max_qp; 0 when not given
 	TEVersion   string // the transfer engine's version, overriding the logs
 }
@@ -119,6 +143,10 @@ type Report struct {
 	MaxEPPerCtx      int              `json:"max_ep_per_ctx"`
 	MaxQP            int64            `json:"max_qp"`
 	TEVersion        string           `json:"te_version"`
+	// AssumedDefaults lists the Mooncake defaults the ceiling was
+	// computed with because the operator did not give them, as
+	// "MC_NUM_QP_PER_EP=2".
+	AssumedDefaults []string `json:"assumed_defaults"`
 	// UnattributedEvictions could not be tied to a local NIC.
 	UnattributedEvictions int `json:"unattributed_evictions"`
 	UnattributedDeletions int `json:"unattributed_deletions"`
@@ -142,15 +170,22 @@ func (r *Report) ExitCode() int {
 // Analyze correlates QP snapshots (in any order; they are sorted by time)
 // with the log summary (nil when no logs were given).
 func Analyze(snaps []*Snapshot, logs *LogSummary, o Options) *Report {
+	var assumed []string
 	if o.NumQPPerEP <= 0 {
-		o.NumQPPerEP = 2
+		o.NumQPPerEP = DefaultNumQPPerEP
+		assumed = append(assumed, fmt.Sprintf("MC_NUM_QP_PER_EP=%d", DefaultNumQPPerEP))
 	}
 	logsGiven := logs != nil
 	if !logsGiven {
 		logs = NewLogScanner().Summary()
 	}
 	snaps = append([]*Snapshot(nil), snaps...)
-	sort.SliceStable(snaps, func(i, j int) bool { return snaps[i].At.Before(snaps[j].At) })
+	// Without usable times the snapshots stay in the order given: times
+	// a millisecond apart from a copy say nothing about capture order.
+	timed := snapshotTimesUsable(snaps)
+	if timed {
+		sort.SliceStable(snaps, func(i, j int) bool { return snaps[i].At.Before(snaps[j].At) })
+	}
 
 	r := &Report{
 		NumQPPerEP:            o.NumQPPerEP,
@@ -166,6 +201,7 @@ func Analyze(snaps []*Snapshot, logs *LogSummary, o Options) *Report {
 		Snapshots:             []SnapshotReport{},
 		Processes:             []ProcessReport{},
 		Advice:                []string{},
+		AssumedDefaults:       []string{},
 	}
 	if r.Peers == nil {
 		r.Peers = []*PeerEvents{}
@@ -182,6 +218,17 @@ func Analyze(snaps []*Snapshot, logs *LogSummary, o Options) *Report {
 	// with num_qp_per_ep QPs; the store never holds more than
 	// max_ep_per_ctx. The logs only name peers that misbehaved or were
 	// evicted, so the larger of the two bounds is the honest one.
+	// With neither, the store's default size bounds it: a ceiling far
+	// above any sane count, but a known one.
+	if o.MaxEPPerCtx == 0 && r.LivePeers == 0 {
+		o.MaxEPPerCtx = DefaultMaxEPPerCtx
+		if o.MaxQP > 0 {
+			o.MaxEPPerCtx = int(min(int64(DefaultMaxEPPerCtx), o.MaxQP/int64(o.NumQPPerEP)))
+		}
+		assumed = append(assumed, fmt.Sprintf("MC_MAX_EP_PER_CTX=%d", o.MaxEPPerCtx))
+		r.MaxEPPerCtx = o.MaxEPPerCtx
+	}
+	r.AssumedDefaults = append(r.AssumedDefaults, assumed...)
 	var ceiling *int64
 	if eps := max(r.LivePeers, o.MaxEPPerCtx); eps > 0 {
 		c := int64(eps)*int64(o.NumQPPerEP) + KernelQPAllowance
@@ -216,7 +263,7 @@ func Analyze(snaps []*Snapshot, logs *LogSummary, o Options) *Report {
 			sr.Total += qp
 			n := row(name)
 			n.QP = qp
-			if pv, ok := prevSeen[name]; ok {
+			if pv, ok := prevSeen[name]; ok && timed {
 				if dt := s.At.Sub(pv.at).Seconds(); dt > 0 {
 					lastRate[name] = float64(qp-pv.qp) / dt
 				}
@@ -226,7 +273,7 @@ func Analyze(snaps []*Snapshot, logs *LogSummary, o Options) *Report {
 				firstSeen[name] = seen{qp, s.At}
 			} else {
 				n.QPGrowth = qp - f.qp
-				if dt := s.At.Sub(f.at).Hours(); dt > 0 {
+				if dt := s.At.Sub(f.at).Hours(); dt > 0 && timed {
 					g := float64(n.QPGrowth) / dt
 					n.QPGrowthPerHour = &g
 				}
@@ -294,14 +341,44 @@ func Analyze(snaps []*Snapshot, logs *LogSummary, o Options) *Report {
 		sort.Slice(vs, func(i, j int) bool { return versionLess(vs[i], vs[j]) })
 		r.TEVersion = vs[0]
 	}
-	judge(r, logs, o, len(snaps))
+	judge(r, logs, o, snaps, timed)
 	return r
+}
+
+// minModTimeGap is the closest two snapshot files' modification times may
+// be and still give a rate: captures saved by hand or by cron are seconds
+// to hours apart, while files copied without -p get times a millisecond
+// apart. Sampled and --at times are taken as they are.
+const minModTimeGap = time.Second
+
+// snapshotTimesUsable reports whether snaps (two or more) carry distinct
+// times, modification times at least minModTimeGap apart, so that a rate
+// and a time to --max-qp mean something. One snapshot gives no rate and
+// is always usable.
+func snapshotTimesUsable(snaps []*Snapshot) bool {
+	if len(snaps) < 2 {
+		return true
+	}
+	s := append([]*Snapshot(nil), snaps...)
+	for _, x := range s {
+		if x.At.IsZero() {
+			return false
+		}
+	}
+	sort.SliceStable(s, func(i, j int) bool { return s[i].At.Before(s[j].At) })
+	for i := 1; i < len(s); i++ {
+		gap := s[i].At.Sub(s[i-1].At)
+		if gap <= 0 || (gap < minModTimeGap && (s[i].AtModTime || s[i-1].AtModTime)) {
+			return false
+		}
+	}
+	return true
 }
 
 // significantGrowth leaves out noise: a rise under 2% or under a handful
 // of endpoints' QPs.
 func significantGrowth(n *NICReport) bool {
-	if n.QPGrowthPerHour == nil || n.QPGrowth <= 0 {
+	if n.QPGrowth <= 0 {
 		return false
 	}
 	return n.QPGrowth >= max(int64(16), (n.QP-n.QPGrowth)/50)
@@ -357,7 +434,8 @@ func processes(s *Snapshot) []ProcessReport {
 // some NICs, churn without reclaim) and a consequence (ENOMEM); any one
 // alone has innocent explanations (a ceiling from too few logged peers,
 // uneven traffic, a busy cache), two together do not.
-func judge(r *Report, logs *LogSummary, o Options, nsnaps int) {
+func judge(r *Report, logs *LogSummary, o Options, snaps []*Snapshot, timed bool) {
+	nsnaps := len(snaps)
 	st := logs.Stats
 	var core []int // indexes into r.Findings of leak signals
 	add := func(code, sev, msg string, isCore bool) {
@@ -379,6 +457,8 @@ func judge(r *Report, logs *LogSummary, o Options, nsnaps int) {
 	// A ceiling from logged peers alone is soft: healthy peers never log,
 	// so a NIC must be twice over it before that counts as a finding.
 	// --max-ep-per-ctx is the store's own limit, a hard bound.
+	// Mooncake's default store size, assumed when neither is known, is
+	// that limit too unless the operator changed it.
 	hard := o.MaxEPPerCtx > 0 && o.MaxEPPerCtx >= r.LivePeers
 	var above, far []NICReport
 	var aboveQP, aboveExcess int64
@@ -396,6 +476,8 @@ func judge(r *Report, logs *LogSummary, o Options, nsnaps int) {
 		c := *above[0].ExpectedMax
 		var basis string
 		switch {
+		case o.MaxEPPerCtx > r.LivePeers && slices.Contains(r.AssumedDefaults, fmt.Sprintf("MC_MAX_EP_PER_CTX=%d", o.MaxEPPerCtx)):
+			basis = fmt.Sprintf("Mooncake's default MC_MAX_EP_PER_CTX %d", o.MaxEPPerCtx)
 		case o.MaxEPPerCtx > r.LivePeers:
 			basis = fmt.Sprintf("--max-ep-per-ctx %d", o.MaxEPPerCtx)
 		default:
@@ -415,6 +497,12 @@ func judge(r *Report, logs *LogSummary, o Options, nsnaps int) {
 		add(CodeAsymmetricQP, SeverityWarning, fmt.Sprintf(
 			"The excess is concentrated on %d of %d NICs (%s hold%s %.0f%% of it): the leak follows the NICs that carry the evicting or failing peers.",
 			len(hot), len(r.NICs), nicList(hot), verbS(len(hot)), share*100), true)
+	} else if hot, ratio, hotMin, coldMax := asymmetricCounts(r.NICs); len(hot) > 0 {
+		// No excess to speak of, but counts this uneven are how the
+		// incident looked from rdma alone: worth a look, not a verdict.
+		add(CodeAsymmetricQP, SeverityWarning, fmt.Sprintf(
+			"%d of %d NICs (%s) hold %.1fx the QPs of the others (%d or more against at most %d), all under the ceiling: leaked QPs pile up on the NICs that carry the evicting or failing peers; the logs (--log) or --max-ep-per-ctx would tell a leak from uneven traffic.",
+			len(hot), len(r.NICs), nicList(hot), ratio, hotMin, coldMax), true)
 	}
 
 	churn := st.Evictions + r.Deletions
@@ -441,13 +529,25 @@ func judge(r *Report, logs *LogSummary, o Options, nsnaps int) {
 		growing = append(growing, n)
 	}
 	if len(growing) > 0 {
-		sort.SliceStable(growing, func(i, j int) bool { return *growing[i].QPGrowthPerHour > *growing[j].QPGrowthPerHour })
-		g := growing[0]
-		msg := fmt.Sprintf("QPs rose across %d snapshots on %d NICs, fastest %s at %+.0f per hour", nsnaps, len(growing), g.Name, *g.QPGrowthPerHour)
-		if g.SecondsToMaxQP != nil {
-			msg += fmt.Sprintf("; it reaches --max-qp %d in about %s", o.MaxQP, humanDuration(*g.SecondsToMaxQP))
+		var msg string
+		if timed {
+			sort.SliceStable(growing, func(i, j int) bool { return *growing[i].QPGrowthPerHour > *growing[j].QPGrowthPerHour })
+			g := growing[0]
+			msg = fmt.Sprintf("QPs rose across %d snapshots on %d NICs, fastest %s at %+.0f per hour", nsnaps, len(growing), g.Name, *g.QPGrowthPerHour)
+			if g.SecondsToMaxQP != nil {
+				msg += fmt.Sprintf("; it reaches --max-qp %d in about %s", o.MaxQP, humanDuration(*g.SecondsToMaxQP))
+			}
+		} else {
+			sort.SliceStable(growing, func(i, j int) bool { return growing[i].QPGrowth > growing[j].QPGrowth })
+			g := growing[0]
+			msg = fmt.Sprintf("QPs rose across %d snapshots (in the order given) on %d NICs, most %s by %+d", nsnaps, len(growing), g.Name, g.QPGrowth)
 		}
 		add(CodeQPGrowth, SeverityWarning, msg+".", true)
+	}
+	if !timed {
+		add(CodeSnapshotTimes, SeverityWarning, fmt.Sprintf(
+			"The %d snapshots have no usable times (missing, identical, or file times under %v apart as a copy without -p leaves them): no growth rate or time to --max-qp is computed, and they are taken in the order given; pass --at with the capture times.",
+			nsnaps, minModTimeGap), false)
 	}
 
 	for _, p := range r.Processes {
@@ -488,6 +588,10 @@ func judge(r *Report, logs *LogSummary, o Options, nsnaps int) {
 			hasAnchor = true
 		}
 	}
+	counted := false
+	for _, s := range snaps {
+		counted = counted || len(s.QPCounts()) > 0
+	}
 	switch {
 	case n >= 2 && hasAnchor:
 		r.Verdict = VerdictLeak
@@ -499,9 +603,15 @@ func judge(r *Report, logs *LogSummary, o Options, nsnaps int) {
 	default:
 		r.Verdict = VerdictHealthy
 		for _, f := range r.Findings {
-			if f.Severity == SeverityWarning {
+			if f.Severity == SeverityWarning && f.Code != CodeSnapshotTimes {
 				r.Verdict = VerdictSuspect
 			}
+		}
+		// Healthy is a claim about QP counts; with none, nothing was
+		// judged.
+		if r.Verdict == VerdictHealthy && !counted {
+			r.Verdict = VerdictUnknown
+			add(CodeNoQPCounts, SeverityWarning, "No snapshot lists a NIC with its QP count, so nothing shows the host is healthy: capture `rdma resource show` on the host, or run this there.", false)
 		}
 	}
 	if r.Verdict == VerdictSuspect {
@@ -513,6 +623,33 @@ func judge(r *Report, logs *LogSummary, o Options, nsnaps int) {
 		}
 	}
 	r.Advice = advise(r, logs, o)
+}
+
+// asymmetricCounts finds NICs holding countAsymmetryRatio times the QPs of
+// the rest: sorted by count, the largest such step down separates them.
+// It returns them, the ratio across the step and the counts either side
+// of it.
+func asymmetricCounts(nics []NICReport) (hot []NICReport, ratio float64, hotMin, coldMax int64) {
+	if len(nics) < 2 {
+		return nil, 0, 0, 0
+	}
+	s := append([]NICReport(nil), nics...)
+	sort.SliceStable(s, func(i, j int) bool { return s[i].QP > s[j].QP })
+	cut, best := -1, countAsymmetryRatio
+	for i := 0; i+1 < len(s); i++ {
+		lo := math.Max(float64(s[i+1].QP), countAsymmetryFloor)
+		if ratio := float64(s[i].QP) / lo; ratio >= best {
+			cut, best = i, ratio
+		}
+	}
+	if cut < 0 {
+		return nil, 0, 0, 0
+	}
+	hotMin, coldMax = s[cut].QP, s[cut+1].QP
+	ratio = float64(hotMin) / float64(max(coldMax, 1))
+	hot = s[:cut+1]
+	sort.Slice(hot, func(i, j int) bool { return nicLess(hot[i].Name, hot[j].Name) })
+	return hot, math.Floor(ratio*10) / 10, hotMin, coldMax
 }
 
 // asymmetric finds the NICs the excess concentrates on: sorted by QP count,

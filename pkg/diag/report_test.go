@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -249,22 +250,132 @@ func TestUnreadableInputs(t *testing.T) {
 	}
 }
 
-// A gzip cut short (a log being compressed while copied) keeps what was
-// read and says so.
-func TestTruncatedGzipKeepsData(t *testing.T) {
+// A log that cannot be read to its end (a gzip cut short while being
+// copied, a directory) leaves the verdict unknown: the README's exit 3,
+// never a report built from part of what the operator named.
+func TestUnreadableLogStops(t *testing.T) {
 	b, err := os.ReadFile("testdata/leak/prefill-0.INFO.1.gz")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := filepath.Join(t.TempDir(), "cut.gz")
-	os.WriteFile(p, b[:len(b)/2], 0o644)
-	sc := NewLogScanner()
-	if err := ScanFiles(sc, []string{p}); err != nil {
+	dir := t.TempDir()
+	cut := filepath.Join(dir, "cut.gz")
+	os.WriteFile(cut, b[:len(b)/2], 0o644)
+	for _, log := range []string{cut, dir} {
+		_, _, err := Load(context.Background(), Inputs{RDMA: []string{"testdata/leak/rdma.txt"}, At: []time.Time{t0}, Logs: []string{log}})
+		if !errors.Is(err, ErrUnreadable) || !strings.Contains(err.Error(), log) {
+			t.Errorf("log %s: err = %v, want ErrUnreadable naming it", log, err)
+		}
+	}
+	if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), "is a directory") {
+		t.Errorf("Open(dir) = %v", err)
+	}
+}
+
+// Snapshot files copied without -p carry modification times a millisecond
+// apart: no rate and no time to --max-qp come out of them, the report says
+// why, and growth is still counted in the order given.
+func TestSnapshotTimesUnusable(t *testing.T) {
+	dir := t.TempDir()
+	var files []string
+	base := time.Now().Add(-time.Hour)
+	for i := 1; i <= 4; i++ {
+		b, err := os.ReadFile(filepath.Join("testdata", "growth", fmt.Sprintf("rdma-%d.json", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, fmt.Sprintf("rdma-%d.json", i))
+		os.WriteFile(p, b, 0o644)
+		mt := base.Add(time.Duration(i) * 300 * time.Microsecond)
+		if err := os.Chtimes(p, mt, mt); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, p)
+	}
+	check := func(name string, in Inputs) {
+		t.Helper()
+		snaps, _, err := Load(context.Background(), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := Analyze(snaps, nil, Options{MaxEPPerCtx: 256, MaxQP: 131072})
+		if !hasCode(r, CodeSnapshotTimes) {
+			t.Errorf("%s: no %s finding: %+v", name, CodeSnapshotTimes, r.Findings)
+		}
+		for _, n := range r.NICs {
+			if n.QPGrowthPerHour != nil || n.SecondsToMaxQP != nil {
+				t.Errorf("%s: %s has a rate %v or an ETA %v from unusable times", name, n.Name, n.QPGrowthPerHour, n.SecondsToMaxQP)
+			}
+		}
+		if r.NICs[0].QPGrowth != 1880 || !hasCode(r, CodeQPGrowth) {
+			t.Errorf("%s: growth %d in the order given, want 1880; findings %+v", name, r.NICs[0].QPGrowth, r.Findings)
+		}
+		for _, f := range r.Findings {
+			if strings.Contains(f.Message, "per hour") || strings.Contains(f.Message, "reaches --max-qp") {
+				t.Errorf("%s: finding reports a rate: %s", name, f.Message)
+			}
+		}
+	}
+	check("mtimes 300µs apart", Inputs{RDMA: files})
+	check("identical --at", Inputs{RDMA: files, At: []time.Time{t0, t0, t0, t0}})
+
+	// Sampled times (--watch) and --at stamps a second apart are real.
+	snaps, _, err := Load(context.Background(), Inputs{RDMA: files, At: []time.Time{t0, t0.Add(time.Second), t0.Add(2 * time.Second), t0.Add(3 * time.Second)}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	s := sc.Summary()
-	if s.Stats.Evictions == 0 || len(s.Stats.Problems) == 0 || !strings.Contains(s.Stats.Problems[0], "read stopped") {
-		t.Fatalf("evictions %d problems %q", s.Stats.Evictions, s.Stats.Problems)
+	if r := Analyze(snaps, nil, Options{MaxEPPerCtx: 256}); hasCode(r, CodeSnapshotTimes) || r.NICs[0].QPGrowthPerHour == nil {
+		t.Errorf("--at stamps a second apart rejected: %+v", r.Findings)
+	}
+}
+
+// QP counts alone: the ceiling comes from Mooncake's defaults (listed in
+// the report), and the incident's 3.6x asymmetry is suspect, not healthy.
+func TestQPCountsAloneAssumeDefaults(t *testing.T) {
+	snaps, _, err := Load(context.Background(), Inputs{RDMA: []string{"testdata/leak/rdma.txt"}, At: []time.Time{t0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Analyze(snaps, nil, Options{})
+	if r.Verdict != VerdictSuspect || r.ExitCode() != 1 || !hasCode(r, CodeAsymmetricQP) {
+		t.Errorf("verdict %s, findings %+v; want suspect with %s", r.Verdict, r.Findings, CodeAsymmetricQP)
+	}
+	wantMax := int64(DefaultMaxEPPerCtx*DefaultNumQPPerEP + KernelQPAllowance)
+	if e := r.NICs[0].ExpectedMax; e == nil || *e != wantMax {
+		t.Errorf("expected max %v, want %d", e, wantMax)
+	}
+	if strings.Join(r.AssumedDefaults, ",") != "MC_NUM_QP_PER_EP=2,MC_MAX_EP_PER_CTX=65536" {
+		t.Errorf("assumed defaults %q", r.AssumedDefaults)
+	}
+	// Mooncake clamps the store to max_qp / num_qp_per_ep.
+	r = Analyze(snaps, nil, Options{MaxQP: 8192, NumQPPerEP: 4})
+	if r.MaxEPPerCtx != 2048 || *r.NICs[0].ExpectedMax != 2048*4+KernelQPAllowance || strings.Join(r.AssumedDefaults, ",") != "MC_MAX_EP_PER_CTX=2048" {
+		t.Errorf("clamped store: max_ep %d assumed %q", r.MaxEPPerCtx, r.AssumedDefaults)
+	}
+	if r.Verdict == VerdictHealthy || !hasCode(r, CodeQPAboveCeiling) {
+		t.Errorf("22K QPs over a ceiling of 8K: verdict %s findings %+v", r.Verdict, r.Findings)
+	}
+	// Even counts stay healthy, with the ceiling known.
+	snaps, _, err = Load(context.Background(), Inputs{RDMA: []string{"testdata/healthy/rdma.txt"}, At: []time.Time{t0}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r = Analyze(snaps, nil, Options{}); r.Verdict != VerdictHealthy || r.NICs[0].ExpectedMax == nil {
+		t.Errorf("healthy counts: verdict %s findings %+v", r.Verdict, r.Findings)
+	}
+}
+
+// Without any QP count nothing was judged: unknown, never healthy.
+func TestNoQPCountsIsUnknown(t *testing.T) {
+	_, logs, err := Load(context.Background(), Inputs{RDMA: []string{"testdata/healthy/rdma.txt"}, Logs: []string{"testdata/healthy/prefill-0.INFO"}, Year: 2026})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, snaps := range map[string][]*Snapshot{"no snapshot": nil, "empty snapshot": {{Source: "empty", At: t0}}} {
+		r := Analyze(snaps, logs, Options{})
+		if r.Verdict != VerdictUnknown || r.ExitCode() != 3 || !hasCode(r, CodeNoQPCounts) {
+			t.Errorf("%s: verdict %s findings %+v", name, r.Verdict, r.Findings)
+		}
 	}
 }
 

@@ -47,7 +47,7 @@ func Load(ctx context.Context, in Inputs) ([]*Snapshot, *LogSummary, error) {
 			return nil, nil, unreadable{err}
 		}
 		if len(in.At) > 0 {
-			s.At = in.At[i]
+			s.At, s.AtModTime = in.At[i], false
 		}
 		snaps = append(snaps, s)
 	}
@@ -83,7 +83,7 @@ func readSnapshotFile(p string) (*Snapshot, error) {
 	s.At = time.Now()
 	if p != "-" {
 		if st, err := os.Stat(p); err == nil {
-			s.At = st.ModTime()
+			s.At, s.AtModTime = st.ModTime(), true
 		}
 	}
 	return s, nil

@@ -3,15 +3,16 @@ package diag
 import (
 	"context"
 	"fmt"
-	"strings"
+	"os"
 	"time"
 )
 
 // WatchConfig says what Watch samples, for how long, and whom it tells.
 type WatchConfig struct {
 	// Logs are read in full first; plain files among them are then
-	// followed. Stdin ("-") and gzip files are read once only: neither
-	// can grow in a way a tail could follow.
+	// followed, through rotations. Stdin ("-") and gzip files (by
+	// content, whatever their name) are read once only: neither can grow
+	// in a way a tail could follow.
 	Logs []string
 	// Interval is the time between samples, Duration the length of the
 	// watch; both must be positive.
@@ -54,7 +55,7 @@ func Watch(ctx context.Context, cfg WatchConfig) (snaps []*Snapshot, logs *LogSu
 	sc := NewLogScanner()
 	var tailed []string
 	for _, l := range cfg.Logs {
-		if l == "-" || strings.HasSuffix(l, ".gz") {
+		if l == "-" || isGzip(l) {
 			notef("%s is read once, not followed", l)
 			continue
 		}
@@ -116,4 +117,17 @@ loop:
 		logs = sc.Summary()
 	}
 	return snaps, logs, nil
+}
+
+// isGzip reports whether path starts with the gzip magic; an unreadable
+// path is not, and fails later with its own error.
+func isGzip(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var magic [2]byte
+	n, _ := f.Read(magic[:])
+	return n == 2 && magic[0] == 0x1f && magic[1] == 0x8b
 }

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -228,11 +229,13 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 			e.shutdown(ctx)
 			return nil, fmt.Errorf("start engine: publish rpc meta of %q: %w", e.segName, err)
 		}
+		slog.Debug("metadata: published rpc meta", "server", e.segName, "host", adv, "rpc_port", port, "metadata", cfg.MetadataServer)
 	}
 	if err := e.publish(ctx); err != nil {
 		e.shutdown(ctx)
 		return nil, fmt.Errorf("start engine: %w", err)
 	}
+	slog.Debug("engine started", "segment", e.segName, "protocol", proto, "handshake", e.hs.Addr(), "metadata", cfg.MetadataServer)
 	return e, nil
 }
 
@@ -303,9 +306,11 @@ func (e *Engine) publish(ctx context.Context) error {
 	defer e.pubMu.Unlock()
 	d := e.Descriptor()
 	d.Timestamp = meta.Timestamp(time.Now())
+	start := time.Now()
 	if err := e.backend.PutSegment(ctx, d); err != nil {
 		return fmt.Errorf("publish segment %q: %w", e.segName, err)
 	}
+	slog.Debug("metadata: published segment", "segment", e.segName, "buffers", len(d.Buffers), "took", time.Since(start))
 	return nil
 }
 
@@ -384,7 +389,9 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error)
 	if name == e.segName || name == e.cfg.LocalServerName {
 		return &Segment{name: name, route: e.local, localSeg: true, e: e}, nil
 	}
+	start := time.Now()
 	d, err := e.backend.GetSegment(ctx, name)
+	slog.Debug("metadata: get segment", "segment", name, "took", time.Since(start), "err", err)
 	if err != nil {
 		if errors.Is(err, meta.ErrNotFound) {
 			return nil, &notFoundError{name: name, err: err}
@@ -399,10 +406,12 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error)
 	if err != nil {
 		return nil, fmt.Errorf("open segment %q: %w", name, err)
 	}
+	slog.Debug("metadata: get rpc meta", "segment", name, "host", rpc.IPOrHostName, "rpc_port", rpc.RPCPort)
 	r, err := tr.Dial(ctx, SegmentInfo{Name: name, Desc: d, RPC: rpc})
 	if err != nil {
 		return nil, fmt.Errorf("open segment %q: %w", name, err)
 	}
+	slog.Debug("segment opened", "segment", name, "protocol", d.Protocol, "buffers", len(d.Buffers), "tcp_data_port", d.TCPDataPort)
 	s := &Segment{name: name, desc: d, route: r, e: e}
 	s.index()
 	return s, nil

@@ -77,6 +77,9 @@ type Stats struct {
 	QPCreateFails uint64 `json:"qp_create_failures"`
 }
 
+// storeAnnounced holds the store types already logged at info.
+var storeAnnounced sync.Map
+
 // NewContext opens device on p and starts its workers and monitor.
 func NewContext(p Provider, device string, cfg Config) (*Context, error) {
 	cfg = cfg.withDefaults()
@@ -110,8 +113,15 @@ func NewContext(p Provider, device string, cfg Config) (*Context, error) {
 	c.store.evicted = func() { c.evictions.Add(1) }
 	c.store.reclaims = func(n int) { c.reclaimed.Add(uint64(n)) }
 	c.active.Store(port.State == PortActive)
-	// Mooncake's line, plus the NIC as an attribute (mc diag reads it).
-	slog.Info("Using "+cfg.StoreType.String()+" endpoint store", "local_nic", device)
+	// Mooncake's line, plus the NIC as an attribute (mc diag reads it):
+	// at info once per process and store type, then at debug per NIC, as
+	// an engine opens one context per NIC and the default level should
+	// not list them all.
+	level := slog.LevelDebug
+	if _, seen := storeAnnounced.LoadOrStore(cfg.StoreType, true); !seen {
+		level = slog.LevelInfo
+	}
+	slog.Log(context.Background(), level, "Using "+cfg.StoreType.String()+" endpoint store", "local_nic", device)
 	for i := 0; i < cfg.Workers; i++ {
 		c.wg.Add(1)
 		go c.worker()

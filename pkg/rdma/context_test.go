@@ -38,9 +38,14 @@ func (s *syncBuffer) String() string {
 
 func captureLogs(t testing.TB) *syncBuffer {
 	t.Helper()
+	return captureLogsAt(t, slog.LevelInfo)
+}
+
+func captureLogsAt(t testing.TB, level slog.Level) *syncBuffer {
+	t.Helper()
 	buf := &syncBuffer{}
 	old := slog.Default()
-	glog.Setup(buf, slog.LevelInfo)
+	glog.Setup(buf, level)
 	t.Cleanup(func() { slog.SetDefault(old) })
 	return buf
 }
@@ -148,7 +153,8 @@ func eventually(t testing.TB, what string, cond func() bool) {
 }
 
 func TestEndpointWriteReadVerify(t *testing.T) {
-	logs := captureLogs(t)
+	// Debug: the store line of a type already announced is at debug.
+	logs := captureLogsAt(t, slog.LevelDebug)
 	f := newFabric(t, soft.Config{Devices: []soft.DeviceConfig{{Name: "soft0"}, {Name: "soft1"}}})
 	a := f.open(t, "init", "soft0", rdma.Config{})
 	b := f.open(t, "target", "soft1", rdma.Config{StoreType: rdma.FIFO})
@@ -355,7 +361,8 @@ func TestIncidentReclaimDrivenByMonitor(t *testing.T) {
 // allocated after the slices finished, and the next insert, even to a
 // healthy peer, fails with ENOMEM, so reclaim never runs again.
 func TestIncidentLeaksWhenReclaimFollowsInserts(t *testing.T) {
-	logs := captureLogs(t)
+	// Debug: both contexts' store lines, whatever was announced before.
+	logs := captureLogsAt(t, slog.LevelDebug)
 	inc := startIncident(t, true)
 	inc.run(t)
 	t0 := inc.a.Ticks()
@@ -532,5 +539,27 @@ func TestCloseReclaimsEverything(t *testing.T) {
 	}
 	if n, _ := f.p.AllocatedQPs("soft0"); n != 0 {
 		t.Fatalf("%d QPs left after Close", n)
+	}
+}
+
+// An engine opens one context per NIC; the store line is at info once per
+// process (mc diag and operators read it), then at debug per NIC.
+func TestStoreLineOncePerProcess(t *testing.T) {
+	f := newFabric(t, soft.Config{Devices: []soft.DeviceConfig{{Name: "s0"}, {Name: "s1"}, {Name: "s2"}, {Name: "s3"}, {Name: "s4"}}})
+	count := func(buf *syncBuffer) int { return strings.Count(buf.String(), "Using SIEVE endpoint store") }
+	info := captureLogs(t)
+	for _, dev := range []string{"s0", "s1", "s2"} {
+		f.open(t, "srv", dev, rdma.Config{StoreType: rdma.SIEVE})
+	}
+	// Another test may have announced SIEVE already: at most one.
+	if n := count(info); n > 1 {
+		t.Fatalf("%d store lines at info for 3 NICs, want at most 1:\n%s", n, info)
+	}
+	debug := captureLogsAt(t, slog.LevelDebug)
+	for _, dev := range []string{"s3", "s4"} {
+		f.open(t, "srv", dev, rdma.Config{StoreType: rdma.SIEVE})
+	}
+	if n := count(debug); n != 2 || !strings.Contains(debug.String(), "local_nic=s4") {
+		t.Fatalf("%d store lines at debug for 2 NICs, want 2:\n%s", n, debug)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -156,6 +157,7 @@ func (c *Client) lane(ctx context.Context, p *peer) (*lane, error) {
 		}
 		l = newLane(conn, p.v2, c.opts.StatusTimeout)
 		p.lanes[i] = l
+		slog.Debug("tcp lane connected", "peer", p.addr, "lane", i, "lanes", len(p.lanes), "local", conn.LocalAddr(), "v2", p.v2)
 	}
 	return l, nil
 }

@@ -109,6 +109,7 @@ func (s *Server) acceptLoop() {
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
+		slog.Debug("tcp data connection accepted", "peer", c.RemoteAddr())
 		go func() {
 			defer s.wg.Done()
 			err := s.ServeConn(c)
