@@ -34,8 +34,8 @@ func TestClassify(t *testing.T) {
 		{"ram/10.0.0.1:15001", true, res{kindSegment, "10.0.0.1:15001"}},
 		{"rpc_meta/node1", true, res{kindRPC, "node1"}},
 		{"nvmeof/file0", true, res{kindSkip, ""}},
-		{"c1/ram/node1", true, res{kindSkip, ""}},       // another cluster's key
-		{"c1/rpc_meta/node1", true, res{kindSkip, ""}},  // another cluster's key
+		{"c1/ram/node1", true, res{kindSkip, ""}},      // another cluster's key
+		{"c1/rpc_meta/node1", true, res{kindSkip, ""}}, // another cluster's key
 		{"c1/ram/node1", false, res{kindSegment, "c1/ram/node1"}},
 		{"group/seg", true, res{kindSegment, "group/seg"}}, // a name with '/'
 		{"garbage", true, res{kindStray, "garbage"}},
