@@ -97,6 +97,7 @@ NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
 	root.AddCommand(newDiagCmd(p))
 	root.AddCommand(newTopoCmd(p))
 	root.AddCommand(newServeCmd(p))
+	root.AddCommand(newMetaCmd(p))
 	root.InitDefaultCompletionCmd()
 	root.InitDefaultHelpCmd()
 

@@ -97,6 +97,10 @@ func Probe(ctx context.Context, segs []Segment, o ProbeOptions) {
 	wg.Wait()
 }
 
+// notServed notes a live peer that keeps its descriptor in the store
+// only: Mooncake and mc engines in etcd or HTTP mode.
+const notServed = "descriptor not compared: the peer does not serve it"
+
 // request is handshake.Request; tests count calls in flight through it.
 var request = handshake.Request
 
@@ -122,7 +126,7 @@ func probeOne(ctx context.Context, s *Segment, o ProbeOptions) Result {
 	case err == nil:
 		return compare(ctx, s, addr, rtt, o)
 	case errors.Is(err, handshake.ErrNoReply):
-		return Result{State: Alive, RTT: rtt, Note: "closed the Probe without a reply (a Mooncake release without Probe frames); descriptor not compared"}
+		return Result{State: Alive, RTT: rtt, Note: "descriptor not compared: the peer closed the Probe unanswered (older Mooncake)"}
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return refused(ctx, s, addr)
 	case errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
@@ -138,7 +142,7 @@ func compare(ctx context.Context, s *Segment, addr string, rtt time.Duration, o 
 	reply, err := request(ctx, addr, handshake.Metadata, []byte("{}"), o.MaxLength)
 	if err != nil {
 		if errors.Is(err, handshake.ErrNoReply) {
-			alive.Note = "does not serve its descriptor over the handshake (etcd/HTTP mode); descriptor not compared"
+			alive.Note = notServed
 		} else {
 			alive.Note = fmt.Sprintf("metadata request failed (%v); descriptor not compared", err)
 		}
@@ -147,7 +151,7 @@ func compare(ctx context.Context, s *Segment, addr string, rtt time.Duration, o 
 	switch string(bytes.TrimSpace(reply)) {
 	case "", "null", "{}":
 		// Mooncake in etcd mode answers with an empty value.
-		alive.Note = "does not serve its descriptor over the handshake (etcd/HTTP mode); descriptor not compared"
+		alive.Note = notServed
 		return alive
 	}
 	peer, err := meta.DecodeSegment(reply)
