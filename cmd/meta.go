@@ -86,8 +86,12 @@ func (o metaOptions) validate(verb string) error {
 	return nil
 }
 
-// openStore opens the metadata server's raw key-value view.
+// openStore checks the options and opens the metadata server's raw
+// key-value view.
 func openStore(ctx context.Context, verb string, o metaOptions) (meta.Backend, meta.Store, error) {
+	if err := o.validate(verb); err != nil {
+		return nil, nil, err
+	}
 	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID})
 	if err != nil {
 		return nil, nil, fmt.Errorf("meta %s: %w", verb, err)
@@ -100,8 +104,17 @@ func openStore(ctx context.Context, verb string, o metaOptions) (meta.Backend, m
 	return b, st, nil
 }
 
-// scan lists the segments, or looks up the named ones; names not
-// registered are noted on stderr.
+// scanAndProbe lists the segments (or looks up the named ones) and probes
+// them; names not registered are noted on stderr.
+func scanAndProbe(ctx context.Context, verb string, st meta.Store, o metaOptions, p *printer) ([]metascan.Segment, error) {
+	segs, err := scan(ctx, verb, st, o, p)
+	if err != nil {
+		return nil, err
+	}
+	metascan.Probe(ctx, segs, o.probeOptions())
+	return segs, nil
+}
+
 func scan(ctx context.Context, verb string, st meta.Store, o metaOptions, p *printer) ([]metascan.Segment, error) {
 	if len(o.Segments) == 0 {
 		segs, err := metascan.List(ctx, st)
@@ -158,6 +171,22 @@ func toJSON(s *metascan.Segment) segmentJSON {
 	return j
 }
 
+func segmentsJSON(segs []metascan.Segment) []segmentJSON {
+	out := make([]segmentJSON, 0, len(segs))
+	for i := range segs {
+		out = append(out, toJSON(&segs[i]))
+	}
+	return out
+}
+
+// detail is the error, or else the note, for the table's last column.
+func (j segmentJSON) detail() string {
+	if j.Error != "" {
+		return j.Error
+	}
+	return j.Note
+}
+
 func formatRTT(d time.Duration) string {
 	switch {
 	case d <= 0:
@@ -172,12 +201,8 @@ func segmentRows(segs []metascan.Segment) [][]string {
 	rows := make([][]string, 0, len(segs))
 	for i := range segs {
 		j := toJSON(&segs[i])
-		detail := j.Error
-		if detail == "" {
-			detail = j.Note
-		}
 		rows = append(rows, []string{j.Name, orDash(j.Protocol), strconv.Itoa(j.Buffers), bench.FormatSize(int64(j.Bytes)),
-			orDash(strings.Join(j.Devices, ",")), orDash(j.RPCAddress), j.State, formatRTT(segs[i].Probe.RTT), detail})
+			orDash(strings.Join(j.Devices, ",")), orDash(j.RPCAddress), j.State, formatRTT(segs[i].Probe.RTT), j.detail()})
 	}
 	return rows
 }
@@ -214,27 +239,19 @@ Exit status: 0 when the segments could be listed, 1 on error.`,
 }
 
 func runMetaLs(ctx context.Context, o metaOptions, p *printer) error {
-	if err := o.validate("ls"); err != nil {
-		return err
-	}
 	b, st, err := openStore(ctx, "ls", o)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	segs, err := scan(ctx, "ls", st, o, p)
+	segs, err := scanAndProbe(ctx, "ls", st, o, p)
 	if err != nil {
 		return err
 	}
-	metascan.Probe(ctx, segs, o.probeOptions())
 	if p.JSON() {
-		out := struct {
+		return p.PrintJSON(struct {
 			Segments []segmentJSON `json:"segments"`
-		}{Segments: []segmentJSON{}}
-		for i := range segs {
-			out.Segments = append(out.Segments, toJSON(&segs[i]))
-		}
-		return p.PrintJSON(out)
+		}{Segments: segmentsJSON(segs)})
 	}
 	p.Table("", segmentHeader, segmentRows(segs))
 	return nil
@@ -264,9 +281,6 @@ is not a descriptor, or the server fails.`,
 }
 
 func runMetaShow(ctx context.Context, name string, o metaOptions, p *printer) error {
-	if err := o.validate("show"); err != nil {
-		return err
-	}
 	b, st, err := openStore(ctx, "show", o)
 	if err != nil {
 		return err
@@ -297,10 +311,7 @@ func runMetaShow(ctx context.Context, name string, o metaOptions, p *printer) er
 
 func printSegment(p *printer, s *metascan.Segment) {
 	d, j := s.Desc, toJSON(s)
-	detail := j.Error
-	if detail == "" {
-		detail = j.Note
-	}
+	detail := j.detail()
 	rows := [][]string{
 		{"key", s.Record.Key},
 		{"protocol", d.Protocol},
@@ -399,19 +410,15 @@ type removalJSON struct {
 
 func runMetaGC(ctx context.Context, o metaGCOptions, p *printer) error {
 	fail := func(err error) error { return &exitError{code: 2, err: err} }
-	if err := o.validate("gc"); err != nil {
-		return fail(err)
-	}
 	b, st, err := openStore(ctx, "gc", o.metaOptions)
 	if err != nil {
 		return fail(err)
 	}
 	defer b.Close()
-	segs, err := scan(ctx, "gc", st, o.metaOptions, p)
+	segs, err := scanAndProbe(ctx, "gc", st, o.metaOptions, p)
 	if err != nil {
 		return fail(err)
 	}
-	metascan.Probe(ctx, segs, o.probeOptions())
 	rep := metascan.GC(ctx, st, segs, metascan.GCOptions{Delete: o.Yes, IncludeInvalid: o.IncludeInvalid})
 
 	if p.JSON() {
@@ -419,10 +426,7 @@ func runMetaGC(ctx context.Context, o metaGCOptions, p *printer) error {
 			DryRun   bool          `json:"dry_run"`
 			Segments []segmentJSON `json:"segments"`
 			Removals []removalJSON `json:"removals"`
-		}{DryRun: rep.DryRun, Segments: []segmentJSON{}, Removals: []removalJSON{}}
-		for i := range segs {
-			out.Segments = append(out.Segments, toJSON(&segs[i]))
-		}
+		}{DryRun: rep.DryRun, Segments: segmentsJSON(segs), Removals: []removalJSON{}}
 		for _, r := range rep.Removals {
 			j := removalJSON{Name: r.Name, State: string(r.State), Keys: r.Keys, Action: string(r.Action)}
 			if r.Err != nil {

@@ -49,6 +49,20 @@ func deadEngine(t *testing.T, b meta.Backend, name string) {
 	}
 }
 
+// httpMetadata serves h as an HTTP metadata server and opens a client.
+func httpMetadata(t *testing.T, h http.Handler) (string, meta.Backend) {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	url := srv.URL + "/metadata"
+	b, err := meta.Open(context.Background(), url, meta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return url, b
+}
+
 func liveMetaEngine(t *testing.T, server, name, cluster string) {
 	t.Helper()
 	e, err := engine.New(context.Background(), engine.Config{LocalServerName: name, MetadataServer: server, ClusterID: cluster,
@@ -63,18 +77,7 @@ func liveMetaEngine(t *testing.T, server, name, cluster string) {
 }
 
 type metaLsJSON struct {
-	Segments []struct {
-		Name       string   `json:"name"`
-		Key        string   `json:"key"`
-		Protocol   string   `json:"protocol"`
-		Buffers    int      `json:"buffers"`
-		Bytes      uint64   `json:"bytes"`
-		Devices    []string `json:"devices"`
-		RPCAddress string   `json:"rpc_address"`
-		State      string   `json:"state"`
-		RTTMicros  *int64   `json:"rtt_us"`
-		Error      string   `json:"error"`
-	} `json:"segments"`
+	Segments []segmentJSON `json:"segments"`
 }
 
 func TestMetaEtcd(t *testing.T) {
@@ -194,14 +197,7 @@ func TestMetaEtcd(t *testing.T) {
 
 func TestMetaShowRDMA(t *testing.T) {
 	isolateEnv(t)
-	srv := httptest.NewServer(meta.NewHTTPHandler())
-	defer srv.Close()
-	url := srv.URL + "/metadata"
-	b, err := meta.Open(context.Background(), url, meta.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	url, b := httpMetadata(t, meta.NewHTTPHandler())
 	d := &meta.SegmentDesc{Name: "prefill-0", Protocol: meta.ProtocolRDMA,
 		Devices: []meta.DeviceDesc{{Name: "mlx5_0", LID: 1, GID: "fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01"}},
 		Buffers: []meta.BufferDesc{{Name: "cpu:0", Addr: 0x7f0000000000, Length: 4096, Rkey: []uint32{77}, Lkey: []uint32{78}}}}
@@ -221,14 +217,7 @@ func TestMetaShowRDMA(t *testing.T) {
 
 func TestMetaHTTP(t *testing.T) {
 	isolateEnv(t)
-	srv := httptest.NewServer(meta.NewHTTPHandler())
-	defer srv.Close()
-	url := srv.URL + "/metadata"
-	b, err := meta.Open(context.Background(), url, meta.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	url, b := httpMetadata(t, meta.NewHTTPHandler())
 	liveMetaEngine(t, url, "prefill-0", "")
 	deadEngine(t, b, "decode-1")
 
@@ -298,20 +287,13 @@ func TestMetaBadInput(t *testing.T) {
 func TestMetaGCDeleteFails(t *testing.T) {
 	isolateEnv(t)
 	store := meta.NewHTTPHandler()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	url, b := httpMetadata(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodDelete {
 			http.Error(w, "read-only", http.StatusForbidden)
 			return
 		}
 		store.ServeHTTP(w, r)
 	}))
-	defer srv.Close()
-	url := srv.URL + "/metadata"
-	b, err := meta.Open(context.Background(), url, meta.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
 	deadEngine(t, b, "decode-1")
 	code, out, errs := mc(t, "meta", "gc", "--metadata-server", url, "--segment", "decode-1", "--yes")
 	if code != 2 || !strings.Contains(errs, "1 of 1 deletions failed") || !strings.Contains(errs, "403") || !strings.Contains(out, "failed") {

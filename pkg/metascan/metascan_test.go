@@ -283,13 +283,7 @@ func TestProbeBoundsConcurrency(t *testing.T) {
 // TestProbeThousandDeadPeers: 1,000 segments whose engines are gone
 // (closed ports on 1,000 loopback addresses) are all found dead.
 func TestProbeThousandDeadPeers(t *testing.T) {
-	b := meta.NewMemory()
-	st, _ := meta.StoreOf(b)
-	fakeDeadPeers(t, b, 1000)
-	segs, err := List(context.Background(), st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, segs := fakeDeadPeers(t, 1000)
 	if len(segs) != 1000 {
 		t.Fatalf("listed %d", len(segs))
 	}
@@ -310,10 +304,13 @@ func TestProbeThousandDeadPeers(t *testing.T) {
 	}
 }
 
-// fakeDeadPeers registers n tcp segments whose handshake and data ports
-// refuse connections, each on its own loopback address.
-func fakeDeadPeers(t testing.TB, b meta.Backend, n int) {
+// fakeDeadPeers registers n tcp segments in a memory store whose
+// handshake and data ports refuse connections, each on its own loopback
+// address, and lists them.
+func fakeDeadPeers(t testing.TB, n int) (meta.Store, []Segment) {
 	ctx := context.Background()
+	b := meta.NewMemory()
+	st, _ := meta.StoreOf(b)
 	port := closedPort(t)
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("dead-%04d", i)
@@ -325,18 +322,17 @@ func fakeDeadPeers(t testing.TB, b meta.Backend, n int) {
 			t.Fatal(err)
 		}
 	}
+	segs, err := List(ctx, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, segs
 }
 
 // BenchmarkProbeDead probes 1,000 dead peers one at a time (the baseline)
 // and with the default bound.
 func BenchmarkProbeDead(b *testing.B) {
-	be := meta.NewMemory()
-	st, _ := meta.StoreOf(be)
-	fakeDeadPeers(b, be, 1000)
-	segs, err := List(context.Background(), st)
-	if err != nil {
-		b.Fatal(err)
-	}
+	_, segs := fakeDeadPeers(b, 1000)
 	for _, c := range []int{1, DefaultProbeConcurrency} {
 		b.Run(fmt.Sprintf("peers=1000/concurrency=%d", c), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
@@ -359,4 +355,37 @@ func BenchmarkProbeSilent(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		Probe(context.Background(), segs, ProbeOptions{Timeout: DefaultProbeTimeout, Concurrency: DefaultProbeConcurrency})
 	}
+}
+
+// FuzzClassifyDecode: any key and value under the prefix is either left
+// out or becomes a segment that has exactly one of a descriptor and a
+// reason it is invalid.
+func FuzzClassifyDecode(f *testing.F) {
+	f.Add("ram/node1", []byte(`{"name":"node1","protocol":"tcp","tcp_data_port":1,"buffers":[]}`))
+	f.Add("group/seg", []byte(`{"name":"group/seg","protocol":"rdma","devices":[]}`))
+	f.Add("rpc_meta/x", []byte(`{"ip_or_host_name":"h","rpc_port":1}`))
+	f.Add("c1/ram/x", []byte("garbage"))
+	f.Add("ram/", []byte{0xff, 0x00})
+	f.Fuzz(func(t *testing.T, rest string, value []byte) {
+		kind, name := classify(rest, true)
+		switch kind {
+		case kindSkip:
+			return
+		case kindRPC:
+			if name == "" {
+				t.Fatalf("%q: rpc meta without a name", rest)
+			}
+			return
+		}
+		if name == "" {
+			t.Fatalf("%q: segment without a name", rest)
+		}
+		s := decode(name, meta.KeyValue{Key: "mooncake/" + rest, Value: value})
+		if (s.Desc == nil) == (s.Invalid == nil) {
+			t.Fatalf("%q %q: desc %v invalid %v", rest, value, s.Desc, s.Invalid)
+		}
+		if s.Desc != nil && s.Desc.Name != name {
+			t.Fatalf("%q: descriptor of %q accepted", rest, s.Desc.Name)
+		}
+	})
 }
