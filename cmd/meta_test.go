@@ -229,7 +229,7 @@ func TestMetaHTTP(t *testing.T) {
 	if code != 2 || !strings.Contains(errs, "has no list call") {
 		t.Fatalf("gc over http without --segment: %d %q", code, errs)
 	}
-	code, out, errs := mc(t, "meta", "ls", "--metadata-server", url, "--segment", "prefill-0", "--segment", "decode-1", "--segment", "ghost")
+	code, out, errs := mc(t, "meta", "ls", "--metadata_server", url, "--segment", "prefill-0", "--segment", "decode-1", "--segment", "ghost")
 	if code != 0 || !strings.Contains(out, "alive") || !strings.Contains(out, "dead") || !strings.Contains(errs, `segment "ghost" is not registered`) {
 		t.Fatalf("ls over http: %d\n%s\n%s", code, out, errs)
 	}
