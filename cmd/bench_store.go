@@ -1,0 +1,224 @@
+package cmd
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jedib0t/go-pretty/v6/progress"
+	"github.com/spf13/cobra"
+
+	ebench "github.com/kvcache-ops/mc/pkg/engine/bench"
+	sbench "github.com/kvcache-ops/mc/pkg/store/bench"
+)
+
+type benchStoreOptions struct {
+	Data        storeDataOptions
+	Master      string
+	ValueSizes  string
+	Op          string
+	GetRatio    float64
+	Concurrency string
+	Batch       int
+	Duration    time.Duration
+	Keys        int
+	Verify      bool
+	SegmentSize string
+	// Progress forces (true) or suppresses (false) the live line; nil
+	// means "on a terminal".
+	Progress *bool
+}
+
+func newBenchStoreCmd(p *printer) *cobra.Command {
+	var o benchStoreOptions
+	cmd := &cobra.Command{
+		Use:   "store",
+		Short: "Benchmark a KV-cache store: put, get or a mix, per value size and concurrency",
+		Long: `store runs a closed loop of puts, gets or a mix (--op mix --get-ratio R)
+against a store for --duration per row, one row per value size, op and
+concurrency, and prints objects/s, GB/s, per-call latency percentiles (a call
+moves --batch keys) and errors. Gets read keys written before the timed
+loop; --verify checks every byte read. Each row removes the keys it wrote.
+
+With no --master it starts a master and a node (--segment-size) in this
+process and benchmarks them over real loopback TCP from a separate client
+engine, as mc bench initiator does with its embedded target.`,
+		Example: `  mc bench store --value-size 4K,64K,1M,16M --op get
+  mc bench store --value-size 4K --batch 32 --concurrency 1,4,16,64
+  mc bench store --master 10.0.0.1:50051 --op mix --get-ratio 0.9 --verify -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runBenchStore(ctx, o, p)
+		},
+	}
+	f := cmd.Flags()
+	o.Data.addFlags(f)
+	f.StringVar(&o.Master, "master", "", "store master host:port (default: an embedded store over loopback TCP)")
+	f.StringVar(&o.ValueSizes, "value-size", "4K,64K,1M,16M", "value sizes, comma-separated (4K, 1M, 16M ...)")
+	f.StringVar(&o.Op, "op", "get", "put, get or mix (comma-separated to run several)")
+	f.Float64Var(&o.GetRatio, "get-ratio", 0.9, "share of gets with --op mix")
+	f.StringVar(&o.Concurrency, "concurrency", "1", "concurrent callers, comma-separated for a curve (1,4,16,64)")
+	f.IntVar(&o.Batch, "batch", 1, "keys per call (BatchPut / BatchGet)")
+	f.DurationVar(&o.Duration, "duration", 5*time.Second, "time per row")
+	f.IntVar(&o.Keys, "keys", 0, "keys gets read from (0: enough to spread reads over half the store)")
+	f.BoolVar(&o.Verify, "verify", false, "check every byte of every get")
+	f.StringVar(&o.SegmentSize, "segment-size", "4G", "the embedded store's segment (without --master)")
+	_ = cmd.RegisterFlagCompletionFunc("op", cobra.FixedCompletions(sbench.Ops, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+func parseIntList(flag, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("invalid --%s %q: want positive whole numbers, comma-separated", flag, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func (o benchStoreOptions) config() (sbench.Config, error) {
+	var cfg sbench.Config
+	sizes, err := ebench.ParseSizeList(o.ValueSizes)
+	if err != nil {
+		return cfg, fmt.Errorf("invalid --value-size: %w", err)
+	}
+	conc, err := parseIntList("concurrency", o.Concurrency)
+	if err != nil {
+		return cfg, err
+	}
+	var ops []string
+	for _, op := range strings.Split(o.Op, ",") {
+		op = strings.TrimSpace(op)
+		switch op {
+		case "put", "get", "mix":
+			ops = append(ops, op)
+		default:
+			return cfg, fmt.Errorf("invalid --op %q: want put, get or mix", op)
+		}
+	}
+	seg, err := ebench.ParseSize(o.SegmentSize)
+	if err != nil || seg <= 0 {
+		return cfg, fmt.Errorf("invalid --segment-size %q", o.SegmentSize)
+	}
+	switch {
+	case o.Batch <= 0:
+		return cfg, fmt.Errorf("invalid --batch %d: want 1 or more", o.Batch)
+	case o.Duration <= 0:
+		return cfg, fmt.Errorf("invalid --duration %s: want a positive duration", o.Duration)
+	case o.GetRatio < 0 || o.GetRatio > 1:
+		return cfg, fmt.Errorf("invalid --get-ratio %g: want 0 to 1", o.GetRatio)
+	case o.Keys < 0:
+		return cfg, fmt.Errorf("invalid --keys %d", o.Keys)
+	}
+	ecfg, err := o.Data.engineConfig("127.0.0.1")
+	if err != nil {
+		return cfg, err
+	}
+	return sbench.Config{
+		Master: o.Master, SegmentSize: uint64(seg), ValueSizes: sizes, Ops: ops, GetRatio: o.GetRatio,
+		Concurrency: conc, Batch: o.Batch, Duration: o.Duration, Keys: o.Keys, Verify: o.Verify,
+		Engine: ecfg, Logger: quietLogger(),
+	}, nil
+}
+
+func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
+	cfg, err := o.config()
+	if err != nil {
+		return err
+	}
+	show := !p.JSON() && isTerminal(p.Out)
+	if o.Progress != nil {
+		show = *o.Progress
+	}
+	if show {
+		update, stop := storeProgress(p.Out, cfg.Duration)
+		cfg.Progress = update
+		defer stop()
+	}
+	results, err := sbench.Run(ctx, cfg)
+	if ctx.Err() != nil && len(results) > 0 {
+		printStoreResults(p, results)
+		return &exitError{code: 130, err: fmt.Errorf("bench store: interrupted after %d rows", len(results))}
+	}
+	if err != nil {
+		if len(results) > 0 {
+			printStoreResults(p, results)
+		}
+		return fmt.Errorf("bench store: %w", err)
+	}
+	return printStoreResults(p, results)
+}
+
+func printStoreResults(p *printer, results []sbench.Result) error {
+	if p.JSON() {
+		return p.PrintJSON(map[string]any{"results": results})
+	}
+	rows := make([][]string, 0, len(results))
+	var notes []string
+	for _, r := range results {
+		rows = append(rows, []string{
+			ebench.FormatSize(r.ValueSize), r.Op, strconv.Itoa(r.Concurrency), strconv.Itoa(r.Batch),
+			strconv.FormatFloat(r.OpsPerSec, 'f', 0, 64), strconv.FormatFloat(r.GBPerSec, 'f', 2, 64),
+			strconv.FormatFloat(r.P50us, 'f', 0, 64), strconv.FormatFloat(r.P99us, 'f', 0, 64),
+			strconv.FormatFloat(r.P999us, 'f', 0, 64), strconv.FormatInt(r.Errors, 10),
+		})
+		if r.FirstError != "" {
+			notes = append(notes, fmt.Sprintf("%s %s x%d: first error: %s", ebench.FormatSize(r.ValueSize), r.Op, r.Concurrency, r.FirstError))
+		}
+	}
+	p.Table("", []string{"value", "op", "concurrency", "batch", "ops/s", "GB/s", "p50 (µs)", "p99 (µs)", "p99.9 (µs)", "errors"}, rows)
+	for _, n := range notes {
+		fmt.Fprintln(p.Out, n)
+	}
+	return nil
+}
+
+// storeProgress draws one go-pretty tracker per row: elapsed time and the
+// current rate.
+func storeProgress(w io.Writer, d time.Duration) (func(sbench.Progress), func()) {
+	pw := progress.NewWriter()
+	pw.SetOutputWriter(w)
+	pw.SetAutoStop(false)
+	pw.SetUpdateFrequency(200 * time.Millisecond)
+	pw.SetMessageLength(40)
+	pw.Style().Visibility.Value = false
+	pw.Style().Visibility.ETA = false
+	go pw.Render()
+	var cur *progress.Tracker
+	var key string
+	update := func(pr sbench.Progress) {
+		k := fmt.Sprintf("%d/%s/%d", pr.ValueSize, pr.Op, pr.Concurrency)
+		if cur == nil || k != key {
+			if cur != nil {
+				cur.MarkAsDone()
+			}
+			cur = &progress.Tracker{Total: d.Milliseconds(), Units: progress.UnitsDefault}
+			key = k
+			pw.AppendTracker(cur)
+		}
+		cur.UpdateMessage(fmt.Sprintf("%s %s x%d %.0f ops/s %.2f GB/s", ebench.FormatSize(pr.ValueSize), pr.Op, pr.Concurrency,
+			float64(pr.Ops)/pr.Elapsed.Seconds(), float64(pr.Bytes)/pr.Elapsed.Seconds()/1e9))
+		cur.SetValue(min(pr.Elapsed.Milliseconds(), cur.Total))
+	}
+	stop := func() {
+		if cur != nil {
+			cur.MarkAsDone()
+		}
+		time.Sleep(250 * time.Millisecond)
+		pw.Stop()
+		for pw.IsRenderInProgress() {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return update, stop
+}

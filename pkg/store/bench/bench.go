@@ -1,0 +1,449 @@
+// Package bench is the logic of `mc bench store`: a closed loop of puts,
+// gets or a mix against a store (a running one, or an embedded master and
+// node benchmarked over real loopback TCP), per value size and
+// concurrency, reporting objects/s, GB/s, per-batch latency percentiles
+// and errors, optionally verifying every byte read.
+//
+// Each worker owns a registered buffer and uses the client's zero-copy
+// batch calls (BatchPutFrom, BatchGetInto), so what is measured is the
+// store (master round trips and transfers), not copies in the benchmark.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/engine"
+	ebench "github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+	"github.com/kvcache-ops/mc/pkg/store/server"
+)
+
+// Ops names the operations.
+var Ops = []string{"put", "get", "mix"}
+
+// Config describes a benchmark run: every combination of ValueSizes,
+// Ops and Concurrency is one result row.
+type Config struct {
+	// Master is the store to benchmark (host:port); empty starts an
+	// embedded master and node in this process.
+	Master string
+	// SegmentSize is the embedded node's segment (default 4 GiB).
+	SegmentSize uint64
+	ValueSizes  []int64
+	Ops         []string
+	// GetRatio is the share of gets in "mix" (0..1).
+	GetRatio    float64
+	Concurrency []int
+	// Batch is the number of keys per call (BatchPutFrom / BatchGetInto).
+	Batch    int
+	Duration time.Duration
+	// Keys is the number of keys gets read from (prefilled before the
+	// timed loop); 0 picks enough to spread reads over half the store.
+	Keys   int
+	Verify bool
+	// Engine configures the benchmark client's engine (and the embedded
+	// node's); default loopback TCP.
+	Engine engine.Config
+	// Progress, when set, is called about every 200 ms during a row.
+	Progress func(Progress)
+	Logger   *slog.Logger
+}
+
+// Progress is a running row's state.
+type Progress struct {
+	ValueSize   int64
+	Op          string
+	Concurrency int
+	Elapsed     time.Duration
+	Ops         uint64
+	Bytes       uint64
+}
+
+// Result is one row; JSON names are stable.
+type Result struct {
+	ValueSize   int64   `json:"value_size"`
+	Op          string  `json:"op"`
+	Concurrency int     `json:"concurrency"`
+	Batch       int     `json:"batch"`
+	OpsPerSec   float64 `json:"ops_per_sec"`
+	GBPerSec    float64 `json:"gb_per_sec"`
+	P50us       float64 `json:"p50_us"`
+	P99us       float64 `json:"p99_us"`
+	P999us      float64 `json:"p999_us"`
+	Errors      int64   `json:"errors"`
+	// FirstError says what the first error was (not in the stable JSON
+	// contract; empty when Errors is 0).
+	FirstError string `json:"first_error,omitempty"`
+}
+
+// DefaultSegmentSize is the embedded node's segment.
+const DefaultSegmentSize = 4 << 30
+
+func (c *Config) check() error {
+	if len(c.ValueSizes) == 0 {
+		return fmt.Errorf("no value size")
+	}
+	for _, v := range c.ValueSizes {
+		if v <= 0 || v > store.MaxValueSize {
+			return fmt.Errorf("value size %d: want 1 byte to %d", v, int64(store.MaxValueSize))
+		}
+	}
+	if len(c.Ops) == 0 {
+		c.Ops = []string{"get"}
+	}
+	for _, op := range c.Ops {
+		if !slices.Contains(Ops, op) {
+			return fmt.Errorf("op %q: want put, get or mix", op)
+		}
+	}
+	if len(c.Concurrency) == 0 {
+		c.Concurrency = []int{1}
+	}
+	for _, n := range c.Concurrency {
+		if n <= 0 || n > 4096 {
+			return fmt.Errorf("concurrency %d: want 1 to 4096", n)
+		}
+	}
+	switch {
+	case c.Batch == 0:
+		c.Batch = 1
+	case c.Batch < 0 || c.Batch > store.MaxBatchSize:
+		return fmt.Errorf("batch %d: want 1 to %d", c.Batch, store.MaxBatchSize)
+	}
+	if c.GetRatio < 0 || c.GetRatio > 1 {
+		return fmt.Errorf("get ratio %g: want 0 to 1", c.GetRatio)
+	}
+	if c.Duration <= 0 {
+		c.Duration = 5 * time.Second
+	}
+	if c.Keys < 0 {
+		return fmt.Errorf("keys %d: want 0 (auto) or more", c.Keys)
+	}
+	if c.SegmentSize == 0 {
+		c.SegmentSize = DefaultSegmentSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Engine.BindAddress == "" {
+		c.Engine.BindAddress = "127.0.0.1"
+	}
+	return nil
+}
+
+// Run runs every row and returns the results in order. A row that cannot
+// run at all (no room for its keys) ends the run with an error after the
+// rows that ran.
+func Run(ctx context.Context, cfg Config) ([]Result, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	addr := cfg.Master
+	if addr == "" {
+		srv, err := server.Start(ctx, server.Config{
+			RPCAddress: "127.0.0.1:0", SegmentSize: cfg.SegmentSize, Engine: cfg.Engine,
+			Master: master.Config{Logger: cfg.Logger}, Logger: cfg.Logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("embedded store: %w", err)
+		}
+		defer srv.Close(context.WithoutCancel(ctx))
+		addr = srv.RPCAddr
+	}
+	c, err := store.New(ctx, store.Config{Master: addr, EngineConfig: cfg.Engine, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	r := &runner{cfg: cfg, c: c, run: rand.Uint32()}
+	var out []Result
+	for _, vs := range cfg.ValueSizes {
+		for _, op := range cfg.Ops {
+			for _, n := range cfg.Concurrency {
+				if ctx.Err() != nil {
+					return out, ctx.Err()
+				}
+				res, err := r.row(ctx, vs, op, n)
+				if err != nil {
+					return out, fmt.Errorf("%s %s x%d: %w", ebench.FormatSize(vs), op, n, err)
+				}
+				out = append(out, res)
+			}
+		}
+	}
+	return out, nil
+}
+
+type runner struct {
+	cfg     Config
+	c       *store.Client
+	run     uint32
+	seq     atomic.Uint64
+	putKeys [][]string // written by the row's workers, removed after it
+}
+
+func (r *runner) getKey(vs int64, i int) string { return fmt.Sprintf("bench/%d/%x/get/%d", vs, r.run, i) }
+
+// seedOf makes every key's bytes different, so a get that returned
+// another key's value fails verification.
+func seedOf(key string) uint64 {
+	var h uint64 = 14695981039346656037
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * 1099511628211
+	}
+	return h
+}
+
+// prefill puts the keys gets read, not timed.
+func (r *runner) prefill(ctx context.Context, vs int64, n int) error {
+	const chunk = 16
+	buf, err := r.c.RegisterBuffer(ctx, int(vs)*chunk)
+	if err != nil {
+		return err
+	}
+	defer r.c.ReleaseBuffer(context.WithoutCancel(ctx), buf)
+	for i := 0; i < n; i += chunk {
+		var keys []string
+		var slices []store.Slice
+		for j := i; j < min(i+chunk, n); j++ {
+			k := r.getKey(vs, j)
+			off := (j - i) * int(vs)
+			ebench.FillPattern(buf.Bytes()[off:off+int(vs)], 0, seedOf(k))
+			keys = append(keys, k)
+			slices = append(slices, store.Slice{Buf: buf, Off: off, Len: int(vs)})
+		}
+		// A full store evicts in the background: wait for it a little.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var retry []int
+			for k, err := range r.c.BatchPutFrom(ctx, keys, slices) {
+				switch {
+				case err == nil, errors.Is(err, store.ErrObjectAlreadyExists):
+				case errors.Is(err, store.ErrNoAvailableHandle) && time.Now().Before(deadline):
+					retry = append(retry, k)
+				default:
+					return fmt.Errorf("prefill %s: %w", keys[k], err)
+				}
+			}
+			if len(retry) == 0 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+			var rk []string
+			var rs []store.Slice
+			for _, k := range retry {
+				rk, rs = append(rk, keys[k]), append(rs, slices[k])
+			}
+			keys, slices = rk, rs
+		}
+	}
+	return nil
+}
+
+// cleanup removes the keys a row wrote (not timed), so rows do not fill
+// the store for each other and a benchmarked store is left as found.
+func (r *runner) cleanup(ctx context.Context, keys []string) {
+	ctx = context.WithoutCancel(ctx)
+	for i := 0; i < len(keys); i += 1024 {
+		r.c.BatchRemove(ctx, keys[i:min(i+1024, len(keys))], true)
+	}
+}
+
+func (r *runner) keyCount(vs int64, workers int) int {
+	if r.cfg.Keys > 0 {
+		return r.cfg.Keys
+	}
+	n := int(r.cfg.SegmentSize / 2 / uint64(vs))
+	return max(min(n, 4096), min(workers*r.cfg.Batch, int(r.cfg.SegmentSize*8/10/uint64(vs))), 1)
+}
+
+func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Result, error) {
+	res := Result{ValueSize: vs, Op: op, Concurrency: workers, Batch: r.cfg.Batch}
+	nkeys := 0
+	if op != "put" {
+		nkeys = r.keyCount(vs, workers)
+		if err := r.prefill(ctx, vs, nkeys); err != nil {
+			return res, err
+		}
+	}
+	defer func() {
+		var keys []string
+		for i := range nkeys {
+			keys = append(keys, r.getKey(vs, i))
+		}
+		for _, w := range r.putKeys {
+			keys = append(keys, w...)
+		}
+		r.putKeys = nil
+		r.cleanup(ctx, keys)
+	}()
+	ws := make([]*worker, workers)
+	for i := range ws {
+		buf, err := r.c.RegisterBuffer(ctx, int(vs)*r.cfg.Batch)
+		if err != nil {
+			for _, w := range ws[:i] {
+				r.c.ReleaseBuffer(ctx, w.buf)
+			}
+			return res, fmt.Errorf("worker buffer: %w", err)
+		}
+		ws[i] = &worker{r: r, id: i, vs: vs, op: op, nkeys: nkeys, buf: buf, rng: rand.New(rand.NewPCG(uint64(i), uint64(r.run)))}
+		if r.cfg.Verify {
+			ws[i].want = make([]byte, vs)
+		}
+	}
+	defer func() {
+		for _, w := range ws {
+			r.c.ReleaseBuffer(context.WithoutCancel(ctx), w.buf)
+		}
+	}()
+	var stop atomic.Bool
+	var ops, bytesDone atomic.Uint64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, w := range ws {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.loop(ctx, &stop, &ops, &bytesDone)
+		}()
+	}
+	timer := time.NewTimer(r.cfg.Duration)
+	tick := time.NewTicker(200 * time.Millisecond)
+	func() {
+		defer timer.Stop()
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+				return
+			case <-tick.C:
+				if r.cfg.Progress != nil {
+					r.cfg.Progress(Progress{vs, op, workers, time.Since(start), ops.Load(), bytesDone.Load()})
+				}
+			}
+		}
+	}()
+	stop.Store(true)
+	wg.Wait()
+	elapsed := time.Since(start)
+	var lat []time.Duration
+	for _, w := range ws {
+		r.putKeys = append(r.putKeys, w.written)
+		lat = append(lat, w.lat...)
+		res.Errors += w.errors
+		if res.FirstError == "" && w.firstErr != nil {
+			res.FirstError = w.firstErr.Error()
+		}
+	}
+	slices.Sort(lat)
+	res.OpsPerSec = float64(ops.Load()) / elapsed.Seconds()
+	res.GBPerSec = float64(bytesDone.Load()) / elapsed.Seconds() / 1e9
+	res.P50us = us(percentile(lat, 0.50))
+	res.P99us = us(percentile(lat, 0.99))
+	res.P999us = us(percentile(lat, 0.999))
+	return res, ctx.Err()
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+func percentile(v []time.Duration, p float64) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	i := int(p * float64(len(v)-1))
+	return v[i]
+}
+
+type worker struct {
+	r        *runner
+	id       int
+	vs       int64
+	op       string
+	nkeys    int
+	buf      *store.Buffer
+	rng      *rand.Rand
+	lat      []time.Duration
+	errors   int64
+	firstErr error
+	want     []byte
+	written  []string
+}
+
+func (w *worker) fail(err error) {
+	w.errors++
+	if w.firstErr == nil {
+		w.firstErr = err
+	}
+}
+
+func (w *worker) loop(ctx context.Context, stop *atomic.Bool, ops, bytesDone *atomic.Uint64) {
+	b := w.r.cfg.Batch
+	keys := make([]string, b)
+	sl := make([]store.Slice, b)
+	for i := range sl {
+		sl[i] = store.Slice{Buf: w.buf, Off: i * int(w.vs), Len: int(w.vs)}
+	}
+	if w.op != "get" {
+		// Put values carry a recognisable pattern; written once, the
+		// buffer is reused for every put.
+		ebench.FillPattern(w.buf.Bytes(), 0, uint64(w.id))
+	}
+	for !stop.Load() && ctx.Err() == nil {
+		get := w.op == "get" || w.op == "mix" && w.rng.Float64() < w.r.cfg.GetRatio
+		if get {
+			for i := range keys {
+				keys[i] = w.r.getKey(w.vs, w.rng.IntN(w.nkeys))
+			}
+		} else {
+			for i := range keys {
+				keys[i] = fmt.Sprintf("bench/%d/%x/put/%d", w.vs, w.r.run, w.r.seq.Add(1))
+			}
+		}
+		t0 := time.Now()
+		var errs []error
+		if get {
+			_, errs = w.r.c.BatchGetInto(ctx, keys, sl)
+		} else {
+			errs = w.r.c.BatchPutFrom(ctx, keys, sl)
+		}
+		w.lat = append(w.lat, time.Since(t0))
+		okN := 0
+		for i, err := range errs {
+			if err != nil {
+				if ctx.Err() == nil {
+					w.fail(fmt.Errorf("%s %s: %w", map[bool]string{true: "get", false: "put"}[get], keys[i], err))
+				}
+				continue
+			}
+			if get && w.want != nil {
+				ebench.FillPattern(w.want, 0, seedOf(keys[i]))
+				if got := w.buf.Bytes()[i*int(w.vs) : (i+1)*int(w.vs)]; !bytes.Equal(got, w.want) {
+					at := 0
+					for at < len(got) && got[at] == w.want[at] {
+						at++
+					}
+					w.fail(fmt.Errorf("verify %s: byte %d is 0x%02x, want 0x%02x", keys[i], at, got[at], w.want[at]))
+					continue
+				}
+			}
+			if !get {
+				w.written = append(w.written, keys[i])
+			}
+			okN++
+		}
+		ops.Add(uint64(okN))
+		bytesDone.Add(uint64(okN) * uint64(w.vs))
+	}
+}
