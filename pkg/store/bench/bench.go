@@ -192,7 +192,9 @@ type runner struct {
 	putKeys [][]string // written by the row's workers, removed after it
 }
 
-func (r *runner) getKey(vs int64, i int) string { return fmt.Sprintf("bench/%d/%x/get/%d", vs, r.run, i) }
+func (r *runner) getKey(vs int64, i int) string {
+	return fmt.Sprintf("bench/%d/%x/get/%d", vs, r.run, i)
+}
 
 // seedOf makes every key's bytes different, so a get that returned
 // another key's value fails verification.
