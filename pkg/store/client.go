@@ -184,6 +184,27 @@ func (c *Client) mountSegment(ctx context.Context) error {
 		return fmt.Errorf("register segment of %d bytes: %w", c.cfg.SegmentSize, err)
 	}
 	c.segMem = mem
+	// Fault the segment in behind the mount, so puts do not pay page
+	// faults (they halved 1 MiB put throughput) and start-up stays quick.
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-c.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		t0 := time.Now()
+		if err := mem.Populate(ctx); err != nil {
+			c.log.Debug(fmt.Sprintf("segment pages will fault in on first use: %v", err))
+			return
+		}
+		c.log.Debug(fmt.Sprintf("segment of %d bytes populated in %s", mem.Len(), time.Since(t0).Round(time.Millisecond)))
+	}()
 	name := c.cfg.SegmentName
 	if name == "" {
 		name = c.eng.SegmentName()

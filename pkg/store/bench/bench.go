@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -208,7 +209,7 @@ func seedOf(key string) uint64 {
 
 // prefill puts the keys gets read, not timed.
 func (r *runner) prefill(ctx context.Context, vs int64, n int) error {
-	const chunk = 16
+	chunk := int(max(16, min(1024, (16<<20)/vs)))
 	buf, err := r.c.RegisterBuffer(ctx, int(vs)*chunk)
 	if err != nil {
 		return err
@@ -261,12 +262,16 @@ func (r *runner) cleanup(ctx context.Context, keys []string) {
 	}
 }
 
+// keyCount is how many keys gets read: --keys, or about 256 MiB of them
+// (far more than any CPU cache, so reads are not served from cache),
+// at least one per value in flight, at most 16384 and half the store.
 func (r *runner) keyCount(vs int64, workers int) int {
 	if r.cfg.Keys > 0 {
 		return r.cfg.Keys
 	}
-	n := int(r.cfg.SegmentSize / 2 / uint64(vs))
-	return max(min(n, 4096), min(workers*r.cfg.Batch, int(r.cfg.SegmentSize*8/10/uint64(vs))), 1)
+	n := max(int((256<<20)/vs), workers*r.cfg.Batch)
+	n = min(n, 16384, int(r.cfg.SegmentSize/2/uint64(vs)))
+	return max(n, 1)
 }
 
 func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Result, error) {
@@ -289,6 +294,10 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 		r.putKeys = nil
 		r.cleanup(ctx, keys)
 	}()
+	getKeys := make([]string, nkeys)
+	for i := range getKeys {
+		getKeys[i] = r.getKey(vs, i)
+	}
 	ws := make([]*worker, workers)
 	for i := range ws {
 		buf, err := r.c.RegisterBuffer(ctx, int(vs)*r.cfg.Batch)
@@ -298,7 +307,8 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 			}
 			return res, fmt.Errorf("worker buffer: %w", err)
 		}
-		ws[i] = &worker{r: r, id: i, vs: vs, op: op, nkeys: nkeys, buf: buf, rng: rand.New(rand.NewPCG(uint64(i), uint64(r.run)))}
+		ws[i] = &worker{r: r, id: i, vs: vs, op: op, getKeys: getKeys, buf: buf, rng: rand.New(rand.NewPCG(uint64(i), uint64(r.run)))}
+		ws[i].putPrefix = fmt.Sprintf("bench/%d/%x/put/", vs, r.run)
 		if r.cfg.Verify {
 			ws[i].want = make([]byte, vs)
 		}
@@ -369,18 +379,19 @@ func percentile(v []time.Duration, p float64) time.Duration {
 }
 
 type worker struct {
-	r        *runner
-	id       int
-	vs       int64
-	op       string
-	nkeys    int
-	buf      *store.Buffer
-	rng      *rand.Rand
-	lat      []time.Duration
-	errors   int64
-	firstErr error
-	want     []byte
-	written  []string
+	r         *runner
+	id        int
+	vs        int64
+	op        string
+	getKeys   []string
+	putPrefix string
+	buf       *store.Buffer
+	rng       *rand.Rand
+	lat       []time.Duration
+	errors    int64
+	firstErr  error
+	want      []byte
+	written   []string
 }
 
 func (w *worker) fail(err error) {
@@ -406,11 +417,11 @@ func (w *worker) loop(ctx context.Context, stop *atomic.Bool, ops, bytesDone *at
 		get := w.op == "get" || w.op == "mix" && w.rng.Float64() < w.r.cfg.GetRatio
 		if get {
 			for i := range keys {
-				keys[i] = w.r.getKey(w.vs, w.rng.IntN(w.nkeys))
+				keys[i] = w.getKeys[w.rng.IntN(len(w.getKeys))]
 			}
 		} else {
 			for i := range keys {
-				keys[i] = fmt.Sprintf("bench/%d/%x/put/%d", w.vs, w.r.run, w.r.seq.Add(1))
+				keys[i] = w.putPrefix + strconv.FormatUint(w.r.seq.Add(1), 10)
 			}
 		}
 		t0 := time.Now()
