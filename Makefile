@@ -18,7 +18,7 @@ DEB_PKGS := libibverbs-dev protobuf-compiler
 PROTO_DIR := pkg/store/storepb
 PROTO_GEN := .cache/protoc-gen
 
-.PHONY: all build build-ibverbs test deps deps-go deps-deb unit fmt-check vet lint gen gen-proto proto-check bench bench-tcp bench-diag demo fixtures install clean
+.PHONY: all build build-ibverbs test deps deps-go deps-deb unit fmt-check vet lint gen gen-proto proto-check bench bench-tcp bench-store bench-diag demo fixtures install clean
 
 all: build
 
@@ -35,13 +35,18 @@ deps: deps-go deps-deb
 deps-go:
 	$(GO) mod download
 
-deps-deb:
-	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# apt-install the Debian packages in $(1) that are missing.
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+
+deps-deb:
+	$(call apt_install,$(DEB_PKGS))
 
 # Everything CI checks. The race detector runs on every package (a superset
 # of "packages with goroutines"); the generated-files check is part of the
@@ -97,6 +102,13 @@ bench:
 bench-tcp:
 	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkTCPvsStream$$' -benchtime 1x -count=1 -compare.duration 5s
 	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkTCPvsStream$$' -benchtime 1x -count=1 -compare.duration 5s -compare.op write
+
+# The store against the transfer engine alone and against Redis, in one
+# run on loopback (Redis is started by the benchmark on a free port):
+# 4K gets batched 32 deep, 1M and 16M gets, 1M puts.
+bench-store:
+	$(call apt_install,redis-server redis-tools)
+	$(GO) test ./pkg/store/bench -run '^$$' -bench '^BenchmarkStoreVsRedisVsEngine$$' -benchtime 1x -count=1 -compare.duration 4s
 
 # Log parsing throughput of mc diag against `grep -c evicted` on the same
 # generated log (1 GB unless MC_DIAG_BENCH_MB says otherwise).
