@@ -215,3 +215,7 @@ func (r *redisServer) run(c cmpCase, n int) (float64, error) {
 func quietLog() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
+
+func engineLoopback() engine.Config {
+	return engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"}
+}

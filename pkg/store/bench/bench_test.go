@@ -1,0 +1,60 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+	"github.com/kvcache-ops/mc/pkg/store/server"
+)
+
+func TestRunAgainstAStore(t *testing.T) {
+	ctx := context.Background()
+	srv, err := server.Start(ctx, server.Config{RPCAddress: "127.0.0.1:0", SegmentSize: 64 << 20,
+		Engine: engineLoopback(), Master: master.Config{Logger: quietLog()}, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close(ctx)
+	res, err := Run(ctx, Config{Master: srv.RPCAddr, SegmentSize: 64 << 20, ValueSizes: []int64{4096, 100000}, Ops: []string{"get", "put", "mix"},
+		GetRatio: 0.5, Concurrency: []int{1, 3}, Batch: 4, Duration: 200 * time.Millisecond, Verify: true, Engine: engineLoopback(), Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 2*3*2 {
+		t.Fatalf("%d rows, want 12", len(res))
+	}
+	for _, r := range res {
+		if r.Errors != 0 || r.OpsPerSec <= 0 || r.GBPerSec <= 0 || r.P50us <= 0 || r.P99us < r.P50us || r.P999us < r.P99us || r.Batch != 4 {
+			t.Errorf("row %+v", r)
+		}
+		if got := r.GBPerSec * 1e9 / r.OpsPerSec; got < float64(r.ValueSize)*0.99 || got > float64(r.ValueSize)*1.01 {
+			t.Errorf("row %+v: GB/s and ops/s disagree on the value size (%.0f)", r, got)
+		}
+	}
+	// Every row removed what it wrote: the store is left as found.
+	if n := srv.Master.KeyCount(); n != 0 {
+		t.Fatalf("%d keys left behind", n)
+	}
+}
+
+func TestRunBadConfig(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "no value size"},
+		{Config{ValueSizes: []int64{0}}, "value size"},
+		{Config{ValueSizes: []int64{1}, Ops: []string{"del"}}, "op"},
+		{Config{ValueSizes: []int64{1}, Concurrency: []int{0}}, "concurrency"},
+		{Config{ValueSizes: []int64{1}, Batch: store.MaxBatchSize + 1}, "batch"},
+		{Config{ValueSizes: []int64{1}, GetRatio: 2}, "get ratio"},
+	} {
+		if _, err := Run(context.Background(), c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Run(%+v) = %v, want an error about %q", c.cfg, err, c.want)
+		}
+	}
+}
