@@ -268,9 +268,10 @@ func (m *Master) discardStale(now int64) {
 		release := p.start + m.cfg.PutReleaseTimeout.Nanoseconds()
 		switch {
 		case o.upsert != nil:
-			// A resizing upsert abandoned: the old version stays.
-			m.pend.addRelease(release, o.size, *o.upsert)
-			o.upsert = nil
+			// A resizing upsert abandoned: the old version stays. The
+			// resize's replicas hold upsertSize bytes, not the old size.
+			m.pend.addRelease(release, o.upsertSize, *o.upsert)
+			o.upsert, o.upsertSize = nil, 0
 			o.putStart = 0
 		case o.state == stateProcessing:
 			sh.remove(p.key, o)
