@@ -29,9 +29,13 @@ type Object struct {
 	inPlace    bool // a same-size upsert is rewriting the replicas
 	// Policy bookkeeping: an intrusive list and a counter, so the
 	// built-in policies cost no allocation per object.
-	prev, next *Object
 	hits       uint32
+	prev, next *Object
 	seq        uint64
+	// lastUse is the master-wide order of the object's last put or read:
+	// eviction merges the shards' victims by it, so a round takes the
+	// least recently used objects of the whole master, not of each shard.
+	lastUse uint64
 }
 
 type replicaRef struct {

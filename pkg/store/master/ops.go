@@ -23,6 +23,9 @@ type ReplicaResult struct {
 
 var seqCounter atomic.Uint64
 
+// useCounter stamps Object.lastUse.
+var useCounter atomic.Uint64
+
 func checkItem(it PutItem) error {
 	if err := store.CheckKey(it.Key); err != nil {
 		return err
@@ -137,6 +140,7 @@ func (m *Master) putEnd(key string) error {
 	}
 	o.state, o.inPlace, o.putStart = stateComplete, false, 0
 	o.seq = seqCounter.Add(1)
+	o.lastUse = useCounter.Add(1)
 	sh.policy.Added(o)
 	m.emit(Change{Op: OpPutEnd, Key: key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin})
 	return nil
@@ -313,6 +317,7 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 			if lease {
 				o.lease = max(o.lease, now+ttl.Nanoseconds())
 				o.hits++
+				o.lastUse = useCounter.Add(1)
 				sh.policy.Accessed(o)
 				out[i].LeaseTTL = ttl
 			}
