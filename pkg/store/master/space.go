@@ -427,6 +427,11 @@ func (s *space) freeOne(r replicaRef, size uint64) {
 		seg = seg.live
 	}
 	if s.segs[seg.info.ID] != seg {
+		if reg.seg.regions == nil && seg.live == nil {
+			// A restored replica whose segment is not mounted yet: the
+			// mount must not reserve its range any more.
+			s.forgetRestored(seg.info.ID, reg)
+		}
 		return // the segment is gone, and its space with it
 	}
 	seg.used.Add(-size)
@@ -449,6 +454,15 @@ func (s *space) freeOne(r replicaRef, size uint64) {
 	}
 	_ = seg.regions.Free(reg.base, reg.len)
 	seg.nreg--
+}
+
+func (s *space) forgetRestored(id store.UUID, reg *region) {
+	refs := slices.DeleteFunc(s.restored[id], func(r *restoredRef) bool { return r.reg == reg })
+	if len(refs) == 0 {
+		delete(s.restored, id)
+	} else {
+		s.restored[id] = refs
+	}
 }
 
 // SegmentStatus is one segment as the admin API shows it.
