@@ -37,6 +37,10 @@ type segment struct {
 	status  SegStatus
 	used    atomic.Uint64 // object bytes (replica lengths)
 	nreg    int
+	// owned counts the regions each live instance holds here, so an
+	// unmount gives the instances their region budget back (dedicated
+	// regions are in no instance's list).
+	owned map[*instance]int
 	// live is set on the placeholder of a restored segment once the real
 	// segment is mounted (guarded by space.mu).
 	live *segment
@@ -122,7 +126,7 @@ func (s *space) mount(client store.UUID, info store.SegmentInfo) error {
 	if old := s.byName[info.Name]; old != nil {
 		return store.Errorf(store.SegmentAlreadyExists, "a segment named %q is already mounted (id %s)", info.Name, old.info.ID)
 	}
-	seg := &segment{info: info, host: hostOf(info.Endpoint), owner: client}
+	seg := &segment{info: info, host: hostOf(info.Endpoint), owner: client, owned: make(map[*instance]int)}
 	var err error
 	if restored := s.restored[info.ID]; len(restored) > 0 {
 		err = s.rebuild(seg, restored)
@@ -200,9 +204,10 @@ func (s *space) unmount(seg *segment) {
 	delete(s.byName, seg.info.Name)
 	s.order = slices.DeleteFunc(s.order, func(x *segment) bool { return x == seg })
 	for _, in := range s.instances {
-		n := len(in.regions)
 		in.regions = slices.DeleteFunc(in.regions, func(r *region) bool { return r.seg == seg })
-		in.count -= n - len(in.regions)
+	}
+	for in, n := range seg.owned {
+		in.count -= n
 	}
 	s.capacity.Add(-seg.info.Size)
 	s.used.Add(-seg.used.Load())
@@ -219,6 +224,9 @@ func (s *space) dropInstance(id store.UUID) {
 	// anyone's to fill, and are returned when they empty.
 	for _, r := range in.regions {
 		r.owner = nil
+	}
+	for _, seg := range s.order {
+		delete(seg.owned, in)
 	}
 	delete(s.instances, id)
 }
@@ -391,6 +399,7 @@ func (s *space) newRegion(in *instance, seg *segment, size uint64, dedicated boo
 	reg := &region{seg: seg, base: base, len: n, owner: in, objects: 1, dedicated: dedicated}
 	seg.nreg++
 	in.count++
+	seg.owned[in]++
 	if dedicated {
 		return replicaRef{reg, base}, true
 	}
@@ -405,6 +414,7 @@ func (s *space) newRegion(in *instance, seg *segment, size uint64, dedicated boo
 	_ = seg.regions.Free(base, n)
 	seg.nreg--
 	in.count--
+	seg.owned[in]--
 	return replicaRef{}, false
 }
 
@@ -449,8 +459,13 @@ func (s *space) freeOne(r replicaRef, size uint64) {
 		}
 		in.regions = slices.DeleteFunc(in.regions, func(x *region) bool { return x == reg })
 	}
-	if reg.owner != nil {
-		reg.owner.count--
+	if in := reg.owner; in != nil {
+		in.count--
+		if s.instances[in.id] == in {
+			if seg.owned[in]--; seg.owned[in] == 0 {
+				delete(seg.owned, in)
+			}
+		}
 	}
 	_ = seg.regions.Free(reg.base, reg.len)
 	seg.nreg--
