@@ -393,9 +393,24 @@ func checkInvariants(m *Master) error {
 			errs = append(errs, fmt.Errorf("instance %s counts %d regions, owns %d live ones", in.id, in.count, owned[in]))
 		}
 	}
-	for in, n := range owned {
-		if sp.instances[in.id] != in && n > 0 {
-			errs = append(errs, fmt.Errorf("dropped instance %s still owns %d regions", in.id, n))
+	// A dropped instance's dedicated regions keep pointing at it until
+	// freed; only live instances are counted per segment.
+	for _, seg := range sp.order {
+		perIn := map[*instance]int{}
+		for _, reg := range segRegions[seg] {
+			if reg.owner != nil && sp.instances[reg.owner.id] == reg.owner {
+				perIn[reg.owner]++
+			}
+		}
+		for in, n := range seg.owned {
+			if n != perIn[in] {
+				errs = append(errs, fmt.Errorf("segment %q counts %d regions of instance %s, it holds %d", seg.info.Name, n, in.id, perIn[in]))
+			}
+		}
+		for in, n := range perIn {
+			if seg.owned[in] != n {
+				errs = append(errs, fmt.Errorf("segment %q counts %d regions of instance %s, it holds %d", seg.info.Name, seg.owned[in], in.id, n))
+			}
 		}
 	}
 	for _, seg := range sp.order {
