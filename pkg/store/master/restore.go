@@ -74,7 +74,18 @@ func (m *Master) Restore(objs []RestoredObject) error {
 		sh := m.shardOf(o.key)
 		sh.mu.Lock()
 		if old := sh.objects[o.key]; old != nil {
+			// The restored version replaces it; the space of a version
+			// still being written is held until its release timeout.
 			sh.remove(o.key, old)
+			release := old.putStart + m.cfg.PutReleaseTimeout.Nanoseconds()
+			if old.upsert != nil {
+				m.pend.addRelease(release, old.upsertSize, *old.upsert)
+			}
+			if old.state == stateComplete {
+				m.space.free(old.replicas, old.size)
+			} else {
+				m.pend.addRelease(release, old.size, old.replicas)
+			}
 		}
 		sh.objects[o.key] = o
 		o.seq = seqCounter.Add(1)
