@@ -221,9 +221,15 @@ func (s *space) dropInstance(id store.UUID) {
 		return
 	}
 	// Its regions stay (their objects live on); they are simply no longer
-	// anyone's to fill, and are returned when they empty.
+	// anyone's to fill, and are returned when they empty. The newest one
+	// may be empty already (kept for the writer's next put): it goes back
+	// now, or nothing would ever return it.
 	for _, r := range in.regions {
 		r.owner = nil
+		if r.objects == 0 {
+			_ = r.seg.regions.Free(r.base, r.len)
+			r.seg.nreg--
+		}
 	}
 	for _, seg := range s.order {
 		delete(seg.owned, in)
