@@ -330,3 +330,23 @@ func TestClientTTL(t *testing.T) {
 	wantCode(t, "mount of a segment whose end overflows", m.MountSegment(uuidOf("node"), bad), store.InvalidParams)
 	mustInvariants(t, m)
 }
+
+// A writer that goes silent returns the empty region it kept for its next
+// put.
+func TestDroppedWriterReturnsEmptyRegion(t *testing.T) {
+	m, clk := newTestMaster(t, Config{})
+	mount(t, m, "node", "a", "127.0.0.1", 0, 64*MiB)
+	put(t, m, "w", "k", 1000)
+	if err := remove(m, "k", false); err != nil {
+		t.Fatal(err)
+	}
+	if n := segRegions(m, "a"); n != 1 {
+		t.Fatalf("%d regions, want the writer's newest kept", n)
+	}
+	clk.Advance(DefaultClientTTL + time.Second)
+	maintain(m, "node")
+	if n := segRegions(m, "a"); n != 0 {
+		t.Fatalf("%d regions after the writer was dropped, want 0", n)
+	}
+	mustInvariants(t, m)
+}
