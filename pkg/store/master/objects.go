@@ -19,8 +19,12 @@ type Object struct {
 	size     uint64
 	replicas []replicaRef
 	putStart int64 // unix nanos of the PutStart that created this version
-	lease    int64 // read lease expiry, unix nanos
-	softPin  int64 // soft pin expiry, unix nanos; 0 = none
+	// writer is the client of the put or upsert in progress: only it may
+	// end or revoke it (a writer whose abandoned put was replaced must not
+	// complete or free the replacing writer's).
+	writer  store.UUID
+	lease   int64 // read lease expiry, unix nanos
+	softPin int64 // soft pin expiry, unix nanos; 0 = none
 	// upsert holds the replicas of a resizing upsert until its End.
 	upsert     *[]replicaRef
 	upsertSize uint64
