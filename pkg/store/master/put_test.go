@@ -382,3 +382,36 @@ func TestUpsertResizeDiscarded(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// Only the writer that started a put may end or revoke it. A writer
+// whose abandoned put was replaced by another's must not complete (or
+// free) the other's put while its bytes are still being written.
+func TestPutEndOnlyByItsWriter(t *testing.T) {
+	m, clk := newTestMaster(t, Config{})
+	mount(t, m, "node", "seg-a", "127.0.0.1", 0, 64*MiB)
+	a, b := uuidOf("a"), uuidOf("b")
+	putStart(t, m, "a", "k", 1000)
+	wantCode(t, "put end by another writer", m.BatchPutEnd(b, []string{"k"})[0], store.InvalidWrite)
+	wantCode(t, "revoke by another writer", m.BatchPutRevoke(b, []string{"k"})[0], store.InvalidWrite)
+	clk.Advance(31 * time.Second)
+	putStart(t, m, "b", "k", 1000) // replaces a's abandoned put
+	wantCode(t, "put end by the replaced writer", m.BatchPutEnd(a, []string{"k"})[0], store.InvalidWrite)
+	wantCode(t, "revoke by the replaced writer", m.BatchPutRevoke(a, []string{"k"})[0], store.InvalidWrite)
+	wantCode(t, "get while b writes", get(m, "k").Err, store.ReplicaIsNotReady)
+	if err := m.BatchPutEnd(b, []string{"k"})[0]; err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(DefaultKVLeaseTTL)
+	// Upserts too.
+	m.BatchUpsertStart(a, "", []PutItem{{"k", 1000}}, one())
+	wantCode(t, "upsert end by another writer", m.BatchUpsertEnd(b, []string{"k"})[0], store.InvalidWrite)
+	if err := m.BatchUpsertEnd(a, []string{"k"})[0]; err != nil {
+		t.Fatal(err)
+	}
+	m.BatchUpsertStart(b, "", []PutItem{{"k", 2000}}, one())
+	wantCode(t, "resize revoke by another writer", m.BatchUpsertRevoke(a, []string{"k"})[0], store.InvalidWrite)
+	if err := m.BatchUpsertRevoke(b, []string{"k"})[0]; err != nil {
+		t.Fatal(err)
+	}
+	mustInvariants(t, m)
+}
