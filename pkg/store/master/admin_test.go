@@ -155,7 +155,7 @@ func TestAdminDataEndpoints(t *testing.T) {
 	a := mount(t, m, "node-a", "seg-a", "127.0.0.1", 0x10000, 64*MiB)
 	repsK1 := put(t, m, "w", "k1", 1000, store.ReplicateConfig{ReplicaNum: 2})
 	put(t, m, "w", "k2", 2000, store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"seg-a"}})
-	putStart(t, m, "w", "writing", 10)
+	putStart(t, m, "w", "writing", 10, store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"seg-a"}})
 
 	keys := strings.Split(strings.TrimSuffix(f.text("/get_all_keys"), "\n"), "\n")
 	sort.Strings(keys)

@@ -226,8 +226,15 @@ func checkInvariants(m *Master) error {
 		for _, r := range refs {
 			seg, ok := resolve(r)
 			if !ok {
-				if mustBeLive && r.reg.seg.regions != nil {
+				switch {
+				case !mustBeLive:
+				case r.reg.seg.regions != nil:
 					errs = append(errs, fmt.Errorf("%s: replica at 0x%x on segment %q that is not mounted", what, r.addr, seg.info.Name))
+				case sp.segs[seg.info.ID] != nil:
+					// A restored replica whose segment is mounted but
+					// was not rebuilt around it: new objects may land
+					// on its bytes.
+					errs = append(errs, fmt.Errorf("%s: restored replica at 0x%x+%d not reserved in mounted segment %q", what, r.addr, size, seg.info.Name))
 				}
 				continue
 			}

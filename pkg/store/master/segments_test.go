@@ -350,3 +350,39 @@ func TestDroppedWriterReturnsEmptyRegion(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// Restored replicas that the segment's allocator could not reserve
+// (overlapping, or not on its 64-byte grid) are refused by Restore: else
+// the mount fails, the node mounts again, and new objects land on the
+// restored bytes.
+func TestRestoreRefusesUnreservableReplicas(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	s := segInfo("s", "127.0.0.1", 0x10000, 64*MiB)
+	r := func(key string, addr, size uint64) RestoredObject {
+		return RestoredObject{Key: key, Size: size, Replicas: []RestoredReplica{{Segment: s, Addr: addr}}}
+	}
+	if err := m.Restore([]RestoredObject{r("a", s.Base, 1000)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		objs []RestoredObject
+	}{
+		{"overlapping an earlier restore", []RestoredObject{r("b", s.Base+512, 100)}},
+		{"overlapping within one restore", []RestoredObject{r("c", s.Base+MiB, 100), r("d", s.Base+MiB+64, 100)}},
+		{"off the 64-byte grid", []RestoredObject{r("e", s.Base+2*MiB+8, 100)}},
+		{"of 0 bytes", []RestoredObject{r("f", s.Base+3*MiB, 0)}},
+	} {
+		wantCode(t, "restore "+tc.name, m.Restore(tc.objs), store.InvalidReplica)
+	}
+	if k := m.Stats().Keys; k != 1 {
+		t.Fatalf("%d keys after refused restores, want 1", k)
+	}
+	if err := m.MountSegment(uuidOf("node"), s); err != nil {
+		t.Fatal(err)
+	}
+	if u := m.Stats().Used; u != 1000 {
+		t.Fatalf("used %d after mount, want 1000", u)
+	}
+	mustInvariants(t, m)
+}
