@@ -236,6 +236,9 @@ type pendingRelease struct {
 	at       int64
 	size     uint64
 	replicas []replicaRef
+	// leased: an old version kept for a reader's lease, not a discarded
+	// put (master_put_start_release_cnt counts only those).
+	leased bool
 }
 
 func (p *pending) addPut(key string, o *Object, start int64) {
@@ -249,7 +252,15 @@ func (p *pending) addRelease(at int64, size uint64, r []replicaRef) {
 		return
 	}
 	p.mu.Lock()
-	p.releases = append(p.releases, pendingRelease{at, size, r})
+	p.releases = append(p.releases, pendingRelease{at: at, size: size, replicas: r})
+	p.mu.Unlock()
+}
+
+// addLeased holds an old version's replicas until the lease of the
+// reader still moving its bytes ends.
+func (p *pending) addLeased(until int64, size uint64, r []replicaRef) {
+	p.mu.Lock()
+	p.releases = append(p.releases, pendingRelease{at: until, size: size, replicas: r, leased: true})
 	p.mu.Unlock()
 }
 
@@ -313,7 +324,9 @@ func (m *Master) releaseDue(now int64) {
 	m.pend.mu.Unlock()
 	for _, r := range due {
 		m.space.free(r.replicas, r.size)
-		m.m.putReleases.Inc()
+		if !r.leased {
+			m.m.putReleases.Inc()
+		}
 	}
 }
 

@@ -130,7 +130,13 @@ func (m *Master) putEnd(client store.UUID, key string) error {
 		old := o.replicas
 		o.replicas, o.upsert = *o.upsert, nil
 		sh.policy.Removed(o)
-		m.space.free(old, o.size)
+		if now := m.now(); o.lease > now {
+			// A reader still moves the old version's bytes: they are
+			// freed when its lease ends.
+			m.pend.addLeased(o.lease, o.size, old)
+		} else {
+			m.space.free(old, o.size)
+		}
 		o.size = sizeOf(o)
 	case o.state == stateComplete:
 		return store.Errorf(store.InvalidWrite, "key %q is already complete", key)
