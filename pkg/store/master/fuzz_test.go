@@ -29,7 +29,7 @@ func FuzzMaster(f *testing.F) {
 // invariants are exercised on every test run, not only under -fuzz.
 func TestMasterRandomOps(t *testing.T) {
 	seed := uint64(0x9e3779b97f4a7c15)
-	for i := range 200 {
+	for i := range 100 {
 		in := make([]byte, 3*150)
 		for j := range in {
 			seed ^= seed << 13

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -288,7 +289,7 @@ func TestUpsertSameSizeInPlace(t *testing.T) {
 }
 
 func TestUpsertResize(t *testing.T) {
-	m, _ := newTestMaster(t, Config{})
+	m, clk := newTestMaster(t, Config{})
 	mount(t, m, "node", "seg-a", "127.0.0.1", 0, 64*MiB)
 	w := uuidOf("w")
 	old := put(t, m, "w", "k", 4096)
@@ -303,7 +304,8 @@ func TestUpsertResize(t *testing.T) {
 	if u := m.Stats().Used; u != 4096+8192 {
 		t.Fatalf("used %d during a resize, want both versions", u)
 	}
-	// The old version was just read (leased): its End still switches.
+	// The old version was just read (leased): its End still switches,
+	// and the old bytes are held until the lease ends.
 	if err := m.BatchUpsertEnd(w, []string{"k"})[0]; err != nil {
 		t.Fatal(err)
 	}
@@ -311,8 +313,16 @@ func TestUpsertResize(t *testing.T) {
 	if g.Err != nil || g.Replicas[0].Addr != res.Replicas[0].Addr || g.Replicas[0].Len != 8192 {
 		t.Fatalf("get after the resize: %+v, want the new replicas", g)
 	}
-	if s := m.Stats(); s.Used != 8192 || s.Keys != 1 {
+	if s := m.Stats(); s.Used != 4096+8192 || s.Keys != 1 {
 		t.Fatalf("stats after resize: %+v", s)
+	}
+	clk.Advance(DefaultKVLeaseTTL)
+	maintain(m, "node")
+	if s := m.Stats(); s.Used != 8192 {
+		t.Fatalf("stats after the old version's lease: %+v", s)
+	}
+	if metric(t, m, "master_put_start_release_cnt") != 0 {
+		t.Fatal("freeing a leased old version counted as releasing a discarded put")
 	}
 	mustInvariants(t, m)
 
@@ -412,6 +422,40 @@ func TestPutEndOnlyByItsWriter(t *testing.T) {
 	wantCode(t, "resize revoke by another writer", m.BatchUpsertRevoke(a, []string{"k"})[0], store.InvalidWrite)
 	if err := m.BatchUpsertRevoke(b, []string{"k"})[0]; err != nil {
 		t.Fatal(err)
+	}
+	mustInvariants(t, m)
+}
+
+// A reader holding a lease on the old version of a resized object keeps
+// its bytes: the End switches readers to the new version, but the old
+// replicas are freed only when the lease ends.
+func TestResizeEndKeepsLeasedOldVersion(t *testing.T) {
+	m, clk := newTestMaster(t, Config{})
+	mount(t, m, "node", "seg-a", "127.0.0.1", 0, 64*MiB)
+	w := uuidOf("w")
+	old := put(t, m, "w", "k", 4096)
+	if r := m.BatchUpsertStart(w, "", []PutItem{{"k", 8192}}, one())[0]; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	clk.Advance(time.Second)
+	if g := get(m, "k"); g.Err != nil || g.Replicas[0].Addr != old[0].Addr {
+		t.Fatalf("get during the resize: %+v", g) // leased until +11 s
+	}
+	if err := m.BatchUpsertEnd(w, []string{"k"})[0]; err != nil {
+		t.Fatal(err)
+	}
+	if u := m.Stats().Used; u != 4096+8192 {
+		t.Fatalf("used %d right after the End, want the leased old version still held", u)
+	}
+	mustInvariants(t, m)
+	// Fill the region: nothing may land on the old bytes while leased.
+	for i := 0; m.BatchPutStart(w, "", []PutItem{{fmt.Sprint("f", i), 4096}}, one())[0].Err == nil; i++ {
+	}
+	mustInvariants(t, m)
+	clk.Advance(DefaultKVLeaseTTL)
+	maintain(m, "node")
+	if r := m.BatchPutStart(w, "", []PutItem{{"late", 4096}}, one()); r[0].Err != nil {
+		t.Fatalf("the old version's space did not come back after its lease: %v", r[0].Err)
 	}
 	mustInvariants(t, m)
 }
