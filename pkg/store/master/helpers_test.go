@@ -189,11 +189,13 @@ type liveRep struct {
 
 // checkInvariants locks the whole master and checks that its metadata and
 // its space agree:
-//   - every replica holding space (objects' replicas, pending resizes and
-//     discarded puts awaiting release, on a mounted segment) lies inside its
-//     region and its segment, and no two overlap;
+//   - every replica holding space lies inside its region and its segment,
+//     and no two overlap. Replicas holding space are those on a mounted
+//     segment of: objects (PROCESSING or COMPLETE), pending resizes, and
+//     the release queue (discarded puts until put start + release timeout,
+//     old versions of a resize until the reader's lease ends);
 //   - a segment's used bytes are the sum of the object bytes of those
-//     replicas (the space of a discarded put counts until it is released),
+//     replicas (not rounded up to the allocator's 64-byte granule),
 //     the master's Used is the sum over segments and is at most Capacity,
 //     which is the sum of the mounted sizes;
 //   - each region counts its replicas, its allocator holds exactly them,
@@ -241,7 +243,6 @@ func checkInvariants(m *Master) error {
 			live = append(live, liveRep{what, seg, r.reg, r.addr, size})
 		}
 	}
-	keys := 0
 	for i := range m.shards {
 		sh := &m.shards[i]
 		complete, soft := 0, 0
@@ -274,7 +275,6 @@ func checkInvariants(m *Master) error {
 		if sh.softPinned != soft {
 			errs = append(errs, fmt.Errorf("shard %d counts %d soft-pinned, holds %d", i, sh.softPinned, soft))
 		}
-		keys += complete
 		if l, ok := sh.policy.(*lru); ok {
 			n := 0
 			var prev *Object
@@ -437,7 +437,6 @@ func checkInvariants(m *Master) error {
 			errs = append(errs, fmt.Errorf("segment %q counts %d regions, has %d live", seg.info.Name, seg.nreg, len(rs)))
 		}
 	}
-	_ = keys
 	return errors.Join(errs...)
 }
 
