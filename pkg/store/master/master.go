@@ -394,9 +394,20 @@ func (m *Master) finishUnmount(seg *segment) {
 			if o.dropSegment(seg) == 0 {
 				lost++
 				sh.remove(key, o)
-				if o.state == stateComplete {
+				if o.upsert != nil {
+					// The resize's replicas on other segments: its
+					// writer may still be writing them, as for a
+					// discarded put.
+					m.pend.addRelease(o.putStart+m.cfg.PutReleaseTimeout.Nanoseconds(), o.upsertSize, *o.upsert)
+					o.upsert, o.upsertSize = nil, 0
+				}
+				if o.state == stateComplete || o.inPlace {
 					m.emit(Change{Op: OpRemove, Key: key})
 				}
+			} else if o.upsert != nil && len(*o.upsert) == 0 {
+				// The resize lost every new replica: the old version
+				// stays, and the writer's End finds no resize.
+				o.upsert, o.upsertSize, o.putStart = nil, 0, 0
 			}
 		}
 		sh.mu.Unlock()

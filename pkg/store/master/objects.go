@@ -19,8 +19,12 @@ type Object struct {
 	size     uint64
 	replicas []replicaRef
 	putStart int64 // unix nanos of the PutStart that created this version
-	lease    int64 // read lease expiry, unix nanos
-	softPin  int64 // soft pin expiry, unix nanos; 0 = none
+	// writer is the client of the put or upsert in progress: only it may
+	// end or revoke it (a writer whose abandoned put was replaced must not
+	// complete or free the replacing writer's).
+	writer  store.UUID
+	lease   int64 // read lease expiry, unix nanos
+	softPin int64 // soft pin expiry, unix nanos; 0 = none
 	// upsert holds the replicas of a resizing upsert until its End.
 	upsert     *[]replicaRef
 	upsertSize uint64
@@ -29,9 +33,13 @@ type Object struct {
 	inPlace    bool // a same-size upsert is rewriting the replicas
 	// Policy bookkeeping: an intrusive list and a counter, so the
 	// built-in policies cost no allocation per object.
-	prev, next *Object
 	hits       uint32
+	prev, next *Object
 	seq        uint64
+	// lastUse is the master-wide order of the object's last put or read:
+	// eviction merges the shards' victims by it, so a round takes the
+	// least recently used objects of the whole master, not of each shard.
+	lastUse uint64
 }
 
 type replicaRef struct {
@@ -228,6 +236,9 @@ type pendingRelease struct {
 	at       int64
 	size     uint64
 	replicas []replicaRef
+	// leased: an old version kept for a reader's lease, not a discarded
+	// put (master_put_start_release_cnt counts only those).
+	leased bool
 }
 
 func (p *pending) addPut(key string, o *Object, start int64) {
@@ -241,7 +252,15 @@ func (p *pending) addRelease(at int64, size uint64, r []replicaRef) {
 		return
 	}
 	p.mu.Lock()
-	p.releases = append(p.releases, pendingRelease{at, size, r})
+	p.releases = append(p.releases, pendingRelease{at: at, size: size, replicas: r})
+	p.mu.Unlock()
+}
+
+// addLeased holds an old version's replicas until the lease of the
+// reader still moving its bytes ends.
+func (p *pending) addLeased(until int64, size uint64, r []replicaRef) {
+	p.mu.Lock()
+	p.releases = append(p.releases, pendingRelease{at: until, size: size, replicas: r, leased: true})
 	p.mu.Unlock()
 }
 
@@ -268,9 +287,10 @@ func (m *Master) discardStale(now int64) {
 		release := p.start + m.cfg.PutReleaseTimeout.Nanoseconds()
 		switch {
 		case o.upsert != nil:
-			// A resizing upsert abandoned: the old version stays.
-			m.pend.addRelease(release, o.size, *o.upsert)
-			o.upsert = nil
+			// A resizing upsert abandoned: the old version stays. The
+			// resize's replicas hold upsertSize bytes, not the old size.
+			m.pend.addRelease(release, o.upsertSize, *o.upsert)
+			o.upsert, o.upsertSize = nil, 0
 			o.putStart = 0
 		case o.state == stateProcessing:
 			sh.remove(p.key, o)
@@ -304,7 +324,9 @@ func (m *Master) releaseDue(now int64) {
 	m.pend.mu.Unlock()
 	for _, r := range due {
 		m.space.free(r.replicas, r.size)
-		m.m.putReleases.Inc()
+		if !r.leased {
+			m.m.putReleases.Inc()
+		}
 	}
 }
 

@@ -23,6 +23,9 @@ type ReplicaResult struct {
 
 var seqCounter atomic.Uint64
 
+// useCounter stamps Object.lastUse.
+var useCounter atomic.Uint64
+
 func checkItem(it PutItem) error {
 	if err := store.CheckKey(it.Key); err != nil {
 		return err
@@ -94,7 +97,7 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 		return ReplicaResult{Err: err}
 	}
 	o := &Object{
-		key: it.Key, size: it.Size, replicas: refs, putStart: now, state: stateProcessing,
+		key: it.Key, size: it.Size, replicas: refs, putStart: now, state: stateProcessing, writer: client,
 		softPin: m.softPinExpiry(cfg, now), hardPin: cfg.HardPin,
 	}
 	sh.objects[it.Key] = o
@@ -106,12 +109,12 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 func (m *Master) BatchPutEnd(client store.UUID, keys []string) []error {
 	out := make([]error, len(keys))
 	for i, k := range keys {
-		out[i] = m.putEnd(k)
+		out[i] = m.putEnd(client, k)
 	}
 	return out
 }
 
-func (m *Master) putEnd(key string) error {
+func (m *Master) putEnd(client store.UUID, key string) error {
 	sh := m.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -119,12 +122,21 @@ func (m *Master) putEnd(key string) error {
 	if o == nil {
 		return store.Errorf(store.ObjectNotFound, "key %q: no put in progress (discarded after %s, or never started)", key, m.cfg.PutDiscardTimeout)
 	}
+	if err := o.checkWriter(client, "end"); err != nil {
+		return err
+	}
 	switch {
 	case o.upsert != nil:
 		old := o.replicas
 		o.replicas, o.upsert = *o.upsert, nil
 		sh.policy.Removed(o)
-		m.space.free(old, o.size)
+		if now := m.now(); o.lease > now {
+			// A reader still moves the old version's bytes: they are
+			// freed when its lease ends.
+			m.pend.addLeased(o.lease, o.size, old)
+		} else {
+			m.space.free(old, o.size)
+		}
 		o.size = sizeOf(o)
 	case o.state == stateComplete:
 		return store.Errorf(store.InvalidWrite, "key %q is already complete", key)
@@ -135,10 +147,21 @@ func (m *Master) putEnd(key string) error {
 			sh.softPinned++
 		}
 	}
-	o.state, o.inPlace, o.putStart = stateComplete, false, 0
+	o.state, o.inPlace, o.putStart, o.writer = stateComplete, false, 0, store.UUID{}
 	o.seq = seqCounter.Add(1)
+	o.lastUse = useCounter.Add(1)
 	sh.policy.Added(o)
 	m.emit(Change{Op: OpPutEnd, Key: key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin})
+	return nil
+}
+
+// checkWriter refuses to end or revoke a put or upsert that client did
+// not start. A complete object with no upsert has no writer: the caller
+// answers that case itself.
+func (o *Object) checkWriter(client store.UUID, what string) error {
+	if (o.state != stateComplete || o.upsert != nil) && o.writer != client {
+		return store.Errorf(store.InvalidWrite, "key %q: cannot %s a put started by client %s (this is client %s)", o.key, what, o.writer, client)
+	}
 	return nil
 }
 
@@ -158,19 +181,23 @@ func sizeOf(o *Object) uint64 {
 func (m *Master) BatchPutRevoke(client store.UUID, keys []string) []error {
 	out := make([]error, len(keys))
 	for i, k := range keys {
-		out[i] = m.revoke(k)
+		out[i] = m.revoke(client, k)
 	}
 	return out
 }
 
-func (m *Master) revoke(key string) error {
+func (m *Master) revoke(client store.UUID, key string) error {
 	sh := m.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	o := sh.objects[key]
-	switch {
-	case o == nil:
+	if o == nil {
 		return store.Errorf(store.ObjectNotFound, "key %q: no put in progress", key)
+	}
+	if err := o.checkWriter(client, "revoke"); err != nil {
+		return err
+	}
+	switch {
 	case o.upsert != nil:
 		m.space.free(*o.upsert, o.upsertSize)
 		o.upsert, o.upsertSize, o.putStart = nil, 0, 0
@@ -231,7 +258,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		o.upsert, o.upsertSize = nil, 0
 	}
 	pin := m.softPinExpiry(cfg, now)
-	o.putStart = now
+	o.putStart, o.writer = now, client
 	if it.Size == o.size {
 		sh.remove(it.Key, o)
 		sh.objects[it.Key] = o
@@ -313,6 +340,7 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 			if lease {
 				o.lease = max(o.lease, now+ttl.Nanoseconds())
 				o.hits++
+				o.lastUse = useCounter.Add(1)
 				sh.policy.Accessed(o)
 				out[i].LeaseTTL = ttl
 			}

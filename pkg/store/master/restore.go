@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/alloc"
 )
 
 // RestoredObject is a complete object known from before this master
@@ -36,6 +37,9 @@ func (m *Master) Restore(objs []RestoredObject) error {
 		if err := store.CheckKey(ro.Key); err != nil {
 			return err
 		}
+		if ro.Size == 0 {
+			return store.Errorf(store.InvalidReplica, "restore %q: size 0", ro.Key)
+		}
 		o := &Object{key: ro.Key, size: ro.Size, state: stateComplete, hardPin: ro.HardPin}
 		if !ro.SoftPin.IsZero() {
 			o.softPin = ro.SoftPin.UnixNano()
@@ -64,6 +68,10 @@ func (m *Master) Restore(objs []RestoredObject) error {
 			m.space.mu.Unlock()
 			return store.Errorf(store.SegmentAlreadyExists, "restore: segment %q is already mounted", ph.info.Name)
 		}
+		if err := m.space.checkRestored(ph.info, refs); err != nil {
+			m.space.mu.Unlock()
+			return err
+		}
 	}
 	for _, r := range refs {
 		id := r.reg.seg.info.ID
@@ -74,16 +82,49 @@ func (m *Master) Restore(objs []RestoredObject) error {
 		sh := m.shardOf(o.key)
 		sh.mu.Lock()
 		if old := sh.objects[o.key]; old != nil {
+			// The restored version replaces it; the space of a version
+			// still being written is held until its release timeout.
 			sh.remove(o.key, old)
+			release := old.putStart + m.cfg.PutReleaseTimeout.Nanoseconds()
+			if old.upsert != nil {
+				m.pend.addRelease(release, old.upsertSize, *old.upsert)
+			}
+			if old.state == stateComplete {
+				m.space.free(old.replicas, old.size)
+			} else {
+				m.pend.addRelease(release, old.size, old.replicas)
+			}
 		}
 		sh.objects[o.key] = o
 		o.seq = seqCounter.Add(1)
+		o.lastUse = useCounter.Add(1)
 		sh.policy.Added(o)
 		sh.keys++
 		if o.softPin != 0 {
 			sh.softPinned++
 		}
 		sh.mu.Unlock()
+	}
+	return nil
+}
+
+// checkRestored refuses restored replicas that the mount could not reserve
+// in the segment's allocator (overlapping each other or earlier restored
+// ones, or off its grid): the mount would fail, and the node's next mount
+// would then place new objects over their bytes. It builds the allocator
+// the mount will, over every replica restored on the segment so far.
+func (s *space) checkRestored(info store.SegmentInfo, refs []*restoredRef) error {
+	var used []alloc.Range
+	for _, r := range s.restored[info.ID] {
+		used = append(used, alloc.Range{Addr: r.addr, Len: r.size})
+	}
+	for _, r := range refs {
+		if r.reg.seg.info.ID == info.ID {
+			used = append(used, alloc.Range{Addr: r.addr, Len: r.size})
+		}
+	}
+	if _, err := alloc.NewWithUsed(info.Base, info.Size, used); err != nil {
+		return store.Errorf(store.InvalidReplica, "restore onto segment %q: %v", info.Name, err)
 	}
 	return nil
 }

@@ -4,12 +4,11 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -133,7 +132,7 @@ func BenchmarkMasterScale(b *testing.B) {
 	if len(rows) > 0 {
 		fmt.Printf("\nmaster metadata at scale (one 16 TiB segment, 4 KiB objects, 40-byte keys; heap after GC; mean latency of %d single-key calls on the Go API)\n"+
 			"|       keys | B/object | excl key | PutStart+Revoke ns | GetReplicaList ns | ExistKey ns |\n|------------|----------|----------|----------|----------|----------|\n%s\n",
-			200000, joinLines(rows))
+			200000, strings.Join(rows, "\n"))
 	}
 }
 
@@ -155,17 +154,6 @@ func splitComma(s string) []string {
 			}
 			start = i + 1
 		}
-	}
-	return out
-}
-
-func joinLines(rows []string) string {
-	out := ""
-	for i, r := range rows {
-		if i > 0 {
-			out += "\n"
-		}
-		out += r
 	}
 	return out
 }
@@ -281,5 +269,3 @@ func BenchmarkPingUnderLoad(b *testing.B) {
 		fmt.Printf("ping p99 %s is over the 100 ms goal\n", p99)
 	}
 }
-
-func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

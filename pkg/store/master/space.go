@@ -38,6 +38,10 @@ type segment struct {
 	used    atomic.Uint64 // object bytes (replica lengths)
 	nreg    int
 	shared  []*region // its shareable (not dedicated) regions, for borrowing
+	// owned counts the regions each live instance holds here, so an
+	// unmount gives the instances their region budget back (dedicated
+	// regions are in no instance's list).
+	owned map[*instance]int
 	// live is set on the placeholder of a restored segment once the real
 	// segment is mounted (guarded by space.mu).
 	live *segment
@@ -123,7 +127,7 @@ func (s *space) mount(client store.UUID, info store.SegmentInfo) error {
 	if old := s.byName[info.Name]; old != nil {
 		return store.Errorf(store.SegmentAlreadyExists, "a segment named %q is already mounted (id %s)", info.Name, old.info.ID)
 	}
-	seg := &segment{info: info, host: hostOf(info.Endpoint), owner: client}
+	seg := &segment{info: info, host: hostOf(info.Endpoint), owner: client, owned: make(map[*instance]int)}
 	var err error
 	if restored := s.restored[info.ID]; len(restored) > 0 {
 		err = s.rebuild(seg, restored)
@@ -201,9 +205,10 @@ func (s *space) unmount(seg *segment) {
 	delete(s.byName, seg.info.Name)
 	s.order = slices.DeleteFunc(s.order, func(x *segment) bool { return x == seg })
 	for _, in := range s.instances {
-		n := len(in.regions)
 		in.regions = slices.DeleteFunc(in.regions, func(r *region) bool { return r.seg == seg })
-		in.count -= n - len(in.regions)
+	}
+	for in, n := range seg.owned {
+		in.count -= n
 	}
 	s.capacity.Add(-seg.info.Size)
 	s.used.Add(-seg.used.Load())
@@ -217,9 +222,18 @@ func (s *space) dropInstance(id store.UUID) {
 		return
 	}
 	// Its regions stay (their objects live on); they are simply no longer
-	// anyone's to fill, and are returned when they empty.
+	// anyone's to fill, and are returned when they empty. The newest one
+	// may be empty already (kept for the writer's next put): it goes back
+	// now, or nothing would ever return it.
 	for _, r := range in.regions {
 		r.owner = nil
+		if r.objects == 0 {
+			_ = r.seg.regions.Free(r.base, r.len)
+			r.seg.nreg--
+		}
+	}
+	for _, seg := range s.order {
+		delete(seg.owned, in)
 	}
 	delete(s.instances, id)
 }
@@ -415,6 +429,7 @@ func (s *space) newRegion(in *instance, seg *segment, size uint64) (replicaRef, 
 	reg := &region{seg: seg, base: base, len: n, owner: in, objects: 1, dedicated: dedicated}
 	seg.nreg++
 	in.count++
+	seg.owned[in]++
 	if dedicated {
 		return replicaRef{reg, base}, true
 	}
@@ -430,6 +445,7 @@ func (s *space) newRegion(in *instance, seg *segment, size uint64) (replicaRef, 
 	_ = seg.regions.Free(base, n)
 	seg.nreg--
 	in.count--
+	seg.owned[in]--
 	return replicaRef{}, false
 }
 
@@ -452,6 +468,11 @@ func (s *space) freeOne(r replicaRef, size uint64) {
 		seg = seg.live
 	}
 	if s.segs[seg.info.ID] != seg {
+		if reg.seg.regions == nil && seg.live == nil {
+			// A restored replica whose segment is not mounted yet: the
+			// mount must not reserve its range any more.
+			s.forgetRestored(seg.info.ID, reg)
+		}
 		return // the segment is gone, and its space with it
 	}
 	seg.used.Add(-size)
@@ -471,11 +492,25 @@ func (s *space) freeOne(r replicaRef, size uint64) {
 		}
 		seg.shared = slices.DeleteFunc(seg.shared, func(x *region) bool { return x == reg })
 	}
-	if reg.owner != nil {
-		reg.owner.count--
+	if in := reg.owner; in != nil {
+		in.count--
+		if s.instances[in.id] == in {
+			if seg.owned[in]--; seg.owned[in] == 0 {
+				delete(seg.owned, in)
+			}
+		}
 	}
 	_ = seg.regions.Free(reg.base, reg.len)
 	seg.nreg--
+}
+
+func (s *space) forgetRestored(id store.UUID, reg *region) {
+	refs := slices.DeleteFunc(s.restored[id], func(r *restoredRef) bool { return r.reg == reg })
+	if len(refs) == 0 {
+		delete(s.restored, id)
+	} else {
+		s.restored[id] = refs
+	}
 }
 
 // SegmentStatus is one segment as the admin API shows it.

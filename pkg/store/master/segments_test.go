@@ -1,0 +1,394 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+)
+
+type span struct{ addr, len uint64 }
+
+func overlaps(a, b span) bool { return a.addr < b.addr+b.len && b.addr < a.addr+a.len }
+
+// restoredFixture restores 20 objects on segment s (not mounted), spread
+// over its 64 MiB.
+func restoredFixture(t *testing.T, m *Master) (store.SegmentInfo, []RestoredObject) {
+	t.Helper()
+	s := segInfo("s", "127.0.0.1", 0x10000000, 64*MiB)
+	var objs []RestoredObject
+	for i := range 20 {
+		objs = append(objs, RestoredObject{
+			Key:      fmt.Sprint("old", i),
+			Size:     256*KiB + uint64(i)*1000,
+			Replicas: []RestoredReplica{{Segment: s, Addr: s.Base + uint64(i)*3*MiB + 4096}},
+		})
+	}
+	if err := m.Restore(objs); err != nil {
+		t.Fatal(err)
+	}
+	return s, objs
+}
+
+// Mooncake #3826 / #1336: a master that learnt of objects before their
+// segment is (re-)mounted must never place new objects over them.
+func TestRestoreThenMountNeverOverlaps(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	s, objs := restoredFixture(t, m)
+	var restored []span
+	var total uint64
+	for _, o := range objs {
+		restored = append(restored, span{o.Replicas[0].Addr, o.Size})
+		total += o.Size
+	}
+	if g := get(m, "old3"); g.Err != nil || g.Replicas[0].Addr != objs[3].Replicas[0].Addr || g.Replicas[0].Endpoint != s.Endpoint {
+		t.Fatalf("get of a restored object: %+v", g)
+	}
+	if err := m.MountSegment(uuidOf("node"), s); err != nil {
+		t.Fatal(err)
+	}
+	if st := m.Stats(); st.Used != total || st.Capacity != 64*MiB || st.Keys != 20 {
+		t.Fatalf("after mount: %+v, want used %d", st, total)
+	}
+	mustInvariants(t, m)
+	// Fill the segment with new objects of several writers.
+	n := 0
+	for i := 0; ; i++ {
+		r := m.BatchPutStart(uuidOf(fmt.Sprint("w", i%4)), "", []PutItem{{fmt.Sprint("new", i), 20*KiB + uint64(i%7)*4096}}, one())[0]
+		if r.Err != nil {
+			wantCode(t, "put into a full segment", r.Err, store.NoAvailableHandle)
+			break
+		}
+		n++
+		got := span{r.Replicas[0].Addr, r.Replicas[0].Len}
+		for j, old := range restored {
+			if overlaps(got, old) {
+				t.Fatalf("new object %d at 0x%x+%d overlaps restored old%d at 0x%x+%d", i, got.addr, got.len, j, old.addr, old.len)
+			}
+		}
+	}
+	if n < 1000 {
+		t.Fatalf("only %d new objects fit", n)
+	}
+	mustInvariants(t, m)
+	// Removing a restored object returns its space, for reuse.
+	used := m.Stats().Used
+	if err := remove(m, "old5", false); err != nil {
+		t.Fatal(err)
+	}
+	if u := m.Stats().Used; u != used-objs[5].Size {
+		t.Fatalf("used %d after removing a restored object, want %d", u, used-objs[5].Size)
+	}
+	r := put(t, m, "late", "reuse", 256*KiB)
+	if !overlaps(span{r[0].Addr, r[0].Len}, restored[5]) {
+		t.Fatalf("the freed range 0x%x+%d was not reused (got 0x%x)", restored[5].addr, restored[5].len, r[0].Addr)
+	}
+	mustInvariants(t, m)
+}
+
+func TestRestoreRefusals(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	s := mount(t, m, "node", "s", "127.0.0.1", 0x1000000, 64*MiB)
+	err := m.Restore([]RestoredObject{{Key: "k", Size: 100, Replicas: []RestoredReplica{{Segment: s, Addr: s.Base}}}})
+	wantCode(t, "restore onto a mounted segment", err, store.SegmentAlreadyExists)
+	other := segInfo("other", "127.0.0.2", 0x1000000, 64*MiB)
+	for _, addr := range []uint64{other.Base - 64, other.Base + 64*MiB - 64, ^uint64(0) - 10} {
+		err = m.Restore([]RestoredObject{{Key: "k", Size: 100, Replicas: []RestoredReplica{{Segment: other, Addr: addr}}}})
+		wantCode(t, fmt.Sprintf("restore of a replica at 0x%x outside its segment", addr), err, store.InvalidReplica)
+	}
+	if m.Stats().Keys != 0 {
+		t.Fatal("a refused restore left objects")
+	}
+}
+
+// A restored object removed before its segment is mounted must not keep
+// its range reserved once the segment comes.
+func TestRestoreRemovedBeforeMount(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	s, objs := restoredFixture(t, m)
+	if err := remove(m, "old0", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MountSegment(uuidOf("node"), s); err != nil {
+		t.Fatal(err)
+	}
+	var want uint64
+	for _, o := range objs[1:] {
+		want += o.Size
+	}
+	if u := m.Stats().Used; u != want {
+		t.Fatalf("used %d after mount, want %d (old0 was removed before)", u, want)
+	}
+	mustInvariants(t, m)
+}
+
+func TestUnmountDropsReplicas(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	a := mount(t, m, "na", "a", "127.0.0.1", 0, 64*MiB)
+	mount(t, m, "nb", "b", "127.0.0.2", 0, 64*MiB)
+	two := store.ReplicateConfig{ReplicaNum: 2}
+	onA := store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"a"}}
+	onB := store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"b"}}
+	put(t, m, "w", "both", 1000, two)
+	put(t, m, "w", "only-a", 1000, onA)
+	put(t, m, "w", "only-b", 1000, onB)
+	putStart(t, m, "w", "writing-a", 1000, onA)
+	if err := m.UnmountSegment(uuidOf("nb"), a.ID); store.CodeOf(err) != store.InvalidParams {
+		t.Fatalf("unmount of another client's segment: %v", err)
+	}
+	if err := m.UnmountSegment(uuidOf("na"), a.ID); err != nil {
+		t.Fatal(err)
+	}
+	g := get(m, "both")
+	if g.Err != nil || len(g.Replicas) != 1 || g.Replicas[0].Segment != "b" {
+		t.Fatalf("get of a two-replica object: %+v, want its replica on b", g)
+	}
+	wantCode(t, "get of an object that lived only on a", get(m, "only-a").Err, store.ObjectNotFound)
+	if get(m, "only-b").Err != nil {
+		t.Fatal("only-b lost")
+	}
+	wantCode(t, "put end of a put whose only replica was unmounted", m.BatchPutEnd(uuidOf("w"), []string{"writing-a"})[0], store.ObjectNotFound)
+	if s := m.Stats(); s.Used != 2000 || s.Capacity != 64*MiB || s.Keys != 2 || s.Segments != 1 {
+		t.Fatalf("after unmount: %+v", s)
+	}
+	wantCode(t, "second unmount", m.UnmountSegment(uuidOf("na"), a.ID), store.SegmentNotFound)
+	mustInvariants(t, m)
+	// The segment can come back, empty.
+	mount(t, m, "na", "a", "127.0.0.1", 0, 64*MiB)
+	put(t, m, "w", "again", 1000, onA)
+	mustInvariants(t, m)
+}
+
+// A resizing upsert whose old or new replicas lose their segment.
+func TestUnmountDuringResize(t *testing.T) {
+	onA := store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"a"}}
+	onB := store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"b"}}
+	for _, gone := range []string{"a", "b"} {
+		t.Run("unmount "+gone, func(t *testing.T) {
+			m, _ := newTestMaster(t, Config{})
+			segs := map[string]store.SegmentInfo{
+				"a": mount(t, m, "na", "a", "127.0.0.1", 0, 64*MiB),
+				"b": mount(t, m, "nb", "b", "127.0.0.2", 0, 64*MiB),
+			}
+			w := uuidOf("w")
+			put(t, m, "w", "k", 1000, onA)
+			if r := m.BatchUpsertStart(w, "", []PutItem{{"k", 5000}}, onB)[0]; r.Err != nil || r.Replicas[0].Segment != "b" {
+				t.Fatalf("resize onto b: %+v", r)
+			}
+			if err := m.UnmountSegment(uuidOf("n"+gone), segs[gone].ID); err != nil {
+				t.Fatal(err)
+			}
+			mustInvariants(t, m)
+			err := m.BatchUpsertEnd(w, []string{"k"})[0]
+			g := get(m, "k")
+			switch gone {
+			case "a": // the old version is gone; the new one may complete
+				if err == nil && (g.Err != nil || g.Replicas[0].Len != 5000) {
+					t.Fatalf("after end: %v %+v", err, g)
+				}
+			case "b": // the new replicas are gone: the old version stays
+				if g.Err != nil || len(g.Replicas) != 1 || g.Replicas[0].Len != 1000 || g.Replicas[0].Segment != "a" {
+					t.Fatalf("after end (%v): %+v, want the old version on a", err, g)
+				}
+			}
+			mustInvariants(t, m)
+		})
+	}
+}
+
+// Unmounting a segment that held a writer's dedicated region gives the
+// writer its region budget back.
+func TestUnmountReturnsRegionBudget(t *testing.T) {
+	m, _ := newTestMaster(t, Config{MaxRegionsPerInstance: 1})
+	a := mount(t, m, "na", "a", "127.0.0.1", 0, 64*MiB)
+	put(t, m, "w", "big", MiB) // a dedicated region
+	if err := m.UnmountSegment(uuidOf("na"), a.ID); err != nil {
+		t.Fatal(err)
+	}
+	mount(t, m, "nb", "b", "127.0.0.2", 0, 64*MiB)
+	put(t, m, "w", "next", MiB)
+	mustInvariants(t, m)
+}
+
+func TestGracefulUnmountWaitsForLeases(t *testing.T) {
+	m, clk := newTestMaster(t, Config{GracefulUnmountWait: 10 * time.Second})
+	a := mount(t, m, "na", "a", "127.0.0.1", 0, 64*MiB)
+	mount(t, m, "nb", "b", "127.0.0.2", 0, 64*MiB)
+	put(t, m, "w", "k", 1000, store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"a"}})
+	get(m, "k") // a read holds a lease
+	done := make(chan error, 1)
+	go func() { done <- m.GracefulUnmountSegment(context.Background(), uuidOf("na"), a.ID) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for segStatus(m, "a") != "GRACEFULLY_UNMOUNTING" {
+		if time.Now().After(deadline) {
+			t.Fatal("segment never became GRACEFULLY_UNMOUNTING")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("graceful unmount returned (%v) while a lease was held", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	// Nothing new is placed on a leaving segment.
+	for i := range 10 {
+		if r := put(t, m, "w", fmt.Sprint("n", i), 1000, store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"a"}}); r[0].Segment != "b" {
+			t.Fatalf("put placed on a segment being unmounted: %+v", r)
+		}
+	}
+	clk.Advance(DefaultKVLeaseTTL) // the read ends
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("graceful unmount still waiting after the lease ended")
+	}
+	if segStatus(m, "a") != "" || get(m, "k").Err == nil {
+		t.Fatal("segment a or its object still there")
+	}
+	mustInvariants(t, m)
+}
+
+func TestGracefulUnmountWaitIsBounded(t *testing.T) {
+	m, _ := newTestMaster(t, Config{GracefulUnmountWait: 50 * time.Millisecond})
+	a := mount(t, m, "na", "a", "127.0.0.1", 0, 64*MiB)
+	put(t, m, "w", "k", 1000)
+	get(m, "k")
+	start := time.Now()
+	if err := m.GracefulUnmountSegment(context.Background(), uuidOf("na"), a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el < 50*time.Millisecond {
+		t.Fatalf("returned after %s with a lease held, want it to wait the 50 ms bound", el)
+	}
+	if m.Stats().Segments != 0 {
+		t.Fatal("segment still mounted")
+	}
+	// ctx ends the wait too.
+	b := mount(t, m, "nb", "b", "127.0.0.1", 0, 64*MiB)
+	put(t, m, "w", "k2", 1000)
+	get(m, "k2")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := m.GracefulUnmountSegment(ctx, uuidOf("nb"), b.ID); err != nil || m.Stats().Segments != 0 {
+		t.Fatalf("graceful unmount with a done ctx: %v", err)
+	}
+}
+
+func segStatus(m *Master, name string) string {
+	for _, s := range m.Segments() {
+		if s.Info.Name == name {
+			return s.Status.String()
+		}
+	}
+	return ""
+}
+
+func TestClientTTL(t *testing.T) {
+	m, clk := newTestMaster(t, Config{})
+	a := mount(t, m, "node", "a", "127.0.0.1", 0, 64*MiB)
+	mount(t, m, "other", "b", "127.0.0.2", 0, 64*MiB)
+	put(t, m, "w", "on-a", 1000, store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"a"}})
+	if _, st := m.Ping(uuidOf("node")); st != store.ClientOK {
+		t.Fatalf("ping: %v", st)
+	}
+	clk.Advance(DefaultClientTTL)
+	maintain(m, "other")
+	if m.Stats().Segments != 2 {
+		t.Fatal("client dropped at exactly client_ttl")
+	}
+	clk.Advance(time.Millisecond)
+	maintain(m, "other")
+	if s := m.Stats(); s.Segments != 1 || s.Keys != 0 || s.Used != 0 || s.Capacity != 64*MiB {
+		t.Fatalf("after client_ttl: %+v, want the silent node's segment and objects gone", s)
+	}
+	if metric(t, m, "master_active_clients") != float64(m.ActiveClients()) {
+		t.Fatal("master_active_clients disagrees")
+	}
+	if _, st := m.Ping(uuidOf("node")); st != store.ClientNeedRemount {
+		t.Fatalf("ping of a dropped client: %v, want NEED_REMOUNT", st)
+	}
+	errs := m.ReMountSegment(uuidOf("node"), []store.SegmentInfo{a})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if _, st := m.Ping(uuidOf("node")); st != store.ClientOK {
+		t.Fatalf("ping after re-mount: %v", st)
+	}
+	// Re-mounting what is already mounted is fine for its owner only.
+	if errs := m.ReMountSegment(uuidOf("node"), []store.SegmentInfo{a}); errs[0] != nil {
+		t.Fatalf("re-mount of an own mounted segment: %v", errs[0])
+	}
+	errs = m.ReMountSegment(uuidOf("thief"), []store.SegmentInfo{a})
+	wantCode(t, "re-mount of another client's segment", errs[0], store.SegmentAlreadyExists)
+	wantCode(t, "mount without a client id", m.MountSegment(store.UUID{}, segInfo("z", "127.0.0.1", 0, MiB)), store.InvalidParams)
+	bad := segInfo("y", "127.0.0.1", ^uint64(0)-10, MiB)
+	wantCode(t, "mount of a segment whose end overflows", m.MountSegment(uuidOf("node"), bad), store.InvalidParams)
+	mustInvariants(t, m)
+}
+
+// A writer that goes silent returns its regions once they empty; the
+// objects in them outlive it.
+func TestDroppedWriterReturnsEmptyRegion(t *testing.T) {
+	m, clk := newTestMaster(t, Config{})
+	mount(t, m, "node", "a", "127.0.0.1", 0, 64*MiB)
+	put(t, m, "w", "k", 1000)
+	if n := segRegions(m, "a"); n != 1 {
+		t.Fatalf("%d regions, want the writer's one", n)
+	}
+	clk.Advance(DefaultClientTTL + time.Second)
+	maintain(m, "node")
+	if n := segRegions(m, "a"); n != 1 {
+		t.Fatalf("%d regions after the writer was dropped, want its one (the object lives on)", n)
+	}
+	if r := m.BatchGetReplicaList([]string{"k"}); r[0].Err != nil {
+		t.Fatalf("object of a dropped writer: %v", r[0].Err)
+	}
+	if err := remove(m, "k", true); err != nil {
+		t.Fatal(err)
+	}
+	if n := segRegions(m, "a"); n != 0 {
+		t.Fatalf("%d regions after its last object went, want 0", n)
+	}
+	mustInvariants(t, m)
+}
+
+// Restored replicas that the segment's allocator could not reserve
+// (overlapping, or not on its 64-byte grid) are refused by Restore: else
+// the mount fails, the node mounts again, and new objects land on the
+// restored bytes.
+func TestRestoreRefusesUnreservableReplicas(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	s := segInfo("s", "127.0.0.1", 0x10000, 64*MiB)
+	r := func(key string, addr, size uint64) RestoredObject {
+		return RestoredObject{Key: key, Size: size, Replicas: []RestoredReplica{{Segment: s, Addr: addr}}}
+	}
+	if err := m.Restore([]RestoredObject{r("a", s.Base, 1000)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		objs []RestoredObject
+	}{
+		{"overlapping an earlier restore", []RestoredObject{r("b", s.Base+512, 100)}},
+		{"overlapping within one restore", []RestoredObject{r("c", s.Base+MiB, 100), r("d", s.Base+MiB+64, 100)}},
+		{"off the 64-byte grid", []RestoredObject{r("e", s.Base+2*MiB+8, 100)}},
+		{"of 0 bytes", []RestoredObject{r("f", s.Base+3*MiB, 0)}},
+	} {
+		wantCode(t, "restore "+tc.name, m.Restore(tc.objs), store.InvalidReplica)
+	}
+	if k := m.Stats().Keys; k != 1 {
+		t.Fatalf("%d keys after refused restores, want 1", k)
+	}
+	if err := m.MountSegment(uuidOf("node"), s); err != nil {
+		t.Fatal(err)
+	}
+	if u := m.Stats().Used; u != 1000 {
+		t.Fatalf("used %d after mount, want 1000", u)
+	}
+	mustInvariants(t, m)
+}
