@@ -116,6 +116,8 @@ type InitiatorConfig struct {
 	Verify     bool
 	// Progress, when set, is called about every 200 ms during each run.
 	Progress func(Progress)
+
+	afterPrime func() // tests: runs once the read-verify pattern is in place
 }
 
 // Progress is a live snapshot.
@@ -185,6 +187,18 @@ func Run(ctx context.Context, cfg InitiatorConfig) ([]Result, error) {
 	// Writes carry the target's own pattern, so a write run leaves the
 	// target as it found it (a later read --verify still passes).
 	FillPattern(local.Bytes(), 0, 0)
+	if cfg.Verify && cfg.Op == engine.Read {
+		// The target's memory holds mc's pattern only when the target is
+		// mc: a Mooncake target (or one a write run of other data has
+		// touched) holds anything. Writing the pattern first makes read
+		// verification check the transport, not who the target is.
+		if err := writeSpan(ctx, e, seg, local, remote.Addr, span); err != nil {
+			return nil, fmt.Errorf("verify: write the pattern to segment %q before reading it back: %w", cfg.Segment, err)
+		}
+		if cfg.afterPrime != nil {
+			cfg.afterPrime()
+		}
+	}
 	var readback *engine.Memory
 	if cfg.Verify && cfg.Op == engine.Write {
 		if readback, err = e.RegisterMemory(ctx, int(span), "cpu:0", false); err != nil {
@@ -364,6 +378,24 @@ func (w *worker) loop(cfg InitiatorConfig, seg *engine.Segment, remoteBase uint6
 		}
 		w.batch(ctx, b, reqs)
 	}
+}
+
+// writeSpan writes local[0:span) to the segment at remote, in requests
+// of at most 1 MiB, 64 at a time.
+func writeSpan(ctx context.Context, e *engine.Engine, seg *engine.Segment, local *engine.Memory, remote uint64, span int64) error {
+	const block, batch = 1 << 20, 64
+	reqs := make([]engine.Request, 0, batch)
+	for off := int64(0); off < span; {
+		reqs = reqs[:0]
+		for ; off < span && len(reqs) < batch; off += block {
+			reqs = append(reqs, engine.Request{Op: engine.Write, Source: local.Addr() + uint64(off), Segment: seg,
+				Target: remote + uint64(off), Length: uint64(min(block, span-off))})
+		}
+		if err := e.Transfer(ctx, reqs...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // batch runs reqs through b and waits; failed tasks are counted and end

@@ -140,10 +140,11 @@ func TestRunVerifyMismatchNamesTheByte(t *testing.T) {
 	const off = 3*4096 + 77
 	buf := tgt.Buffers[0]
 	want := buf.Bytes()[off]
-	buf.Bytes()[off] ^= 0xff
 	e := newInitiator(t)
+	// Corrupt the target once the pattern has been written to it.
 	res, err := Run(ctx, InitiatorConfig{Engine: e, Segment: tgt.Engine.SegmentName(), Op: engine.Read, BatchSize: 16,
-		BlockSizes: []int64{4096}, BufferSize: 1 << 20, Duration: time.Second, Threads: 1, Verify: true})
+		BlockSizes: []int64{4096}, BufferSize: 1 << 20, Duration: time.Second, Threads: 1, Verify: true,
+		afterPrime: func() { buf.Bytes()[off] ^= 0xff }})
 	var me *MismatchError
 	if !errors.As(err, &me) {
 		t.Fatalf("err %v", err)
@@ -172,5 +173,27 @@ func TestRunRejectsOversizedSpan(t *testing.T) {
 		BlockSizes: []int64{65536}, BufferSize: 1 << 30, Duration: time.Second, Threads: 1})
 	if err == nil || !strings.Contains(err.Error(), "does not fit in segment") {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// A target that is not mc (Mooncake's bench target) does not hold mc's
+// pattern: read verification writes it first instead of reporting a
+// mismatch at offset 0.
+func TestRunReadVerifyForeignTarget(t *testing.T) {
+	ctx := context.Background()
+	tgt, err := StartLoopbackTarget(ctx, engine.Config{}, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tgt.Close()
+	clear(tgt.Buffers[0].Bytes())
+	e := newInitiator(t)
+	res, err := Run(ctx, InitiatorConfig{Engine: e, Segment: tgt.Engine.SegmentName(), Op: engine.Read, BatchSize: 16,
+		BlockSizes: []int64{4096, 65536}, BufferSize: 1 << 20, Duration: 100 * time.Millisecond, Threads: 1, Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 2 || !res[0].Verified || res[1].BatchCount == 0 {
+		t.Fatalf("results %+v", res)
 	}
 }
