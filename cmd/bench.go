@@ -326,7 +326,9 @@ A comma list of block sizes runs a sweep, one row per size. Without
 --segment-id it benchmarks an in-process target over loopback TCP (or
 over its own soft RDMA NICs with --protocol rdma).
 
-Exit status: 0 when every task completed (and verified), 1 otherwise.`,
+Exit status: 0 when every task completed (and verified), 130 when
+interrupted (SIGINT/SIGTERM; the partial results are printed first), 1
+otherwise.`,
 		Example: `  mc bench initiator                                   # embedded loopback target
   mc bench initiator --segment_id 10.0.0.2:15123 --operation write --threads 1
   mc bench initiator --block_size 4K,64K,1M --batch_size 128 --threads 1 --verify
@@ -462,6 +464,12 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 	}
 	if runErr != nil {
 		return runErr
+	}
+	if ctx.Err() != nil {
+		// SIGINT/SIGTERM: the figures cover a shortened run, and a
+		// script must not take them for a complete one (130 = 128+SIGINT,
+		// the shell's convention).
+		return &exitError{code: 130, err: fmt.Errorf("bench initiator: interrupted; the results above cover only the time run")}
 	}
 	return nil
 }

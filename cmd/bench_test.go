@@ -235,3 +235,30 @@ func TestBenchRDMATargetAndInitiator(t *testing.T) {
 		t.Fatalf("target stop: %v", err)
 	}
 }
+
+func TestBenchInitiatorInterruptedExits130(t *testing.T) {
+	isolateEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errb bytes.Buffer
+	code := make(chan int, 1)
+	go func() {
+		code <- Execute(ctx, []string{"bench", "initiator", "--duration", "30", "--threads", "1",
+			"--block_size", "4K,64K"}, &out, &errb)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	cancel() // what SIGINT does through signal.NotifyContext
+	select {
+	case c := <-code:
+		if c != 130 {
+			t.Fatalf("exit %d, want 130; stderr %q", c, errb.String())
+		}
+		if !strings.Contains(errb.String(), "interrupted") || strings.Count(errb.String(), "\n") != 1 {
+			t.Fatalf("stderr: %q", errb.String())
+		}
+		if !strings.Contains(out.String(), "Test completed") {
+			t.Fatalf("no partial report:\n%s", out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("initiator did not stop after the interrupt")
+	}
+}
