@@ -288,10 +288,13 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 	if !p.JSON() {
 		fmt.Fprintln(p.Out, "stopping target")
 	}
-	if err := t.Close(); err != nil {
-		return err
+	// The engine withdraws the segment once and unmaps the buffers.
+	// Unregistering them one by one first would republish the descriptor
+	// per buffer: one metadata timeout each when the server is gone.
+	if err := e.Close(); err != nil {
+		return fmt.Errorf("stop target: %w", err)
 	}
-	return e.Close()
+	return nil
 }
 
 // numaNodes lists the host's NUMA nodes, or nil (node 0) when unknown.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
 )
 
 func TestBenchInitiatorEmbeddedJSON(t *testing.T) {
@@ -260,5 +261,28 @@ func TestBenchInitiatorInterruptedExits130(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("initiator did not stop after the interrupt")
+	}
+}
+
+// With its metadata server gone, the target stops within a few seconds
+// and says why in one line.
+func TestBenchTargetStopsWithMetadataServerGone(t *testing.T) {
+	isolateEnv(t)
+	ee, err := meta.StartEtcd(context.Background(), meta.EtcdConfig{Listen: "127.0.0.1:0", NoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := strings.TrimPrefix(ee.Endpoints()[0], "http://")
+	_, stop := startTarget(t, func(o *benchTargetOptions) {
+		o.MetadataServer, o.LocalServerName, o.BufferSize = ms, "node1", "1M"
+	})
+	ee.Close()
+	start := time.Now()
+	err = stop()
+	if took := time.Since(start); took > 3500*time.Millisecond {
+		t.Fatalf("stop took %v", took)
+	}
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "unreachable: no answer within 2s") {
+		t.Fatalf("stop: %v", err)
 	}
 }

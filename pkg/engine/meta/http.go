@@ -78,7 +78,8 @@ func EscapeKey(key string) string {
 
 // do sends one request; found is false for a 404 "metadata not found".
 func (h *httpBackend) do(ctx context.Context, method, key string, body []byte) (resp []byte, found bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, h.opts.timeout())
+	limit := callLimit(ctx, h.opts.timeout())
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {

@@ -55,6 +55,17 @@ type Options struct {
 	MaxLength int
 }
 
+// callLimit is how long a call may take: the backend's timeout, or less
+// when ctx ends sooner, so that "no answer within" names the time taken.
+func callLimit(ctx context.Context, timeout time.Duration) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl).Round(10 * time.Millisecond); left < timeout {
+			return max(left, 10*time.Millisecond)
+		}
+	}
+	return timeout
+}
+
 func (o Options) timeout() time.Duration {
 	if o.Timeout <= 0 {
 		return DefaultTimeout
