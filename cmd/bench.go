@@ -466,7 +466,7 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 		return err
 	}
 	if runErr != nil {
-		return runErr
+		return sweepError(results, sizes, runErr)
 	}
 	if ctx.Err() != nil {
 		// SIGINT/SIGTERM: the figures cover a shortened run, and a
@@ -475,6 +475,25 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 		return &exitError{code: 130, err: fmt.Errorf("bench initiator: interrupted; the results above cover only the time run")}
 	}
 	return nil
+}
+
+// sweepError names the row of a sweep that failed and the sizes that did
+// not run, so the rows printed above it read as what they are.
+func sweepError(results []bench.Result, sizes []int64, err error) error {
+	if len(sizes) < 2 || len(results) == 0 {
+		return err
+	}
+	failed := results[len(results)-1].BlockSize
+	var notRun []string
+	for _, s := range sizes[len(results):] {
+		notRun = append(notRun, bench.FormatSize(s))
+	}
+	rest := ""
+	if len(notRun) > 0 {
+		rest = "; not run: " + strings.Join(notRun, ",")
+	}
+	return fmt.Errorf("sweep stopped at block size %s (%d of %d sizes done%s): %w",
+		bench.FormatSize(failed), len(results)-1, len(sizes), rest, err)
 }
 
 type benchJSONResult struct {

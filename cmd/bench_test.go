@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -284,5 +285,18 @@ func TestBenchTargetStopsWithMetadataServerGone(t *testing.T) {
 	}
 	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "unreachable: no answer within 2s") {
 		t.Fatalf("stop: %v", err)
+	}
+}
+
+func TestSweepErrorNamesTheFailedRow(t *testing.T) {
+	cause := bench.ErrFailedTasks
+	rs := []bench.Result{{BlockSize: 4096}, {BlockSize: 65536}}
+	err := sweepError(rs, []int64{4096, 65536, 1 << 20}, cause)
+	want := "sweep stopped at block size 64K (1 of 3 sizes done; not run: 1M): transfer tasks failed"
+	if err == nil || err.Error() != want || !errors.Is(err, cause) {
+		t.Fatalf("got %v, want %q", err, want)
+	}
+	if err := sweepError(rs[:1], []int64{4096}, cause); err != cause {
+		t.Fatalf("single size: %v", err)
 	}
 }

@@ -165,6 +165,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		} else {
 			adv = cfg.LocalServerName
 		}
+		adv = reachableHost(ctx, adv)
 	}
 	e := &Engine{cfg: cfg, advHost: adv, transports: make(map[string]Transport)}
 	e.local = &localTransport{e: e}
