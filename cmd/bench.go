@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
@@ -28,6 +29,7 @@ import (
 // local engine is started and found.
 type benchEngineOptions struct {
 	Protocol        string
+	Backend         string
 	MetadataServer  string
 	LocalServerName string
 	BindAddress     string
@@ -83,7 +85,12 @@ RDMA NICs: the software NICs (soft provider) named by --device-name when
 the host has no RDMA hardware, the target getting its own set. Slicing,
 retries and queue pairs follow Mooncake's MC_* variables (MC_SLICE_SIZE,
 MC_RETRY_CNT, MC_NUM_QP_PER_EP, ...); MC_RDMA_PROVIDER picks soft, ibverbs
-or auto.`,
+or auto.
+
+Scripts written for transfer_engine_bench run unchanged: --mode=target or
+--mode=initiator picks the verb, gflags spellings are accepted on the
+verbs (-block_size=4096, --noauto_discovery), and where Mooncake warns and
+carries on (a --buffer-size too small, an unknown --report-unit) so does mc.`,
 	}
 	c.AddCommand(newBenchTargetCmd(p), newBenchInitiatorCmd(p))
 	return c
@@ -91,6 +98,7 @@ or auto.`,
 
 func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport protocol: tcp or rdma")
+	fs.StringVar(&o.Backend, "backend", "classic", "transfer engine backend: classic (Mooncake's default, and the only one mc has)")
 	fs.StringVar(&o.DeviceName, "device-name", "", "rdma: comma list of NICs to use (default all; with the soft provider, the soft NICs to create)")
 	fs.StringVar(&o.NICPriorityMatrix, "nic-priority-matrix", "", "rdma: NIC priority matrix file (Mooncake's JSON)")
 	fs.BoolVar(&o.AutoDiscovery, "auto-discovery", false, "rdma: build the NIC priority matrix from this host's topology (and use its NICs when --device-name is empty)")
@@ -114,6 +122,10 @@ func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 func (o benchEngineOptions) config() (engine.Config, error) {
 	if o.Protocol != "tcp" && o.Protocol != "rdma" {
 		return engine.Config{}, fmt.Errorf("--protocol %q is not supported: want one of: tcp, rdma", o.Protocol)
+	}
+	// "" is options built in code.
+	if o.Backend != "" && o.Backend != "classic" {
+		return engine.Config{}, fmt.Errorf("--backend %q is not supported: mc implements Mooncake's classic transfer engine only", o.Backend)
 	}
 	// 0 (options built in code) means the handshake default.
 	if o.HandshakeMax < 0 || o.HandshakeMax > handshake.MaxMaxLength {
@@ -349,10 +361,10 @@ otherwise.`,
 	fs.StringVar(&o.Operation, "operation", "read", "read or write")
 	fs.IntVar(&o.BatchSize, "batch-size", 128, "requests per batch")
 	fs.StringVar(&o.BlockSize, "block-size", "65536", "bytes per request; a comma list (4K,64K,1M) runs a sweep")
-	fs.StringVar(&o.BufferSize, "buffer-size", "1G", "local buffer limit: batch-size x block-size x threads must fit")
+	fs.StringVar(&o.BufferSize, "buffer-size", "1G", "local buffer: raised, with a warning, to batch-size x block-size x threads when smaller")
 	fs.StringVar(&o.Duration, "duration", "10", "seconds per run (or a Go duration: 500ms, 2m)")
 	fs.IntVar(&o.Threads, "threads", 12, "submitting threads")
-	fs.StringVar(&o.ReportUnit, "report-unit", "GB", "throughput unit: "+strings.Join(bench.UnitNames(), ", "))
+	fs.StringVar(&o.ReportUnit, "report-unit", "GB", "throughput unit: "+strings.Join(bench.UnitNames(), ", ")+" (another value: GB, with a warning)")
 	fs.IntVar(&o.ReportPrecision, "report-precision", 2, "digits after the decimal point")
 	fs.BoolVar(&o.Verify, "verify", false, "check every byte against the target's pattern (writes are read back)")
 	return c
@@ -409,20 +421,28 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 	}
 	unit, err := bench.ParseUnit(o.ReportUnit)
 	if err != nil {
-		return fmt.Errorf("--report-unit: %w", err)
+		// transfer_engine_bench warns and reports in GB; scripts written
+		// for it rely on that.
+		unit, _ = bench.ParseUnit("GB")
+		slog.Warn("unknown --report-unit: reporting in GB", "report_unit", o.ReportUnit, "want", strings.Join(bench.UnitNames(), ","))
+	}
+	var maxBlock int64
+	for _, s := range sizes {
+		maxBlock = max(maxBlock, s)
+	}
+	if need := maxBlock * int64(o.BatchSize) * int64(o.Threads); need/int64(o.Threads)/int64(o.BatchSize) != maxBlock {
+		return fmt.Errorf("batch_size %d x block_size %d x threads %d overflows", o.BatchSize, maxBlock, o.Threads)
+	} else if need > bufSize {
+		// As transfer_engine_bench: warn and raise the buffer to fit.
+		slog.Warn("--buffer-size too small for batch_size x block_size x threads: raised to fit",
+			"buffer_size", bufSize, "batch_size", o.BatchSize, "block_size", maxBlock, "threads", o.Threads, "raised_to", need)
+		bufSize = need
 	}
 
 	segment := o.SegmentID
 	if segment == "" {
 		// The embedded target holds exactly what the run touches.
-		var maxBlock int64
-		for _, s := range sizes {
-			maxBlock = max(maxBlock, s)
-		}
 		need := maxBlock * int64(o.BatchSize) * int64(o.Threads)
-		if need > bufSize {
-			return fmt.Errorf("batch_size %d x block_size %d x threads %d = %d bytes does not fit in buffer_size %d", o.BatchSize, maxBlock, o.Threads, need, bufSize)
-		}
 		tcfg := cfg
 		tcfg.LocalServerName = ""
 		t, err := bench.StartLoopbackTarget(ctx, tcfg, need)
@@ -616,4 +636,134 @@ func liveProgress(w io.Writer, unit bench.Unit, prec int) (func(bench.Progress),
 		}
 	}
 	return update, stop
+}
+
+// gflagsArgs rewrites a transfer_engine_bench command line for cobra, so
+// that scripts written for Mooncake's bench run with `mc bench` in its
+// place. Mooncake parses flags with gflags, which accepts what pflag does
+// not: single-dash long flags (-block_size=4096), --noflag for a false
+// boolean, and the role as a flag (--mode=target) rather than a verb.
+// pflag reads "-block_size" as a cluster of one-letter flags and has no
+// --no prefix, and cobra dispatches on the verb before any flag is
+// parsed, so the rewrite has to happen before cobra sees the arguments.
+// It only touches the bench verbs, and only spellings that name one of
+// their flags; everything else passes through unchanged.
+func gflagsArgs(root *cobra.Command, args []string) ([]string, error) {
+	i := benchIndex(root, args)
+	if i < 0 {
+		return args, nil
+	}
+	out := append([]string(nil), args[:i+1]...)
+	rest := args[i+1:]
+	// --mode / -mode, with = or a separate value, anywhere after "bench".
+	var mode string
+	var kept []string
+	for j := 0; j < len(rest); j++ {
+		a := rest[j]
+		if a == "--" {
+			kept = append(kept, rest[j:]...)
+			break
+		}
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "mode" {
+			kept = append(kept, a)
+			continue
+		}
+		if !hasVal {
+			if j+1 >= len(rest) {
+				return nil, fmt.Errorf("bench: --mode needs a value: target or initiator")
+			}
+			j++
+			val = rest[j]
+		}
+		if val != "target" && val != "initiator" {
+			return nil, fmt.Errorf("bench: --mode %q: want target or initiator", val)
+		}
+		mode = val
+	}
+	verb := ""
+	if len(kept) > 0 && (kept[0] == "target" || kept[0] == "initiator") {
+		verb = kept[0]
+		kept = kept[1:]
+	}
+	switch {
+	case verb == "" && mode == "":
+		return args, nil
+	case verb == "":
+		verb = mode
+	case mode != "" && mode != verb:
+		return nil, fmt.Errorf("bench %s: --mode %s contradicts the verb", verb, mode)
+	}
+	c, _, err := root.Find([]string{"bench", verb})
+	if err != nil || c.Name() != verb {
+		return args, nil
+	}
+	lookup := func(name string) *pflag.Flag {
+		n := string(normalizeFlag(nil, name))
+		if f := c.Flags().Lookup(n); f != nil {
+			return f
+		}
+		return c.InheritedFlags().Lookup(n)
+	}
+	out = append(out, verb)
+	for j := 0; j < len(kept); j++ {
+		a := kept[j]
+		if a == "--" {
+			out = append(out, kept[j:]...)
+			break
+		}
+		if !strings.HasPrefix(a, "-") || len(a) < 3 {
+			out = append(out, a)
+			continue
+		}
+		name, _, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		long := strings.HasPrefix(a, "--")
+		f := lookup(name)
+		switch {
+		case f != nil && (long || len(name) > 1):
+			a = "--" + strings.TrimLeft(a, "-")
+		case f == nil && !hasVal && strings.HasPrefix(name, "no") && (long || len(name) > 1):
+			// gflags' --noflag: false for a boolean flag.
+			if g := lookup(name[2:]); g != nil && g.Value.Type() == "bool" {
+				a, f = "--"+name[2:]+"=false", g
+				hasVal = true
+			}
+		}
+		out = append(out, a)
+		// A flag's separate value is passed as is, even when it starts
+		// with a dash.
+		if f != nil && !hasVal && f.Value.Type() != "bool" && f.NoOptDefVal == "" && j+1 < len(kept) {
+			j++
+			out = append(out, kept[j])
+		}
+	}
+	return out, nil
+}
+
+// benchIndex is the index of the "bench" verb in args (after global
+// flags), or -1 when the command is not mc bench.
+func benchIndex(root *cobra.Command, args []string) int {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") {
+			if a == "bench" {
+				return i
+			}
+			return -1
+		}
+		if a == "--" {
+			return -1
+		}
+		name, _, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		var f *pflag.Flag
+		if strings.HasPrefix(a, "--") {
+			f = root.PersistentFlags().Lookup(string(normalizeFlag(nil, name)))
+		} else if len(name) == 1 {
+			f = root.PersistentFlags().ShorthandLookup(name)
+		}
+		if f != nil && !hasVal && f.Value.Type() != "bool" {
+			i++ // the global flag's value
+		}
+	}
+	return -1
 }

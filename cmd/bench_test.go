@@ -164,10 +164,9 @@ func TestBenchBadInput(t *testing.T) {
 		`--device-name: device "soft0" listed twice`:  {"--protocol", "rdma", "--device-name", "soft0,soft0"},
 		`--nic-priority-matrix: read priority matrix`: {"--protocol", "rdma", "--nic-priority-matrix", "/nonexistent/matrix.json"},
 		`--block-size: size "0"`:                      {"--block-size", "4K,0"},
-		`--report-unit: report unit "XB"`:             {"--report-unit", "XB"},
 		`--operation "copy": want read or write`:      {"--operation", "copy"},
 		`--duration "-1" must be positive`:            {"--duration", "-1"},
-		`does not fit in buffer_size`:                 {"--buffer-size", "1M", "--block-size", "1M"},
+		`--backend "tent" is not supported`:           {"--backend", "tent"},
 		`peer 127.0.0.1:1 unreachable`:                {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
 		`--handshake-max-length 200000000: want 1 to`: {"--handshake-max-length", "200000000"},
 		// Frames over the limit are refused, so a 64-byte limit cannot
@@ -298,5 +297,61 @@ func TestSweepErrorNamesTheFailedRow(t *testing.T) {
 	}
 	if err := sweepError(rs[:1], []int64{4096}, cause); err != cause {
 		t.Fatalf("single size: %v", err)
+	}
+}
+
+func TestGflagsArgs(t *testing.T) {
+	root := newRootCmd(&printer{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}})
+	cases := []struct{ in, want string }{
+		{"bench --mode=target -buffer_size=1G", "bench target --buffer_size=1G"},
+		{"-o json bench --mode initiator -block_size=4096 -threads 1", "-o json bench initiator --block_size=4096 --threads 1"},
+		{"--log-level debug bench -mode=initiator --noauto_discovery -noverify", "--log-level debug bench initiator --auto_discovery=false --verify=false"},
+		{"bench initiator --mode=initiator -verify -o json", "bench initiator --verify -o json"},
+		{"bench initiator --report_precision -1 -h", "bench initiator --report_precision -1 -h"},
+		{"bench initiator -ojson -nosuchflag --nobatch_size", "bench initiator -ojson -nosuchflag --nobatch_size"},
+		{"bench initiator -- -block_size=1", "bench initiator -- -block_size=1"},
+		{"topo discover -block_size=4096", "topo discover -block_size=4096"},
+		{"bench", "bench"},
+	}
+	for _, c := range cases {
+		got, err := gflagsArgs(root, strings.Fields(c.in))
+		if err != nil || strings.Join(got, " ") != c.want {
+			t.Errorf("%q -> %q, %v; want %q", c.in, strings.Join(got, " "), err, c.want)
+		}
+	}
+	for in, want := range map[string]string{
+		"bench --mode=both":             `--mode "both": want target or initiator`,
+		"bench target --mode initiator": "bench target: --mode initiator contradicts the verb",
+		"bench --mode":                  "--mode needs a value",
+	} {
+		if _, err := gflagsArgs(root, strings.Fields(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", in, err, want)
+		}
+	}
+}
+
+// A transfer_engine_bench command line, as a script would run it with mc
+// bench in its place, including the cases Mooncake warns about and
+// carries on.
+func TestBenchMooncakeCommandLine(t *testing.T) {
+	isolateEnv(t)
+	var out, errb bytes.Buffer
+	code := Execute(context.Background(), []string{"bench", "--mode=initiator", "--backend", "classic", "-duration=0.2",
+		"-threads=1", "-batch_size", "4", "-block_size=8192", "-buffer_size=4096", "--noauto_discovery", "-report_unit=XB",
+		"-protocol=tcp"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "Test completed") || !strings.Contains(out.String(), " GB/s\n") || !strings.Contains(out.String(), "│ 8K ") {
+		t.Fatalf("stdout:\n%s", out.String())
+	}
+	for _, want := range []string{"unknown --report-unit: reporting in GB", "report_unit=XB",
+		"--buffer-size too small for batch_size x block_size x threads: raised to fit", "raised_to=32768"} {
+		if !strings.Contains(errb.String(), want) {
+			t.Fatalf("stderr lacks %q:\n%s", want, errb.String())
+		}
+	}
+	if !strings.HasPrefix(errb.String(), "W") {
+		t.Fatalf("warnings are not glog W lines:\n%s", errb.String())
 	}
 }
