@@ -63,10 +63,13 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count=1 ./...
 
 # mc's TCP transport against a plain Go stream over one persistent loopback
-# connection (the ceiling), in the same run: 4K, 64K and 1M, read and write.
+# connection (the ceiling), in the same run: 4K, 64K and 1M, read and write;
+# then the target's CPU per task with a connection per request (Mooncake's
+# default client) against persistent lanes.
 bench-tcp:
 	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkTCPvsStream$$' -benchtime 1x -count=1 -compare.duration 5s
 	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkTCPvsStream$$' -benchtime 1x -count=1 -compare.duration 5s -compare.op write
+	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkAcceptPath$$' -benchtime 1x -count=1 -compare.duration 5s
 
 # Log parsing throughput of mc diag against `grep -c evicted` on the same
 # generated log (1 GB unless MC_DIAG_BENCH_MB says otherwise).

@@ -109,7 +109,7 @@ func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 	fs.IntVar(&o.MaxRPCPort, "max-rpc-port", engine.DefaultMaxRPCPort, "highest handshake (RPC) port")
 	fs.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/")
 	fs.IntVar(&o.StatusTimeout, "tcp-status-timeout-sec", 30, "seconds to wait for a TCP status or reply before failing the tasks")
-	fs.IntVar(&o.TCPLanes, "tcp-lanes", engine.DefaultTCPLanes, "persistent TCP connections per peer")
+	fs.IntVar(&o.TCPLanes, "tcp-lanes", engine.DefaultTCPLanes, "persistent TCP connections per peer; 0 opens a connection per request, as Mooncake's client without MC_TCP_ENABLE_CONNECTION_POOL=1")
 	fs.IntVar(&o.HandshakeMax, "handshake-max-length", handshake.DefaultMaxLength, "largest handshake frame in bytes, sent or accepted (at most 128 MiB)")
 	envName(fs, "bind-address", "MC_TCP_BIND_ADDRESS")
 	envName(fs, "min-rpc-port", "MC_MIN_RPC_PORT")
@@ -137,8 +137,8 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 	if o.StatusTimeout <= 0 {
 		return engine.Config{}, fmt.Errorf("--tcp-status-timeout-sec %d must be positive", o.StatusTimeout)
 	}
-	if o.TCPLanes <= 0 {
-		return engine.Config{}, fmt.Errorf("--tcp-lanes %d must be positive", o.TCPLanes)
+	if o.TCPLanes < 0 {
+		return engine.Config{}, fmt.Errorf("--tcp-lanes %d: want 0 (a connection per request) or more", o.TCPLanes)
 	}
 	var transports []engine.TransportFactory
 	if o.Protocol == "rdma" {
@@ -158,6 +158,7 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 		MinRPCPort:         o.MinRPCPort,
 		MaxRPCPort:         o.MaxRPCPort,
 		TCPLanes:           o.TCPLanes,
+		TCPPerRequest:      o.TCPLanes == 0,
 		HandshakeMaxLength: o.HandshakeMax,
 		TCPStatusTimeout:   time.Duration(o.StatusTimeout) * time.Second,
 	}, nil

@@ -160,15 +160,16 @@ func TestBenchBadInput(t *testing.T) {
 	isolateEnv(t)
 	cases := map[string][]string{
 		`--protocol "ib" is not supported: want one of: tcp, rdma`: {"--protocol", "ib"},
-		`need --protocol rdma`:                        {"--device-name", "soft0"},
-		`--device-name: device "soft0" listed twice`:  {"--protocol", "rdma", "--device-name", "soft0,soft0"},
-		`--nic-priority-matrix: read priority matrix`: {"--protocol", "rdma", "--nic-priority-matrix", "/nonexistent/matrix.json"},
-		`--block-size: size "0"`:                      {"--block-size", "4K,0"},
-		`--operation "copy": want read or write`:      {"--operation", "copy"},
-		`--duration "-1" must be positive`:            {"--duration", "-1"},
-		`--backend "tent" is not supported`:           {"--backend", "tent"},
-		`peer 127.0.0.1:1 unreachable`:                {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
-		`--handshake-max-length 200000000: want 1 to`: {"--handshake-max-length", "200000000"},
+		`need --protocol rdma`:                                      {"--device-name", "soft0"},
+		`--device-name: device "soft0" listed twice`:                {"--protocol", "rdma", "--device-name", "soft0,soft0"},
+		`--nic-priority-matrix: read priority matrix`:               {"--protocol", "rdma", "--nic-priority-matrix", "/nonexistent/matrix.json"},
+		`--block-size: size "0"`:                                    {"--block-size", "4K,0"},
+		`--operation "copy": want read or write`:                    {"--operation", "copy"},
+		`--duration "-1" must be positive`:                          {"--duration", "-1"},
+		`--backend "tent" is not supported`:                         {"--backend", "tent"},
+		`--tcp-lanes -1: want 0 (a connection per request) or more`: {"--tcp-lanes", "-1"},
+		`peer 127.0.0.1:1 unreachable`:                              {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
+		`--handshake-max-length 200000000: want 1 to`:               {"--handshake-max-length", "200000000"},
 		// Frames over the limit are refused, so a 64-byte limit cannot
 		// carry a descriptor: proof the limit reaches the handshake.
 		`read Metadata reply`: {"--handshake-max-length", "64", "--bind-address", "127.0.0.1"},
@@ -353,5 +354,29 @@ func TestBenchMooncakeCommandLine(t *testing.T) {
 	}
 	if !strings.HasPrefix(errb.String(), "W") {
 		t.Fatalf("warnings are not glog W lines:\n%s", errb.String())
+	}
+}
+
+func TestBenchInitiatorConnectionPerRequest(t *testing.T) {
+	isolateEnv(t)
+	seg, _ := startTarget(t)
+	out, _, err := runCmd(t, "bench", "initiator", "--segment_id", seg, "--bind-address", "127.0.0.1", "--tcp-lanes", "0",
+		"--duration", "200ms", "--threads", "1", "--batch_size", "16", "--block_size", "4K,64K", "--verify", "-o", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var got struct {
+		Results []struct {
+			BatchCount uint64 `json:"batch_count"`
+			Verified   bool   `json:"verified"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got.Results) != 2 {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, r := range got.Results {
+		if r.BatchCount == 0 || !r.Verified {
+			t.Fatalf("result %+v", r)
+		}
 	}
 }

@@ -90,6 +90,10 @@ type Config struct {
 	HandshakeMaxLength int
 	// TCPLanes is the number of persistent connections per peer.
 	TCPLanes int
+	// TCPPerRequest makes the client open a connection per request, as
+	// Mooncake's does unless MC_TCP_ENABLE_CONNECTION_POOL=1 (TCPLanes is
+	// then unused).
+	TCPPerRequest bool
 	// TCPStatusTimeout is MC_TCP_STATUS_TIMEOUT_SEC (default 30 s).
 	TCPStatusTimeout time.Duration
 	// UnregisterGrace: see DefaultUnregisterGrace.
