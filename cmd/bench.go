@@ -154,6 +154,7 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 		LocalServerName:    o.LocalServerName,
 		MetadataServer:     o.MetadataServer,
 		ClusterID:          o.ClusterID,
+		MetadataHTTPToken:  os.Getenv("MC_METADATA_HTTP_TOKEN"),
 		BindAddress:        o.BindAddress,
 		MinRPCPort:         o.MinRPCPort,
 		MaxRPCPort:         o.MaxRPCPort,
@@ -183,6 +184,20 @@ func (o benchEngineOptions) rdmaConfig() (rdmatransport.Config, error) {
 			return rc, fmt.Errorf("--nic-priority-matrix: %w", err)
 		}
 	case o.AutoDiscovery:
+		// As Mooncake: with auto discovery, MC_CUSTOM_TOPO_JSON names a
+		// priority matrix file that replaces discovery; when it cannot be
+		// read, warn and discover.
+		if path := os.Getenv("MC_CUSTOM_TOPO_JSON"); path != "" {
+			m, err := topo.ReadMatrixFile(path)
+			if err == nil {
+				rc.Matrix = m
+				if len(rc.Devices) == 0 {
+					rc.Devices = m.NICs()
+				}
+				return rc, nil
+			}
+			slog.Warn("MC_CUSTOM_TOPO_JSON cannot be used: discovering the topology instead", "path", path, "err", err)
+		}
 		fs, err := topo.NewFS("/")
 		if err != nil {
 			return rc, fmt.Errorf("--auto-discovery: %w", err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -378,5 +379,34 @@ func TestBenchInitiatorConnectionPerRequest(t *testing.T) {
 		if r.BatchCount == 0 || !r.Verified {
 			t.Fatalf("result %+v", r)
 		}
+	}
+}
+
+func TestCustomTopoJSONReplacesDiscovery(t *testing.T) {
+	isolateEnv(t)
+	matrix := filepath.Join(t.TempDir(), "matrix.json")
+	if err := os.WriteFile(matrix, []byte(`{"cpu:0": [["soft1"], ["soft0"]]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MC_CUSTOM_TOPO_JSON", matrix)
+	o := benchEngineOptions{Protocol: "rdma", AutoDiscovery: true}
+	rc, err := o.rdmaConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rc.Matrix) != 1 || rc.Matrix["cpu:0"].Preferred[0] != "soft1" || len(rc.Devices) != 2 {
+		t.Fatalf("matrix %v, devices %v", rc.Matrix, rc.Devices)
+	}
+	// Unreadable: a warning, then discovery.
+	var logs bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+	defer slog.SetDefault(old)
+	t.Setenv("MC_CUSTOM_TOPO_JSON", filepath.Join(t.TempDir(), "missing.json"))
+	if _, err := o.rdmaConfig(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "MC_CUSTOM_TOPO_JSON cannot be used") {
+		t.Fatalf("no warning: %s", logs.String())
 	}
 }

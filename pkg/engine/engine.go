@@ -71,6 +71,9 @@ type Config struct {
 	Backend meta.Backend
 	// ClusterID is MC_METADATA_CLUSTER_ID.
 	ClusterID string
+	// MetadataHTTPToken is MC_METADATA_HTTP_TOKEN: the bearer token the
+	// HTTP metadata backend sends.
+	MetadataHTTPToken string
 	// MetadataTimeout bounds each metadata call (default 5 s).
 	MetadataTimeout time.Duration
 	// BindAddress is the host the handshake and data listeners bind to
@@ -192,6 +195,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 			Timeout:   cfg.MetadataTimeout,
 			Handshake: e.hs,
 			MaxLength: cfg.HandshakeMaxLength,
+			HTTPToken: cfg.MetadataHTTPToken,
 		})
 		if err != nil {
 			e.hs.Close()

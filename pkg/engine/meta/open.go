@@ -53,6 +53,9 @@ type Options struct {
 	// MaxLength bounds handshake frames and HTTP bodies; 0 means
 	// handshake.DefaultMaxLength for frames and 64 MiB for HTTP bodies.
 	MaxLength int
+	// HTTPToken, when set, is sent by the HTTP backend as
+	// "Authorization: Bearer <token>" (Mooncake's MC_METADATA_HTTP_TOKEN).
+	HTTPToken string
 }
 
 // callLimit is how long a call may take: the backend's timeout, or less
