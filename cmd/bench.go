@@ -481,7 +481,7 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 
 	bc := bench.InitiatorConfig{
 		Engine: e, Segment: segment, Op: op, BatchSize: o.BatchSize, BlockSizes: sizes,
-		BufferSize: bufSize, Duration: dur, Threads: o.Threads, Verify: o.Verify,
+		BufferSize: bufSize, Duration: dur, Threads: o.Threads, Verify: o.Verify, Nodes: numaNodes(),
 	}
 	showProgress := !p.JSON() && isTerminal(p.Out)
 	if o.Progress != nil {

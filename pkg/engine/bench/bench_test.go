@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -195,5 +196,54 @@ func TestRunReadVerifyForeignTarget(t *testing.T) {
 	}
 	if len(res) != 2 || !res[0].Verified || res[1].BatchCount == 0 {
 		t.Fatalf("results %+v", res)
+	}
+}
+
+// As transfer_engine_bench, the initiator has a buffer per NUMA node and
+// thread tid works from buffer tid % nodes on the target's buffer
+// tid % buffers.
+func TestRunBuffersPerNUMANode(t *testing.T) {
+	ctx := context.Background()
+	te, err := engine.New(ctx, engine.Config{LocalServerName: "t", BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer te.Close()
+	tgt, err := StartTarget(ctx, te, TargetConfig{BufferSize: 1 << 20, Nodes: []int{0, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range tgt.Buffers {
+		clear(m.Bytes())
+	}
+	e := newInitiator(t)
+	locs := map[string]bool{}
+	var mu sync.Mutex
+	_, err = Run(ctx, InitiatorConfig{Engine: e, Segment: te.SegmentName(), Op: engine.Write, BatchSize: 4,
+		BlockSizes: []int64{4096}, BufferSize: 1 << 20, Duration: 300 * time.Millisecond, Threads: 2, Nodes: []int{0, 1},
+		Progress: func(Progress) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, m := range e.Memory() {
+				locs[m.Location()] = true
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !locs["cpu:0"] || !locs["cpu:1"] {
+		t.Fatalf("initiator buffers at %v, want cpu:0 and cpu:1", locs)
+	}
+	// Thread 1's first block (offset 4096) landed in the target's second
+	// buffer, thread 0's (offset 0) in the first; neither in the other.
+	b0, b1 := tgt.Buffers[0].Bytes(), tgt.Buffers[1].Bytes()
+	if tgt.Buffers[0].Addr() > tgt.Buffers[1].Addr() {
+		b0, b1 = b1, b0 // the descriptor lists buffers by address
+	}
+	if checkPattern(b0[:4096], make([]byte, 4096), 0, 0) != -1 || checkPattern(b1[4096:8192], make([]byte, 4096), 4096, 0) != -1 {
+		t.Fatal("threads did not write their own target buffer")
+	}
+	if b0[4096] != 0 || b1[0] != 0 {
+		t.Fatal("a thread wrote the other thread's target buffer")
 	}
 }
