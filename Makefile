@@ -80,6 +80,7 @@ bench-diag:
 # real loopback TCP with Mooncake's bench defaults.
 demo: build
 	./bin/mc bench initiator
+	@echo "sweeps read as curves: ./bin/mc bench initiator --threads 1 --duration 3 --block_size 4K,16K,64K,256K,1M --plot sweep.svg"
 
 install: build
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1

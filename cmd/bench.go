@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -65,6 +66,7 @@ type benchInitiatorOptions struct {
 	ReportUnit      string
 	ReportPrecision int
 	Verify          bool
+	Plot            string
 	// Progress forces (true) or suppresses (false) the live progress;
 	// nil means "when stdout is a terminal".
 	Progress *bool
@@ -363,6 +365,7 @@ otherwise.`,
 		Example: `  mc bench initiator                                   # embedded loopback target
   mc bench initiator --segment_id 10.0.0.2:15123 --operation write --threads 1
   mc bench initiator --block_size 4K,64K,1M --batch_size 128 --threads 1 --verify
+  mc bench initiator --threads 1 --block_size 4K,16K,64K,256K,1M --plot sweep.svg
   mc bench initiator --protocol rdma --device_name soft0,soft1 --threads 1 --verify`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -382,7 +385,8 @@ otherwise.`,
 	fs.IntVar(&o.Threads, "threads", 12, "submitting threads")
 	fs.StringVar(&o.ReportUnit, "report-unit", "GB", "throughput unit: "+strings.Join(bench.UnitNames(), ", ")+" (another value: GB, with a warning)")
 	fs.IntVar(&o.ReportPrecision, "report-precision", 2, "digits after the decimal point")
-	fs.BoolVar(&o.Verify, "verify", false, "check every byte against the target's pattern (writes are read back)")
+	fs.BoolVar(&o.Verify, "verify", false, "check every byte: reads read back a pattern written first, writes are read back")
+	fs.StringVar(&o.Plot, "plot", "", "write the sweep as an SVG: throughput and p99 latency against block size")
 	return c
 }
 
@@ -434,6 +438,12 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 	dur, err := parseBenchDuration(o.Duration)
 	if err != nil {
 		return err
+	}
+	if o.Plot != "" {
+		// Before the run, not after minutes of it.
+		if _, err := os.Stat(filepath.Dir(o.Plot)); err != nil {
+			return fmt.Errorf("--plot: %w", err)
+		}
 	}
 	unit, err := bench.ParseUnit(o.ReportUnit)
 	if err != nil {
@@ -501,6 +511,11 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 	if err := printBenchResults(p, segment, unit, o.ReportPrecision, results); err != nil {
 		return err
 	}
+	if o.Plot != "" && len(results) > 0 {
+		if err := writePlot(o.Plot, results, unit); err != nil {
+			return err
+		}
+	}
 	if runErr != nil {
 		return sweepError(results, sizes, runErr)
 	}
@@ -509,6 +524,21 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 		// script must not take them for a complete one (130 = 128+SIGINT,
 		// the shell's convention).
 		return &exitError{code: 130, err: fmt.Errorf("bench initiator: interrupted; the results above cover only the time run")}
+	}
+	return nil
+}
+
+func writePlot(path string, rs []bench.Result, unit bench.Unit) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--plot: %w", err)
+	}
+	if err := bench.PlotSweep(f, rs, unit); err != nil {
+		f.Close()
+		return fmt.Errorf("--plot %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("--plot: %w", err)
 	}
 	return nil
 }

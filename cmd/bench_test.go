@@ -410,3 +410,20 @@ func TestCustomTopoJSONReplacesDiscovery(t *testing.T) {
 		t.Fatalf("no warning: %s", logs.String())
 	}
 }
+
+func TestBenchInitiatorPlot(t *testing.T) {
+	isolateEnv(t)
+	svg := filepath.Join(t.TempDir(), "sweep.svg")
+	if _, _, err := runCmd(t, "bench", "initiator", "--duration", "100ms", "--threads", "1", "--batch_size", "8",
+		"--block_size", "4K,16K,64K", "--plot", svg); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil || !strings.Contains(string(b), "<svg") || !strings.Contains(string(b), ">16K<") {
+		t.Fatalf("plot: %v\n%.200s", err, b)
+	}
+	_, _, err = runCmd(t, "bench", "initiator", "--duration", "100ms", "--threads", "1", "--plot", filepath.Join(t.TempDir(), "no", "dir.svg"))
+	if err == nil || !strings.Contains(err.Error(), "--plot: stat") {
+		t.Fatalf("unwritable plot: %v", err)
+	}
+}

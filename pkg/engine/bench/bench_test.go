@@ -247,3 +247,28 @@ func TestRunBuffersPerNUMANode(t *testing.T) {
 		t.Fatal("a thread wrote the other thread's target buffer")
 	}
 }
+
+func TestPlotSweep(t *testing.T) {
+	rs := []Result{
+		{Operation: "read", BlockSize: 4096, Threads: 1, BatchSize: 128, BytesPerSec: 1.5e9, LatencyP99: 300 * time.Microsecond},
+		{Operation: "read", BlockSize: 65536, Threads: 1, BatchSize: 128, BytesPerSec: 2.5e9, LatencyP99: 4 * time.Millisecond},
+		{Operation: "read", BlockSize: 1 << 20, Threads: 1, BatchSize: 128, BytesPerSec: 2.9e9, LatencyP99: 50 * time.Millisecond},
+	}
+	u, _ := ParseUnit("GB")
+	var buf strings.Builder
+	if err := PlotSweep(&buf, rs, u); err != nil {
+		t.Fatal(err)
+	}
+	svg := buf.String()
+	for _, want := range []string{"<svg", "block size", "GB/s", "p99 batch latency", ">4K<", ">64K<", ">1M<", "</svg>"} {
+		if !strings.Contains(svg, want) {
+			t.Fatalf("svg lacks %q", want)
+		}
+	}
+	if err := PlotSweep(&buf, rs[:1], u); err != nil {
+		t.Fatalf("one point: %v", err)
+	}
+	if err := PlotSweep(&buf, nil, u); err == nil {
+		t.Fatal("empty sweep plotted")
+	}
+}
