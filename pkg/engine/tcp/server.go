@@ -174,24 +174,94 @@ func peerGone(format string, args ...any) error {
 // deadliner is the part of net.Conn the handler uses when it has it.
 type deadliner interface{ SetDeadline(time.Time) error }
 
-// connState is a connection's buffers, pooled: with Mooncake's default
-// client every request is a new connection, and allocating (and zeroing)
-// 68 KiB per connection made the garbage collector a large share of the
-// target's CPU per task (BenchmarkAcceptPath).
+// connState is a connection's reusable state, pooled: with Mooncake's
+// default client every request is a new connection, and allocating (and
+// zeroing) a 64 KiB reader per connection made the garbage collector a
+// large share of the target's CPU per task (BenchmarkAcceptPath).
 type connState struct {
-	br   *bufio.Reader
-	wbuf []byte
-	vec  [2][]byte
+	br *bufio.Reader
+	// Replies not yet written: status words and READ data as slices of
+	// registered memory (pinned by refs), sent with one writev.
+	out  net.Buffers
+	refs []Ref
+	size int
+	// wrote: a WRITE payload landed in registered memory since the last
+	// flush (see flush).
+	wrote   bool
+	scratch []byte
 }
 
-var connStatePool = sync.Pool{New: func() any {
-	return &connState{br: bufio.NewReaderSize(nil, 64<<10), wbuf: make([]byte, 0, 4<<10)}
-}}
+var connStatePool = sync.Pool{New: func() any { return &connState{br: bufio.NewReaderSize(nil, 64<<10)} }}
 
-// smallRead is the size up to which READ data is copied behind its status
-// into the connection's write buffer; larger blocks go out with writev
-// straight from registered memory.
-const smallRead = 16 << 10
+// Status words are constants: replies point at these instead of copying.
+var (
+	statusOKBytes       = statusBytes(StatusOK)
+	statusRejectedBytes = statusBytes(StatusRejected)
+)
+
+func statusBytes(st uint64) []byte {
+	b := make([]byte, StatusSize)
+	PutStatus(b, st)
+	return b
+}
+
+// Replies are written when no further request is buffered, or earlier
+// once this many bytes (or iovecs) are pending, which bounds how long
+// memory stays pinned behind a long pipeline.
+const (
+	maxPendingBytes = 4 << 20
+	maxPendingVecs  = 1024
+)
+
+func (cs *connState) add(b []byte, ref Ref) {
+	cs.out = append(cs.out, b)
+	if ref != nil {
+		cs.refs = append(cs.refs, ref)
+	}
+	cs.size += len(b)
+}
+
+// flush writes the pending replies with one writev (net.Buffers loops
+// over short writes) straight from registered memory, then unpins it.
+func (cs *connState) flush(w io.Writer) error {
+	if len(cs.out) == 0 {
+		return nil
+	}
+	defer cs.release()
+	if len(cs.refs) == 0 {
+		// Status words only: one plain write.
+		buf := cs.scratch[:0]
+		for _, b := range cs.out {
+			buf = append(buf, b...)
+		}
+		cs.scratch = buf
+		_, err := w.Write(buf)
+		return err
+	}
+	vec := cs.out // WriteTo consumes its receiver; cs.out keeps the array
+	if cs.wrote {
+		// The race detector sees a socket order memory only through
+		// write(2)/read(2), not writev(2): a peer that reads our reply and
+		// then looks at memory we filled from a WRITE (a test, an
+		// in-process bench) would be reported as racing. The first
+		// reply word goes out with write(2), before any byte of the rest.
+		if _, err := w.Write(vec[0]); err != nil {
+			return err
+		}
+		vec = vec[1:]
+	}
+	_, err := vec.WriteTo(w)
+	return err
+}
+
+func (cs *connState) release() {
+	for _, r := range cs.refs {
+		r.Release()
+	}
+	clear(cs.out[:cap(cs.out)])
+	clear(cs.refs)
+	cs.out, cs.refs, cs.size, cs.wrote = cs.out[:0], cs.refs[:0], 0, false
+}
 
 // ServeConn handles requests on rw until EOF or an error, which it returns
 // (nil for a clean EOF between requests). It does not close rw. A request
@@ -202,33 +272,19 @@ func (s *Server) ServeConn(rw io.ReadWriter) error {
 	cs := connStatePool.Get().(*connState)
 	cs.br.Reset(rw)
 	br := cs.br
-	wbuf := cs.wbuf[:0]
 	defer func() {
+		cs.release()
 		cs.br.Reset(nil)
-		cs.wbuf = wbuf[:0]
-		cs.vec[0], cs.vec[1] = nil, nil
 		connStatePool.Put(cs)
 	}()
-	// One backing array for writev, reused: net.Buffers.WriteTo consumes
-	// its receiver, and re-slicing a fresh one per request allocated.
-	vecArr := &cs.vec
-	var vec net.Buffers
 	var hdr [HeaderSize]byte
 	var lastDeadline time.Time
-	flush := func() error {
-		if len(wbuf) == 0 {
-			return nil
-		}
-		_, err := rw.Write(wbuf)
-		wbuf = wbuf[:0]
-		return err
-	}
 	for {
-		// Coalesce statuses of pipelined requests: flush only when no
+		// Coalesce the replies of pipelined requests: write only when no
 		// further request is already buffered.
-		if br.Buffered() == 0 {
-			if err := flush(); err != nil {
-				return peerGone("write status: %w", err)
+		if br.Buffered() == 0 || cs.size >= maxPendingBytes || len(cs.out) >= maxPendingVecs {
+			if err := cs.flush(rw); err != nil {
+				return peerGone("write reply: %w", err)
 			}
 		}
 		if dl != nil {
@@ -242,7 +298,7 @@ func (s *Server) ServeConn(rw io.ReadWriter) error {
 			}
 		}
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
-			ferr := flush()
+			ferr := cs.flush(rw)
 			if err == io.EOF {
 				return ferr
 			}
@@ -254,9 +310,9 @@ func (s *Server) ServeConn(rw io.ReadWriter) error {
 		h, err := DecodeHeader(hdr[:])
 		if err != nil {
 			if hdr[16]&VersionBit != 0 {
-				wbuf = binaryStatus(wbuf, StatusRejected)
+				cs.add(statusRejectedBytes, nil)
 			}
-			flush()
+			cs.flush(rw)
 			return err
 		}
 		if h.Size == 0 {
@@ -269,46 +325,36 @@ func (s *Server) ServeConn(rw io.ReadWriter) error {
 		}
 		if err != nil {
 			if h.V2 {
-				wbuf = binaryStatus(wbuf, StatusRejected)
+				cs.add(statusRejectedBytes, nil)
 			}
-			flush()
+			cs.flush(rw)
 			return fmt.Errorf("reject %s of %d bytes at 0x%x: %w", opName(h.Write), h.Size, h.Addr, err)
 		}
 		if h.Write {
+			// READ replies still pending point into registered memory:
+			// send them before this payload may overwrite what they read.
+			if len(cs.refs) > 0 {
+				if err := cs.flush(rw); err != nil {
+					ref.Release()
+					return peerGone("write reply: %w", err)
+				}
+			}
 			_, err = io.ReadFull(br, mem)
 			ref.Release()
 			if err != nil {
 				return peerGone("read %d bytes of write payload: %w", h.Size, err)
 			}
+			cs.wrote = true
 			if h.V2 {
-				wbuf = binaryStatus(wbuf, StatusOK)
+				cs.add(statusOKBytes, nil)
 			}
 			continue
 		}
 		if h.V2 {
-			wbuf = binaryStatus(wbuf, StatusOK)
+			cs.add(statusOKBytes, nil)
 		}
-		if len(mem) <= smallRead && len(wbuf)+len(mem) <= cap(wbuf)*4 {
-			wbuf = append(wbuf, mem...)
-			ref.Release()
-			continue
-		}
-		vecArr[0], vecArr[1] = wbuf, mem
-		vec = vecArr[:]
-		_, err = vec.WriteTo(rw)
-		vecArr[1] = nil
-		ref.Release()
-		wbuf = wbuf[:0]
-		if err != nil {
-			return peerGone("write %d bytes of read data: %w", h.Size, err)
-		}
+		cs.add(mem, ref)
 	}
-}
-
-func binaryStatus(dst []byte, s uint64) []byte {
-	var b [StatusSize]byte
-	PutStatus(b[:], s)
-	return append(dst, b[:]...)
 }
 
 func opName(write bool) string {

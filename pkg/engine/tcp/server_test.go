@@ -435,3 +435,37 @@ func TestClientPerRequest(t *testing.T) {
 	s.Close()
 	g.check(t)
 }
+
+// Replies are written from registered memory after the pipeline drains:
+// a READ pipelined before a WRITE to the same bytes still returns what
+// the bytes held when it was read.
+func TestServerReadBeforeWriteKeepsOrder(t *testing.T) {
+	g := newGuarded(0x10000, 4096, 64)
+	copy(g.region(), "old!")
+	s := startServer(t, g)
+	c := dial(t, s)
+	req := AppendHeader(nil, Header{Size: 4, Addr: 0x10000, V2: true})
+	req = AppendHeader(req, Header{Size: 4, Addr: 0x10000, Write: true, V2: true})
+	req = append(req, "new!"...)
+	req = AppendHeader(req, Header{Size: 4, Addr: 0x10000, V2: true})
+	if _, err := c.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for i := 0; i < 3; i++ {
+		if st := readStatus(t, c); st != StatusOK {
+			t.Fatalf("reply %d: status %#x", i, st)
+		}
+		if i != 1 {
+			b := make([]byte, 4)
+			io.ReadFull(c, b)
+			got = append(got, string(b))
+		}
+	}
+	if got[0] != "old!" || got[1] != "new!" {
+		t.Fatalf("reads returned %q, want old! then new!", got)
+	}
+	c.Close()
+	s.Close()
+	g.check(t)
+}
