@@ -250,24 +250,7 @@ func TestClientPipelinedV2AndV1(t *testing.T) {
 			lanes = 1
 		}
 		cl := NewClient(ClientOptions{Lanes: lanes})
-		local = make([]byte, 1<<20)
-		for i := range local {
-			local[i] = byte(i*13 + 1)
-		}
-		var r result
-		cl.Submit(t.Context(), s.Addr().String(), v2, ops(&r, 256, true, 0x10000, 4096, local))
-		r.wg.Wait()
-		back := make([]byte, 1<<20)
-		cl.Submit(t.Context(), s.Addr().String(), v2, ops(&r, 16, false, 0x10000, 65536, back))
-		r.wg.Wait()
-		for _, err := range r.errs {
-			if err != nil {
-				t.Fatalf("v2=%v: %v", v2, err)
-			}
-		}
-		if !bytes.Equal(back, local) {
-			t.Fatalf("v2=%v: bytes differ", v2)
-		}
+		local = writeReadBack(t, cl, s.Addr().String(), v2, 256, 4096, 13)
 		cl.Close()
 	}
 	s.Close() // waits for the handlers: memory is settled
@@ -401,27 +384,11 @@ func TestClientPerRequest(t *testing.T) {
 	defer s.Close()
 	for _, v2 := range []bool{true, false} {
 		cl := NewClient(ClientOptions{PerRequest: true})
-		local := make([]byte, 1<<20)
-		for i := range local {
-			local[i] = byte(i*7 + 3)
-		}
+		mul := byte(7)
 		if !v2 {
-			local[0]++ // different bytes from the v2 round
+			mul = 11 // different bytes from the v2 round
 		}
-		var r result
-		cl.Submit(t.Context(), s.Addr().String(), v2, ops(&r, 64, true, 0x10000, 16384, local))
-		r.wg.Wait()
-		back := make([]byte, 1<<20)
-		cl.Submit(t.Context(), s.Addr().String(), v2, ops(&r, 16, false, 0x10000, 65536, back))
-		r.wg.Wait()
-		for _, err := range r.errs {
-			if err != nil {
-				t.Fatalf("v2=%v: %v", v2, err)
-			}
-		}
-		if !bytes.Equal(back, local) {
-			t.Fatalf("v2=%v: bytes differ", v2)
-		}
+		writeReadBack(t, cl, s.Addr().String(), v2, 64, 16384, mul)
 		cl.Close()
 	}
 	cl := NewClient(ClientOptions{PerRequest: true})
@@ -468,4 +435,29 @@ func TestServerReadBeforeWriteKeepsOrder(t *testing.T) {
 	c.Close()
 	s.Close()
 	g.check(t)
+}
+
+// writeReadBack writes 1 MiB of a pattern (mul) to 0x10000 in n requests
+// of size bytes, reads it back in 64 KiB requests and compares.
+func writeReadBack(t *testing.T, cl *Client, addr string, v2 bool, n, size int, mul byte) []byte {
+	t.Helper()
+	local := make([]byte, 1<<20)
+	for i := range local {
+		local[i] = byte(i)*mul + 1
+	}
+	var r result
+	cl.Submit(t.Context(), addr, v2, ops(&r, n, true, 0x10000, size, local))
+	r.wg.Wait()
+	back := make([]byte, 1<<20)
+	cl.Submit(t.Context(), addr, v2, ops(&r, 16, false, 0x10000, 65536, back))
+	r.wg.Wait()
+	for _, err := range r.errs {
+		if err != nil {
+			t.Fatalf("v2=%v: %v", v2, err)
+		}
+	}
+	if !bytes.Equal(back, local) {
+		t.Fatalf("v2=%v: bytes differ", v2)
+	}
+	return local
 }
