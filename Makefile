@@ -98,10 +98,13 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count=1 ./...
 
 # mc's TCP transport against a plain Go stream over one persistent loopback
-# connection (the ceiling), in the same run: 4K, 64K and 1M, read and write.
+# connection (the ceiling), in the same run: 4K, 64K and 1M, read and write;
+# then the target's CPU per task with a connection per request (Mooncake's
+# default client) against persistent lanes.
 bench-tcp:
 	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkTCPvsStream$$' -benchtime 1x -count=1 -compare.duration 5s
 	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkTCPvsStream$$' -benchtime 1x -count=1 -compare.duration 5s -compare.op write
+	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkAcceptPath$$' -benchtime 1x -count=1 -compare.duration 5s
 
 # The store against the transfer engine alone and against Redis, in one
 # run on loopback (Redis is started by the benchmark on a free port):
@@ -120,6 +123,7 @@ bench-diag:
 # (start, put, get, stat, stop).
 demo: build
 	./bin/mc bench initiator
+	@echo "sweeps read as curves: ./bin/mc bench initiator --threads 1 --duration 3 --block_size 4K,16K,64K,256K,1M --plot sweep.svg"
 	@echo
 	MC=./bin/mc scripts/store-demo.sh
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,6 +30,7 @@ import (
 // local engine is started and found.
 type benchEngineOptions struct {
 	Protocol        string
+	Backend         string
 	MetadataServer  string
 	LocalServerName string
 	BindAddress     string
@@ -63,6 +66,7 @@ type benchInitiatorOptions struct {
 	ReportUnit      string
 	ReportPrecision int
 	Verify          bool
+	Plot            string
 	// Progress forces (true) or suppresses (false) the live progress;
 	// nil means "when stdout is a terminal".
 	Progress *bool
@@ -83,7 +87,12 @@ RDMA NICs: the software NICs (soft provider) named by --device-name when
 the host has no RDMA hardware, the target getting its own set. Slicing,
 retries and queue pairs follow Mooncake's MC_* variables (MC_SLICE_SIZE,
 MC_RETRY_CNT, MC_NUM_QP_PER_EP, ...); MC_RDMA_PROVIDER picks soft, ibverbs
-or auto.`,
+or auto.
+
+Scripts written for transfer_engine_bench run unchanged: --mode=target or
+--mode=initiator picks the verb, gflags spellings are accepted on the
+verbs (-block_size=4096, --noauto_discovery), and where Mooncake warns and
+carries on (a --buffer-size too small, an unknown --report-unit) so does mc.`,
 	}
 	c.AddCommand(newBenchTargetCmd(p), newBenchInitiatorCmd(p))
 	c.AddCommand(newBenchStoreCmd(p))
@@ -92,6 +101,7 @@ or auto.`,
 
 func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport protocol: tcp or rdma")
+	fs.StringVar(&o.Backend, "backend", "classic", "transfer engine backend: classic (Mooncake's default, and the only one mc has)")
 	fs.StringVar(&o.DeviceName, "device-name", "", "rdma: comma list of NICs to use (default all; with the soft provider, the soft NICs to create)")
 	fs.StringVar(&o.NICPriorityMatrix, "nic-priority-matrix", "", "rdma: NIC priority matrix file (Mooncake's JSON)")
 	fs.BoolVar(&o.AutoDiscovery, "auto-discovery", false, "rdma: build the NIC priority matrix from this host's topology (and use its NICs when --device-name is empty)")
@@ -102,7 +112,7 @@ func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 	fs.IntVar(&o.MaxRPCPort, "max-rpc-port", engine.DefaultMaxRPCPort, "highest handshake (RPC) port")
 	fs.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/")
 	fs.IntVar(&o.StatusTimeout, "tcp-status-timeout-sec", 30, "seconds to wait for a TCP status or reply before failing the tasks")
-	fs.IntVar(&o.TCPLanes, "tcp-lanes", engine.DefaultTCPLanes, "persistent TCP connections per peer")
+	fs.IntVar(&o.TCPLanes, "tcp-lanes", engine.DefaultTCPLanes, "persistent TCP connections per peer; 0 opens a connection per request, as Mooncake's client without MC_TCP_ENABLE_CONNECTION_POOL=1")
 	fs.IntVar(&o.HandshakeMax, "handshake-max-length", handshake.DefaultMaxLength, "largest handshake frame in bytes, sent or accepted (at most 128 MiB)")
 	envName(fs, "bind-address", "MC_TCP_BIND_ADDRESS")
 	envName(fs, "min-rpc-port", "MC_MIN_RPC_PORT")
@@ -116,6 +126,10 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 	if o.Protocol != "tcp" && o.Protocol != "rdma" {
 		return engine.Config{}, fmt.Errorf("--protocol %q is not supported: want one of: tcp, rdma", o.Protocol)
 	}
+	// "" is options built in code.
+	if o.Backend != "" && o.Backend != "classic" {
+		return engine.Config{}, fmt.Errorf("--backend %q is not supported: mc implements Mooncake's classic transfer engine only", o.Backend)
+	}
 	// 0 (options built in code) means the handshake default.
 	if o.HandshakeMax < 0 || o.HandshakeMax > handshake.MaxMaxLength {
 		return engine.Config{}, fmt.Errorf("--handshake-max-length %d: want 1 to %d bytes", o.HandshakeMax, handshake.MaxMaxLength)
@@ -126,8 +140,8 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 	if o.StatusTimeout <= 0 {
 		return engine.Config{}, fmt.Errorf("--tcp-status-timeout-sec %d must be positive", o.StatusTimeout)
 	}
-	if o.TCPLanes <= 0 {
-		return engine.Config{}, fmt.Errorf("--tcp-lanes %d must be positive", o.TCPLanes)
+	if o.TCPLanes < 0 {
+		return engine.Config{}, fmt.Errorf("--tcp-lanes %d: want 0 (a connection per request) or more", o.TCPLanes)
 	}
 	var transports []engine.TransportFactory
 	if o.Protocol == "rdma" {
@@ -143,10 +157,12 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 		LocalServerName:    o.LocalServerName,
 		MetadataServer:     o.MetadataServer,
 		ClusterID:          o.ClusterID,
+		MetadataHTTPToken:  os.Getenv("MC_METADATA_HTTP_TOKEN"),
 		BindAddress:        o.BindAddress,
 		MinRPCPort:         o.MinRPCPort,
 		MaxRPCPort:         o.MaxRPCPort,
 		TCPLanes:           o.TCPLanes,
+		TCPPerRequest:      o.TCPLanes == 0,
 		HandshakeMaxLength: o.HandshakeMax,
 		TCPStatusTimeout:   time.Duration(o.StatusTimeout) * time.Second,
 	}, nil
@@ -171,6 +187,20 @@ func (o benchEngineOptions) rdmaConfig() (rdmatransport.Config, error) {
 			return rc, fmt.Errorf("--nic-priority-matrix: %w", err)
 		}
 	case o.AutoDiscovery:
+		// As Mooncake: with auto discovery, MC_CUSTOM_TOPO_JSON names a
+		// priority matrix file that replaces discovery; when it cannot be
+		// read, warn and discover.
+		if path := os.Getenv("MC_CUSTOM_TOPO_JSON"); path != "" {
+			m, err := topo.ReadMatrixFile(path)
+			if err == nil {
+				rc.Matrix = m
+				if len(rc.Devices) == 0 {
+					rc.Devices = m.NICs()
+				}
+				return rc, nil
+			}
+			slog.Warn("MC_CUSTOM_TOPO_JSON cannot be used: discovering the topology instead", "path", path, "err", err)
+		}
 		fs, err := topo.NewFS("/")
 		if err != nil {
 			return rc, fmt.Errorf("--auto-discovery: %w", err)
@@ -289,10 +319,13 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 	if !p.JSON() {
 		fmt.Fprintln(p.Out, "stopping target")
 	}
-	if err := t.Close(); err != nil {
-		return err
+	// The engine withdraws the segment once and unmaps the buffers.
+	// Unregistering them one by one first would republish the descriptor
+	// per buffer: one metadata timeout each when the server is gone.
+	if err := e.Close(); err != nil {
+		return fmt.Errorf("stop target: %w", err)
 	}
-	return e.Close()
+	return nil
 }
 
 // numaNodes lists the host's NUMA nodes, or nil (node 0) when unknown.
@@ -327,10 +360,13 @@ A comma list of block sizes runs a sweep, one row per size. Without
 --segment-id it benchmarks an in-process target over loopback TCP (or
 over its own soft RDMA NICs with --protocol rdma).
 
-Exit status: 0 when every task completed (and verified), 1 otherwise.`,
+Exit status: 0 when every task completed (and verified), 130 when
+interrupted (SIGINT/SIGTERM; the partial results are printed first), 1
+otherwise.`,
 		Example: `  mc bench initiator                                   # embedded loopback target
   mc bench initiator --segment_id 10.0.0.2:15123 --operation write --threads 1
   mc bench initiator --block_size 4K,64K,1M --batch_size 128 --threads 1 --verify
+  mc bench initiator --threads 1 --block_size 4K,16K,64K,256K,1M --plot sweep.svg
   mc bench initiator --protocol rdma --device_name soft0,soft1 --threads 1 --verify`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -345,12 +381,13 @@ Exit status: 0 when every task completed (and verified), 1 otherwise.`,
 	fs.StringVar(&o.Operation, "operation", "read", "read or write")
 	fs.IntVar(&o.BatchSize, "batch-size", 128, "requests per batch")
 	fs.StringVar(&o.BlockSize, "block-size", "65536", "bytes per request; a comma list (4K,64K,1M) runs a sweep")
-	fs.StringVar(&o.BufferSize, "buffer-size", "1G", "local buffer limit: batch-size x block-size x threads must fit")
+	fs.StringVar(&o.BufferSize, "buffer-size", "1G", "local buffer: raised, with a warning, to batch-size x block-size x threads when smaller")
 	fs.StringVar(&o.Duration, "duration", "10", "seconds per run (or a Go duration: 500ms, 2m)")
 	fs.IntVar(&o.Threads, "threads", 12, "submitting threads")
-	fs.StringVar(&o.ReportUnit, "report-unit", "GB", "throughput unit: "+strings.Join(bench.UnitNames(), ", "))
+	fs.StringVar(&o.ReportUnit, "report-unit", "GB", "throughput unit: "+strings.Join(bench.UnitNames(), ", ")+" (another value: GB, with a warning)")
 	fs.IntVar(&o.ReportPrecision, "report-precision", 2, "digits after the decimal point")
-	fs.BoolVar(&o.Verify, "verify", false, "check every byte against the target's pattern (writes are read back)")
+	fs.BoolVar(&o.Verify, "verify", false, "check every byte: reads read back a pattern written first, writes are read back")
+	fs.StringVar(&o.Plot, "plot", "", "write the sweep as an SVG: throughput and p99 latency against block size")
 	return c
 }
 
@@ -403,22 +440,36 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 	if err != nil {
 		return err
 	}
+	if o.Plot != "" {
+		// Before the run, not after minutes of it.
+		if _, err := os.Stat(filepath.Dir(o.Plot)); err != nil {
+			return fmt.Errorf("--plot: %w", err)
+		}
+	}
 	unit, err := bench.ParseUnit(o.ReportUnit)
 	if err != nil {
-		return fmt.Errorf("--report-unit: %w", err)
+		// transfer_engine_bench warns and reports in GB; scripts written
+		// for it rely on that.
+		unit, _ = bench.ParseUnit("GB")
+		slog.Warn("unknown --report-unit: reporting in GB", "report_unit", o.ReportUnit, "want", strings.Join(bench.UnitNames(), ","))
+	}
+	var maxBlock int64
+	for _, s := range sizes {
+		maxBlock = max(maxBlock, s)
+	}
+	if need := maxBlock * int64(o.BatchSize) * int64(o.Threads); need/int64(o.Threads)/int64(o.BatchSize) != maxBlock {
+		return fmt.Errorf("batch_size %d x block_size %d x threads %d overflows", o.BatchSize, maxBlock, o.Threads)
+	} else if need > bufSize {
+		// As transfer_engine_bench: warn and raise the buffer to fit.
+		slog.Warn("--buffer-size too small for batch_size x block_size x threads: raised to fit",
+			"buffer_size", bufSize, "batch_size", o.BatchSize, "block_size", maxBlock, "threads", o.Threads, "raised_to", need)
+		bufSize = need
 	}
 
 	segment := o.SegmentID
 	if segment == "" {
 		// The embedded target holds exactly what the run touches.
-		var maxBlock int64
-		for _, s := range sizes {
-			maxBlock = max(maxBlock, s)
-		}
 		need := maxBlock * int64(o.BatchSize) * int64(o.Threads)
-		if need > bufSize {
-			return fmt.Errorf("batch_size %d x block_size %d x threads %d = %d bytes does not fit in buffer_size %d", o.BatchSize, maxBlock, o.Threads, need, bufSize)
-		}
 		tcfg := cfg
 		tcfg.LocalServerName = ""
 		t, err := bench.StartLoopbackTarget(ctx, tcfg, need)
@@ -441,7 +492,7 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 
 	bc := bench.InitiatorConfig{
 		Engine: e, Segment: segment, Op: op, BatchSize: o.BatchSize, BlockSizes: sizes,
-		BufferSize: bufSize, Duration: dur, Threads: o.Threads, Verify: o.Verify,
+		BufferSize: bufSize, Duration: dur, Threads: o.Threads, Verify: o.Verify, Nodes: numaNodes(),
 	}
 	showProgress := !p.JSON() && isTerminal(p.Out)
 	if o.Progress != nil {
@@ -461,10 +512,55 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 	if err := printBenchResults(p, segment, unit, o.ReportPrecision, results); err != nil {
 		return err
 	}
+	if o.Plot != "" && len(results) > 0 {
+		if err := writePlot(o.Plot, results, unit); err != nil {
+			return err
+		}
+	}
 	if runErr != nil {
-		return runErr
+		return sweepError(results, sizes, runErr)
+	}
+	if ctx.Err() != nil {
+		// SIGINT/SIGTERM: the figures cover a shortened run, and a
+		// script must not take them for a complete one (130 = 128+SIGINT,
+		// the shell's convention).
+		return &exitError{code: 130, err: fmt.Errorf("bench initiator: interrupted; the results above cover only the time run")}
 	}
 	return nil
+}
+
+func writePlot(path string, rs []bench.Result, unit bench.Unit) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--plot: %w", err)
+	}
+	if err := bench.PlotSweep(f, rs, unit); err != nil {
+		f.Close()
+		return fmt.Errorf("--plot %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("--plot: %w", err)
+	}
+	return nil
+}
+
+// sweepError names the row of a sweep that failed and the sizes that did
+// not run, so the rows printed above it read as what they are.
+func sweepError(results []bench.Result, sizes []int64, err error) error {
+	if len(sizes) < 2 || len(results) == 0 {
+		return err
+	}
+	failed := results[len(results)-1].BlockSize
+	var notRun []string
+	for _, s := range sizes[len(results):] {
+		notRun = append(notRun, bench.FormatSize(s))
+	}
+	rest := ""
+	if len(notRun) > 0 {
+		rest = "; not run: " + strings.Join(notRun, ",")
+	}
+	return fmt.Errorf("sweep stopped at block size %s (%d of %d sizes done%s): %w",
+		bench.FormatSize(failed), len(results)-1, len(sizes), rest, err)
 }
 
 type benchJSONResult struct {
@@ -586,4 +682,134 @@ func liveProgress(w io.Writer, unit bench.Unit, prec int) (func(bench.Progress),
 		}
 	}
 	return update, stop
+}
+
+// gflagsArgs rewrites a transfer_engine_bench command line for cobra, so
+// that scripts written for Mooncake's bench run with `mc bench` in its
+// place. Mooncake parses flags with gflags, which accepts what pflag does
+// not: single-dash long flags (-block_size=4096), --noflag for a false
+// boolean, and the role as a flag (--mode=target) rather than a verb.
+// pflag reads "-block_size" as a cluster of one-letter flags and has no
+// --no prefix, and cobra dispatches on the verb before any flag is
+// parsed, so the rewrite has to happen before cobra sees the arguments.
+// It only touches the bench verbs, and only spellings that name one of
+// their flags; everything else passes through unchanged.
+func gflagsArgs(root *cobra.Command, args []string) ([]string, error) {
+	i := benchIndex(root, args)
+	if i < 0 {
+		return args, nil
+	}
+	out := append([]string(nil), args[:i+1]...)
+	rest := args[i+1:]
+	// --mode / -mode, with = or a separate value, anywhere after "bench".
+	var mode string
+	var kept []string
+	for j := 0; j < len(rest); j++ {
+		a := rest[j]
+		if a == "--" {
+			kept = append(kept, rest[j:]...)
+			break
+		}
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "mode" {
+			kept = append(kept, a)
+			continue
+		}
+		if !hasVal {
+			if j+1 >= len(rest) {
+				return nil, fmt.Errorf("bench: --mode needs a value: target or initiator")
+			}
+			j++
+			val = rest[j]
+		}
+		if val != "target" && val != "initiator" {
+			return nil, fmt.Errorf("bench: --mode %q: want target or initiator", val)
+		}
+		mode = val
+	}
+	verb := ""
+	if len(kept) > 0 && (kept[0] == "target" || kept[0] == "initiator") {
+		verb = kept[0]
+		kept = kept[1:]
+	}
+	switch {
+	case verb == "" && mode == "":
+		return args, nil
+	case verb == "":
+		verb = mode
+	case mode != "" && mode != verb:
+		return nil, fmt.Errorf("bench %s: --mode %s contradicts the verb", verb, mode)
+	}
+	c, _, err := root.Find([]string{"bench", verb})
+	if err != nil || c.Name() != verb {
+		return args, nil
+	}
+	lookup := func(name string) *pflag.Flag {
+		n := string(normalizeFlag(nil, name))
+		if f := c.Flags().Lookup(n); f != nil {
+			return f
+		}
+		return c.InheritedFlags().Lookup(n)
+	}
+	out = append(out, verb)
+	for j := 0; j < len(kept); j++ {
+		a := kept[j]
+		if a == "--" {
+			out = append(out, kept[j:]...)
+			break
+		}
+		if !strings.HasPrefix(a, "-") || len(a) < 3 {
+			out = append(out, a)
+			continue
+		}
+		name, _, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		long := strings.HasPrefix(a, "--")
+		f := lookup(name)
+		switch {
+		case f != nil && (long || len(name) > 1):
+			a = "--" + strings.TrimLeft(a, "-")
+		case f == nil && !hasVal && strings.HasPrefix(name, "no") && (long || len(name) > 1):
+			// gflags' --noflag: false for a boolean flag.
+			if g := lookup(name[2:]); g != nil && g.Value.Type() == "bool" {
+				a, f = "--"+name[2:]+"=false", g
+				hasVal = true
+			}
+		}
+		out = append(out, a)
+		// A flag's separate value is passed as is, even when it starts
+		// with a dash.
+		if f != nil && !hasVal && f.Value.Type() != "bool" && f.NoOptDefVal == "" && j+1 < len(kept) {
+			j++
+			out = append(out, kept[j])
+		}
+	}
+	return out, nil
+}
+
+// benchIndex is the index of the "bench" verb in args (after global
+// flags), or -1 when the command is not mc bench.
+func benchIndex(root *cobra.Command, args []string) int {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") {
+			if a == "bench" {
+				return i
+			}
+			return -1
+		}
+		if a == "--" {
+			return -1
+		}
+		name, _, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		var f *pflag.Flag
+		if strings.HasPrefix(a, "--") {
+			f = root.PersistentFlags().Lookup(string(normalizeFlag(nil, name)))
+		} else if len(name) == 1 {
+			f = root.PersistentFlags().ShorthandLookup(name)
+		}
+		if f != nil && !hasVal && f.Value.Type() != "bool" {
+			i++ // the global flag's value
+		}
+	}
+	return -1
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
 )
 
 func TestBenchInitiatorEmbeddedJSON(t *testing.T) {
@@ -158,16 +161,16 @@ func TestBenchBadInput(t *testing.T) {
 	isolateEnv(t)
 	cases := map[string][]string{
 		`--protocol "ib" is not supported: want one of: tcp, rdma`: {"--protocol", "ib"},
-		`need --protocol rdma`:                        {"--device-name", "soft0"},
-		`--device-name: device "soft0" listed twice`:  {"--protocol", "rdma", "--device-name", "soft0,soft0"},
-		`--nic-priority-matrix: read priority matrix`: {"--protocol", "rdma", "--nic-priority-matrix", "/nonexistent/matrix.json"},
-		`--block-size: size "0"`:                      {"--block-size", "4K,0"},
-		`--report-unit: report unit "XB"`:             {"--report-unit", "XB"},
-		`--operation "copy": want read or write`:      {"--operation", "copy"},
-		`--duration "-1" must be positive`:            {"--duration", "-1"},
-		`does not fit in buffer_size`:                 {"--buffer-size", "1M", "--block-size", "1M"},
-		`peer 127.0.0.1:1 unreachable`:                {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
-		`--handshake-max-length 200000000: want 1 to`: {"--handshake-max-length", "200000000"},
+		`need --protocol rdma`:                                      {"--device-name", "soft0"},
+		`--device-name: device "soft0" listed twice`:                {"--protocol", "rdma", "--device-name", "soft0,soft0"},
+		`--nic-priority-matrix: read priority matrix`:               {"--protocol", "rdma", "--nic-priority-matrix", "/nonexistent/matrix.json"},
+		`--block-size: size "0"`:                                    {"--block-size", "4K,0"},
+		`--operation "copy": want read or write`:                    {"--operation", "copy"},
+		`--duration "-1" must be positive`:                          {"--duration", "-1"},
+		`--backend "tent" is not supported`:                         {"--backend", "tent"},
+		`--tcp-lanes -1: want 0 (a connection per request) or more`: {"--tcp-lanes", "-1"},
+		`peer 127.0.0.1:1 unreachable`:                              {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
+		`--handshake-max-length 200000000: want 1 to`:               {"--handshake-max-length", "200000000"},
 		// Frames over the limit are refused, so a 64-byte limit cannot
 		// carry a descriptor: proof the limit reaches the handshake.
 		`read Metadata reply`: {"--handshake-max-length", "64", "--bind-address", "127.0.0.1"},
@@ -233,5 +236,194 @@ func TestBenchRDMATargetAndInitiator(t *testing.T) {
 	}
 	if err := stop(); err != nil {
 		t.Fatalf("target stop: %v", err)
+	}
+}
+
+func TestBenchInitiatorInterruptedExits130(t *testing.T) {
+	isolateEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errb bytes.Buffer
+	code := make(chan int, 1)
+	go func() {
+		code <- Execute(ctx, []string{"bench", "initiator", "--duration", "30", "--threads", "1",
+			"--block_size", "4K,64K"}, &out, &errb)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	cancel() // what SIGINT does through signal.NotifyContext
+	select {
+	case c := <-code:
+		if c != 130 {
+			t.Fatalf("exit %d, want 130; stderr %q", c, errb.String())
+		}
+		if !strings.Contains(errb.String(), "interrupted") || strings.Count(errb.String(), "\n") != 1 {
+			t.Fatalf("stderr: %q", errb.String())
+		}
+		if !strings.Contains(out.String(), "Test completed") {
+			t.Fatalf("no partial report:\n%s", out.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("initiator did not stop after the interrupt")
+	}
+}
+
+// With its metadata server gone, the target stops within a few seconds
+// and says why in one line.
+func TestBenchTargetStopsWithMetadataServerGone(t *testing.T) {
+	isolateEnv(t)
+	ee, err := meta.StartEtcd(context.Background(), meta.EtcdConfig{Listen: "127.0.0.1:0", NoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := strings.TrimPrefix(ee.Endpoints()[0], "http://")
+	_, stop := startTarget(t, func(o *benchTargetOptions) {
+		o.MetadataServer, o.LocalServerName, o.BufferSize = ms, "node1", "1M"
+	})
+	ee.Close()
+	start := time.Now()
+	err = stop()
+	if took := time.Since(start); took > 3500*time.Millisecond {
+		t.Fatalf("stop took %v", took)
+	}
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "unreachable: no answer within 2s") {
+		t.Fatalf("stop: %v", err)
+	}
+}
+
+func TestSweepErrorNamesTheFailedRow(t *testing.T) {
+	cause := bench.ErrFailedTasks
+	rs := []bench.Result{{BlockSize: 4096}, {BlockSize: 65536}}
+	err := sweepError(rs, []int64{4096, 65536, 1 << 20}, cause)
+	want := "sweep stopped at block size 64K (1 of 3 sizes done; not run: 1M): transfer tasks failed"
+	if err == nil || err.Error() != want || !errors.Is(err, cause) {
+		t.Fatalf("got %v, want %q", err, want)
+	}
+	if err := sweepError(rs[:1], []int64{4096}, cause); err != cause {
+		t.Fatalf("single size: %v", err)
+	}
+}
+
+func TestGflagsArgs(t *testing.T) {
+	root := newRootCmd(&printer{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}})
+	cases := []struct{ in, want string }{
+		{"bench --mode=target -buffer_size=1G", "bench target --buffer_size=1G"},
+		{"-o json bench --mode initiator -block_size=4096 -threads 1", "-o json bench initiator --block_size=4096 --threads 1"},
+		{"--log-level debug bench -mode=initiator --noauto_discovery -noverify", "--log-level debug bench initiator --auto_discovery=false --verify=false"},
+		{"bench initiator --mode=initiator -verify -o json", "bench initiator --verify -o json"},
+		{"bench initiator --report_precision -1 -h", "bench initiator --report_precision -1 -h"},
+		{"bench initiator -ojson -nosuchflag --nobatch_size", "bench initiator -ojson -nosuchflag --nobatch_size"},
+		{"bench initiator -- -block_size=1", "bench initiator -- -block_size=1"},
+		{"topo discover -block_size=4096", "topo discover -block_size=4096"},
+		{"bench", "bench"},
+	}
+	for _, c := range cases {
+		got, err := gflagsArgs(root, strings.Fields(c.in))
+		if err != nil || strings.Join(got, " ") != c.want {
+			t.Errorf("%q -> %q, %v; want %q", c.in, strings.Join(got, " "), err, c.want)
+		}
+	}
+	for in, want := range map[string]string{
+		"bench --mode=both":             `--mode "both": want target or initiator`,
+		"bench target --mode initiator": "bench target: --mode initiator contradicts the verb",
+		"bench --mode":                  "--mode needs a value",
+	} {
+		if _, err := gflagsArgs(root, strings.Fields(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", in, err, want)
+		}
+	}
+}
+
+// A transfer_engine_bench command line, as a script would run it with mc
+// bench in its place, including the cases Mooncake warns about and
+// carries on.
+func TestBenchMooncakeCommandLine(t *testing.T) {
+	isolateEnv(t)
+	var out, errb bytes.Buffer
+	code := Execute(context.Background(), []string{"bench", "--mode=initiator", "--backend", "classic", "-duration=0.2",
+		"-threads=1", "-batch_size", "4", "-block_size=8192", "-buffer_size=4096", "--noauto_discovery", "-report_unit=XB",
+		"-protocol=tcp"}, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "Test completed") || !strings.Contains(out.String(), " GB/s\n") || !strings.Contains(out.String(), "│ 8K ") {
+		t.Fatalf("stdout:\n%s", out.String())
+	}
+	for _, want := range []string{"unknown --report-unit: reporting in GB", "report_unit=XB",
+		"--buffer-size too small for batch_size x block_size x threads: raised to fit", "raised_to=32768"} {
+		if !strings.Contains(errb.String(), want) {
+			t.Fatalf("stderr lacks %q:\n%s", want, errb.String())
+		}
+	}
+	if !strings.HasPrefix(errb.String(), "W") {
+		t.Fatalf("warnings are not glog W lines:\n%s", errb.String())
+	}
+}
+
+func TestBenchInitiatorConnectionPerRequest(t *testing.T) {
+	isolateEnv(t)
+	seg, _ := startTarget(t)
+	out, _, err := runCmd(t, "bench", "initiator", "--segment_id", seg, "--bind-address", "127.0.0.1", "--tcp-lanes", "0",
+		"--duration", "200ms", "--threads", "1", "--batch_size", "16", "--block_size", "4K,64K", "--verify", "-o", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var got struct {
+		Results []struct {
+			BatchCount uint64 `json:"batch_count"`
+			Verified   bool   `json:"verified"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got.Results) != 2 {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, r := range got.Results {
+		if r.BatchCount == 0 || !r.Verified {
+			t.Fatalf("result %+v", r)
+		}
+	}
+}
+
+func TestCustomTopoJSONReplacesDiscovery(t *testing.T) {
+	isolateEnv(t)
+	matrix := filepath.Join(t.TempDir(), "matrix.json")
+	if err := os.WriteFile(matrix, []byte(`{"cpu:0": [["soft1"], ["soft0"]]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MC_CUSTOM_TOPO_JSON", matrix)
+	o := benchEngineOptions{Protocol: "rdma", AutoDiscovery: true}
+	rc, err := o.rdmaConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rc.Matrix) != 1 || rc.Matrix["cpu:0"].Preferred[0] != "soft1" || len(rc.Devices) != 2 {
+		t.Fatalf("matrix %v, devices %v", rc.Matrix, rc.Devices)
+	}
+	// Unreadable: a warning, then discovery.
+	var logs bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+	defer slog.SetDefault(old)
+	t.Setenv("MC_CUSTOM_TOPO_JSON", filepath.Join(t.TempDir(), "missing.json"))
+	if _, err := o.rdmaConfig(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "MC_CUSTOM_TOPO_JSON cannot be used") {
+		t.Fatalf("no warning: %s", logs.String())
+	}
+}
+
+func TestBenchInitiatorPlot(t *testing.T) {
+	isolateEnv(t)
+	svg := filepath.Join(t.TempDir(), "sweep.svg")
+	if _, _, err := runCmd(t, "bench", "initiator", "--duration", "100ms", "--threads", "1", "--batch_size", "8",
+		"--block_size", "4K,16K,64K", "--plot", svg); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil || !strings.Contains(string(b), "<svg") || !strings.Contains(string(b), ">16K<") {
+		t.Fatalf("plot: %v\n%.200s", err, b)
+	}
+	_, _, err = runCmd(t, "bench", "initiator", "--duration", "100ms", "--threads", "1", "--plot", filepath.Join(t.TempDir(), "no", "dir.svg"))
+	if err == nil || !strings.Contains(err.Error(), "--plot: stat") {
+		t.Fatalf("unwritable plot: %v", err)
 	}
 }

@@ -50,8 +50,13 @@ type globalOptions struct {
 func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	p := &printer{Out: stdout, Err: stderr}
 	root := newRootCmd(p)
+	args, err := gflagsArgs(root, args)
+	if err != nil {
+		fmt.Fprintf(stderr, "mc: %v\n", err)
+		return 1
+	}
 	root.SetArgs(args)
-	err := root.ExecuteContext(ctx)
+	err = root.ExecuteContext(ctx)
 	if err == nil {
 		return 0
 	}

@@ -150,7 +150,11 @@ func serveHTTPMetadata(ctx context.Context, o serveMetadataOptions, p *printer) 
 		return fmt.Errorf("serve metadata: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(httpMetadataPath, meta.NewHTTPHandler())
+	var h http.Handler = meta.NewHTTPHandler()
+	if token := os.Getenv("MC_METADATA_HTTP_TOKEN"); token != "" {
+		h = meta.RequireToken(h, token)
+	}
+	mux.Handle(httpMetadataPath, h)
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,

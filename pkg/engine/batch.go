@@ -65,7 +65,7 @@ func (s Status) String() string {
 // TaskStatus is what GetTaskStatus reports.
 type TaskStatus struct {
 	Status      Status
-	Transferred uint64 // bytes moved (Length once Completed)
+	Transferred uint64 // bytes moved (Length once Completed; what did move when Failed)
 	Err         error  // the reason, when Failed
 }
 
@@ -88,7 +88,13 @@ type Task struct {
 	batch  *Batch
 	status atomic.Uint32
 	err    error // written before status becomes Failed
+	moved  atomic.Uint64
 }
+
+// AddTransferred records n more bytes moved: transports that cut a task
+// into pieces (RDMA slices) call it per piece, so a task that fails part
+// way reports what it did move, as Mooncake's transferred_bytes.
+func (t *Task) AddTransferred(n uint64) { t.moved.Add(n) }
 
 // Request returns what was submitted.
 func (t *Task) Request() Request { return t.req }
@@ -209,7 +215,7 @@ func (b *Batch) TaskStatus(i int) (TaskStatus, error) {
 	case Completed:
 		return TaskStatus{Status: s, Transferred: t.req.Length}, nil
 	case Failed:
-		return TaskStatus{Status: s, Err: t.err}, nil
+		return TaskStatus{Status: s, Transferred: t.moved.Load(), Err: t.err}, nil
 	default:
 		return TaskStatus{Status: s}, nil
 	}

@@ -23,6 +23,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,6 +72,9 @@ type Config struct {
 	Backend meta.Backend
 	// ClusterID is MC_METADATA_CLUSTER_ID.
 	ClusterID string
+	// MetadataHTTPToken is MC_METADATA_HTTP_TOKEN: the bearer token the
+	// HTTP metadata backend sends.
+	MetadataHTTPToken string
 	// MetadataTimeout bounds each metadata call (default 5 s).
 	MetadataTimeout time.Duration
 	// BindAddress is the host the handshake and data listeners bind to
@@ -90,6 +94,10 @@ type Config struct {
 	HandshakeMaxLength int
 	// TCPLanes is the number of persistent connections per peer.
 	TCPLanes int
+	// TCPPerRequest makes the client open a connection per request, as
+	// Mooncake's does unless MC_TCP_ENABLE_CONNECTION_POOL=1 (TCPLanes is
+	// then unused).
+	TCPPerRequest bool
 	// TCPStatusTimeout is MC_TCP_STATUS_TIMEOUT_SEC (default 30 s).
 	TCPStatusTimeout time.Duration
 	// UnregisterGrace: see DefaultUnregisterGrace.
@@ -123,6 +131,9 @@ type Engine struct {
 	primary    Transport // publishes the local segment (Config.Protocol)
 
 	pubMu sync.Mutex // serialises descriptor publication
+	// What the metadata backend holds of this engine, so that shutdown
+	// withdraws only that (under pubMu).
+	segPublished, rpcPublished bool
 }
 
 // New starts an engine: the handshake listener, the metadata backend, the
@@ -162,6 +173,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		} else {
 			adv = cfg.LocalServerName
 		}
+		adv = reachableHost(ctx, adv)
 	}
 	e := &Engine{cfg: cfg, advHost: adv, transports: make(map[string]Transport)}
 	e.local = &localTransport{e: e}
@@ -184,6 +196,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 			Timeout:   cfg.MetadataTimeout,
 			Handshake: e.hs,
 			MaxLength: cfg.HandshakeMaxLength,
+			HTTPToken: cfg.MetadataHTTPToken,
 		})
 		if err != nil {
 			e.hs.Close()
@@ -230,6 +243,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("start engine: publish rpc meta of %q: %w", e.segName, err)
 		}
 		slog.Debug("metadata: published rpc meta", "server", e.segName, "host", adv, "rpc_port", port, "metadata", cfg.MetadataServer)
+		e.rpcPublished = true
 	}
 	if err := e.publish(ctx); err != nil {
 		e.shutdown(ctx)
@@ -311,6 +325,33 @@ func (e *Engine) publish(ctx context.Context) error {
 		return fmt.Errorf("publish segment %q: %w", e.segName, err)
 	}
 	slog.Debug("metadata: published segment", "segment", e.segName, "buffers", len(d.Buffers), "took", time.Since(start))
+	e.segPublished = true
+	return nil
+}
+
+// closeMetadataTimeout bounds withdrawing the segment at Close: a
+// metadata server that is gone must not hold up shutdown (descriptors left
+// behind are overwritten when the engine starts again).
+const closeMetadataTimeout = 2 * time.Second
+
+// withdraw deletes what this engine published. After the server failed to
+// answer once, the second key is not tried: it would only wait out the
+// same timeout and add a second line saying the same.
+func (e *Engine) withdraw(ctx context.Context) error {
+	e.pubMu.Lock()
+	defer e.pubMu.Unlock()
+	if e.segPublished {
+		e.segPublished = false
+		if err := e.backend.DeleteSegment(ctx, e.segName); err != nil && !errors.Is(err, meta.ErrNotFound) {
+			return fmt.Errorf("withdraw segment %q: %w", e.segName, err)
+		}
+	}
+	if e.rpcPublished {
+		e.rpcPublished = false
+		if err := e.backend.DeleteRPCMeta(ctx, e.segName); err != nil && !errors.Is(err, meta.ErrNotFound) {
+			return fmt.Errorf("withdraw rpc meta of %q: %w", e.segName, err)
+		}
+	}
 	return nil
 }
 
@@ -423,9 +464,16 @@ func (e *Engine) Close() error {
 	if !e.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), min(closeMetadataTimeout, e.metadataTimeout()))
 	defer cancel()
 	return e.shutdown(ctx)
+}
+
+func (e *Engine) metadataTimeout() time.Duration {
+	if e.cfg.MetadataTimeout > 0 {
+		return e.cfg.MetadataTimeout
+	}
+	return meta.DefaultTimeout
 }
 
 func (e *Engine) shutdown(ctx context.Context) error {
@@ -435,15 +483,7 @@ func (e *Engine) shutdown(ctx context.Context) error {
 		errs = append(errs, tr.Close())
 	}
 	if e.backend != nil {
-		if err := e.backend.DeleteSegment(ctx, e.segName); err != nil && !errors.Is(err, meta.ErrNotFound) {
-			errs = append(errs, err)
-		}
-		if e.cfg.MetadataServer != meta.P2PHandshake || e.cfg.Backend != nil {
-			if err := e.backend.DeleteRPCMeta(ctx, e.segName); err != nil && !errors.Is(err, meta.ErrNotFound) {
-				errs = append(errs, err)
-			}
-		}
-		errs = append(errs, e.backend.Close())
+		errs = append(errs, e.withdraw(ctx), e.backend.Close())
 	}
 	errs = append(errs, e.hs.Close())
 	for _, m := range e.reg.list() {
@@ -456,7 +496,37 @@ func (e *Engine) shutdown(ctx context.Context) error {
 		}
 		errs = append(errs, e.release(m))
 	}
-	return errors.Join(errs...)
+	return joinOneLine(errs...)
+}
+
+// oneLineError is errors.Join's result printed on one line: mc prints
+// errors as one `mc: ...` line.
+type oneLineError struct{ errs []error }
+
+func (e *oneLineError) Error() string {
+	s := make([]string, len(e.errs))
+	for i, err := range e.errs {
+		s[i] = err.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+func (e *oneLineError) Unwrap() []error { return e.errs }
+
+func joinOneLine(errs ...error) error {
+	var out []error
+	for _, err := range errs {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	switch len(out) {
+	case 0:
+		return nil
+	case 1:
+		return out[0]
+	}
+	return &oneLineError{errs: out}
 }
 
 // prepare checks t's request and pins its local memory.

@@ -231,3 +231,61 @@ func TestUnregisterWaitsForTransfers(t *testing.T) {
 		t.Fatalf("unregister after the transfer ended: %v", err)
 	}
 }
+
+// closedPort is a loopback port nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// A metadata server that is down fails the start after one timeout, and
+// the message names the time it took (it used to wait three timeouts,
+// withdrawing keys it had never published).
+func TestStartWithMetadataServerDown(t *testing.T) {
+	addr := closedPort(t)
+	start := time.Now()
+	_, err := engine.New(context.Background(), engine.Config{LocalServerName: "down", BindAddress: "127.0.0.1",
+		HandshakeAddr: "127.0.0.1:0", MetadataServer: addr, MetadataTimeout: 600 * time.Millisecond})
+	took := time.Since(start)
+	oneLine(t, err)
+	if !errors.Is(err, meta.ErrUnreachable) || !strings.Contains(err.Error(), "no answer within 600ms") {
+		t.Fatalf("err %v", err)
+	}
+	if took > 1100*time.Millisecond {
+		t.Fatalf("took %v to fail with a 600ms metadata timeout", took)
+	}
+}
+
+// Closing with the metadata server gone is bounded and says so in one
+// line.
+func TestCloseWithMetadataServerGone(t *testing.T) {
+	ctx := context.Background()
+	etcd, err := meta.StartEtcd(ctx, meta.EtcdConfig{Listen: "127.0.0.1:0", NoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := strings.ReplaceAll(strings.Join(etcd.Endpoints(), ","), "http://", "")
+	e, err := engine.New(ctx, engine.Config{LocalServerName: "gone", BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0", MetadataServer: ms})
+	if err != nil {
+		t.Fatal(err)
+	}
+	register(t, e, 1<<20, true)
+	etcd.Close()
+	start := time.Now()
+	err = e.Close()
+	took := time.Since(start)
+	t.Logf("close took %v: %v", took, err)
+	oneLine(t, err)
+	if !errors.Is(err, meta.ErrUnreachable) || !strings.Contains(err.Error(), "no answer within 2s") {
+		t.Fatalf("err %v", err)
+	}
+	if took > 3500*time.Millisecond {
+		t.Fatalf("close took %v with the metadata server gone", took)
+	}
+}

@@ -134,14 +134,14 @@ type tcpTransport struct {
 }
 
 func newTCPTransport(e *Engine) (*tcpTransport, error) {
-	ln, err := net.Listen("tcp", net.JoinHostPort(e.cfg.BindAddress, "0"))
+	ln, err := tcp.Listen(context.Background(), net.JoinHostPort(e.cfg.BindAddress, "0"))
 	if err != nil {
 		return nil, fmt.Errorf("tcp data listener on %s: %w", e.cfg.BindAddress, err)
 	}
 	t := &tcpTransport{
 		e:      e,
 		server: tcp.NewServer(ln, &e.reg, tcp.ServerOptions{}),
-		client: tcp.NewClient(tcp.ClientOptions{Lanes: e.cfg.TCPLanes, StatusTimeout: e.cfg.TCPStatusTimeout}),
+		client: tcp.NewClient(tcp.ClientOptions{Lanes: e.cfg.TCPLanes, StatusTimeout: e.cfg.TCPStatusTimeout, PerRequest: e.cfg.TCPPerRequest}),
 		port:   ln.Addr().(*net.TCPAddr).Port,
 	}
 	return t, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -221,32 +222,59 @@ func (c *Context) Accept(req ConnectionDesc) ConnectionDesc {
 		return reply
 	}
 	if old := c.store.Get(req.LocalNICPath); old != nil {
+		if r, ok := c.acceptOn(old, req, reply); ok {
+			return r
+		}
 		if old.Connected() {
 			slog.Warn(fmt.Sprintf("Retiring endpoint instead of resetting it (triggered by: passive re-handshake): EndPoint: local %s, peer %s", c.NICPath(), req.LocalNICPath))
 		}
 		c.store.Remove(old)
 	}
+	// Insert may return an endpoint our own side created a moment ago.
 	e, err := c.store.Insert(req.LocalNICPath)
 	if err != nil {
 		reply.ReplyMsg = err.Error()
 		return reply
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, q := range e.qps {
-		if err := q.Modify(QPAttr{State: QPStateInit, Port: c.cfg.Port, Access: AccessAll}); err != nil {
-			c.store.Remove(e)
-			reply.ReplyMsg = err.Error()
-			return reply
+	r, ok := c.acceptOn(e, req, reply)
+	if !ok {
+		c.store.Remove(e)
+		r.ReplyMsg = fmt.Sprintf("cannot pair endpoint %s with %s", c.NICPath(), req.LocalNICPath)
+	}
+	return r
+}
+
+// acceptOn answers req with the existing endpoint e when that keeps both
+// sides consistent: e is not paired yet (our own Connect to the same peer
+// is in flight: both sides opened at once, and pairing e with the
+// requester's QPs now lets both Connects finish on the same pair), or e
+// is already paired with exactly the requester's QPs (the other half of
+// such a crossing). Otherwise (the peer re-handshakes with new QPs) it
+// returns false and e is replaced.
+func (c *Context) acceptOn(e *Endpoint, req, reply ConnectionDesc) (ConnectionDesc, bool) {
+	e.stateMu.Lock()
+	defer e.stateMu.Unlock()
+	if !e.active.Load() {
+		return reply, false
+	}
+	if e.remoteQPN != nil {
+		if !slices.Equal(e.remoteQPN, req.QPNums) {
+			return reply, false
+		}
+	} else {
+		// Paired, not connected: only a reply from the peer says its QPs
+		// are up too, so this side posts nothing before its own Connect
+		// (in flight when both sides opened at once, or done on first
+		// use: the peer then answers from the pair as it stands).
+		if err := e.init(); err != nil {
+			return reply, false
+		}
+		if err := e.toRTS(req); err != nil {
+			return reply, false
 		}
 	}
-	if err := e.toRTS(req); err != nil {
-		c.store.Remove(e)
-		reply.ReplyMsg = err.Error()
-		return reply
-	}
 	reply.QPNums = e.QPNums()
-	return reply
+	return reply, true
 }
 
 // newEndpoint constructs an endpoint with its QPs (called under the

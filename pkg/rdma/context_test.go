@@ -186,8 +186,9 @@ func TestEndpointWriteReadVerify(t *testing.T) {
 	if e.Outstanding() != 0 {
 		t.Fatalf("outstanding %d", e.Outstanding())
 	}
-	// The passive side has an endpoint to the initiator's NIC.
-	if pe := b.Store().Get("init@soft0"); pe == nil || !pe.Connected() {
+	// The passive side has an endpoint to the initiator's NIC, paired
+	// (connected once it posts itself).
+	if pe := b.Store().Get("init@soft0"); pe == nil || !pe.Paired() {
 		t.Fatal("no passive endpoint on the target")
 	}
 	if st := a.Stats(); st.LiveEndpoints != 1 || st.AllocatedQPs != 2 || !st.Active {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,7 +66,10 @@ type Endpoint struct {
 	depth []atomic.Int32 // outstanding WRs per QP
 	rr    atomic.Uint32
 
-	mu        sync.Mutex // serialises connecting
+	mu        sync.Mutex // serialises Connect callers
+	stateMu   sync.Mutex // QP state changes, Connect's and Accept's
+	inited    bool       // QPs in INIT or later (under stateMu)
+	remoteQPN []uint32   // the peer QPs ours are paired with, once RTS (under stateMu)
 	connected atomic.Bool
 	active    atomic.Bool
 
@@ -80,6 +84,16 @@ func (e *Endpoint) PeerNICPath() string { return e.peer }
 
 // Connected reports whether the QPs reached RTS.
 func (e *Endpoint) Connected() bool { return e.connected.Load() }
+
+// Paired reports whether e's QPs are connected to a peer's QPs. A
+// passive endpoint (set up by the peer's request) is paired but becomes
+// Connected, ready to post, only once its own Connect had the peer's
+// reply.
+func (e *Endpoint) Paired() bool {
+	e.stateMu.Lock()
+	defer e.stateMu.Unlock()
+	return e.remoteQPN != nil
+}
 
 // Active reports whether the endpoint is still usable (not retired).
 func (e *Endpoint) Active() bool { return e.active.Load() }
@@ -132,10 +146,11 @@ func (e *Endpoint) Connect(ctx context.Context) error {
 	if c.cfg.Exchange == nil {
 		return fmt.Errorf("connect %s: no exchange function configured", e.peer)
 	}
-	for _, q := range e.qps {
-		if err := q.Modify(QPAttr{State: QPStateInit, Port: c.cfg.Port, Access: AccessAll}); err != nil {
-			return fmt.Errorf("connect %s: %w", e.peer, err)
-		}
+	e.stateMu.Lock()
+	err := e.init()
+	e.stateMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", e.peer, err)
 	}
 	port := c.Port()
 	req := ConnectionDesc{
@@ -152,13 +167,39 @@ func (e *Endpoint) Connect(ctx context.Context) error {
 	if reply.ReplyMsg != "" {
 		return fmt.Errorf("connect %s: peer refused: %s", e.peer, reply.ReplyMsg)
 	}
-	if err := e.toRTS(reply); err != nil {
+	e.stateMu.Lock()
+	defer e.stateMu.Unlock()
+	if e.remoteQPN != nil {
+		// Both sides connected at once: the peer's request, served by
+		// Accept while ours was in flight, already paired these QPs with
+		// the peer QPs its reply names. Its reply means they are ready.
+		if !slices.Equal(e.remoteQPN, reply.QPNums) {
+			return fmt.Errorf("connect %s: peer replied with QPs %v, ours are paired with %v", e.peer, reply.QPNums, e.remoteQPN)
+		}
+	} else if err := e.toRTS(reply); err != nil {
 		return fmt.Errorf("connect %s: %w", e.peer, err)
 	}
+	e.connected.Store(true)
 	return nil
 }
 
-// toRTS connects each QP to the peer's QP of the same index.
+// init moves the QPs to INIT once (under stateMu).
+func (e *Endpoint) init() error {
+	if e.inited {
+		return nil
+	}
+	for _, q := range e.qps {
+		if err := q.Modify(QPAttr{State: QPStateInit, Port: e.ctx.cfg.Port, Access: AccessAll}); err != nil {
+			return err
+		}
+	}
+	e.inited = true
+	return nil
+}
+
+// toRTS pairs each QP with the peer's QP of the same index (under
+// stateMu); the caller marks the endpoint connected when the peer's QPs
+// are ready too.
 func (e *Endpoint) toRTS(peer ConnectionDesc) error {
 	if len(peer.QPNums) != len(e.qps) {
 		return fmt.Errorf("peer has %d QPs, want %d", len(peer.QPNums), len(e.qps))
@@ -176,7 +217,7 @@ func (e *Endpoint) toRTS(peer ConnectionDesc) error {
 			return err
 		}
 	}
-	e.connected.Store(true)
+	e.remoteQPN = slices.Clone(peer.QPNums)
 	return nil
 }
 

@@ -114,8 +114,13 @@ type InitiatorConfig struct {
 	Duration   time.Duration
 	Threads    int
 	Verify     bool
+	// Nodes are the NUMA nodes to allocate local buffers on, one each
+	// (location "cpu:<n>"); empty means node 0.
+	Nodes []int
 	// Progress, when set, is called about every 200 ms during each run.
 	Progress func(Progress)
+
+	afterPrime func() // tests: runs once the read-verify pattern is in place
 }
 
 // Progress is a live snapshot.
@@ -166,35 +171,71 @@ func Run(ctx context.Context, cfg InitiatorConfig) ([]Result, error) {
 	if len(d.Buffers) == 0 {
 		return nil, fmt.Errorf("segment %q has no registered buffer", cfg.Segment)
 	}
-	remote := d.Buffers[0]
 	maxBlock := slices.Max(cfg.BlockSizes)
 	span := maxBlock * int64(cfg.BatchSize) * int64(cfg.Threads)
 	if span/int64(cfg.Threads)/int64(cfg.BatchSize) != maxBlock || span > cfg.BufferSize {
 		return nil, fmt.Errorf("batch_size %d x block_size %d x threads %d = %d bytes does not fit in buffer_size %d",
 			cfg.BatchSize, maxBlock, cfg.Threads, span, cfg.BufferSize)
 	}
-	if uint64(span) > remote.Length {
-		return nil, fmt.Errorf("batch_size %d x block_size %d x threads %d = %d bytes does not fit in segment %q's first buffer (%d bytes)",
-			cfg.BatchSize, maxBlock, cfg.Threads, span, cfg.Segment, remote.Length)
+	nodes := cfg.Nodes
+	if len(nodes) == 0 {
+		nodes = []int{0}
 	}
-	local, err := e.RegisterMemory(ctx, int(span), "cpu:0", false)
-	if err != nil {
-		return nil, err
+	// As transfer_engine_bench: one local buffer per NUMA node (cpu:<n>),
+	// thread tid working from buffer tid % nodes and on the target's
+	// buffer tid % buffers (the target registers one per node too).
+	places := make([]place, cfg.Threads)
+	for tid := range places {
+		rb := d.Buffers[tid%len(d.Buffers)]
+		if uint64(span) > rb.Length {
+			return nil, fmt.Errorf("batch_size %d x block_size %d x threads %d = %d bytes does not fit in segment %q's buffer %s (%d bytes)",
+				cfg.BatchSize, maxBlock, cfg.Threads, span, cfg.Segment, rb.Name, rb.Length)
+		}
+		places[tid].remote = rb.Addr
 	}
-	defer e.UnregisterMemory(context.Background(), local)
-	// Writes carry the target's own pattern, so a write run leaves the
-	// target as it found it (a later read --verify still passes).
-	FillPattern(local.Bytes(), 0, 0)
-	var readback *engine.Memory
-	if cfg.Verify && cfg.Op == engine.Write {
-		if readback, err = e.RegisterMemory(ctx, int(span), "cpu:0", false); err != nil {
+	for i, n := range nodes[:min(len(nodes), cfg.Threads)] {
+		loc := fmt.Sprintf("cpu:%d", n)
+		local, err := e.RegisterMemory(ctx, int(span), loc, false)
+		if err != nil {
 			return nil, err
 		}
-		defer e.UnregisterMemory(context.Background(), readback)
+		defer e.UnregisterMemory(context.Background(), local)
+		// Writes carry the target's own pattern, so a write run leaves
+		// the target as it found it (a later read --verify still passes).
+		FillPattern(local.Bytes(), 0, 0)
+		var readback *engine.Memory
+		if cfg.Verify && cfg.Op == engine.Write {
+			if readback, err = e.RegisterMemory(ctx, int(span), loc, false); err != nil {
+				return nil, err
+			}
+			defer e.UnregisterMemory(context.Background(), readback)
+		}
+		for tid := i; tid < cfg.Threads; tid += len(nodes) {
+			places[tid].local, places[tid].readback = local, readback
+		}
+	}
+	if cfg.Verify && cfg.Op == engine.Read {
+		// The target's memory holds mc's pattern only when the target is
+		// mc: a Mooncake target (or one a write run of other data has
+		// touched) holds anything. Writing the pattern first makes read
+		// verification check the transport, not who the target is.
+		primed := map[uint64]bool{}
+		for _, pl := range places {
+			if primed[pl.remote] {
+				continue
+			}
+			primed[pl.remote] = true
+			if err := writeSpan(ctx, e, seg, pl.local, pl.remote, span); err != nil {
+				return nil, fmt.Errorf("verify: write the pattern to segment %q before reading it back: %w", cfg.Segment, err)
+			}
+		}
+		if cfg.afterPrime != nil {
+			cfg.afterPrime()
+		}
 	}
 	var out []Result
 	for _, bs := range cfg.BlockSizes {
-		r := runOne(ctx, cfg, seg, remote.Addr, local, readback, bs)
+		r := runOne(ctx, cfg, seg, places, bs)
 		out = append(out, r)
 		if r.Err != nil {
 			return out, r.Err
@@ -204,6 +245,13 @@ func Run(ctx context.Context, cfg InitiatorConfig) ([]Result, error) {
 		}
 	}
 	return out, nil
+}
+
+// place is where one thread works: its local buffer (and read-back
+// buffer for write verification) and the target buffer's address.
+type place struct {
+	local, readback *engine.Memory
+	remote          uint64
 }
 
 type worker struct {
@@ -216,7 +264,7 @@ type worker struct {
 	verifySeq uint64
 }
 
-func runOne(ctx context.Context, cfg InitiatorConfig, seg *engine.Segment, remoteBase uint64, local, readback *engine.Memory, bs int64) Result {
+func runOne(ctx context.Context, cfg InitiatorConfig, seg *engine.Segment, places []place, bs int64) Result {
 	var stop atomic.Bool
 	var bytesDone atomic.Uint64
 	workers := make([]*worker, cfg.Threads)
@@ -231,7 +279,8 @@ func runOne(ctx context.Context, cfg InitiatorConfig, seg *engine.Segment, remot
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.loop(cfg, seg, remoteBase, local, readback, bs, &stop, &bytesDone)
+			pl := places[tid]
+			w.loop(cfg, seg, pl.remote, pl.local, pl.readback, bs, &stop, &bytesDone)
 			if w.err != nil {
 				stop.Store(true)
 			}
@@ -364,6 +413,24 @@ func (w *worker) loop(cfg InitiatorConfig, seg *engine.Segment, remoteBase uint6
 		}
 		w.batch(ctx, b, reqs)
 	}
+}
+
+// writeSpan writes local[0:span) to the segment at remote, in requests
+// of at most 1 MiB, 64 at a time.
+func writeSpan(ctx context.Context, e *engine.Engine, seg *engine.Segment, local *engine.Memory, remote uint64, span int64) error {
+	const block, batch = 1 << 20, 64
+	reqs := make([]engine.Request, 0, batch)
+	for off := int64(0); off < span; {
+		reqs = reqs[:0]
+		for ; off < span && len(reqs) < batch; off += block {
+			reqs = append(reqs, engine.Request{Op: engine.Write, Source: local.Addr() + uint64(off), Segment: seg,
+				Target: remote + uint64(off), Length: uint64(min(block, span-off))})
+		}
+		if err := e.Transfer(ctx, reqs...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // batch runs reqs through b and waits; failed tasks are counted and end

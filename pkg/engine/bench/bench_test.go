@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,10 +141,11 @@ func TestRunVerifyMismatchNamesTheByte(t *testing.T) {
 	const off = 3*4096 + 77
 	buf := tgt.Buffers[0]
 	want := buf.Bytes()[off]
-	buf.Bytes()[off] ^= 0xff
 	e := newInitiator(t)
+	// Corrupt the target once the pattern has been written to it.
 	res, err := Run(ctx, InitiatorConfig{Engine: e, Segment: tgt.Engine.SegmentName(), Op: engine.Read, BatchSize: 16,
-		BlockSizes: []int64{4096}, BufferSize: 1 << 20, Duration: time.Second, Threads: 1, Verify: true})
+		BlockSizes: []int64{4096}, BufferSize: 1 << 20, Duration: time.Second, Threads: 1, Verify: true,
+		afterPrime: func() { buf.Bytes()[off] ^= 0xff }})
 	var me *MismatchError
 	if !errors.As(err, &me) {
 		t.Fatalf("err %v", err)
@@ -172,5 +174,101 @@ func TestRunRejectsOversizedSpan(t *testing.T) {
 		BlockSizes: []int64{65536}, BufferSize: 1 << 30, Duration: time.Second, Threads: 1})
 	if err == nil || !strings.Contains(err.Error(), "does not fit in segment") {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// A target that is not mc (Mooncake's bench target) does not hold mc's
+// pattern: read verification writes it first instead of reporting a
+// mismatch at offset 0.
+func TestRunReadVerifyForeignTarget(t *testing.T) {
+	ctx := context.Background()
+	tgt, err := StartLoopbackTarget(ctx, engine.Config{}, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tgt.Close()
+	clear(tgt.Buffers[0].Bytes())
+	e := newInitiator(t)
+	res, err := Run(ctx, InitiatorConfig{Engine: e, Segment: tgt.Engine.SegmentName(), Op: engine.Read, BatchSize: 16,
+		BlockSizes: []int64{4096, 65536}, BufferSize: 1 << 20, Duration: 100 * time.Millisecond, Threads: 1, Verify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 2 || !res[0].Verified || res[1].BatchCount == 0 {
+		t.Fatalf("results %+v", res)
+	}
+}
+
+// As transfer_engine_bench, the initiator has a buffer per NUMA node and
+// thread tid works from buffer tid % nodes on the target's buffer
+// tid % buffers.
+func TestRunBuffersPerNUMANode(t *testing.T) {
+	ctx := context.Background()
+	te, err := engine.New(ctx, engine.Config{LocalServerName: "t", BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer te.Close()
+	tgt, err := StartTarget(ctx, te, TargetConfig{BufferSize: 1 << 20, Nodes: []int{0, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range tgt.Buffers {
+		clear(m.Bytes())
+	}
+	e := newInitiator(t)
+	locs := map[string]bool{}
+	var mu sync.Mutex
+	_, err = Run(ctx, InitiatorConfig{Engine: e, Segment: te.SegmentName(), Op: engine.Write, BatchSize: 4,
+		BlockSizes: []int64{4096}, BufferSize: 1 << 20, Duration: 300 * time.Millisecond, Threads: 2, Nodes: []int{0, 1},
+		Progress: func(Progress) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, m := range e.Memory() {
+				locs[m.Location()] = true
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !locs["cpu:0"] || !locs["cpu:1"] {
+		t.Fatalf("initiator buffers at %v, want cpu:0 and cpu:1", locs)
+	}
+	// Thread 1's first block (offset 4096) landed in the target's second
+	// buffer, thread 0's (offset 0) in the first; neither in the other.
+	b0, b1 := tgt.Buffers[0].Bytes(), tgt.Buffers[1].Bytes()
+	if tgt.Buffers[0].Addr() > tgt.Buffers[1].Addr() {
+		b0, b1 = b1, b0 // the descriptor lists buffers by address
+	}
+	if checkPattern(b0[:4096], make([]byte, 4096), 0, 0) != -1 || checkPattern(b1[4096:8192], make([]byte, 4096), 4096, 0) != -1 {
+		t.Fatal("threads did not write their own target buffer")
+	}
+	if b0[4096] != 0 || b1[0] != 0 {
+		t.Fatal("a thread wrote the other thread's target buffer")
+	}
+}
+
+func TestPlotSweep(t *testing.T) {
+	rs := []Result{
+		{Operation: "read", BlockSize: 4096, Threads: 1, BatchSize: 128, BytesPerSec: 1.5e9, LatencyP99: 300 * time.Microsecond},
+		{Operation: "read", BlockSize: 65536, Threads: 1, BatchSize: 128, BytesPerSec: 2.5e9, LatencyP99: 4 * time.Millisecond},
+		{Operation: "read", BlockSize: 1 << 20, Threads: 1, BatchSize: 128, BytesPerSec: 2.9e9, LatencyP99: 50 * time.Millisecond},
+	}
+	u, _ := ParseUnit("GB")
+	var buf strings.Builder
+	if err := PlotSweep(&buf, rs, u); err != nil {
+		t.Fatal(err)
+	}
+	svg := buf.String()
+	for _, want := range []string{"<svg", "block size", "GB/s", "p99 batch latency", ">4K<", ">64K<", ">1M<", "</svg>"} {
+		if !strings.Contains(svg, want) {
+			t.Fatalf("svg lacks %q", want)
+		}
+	}
+	if err := PlotSweep(&buf, rs[:1], u); err != nil {
+		t.Fatalf("one point: %v", err)
+	}
+	if err := PlotSweep(&buf, nil, u); err == nil {
+		t.Fatal("empty sweep plotted")
 	}
 }

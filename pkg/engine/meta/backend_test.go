@@ -613,3 +613,26 @@ func TestEmbeddedEtcdCloseTwiceAndBusyPort(t *testing.T) {
 		t.Fatalf("bad listen: %v", err)
 	}
 }
+
+// MC_METADATA_HTTP_TOKEN: the backend sends the bearer token; a server
+// that requires one refuses requests without it, in words that name the
+// variable.
+func TestHTTPToken(t *testing.T) {
+	srv := httptest.NewServer(RequireToken(NewHTTPHandler(), "s3cret"))
+	defer srv.Close()
+	ctx := context.Background()
+	b, err := Open(ctx, srv.URL+"/metadata", Options{HTTPToken: "s3cret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	testStore(t, b)
+	for _, token := range []string{"", "wrong"} {
+		nb, _ := Open(ctx, srv.URL+"/metadata", Options{HTTPToken: token})
+		_, err := nb.GetSegment(ctx, "x")
+		if err == nil || !strings.Contains(err.Error(), "401 Unauthorized: set MC_METADATA_HTTP_TOKEN") {
+			t.Fatalf("token %q: %v", token, err)
+		}
+		nb.Close()
+	}
+}

@@ -35,7 +35,8 @@ func newEtcd(endpoints []string, opts Options) (*etcdBackend, error) {
 // call bounds one etcd operation and turns "no answer in time" into an
 // error naming the server.
 func (e *etcdBackend) call(ctx context.Context, op func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, e.opts.timeout())
+	limit := callLimit(ctx, e.opts.timeout())
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	err := op(ctx)
 	if err == nil {
@@ -44,7 +45,7 @@ func (e *etcdBackend) call(ctx context.Context, op func(ctx context.Context) err
 	if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded {
 		// The client retries a dead endpoint until the deadline; say so
 		// rather than a bare "context deadline exceeded".
-		return &unreachableError{what: "metadata server", addr: e.addr, err: fmt.Errorf("no answer within %v: %w", e.opts.timeout(), context.DeadlineExceeded)}
+		return &unreachableError{what: "metadata server", addr: e.addr, err: fmt.Errorf("no answer within %v: %w", limit, context.DeadlineExceeded)}
 	}
 	if status.Code(err) == codes.Unavailable {
 		return &unreachableError{what: "metadata server", addr: e.addr, err: trimGRPC(err)}

@@ -3,6 +3,7 @@ package meta
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -78,7 +79,8 @@ func EscapeKey(key string) string {
 
 // do sends one request; found is false for a 404 "metadata not found".
 func (h *httpBackend) do(ctx context.Context, method, key string, body []byte) (resp []byte, found bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, h.opts.timeout())
+	limit := callLimit(ctx, h.opts.timeout())
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {
@@ -90,6 +92,9 @@ func (h *httpBackend) do(ctx context.Context, method, key string, body []byte) (
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if h.opts.HTTPToken != "" {
+		req.Header.Set("Authorization", "Bearer "+h.opts.HTTPToken)
 	}
 	r, err := h.cli.Do(req)
 	if err != nil {
@@ -113,6 +118,9 @@ func (h *httpBackend) do(ctx context.Context, method, key string, body []byte) (
 		return data, true, nil
 	case r.StatusCode == http.StatusNotFound:
 		return nil, false, nil
+	}
+	if r.StatusCode == http.StatusUnauthorized {
+		return nil, false, fmt.Errorf("%s %s: metadata server %s answered %s: set MC_METADATA_HTTP_TOKEN to the server's token", method, key, h.host, r.Status)
 	}
 	return nil, false, fmt.Errorf("%s %s: metadata server %s answered %s: %s", method, key, h.host, r.Status, snippet(data))
 }
@@ -223,6 +231,21 @@ func (s *httpStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "GET, PUT, DELETE")
 		plain(w, http.StatusMethodNotAllowed, "method not allowed")
 	}
+}
+
+// RequireToken wraps a metadata handler so that only requests carrying
+// "Authorization: Bearer <token>" reach it (401 otherwise), as Mooncake's
+// HTTP metadata server does when MC_METADATA_HTTP_TOKEN is set.
+func RequireToken(h http.Handler, token string) http.Handler {
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			plain(w, http.StatusUnauthorized, "missing or wrong bearer token")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // plain writes a text body exactly (http.Error would append a newline, and

@@ -53,6 +53,20 @@ type Options struct {
 	// MaxLength bounds handshake frames and HTTP bodies; 0 means
 	// handshake.DefaultMaxLength for frames and 64 MiB for HTTP bodies.
 	MaxLength int
+	// HTTPToken, when set, is sent by the HTTP backend as
+	// "Authorization: Bearer <token>" (Mooncake's MC_METADATA_HTTP_TOKEN).
+	HTTPToken string
+}
+
+// callLimit is how long a call may take: the backend's timeout, or less
+// when ctx ends sooner, so that "no answer within" names the time taken.
+func callLimit(ctx context.Context, timeout time.Duration) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl).Round(10 * time.Millisecond); left < timeout {
+			return max(left, 10*time.Millisecond)
+		}
+	}
+	return timeout
 }
 
 func (o Options) timeout() time.Duration {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +23,9 @@ type node struct {
 	tr *rdmatransport.Transport
 }
 
+// testRetryCount is the RetryCount of engines start builds (0: default).
+var testRetryCount int
+
 // start runs an engine with the rdma transport over its own soft NICs.
 func start(t *testing.T, be meta.Backend, name string, devs ...soft.DeviceConfig) *node {
 	t.Helper()
@@ -33,7 +37,7 @@ func start(t *testing.T, be meta.Backend, name string, devs ...soft.DeviceConfig
 		t.Fatal(err)
 	}
 	n := &node{p: p}
-	cfg := rdmatransport.Config{Provider: p, RailPause: 300 * time.Millisecond, RDMA: rdma.Config{MonitorInterval: 20 * time.Millisecond, ReenableDelay: 100 * time.Millisecond, ReclaimGrace: time.Second}}
+	cfg := rdmatransport.Config{Provider: p, RetryCount: testRetryCount, RailPause: 300 * time.Millisecond, RDMA: rdma.Config{MonitorInterval: 20 * time.Millisecond, ReenableDelay: 100 * time.Millisecond, ReclaimGrace: time.Second}}
 	f := rdmatransport.Factory(cfg)
 	n.e, err = engine.New(context.Background(), engine.Config{LocalServerName: name, Backend: be, BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0",
 		Protocol: meta.ProtocolRDMA, Transports: []engine.TransportFactory{func(e *engine.Engine) (engine.Transport, error) {
@@ -326,6 +330,56 @@ func usedAgain(t *testing.T, c *rdma.Context, name string, round func() error) {
 		}
 		if err := round(); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// Both engines open connections to each other at the same moment: each
+// side's connection request meets the other's endpoint half set up. No
+// slice may fail for it, even with retries off.
+func TestSimultaneousConnectFailsNoSlice(t *testing.T) {
+	testRetryCount = -1 // no retry
+	t.Cleanup(func() { testRetryCount = 0 })
+	for round := 0; round < 5; round++ {
+		be := meta.NewMemory()
+		a, b := start(t, be, fmt.Sprintf("a%d", round)), start(t, be, fmt.Sprintf("b%d", round))
+		ctx := context.Background()
+		type side struct {
+			n          *node
+			local, rem *engine.Memory
+			seg        *engine.Segment
+		}
+		var sides []*side
+		for _, n := range []*node{a, b} {
+			s := &side{n: n}
+			var err error
+			if s.local, err = n.e.RegisterMemory(ctx, 1<<20, "cpu:0", true); err != nil {
+				t.Fatal(err)
+			}
+			sides = append(sides, s)
+		}
+		for i, s := range sides {
+			peer := sides[1-i]
+			var err error
+			if s.seg, err = s.n.e.OpenSegment(ctx, peer.n.e.SegmentName()); err != nil {
+				t.Fatal(err)
+			}
+			s.rem = peer.local
+		}
+		errs := make(chan error, 2)
+		startGate := make(chan struct{})
+		for _, s := range sides {
+			go func() {
+				<-startGate
+				errs <- s.n.e.Transfer(ctx, engine.Request{Op: engine.Write, Source: s.local.Addr(), Segment: s.seg,
+					Target: s.rem.Addr(), Length: 1 << 20})
+			}()
+		}
+		close(startGate)
+		for range sides {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
 		}
 	}
 }

@@ -32,8 +32,10 @@ type taskState struct {
 	err       error
 }
 
-func (s *taskState) sliceDone(err error) {
-	if err != nil {
+func (s *taskState) sliceDone(n uint32, err error) {
+	if err == nil {
+		s.task.AddTransferred(uint64(n))
+	} else {
 		s.mu.Lock()
 		if s.err == nil {
 			s.err = err
@@ -149,7 +151,7 @@ func (r *route) peerEntry(loc string) (e topo.Entry) {
 }
 
 func (r *route) finish(s *slice, err error) {
-	s.ts.sliceDone(err)
+	s.ts.sliceDone(s.length, err)
 	r.t.slicesOut.Done()
 }
 

@@ -51,6 +51,9 @@ type ClientOptions struct {
 	// never meets the server's idle timeout mid-request. 0 means half of
 	// DefaultIdleTimeout.
 	IdleRedial time.Duration
+	// PerRequest opens a connection per request, as Mooncake's client
+	// does without MC_TCP_ENABLE_CONNECTION_POOL; Lanes is then unused.
+	PerRequest bool
 }
 
 // Client sends requests to TCP data servers over persistent, pipelined
@@ -63,6 +66,12 @@ type Client struct {
 	mu     sync.Mutex
 	peers  map[string]*peer
 	closed bool
+
+	// Per-request mode: Close cancels stop (which closes the connections
+	// in flight) and waits for their goroutines.
+	stop     context.Context
+	stopNow  context.CancelFunc
+	requests sync.WaitGroup
 }
 
 // NewClient returns a client with no connections yet.
@@ -79,7 +88,9 @@ func NewClient(opts ClientOptions) *Client {
 	if opts.IdleRedial <= 0 {
 		opts.IdleRedial = DefaultIdleTimeout / 2
 	}
-	return &Client{opts: opts, peers: make(map[string]*peer)}
+	c := &Client{opts: opts, peers: make(map[string]*peer)}
+	c.stop, c.stopNow = context.WithCancel(context.Background())
+	return c
 }
 
 type peer struct {
@@ -103,6 +114,12 @@ func (c *Client) Submit(ctx context.Context, addr string, v2 bool, ops []*Op) {
 	if c.closed {
 		c.mu.Unlock()
 		failAll(ops, ErrClosed)
+		return
+	}
+	if c.opts.PerRequest {
+		c.requests.Add(len(ops))
+		c.mu.Unlock()
+		c.submitPerRequest(ctx, addr, v2, ops)
 		return
 	}
 	key := addr
@@ -174,6 +191,8 @@ func (c *Client) Close() error {
 	peers := c.peers
 	c.peers = nil
 	c.mu.Unlock()
+	c.stopNow()
+	c.requests.Wait()
 	for _, p := range peers {
 		p.mu.Lock()
 		for i, l := range p.lanes {
@@ -405,7 +424,7 @@ func (l *lane) reader() {
 	}
 }
 
-func (l *lane) readReply(br *bufio.Reader, op *Op, st []byte) error {
+func (l *lane) readReply(br io.Reader, op *Op, st []byte) error {
 	if l.v2 {
 		if _, err := io.ReadFull(br, st); err != nil {
 			return err

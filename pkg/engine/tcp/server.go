@@ -45,6 +45,7 @@ type Server struct {
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
+	goneAt map[string]time.Time // last warning per peer host (warnGone)
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -117,20 +118,151 @@ func (s *Server) acceptLoop() {
 			s.mu.Lock()
 			delete(s.conns, c)
 			s.mu.Unlock()
-			if err != nil && !errors.Is(err, net.ErrClosed) {
+			var gone *peerGoneError
+			switch {
+			case errors.As(err, &gone) && !s.isClosed():
+				s.warnGone(c.RemoteAddr(), err)
+			case err != nil && !errors.Is(err, net.ErrClosed):
 				slog.Debug("tcp data connection closed", "peer", c.RemoteAddr(), "err", err)
 			}
 		}()
 	}
 }
 
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// goneWarnEvery limits the warning for an initiator that vanished to one
+// line per peer host in this period: its lanes (or its many per-request
+// connections) all break at once.
+const goneWarnEvery = 10 * time.Second
+
+func (s *Server) warnGone(addr net.Addr, err error) {
+	host := addr.String()
+	if h, _, herr := net.SplitHostPort(host); herr == nil {
+		host = h
+	}
+	now := time.Now()
+	s.mu.Lock()
+	if s.goneAt == nil || len(s.goneAt) > 4096 {
+		s.goneAt = make(map[string]time.Time)
+	}
+	last, seen := s.goneAt[host]
+	warn := !seen || now.Sub(last) >= goneWarnEvery
+	if warn {
+		s.goneAt[host] = now
+	}
+	s.mu.Unlock()
+	if warn {
+		slog.Warn("tcp data connection: initiator went away in the middle of a request", "peer", addr, "err", err)
+	}
+}
+
+// peerGoneError is a connection that broke with a request half done: the
+// initiator died, was killed or lost its network.
+type peerGoneError struct{ err error }
+
+func (e *peerGoneError) Error() string { return e.err.Error() }
+func (e *peerGoneError) Unwrap() error { return e.err }
+
+func peerGone(format string, args ...any) error {
+	return &peerGoneError{err: fmt.Errorf(format, args...)}
+}
+
 // deadliner is the part of net.Conn the handler uses when it has it.
 type deadliner interface{ SetDeadline(time.Time) error }
 
-// smallRead is the size up to which READ data is copied behind its status
-// into the connection's write buffer; larger blocks go out with writev
-// straight from registered memory.
-const smallRead = 16 << 10
+// connState is a connection's reusable state, pooled: with Mooncake's
+// default client every request is a new connection, and allocating (and
+// zeroing) a 64 KiB reader per connection made the garbage collector a
+// large share of the target's CPU per task (BenchmarkAcceptPath).
+type connState struct {
+	br *bufio.Reader
+	// Replies not yet written: status words and READ data as slices of
+	// registered memory (pinned by refs), sent with one writev.
+	out  net.Buffers
+	refs []Ref
+	size int
+	// wrote: a WRITE payload landed in registered memory since the last
+	// flush (see flush).
+	wrote   bool
+	scratch []byte
+}
+
+var connStatePool = sync.Pool{New: func() any { return &connState{br: bufio.NewReaderSize(nil, 64<<10)} }}
+
+// Status words are constants: replies point at these instead of copying.
+var (
+	statusOKBytes       = statusBytes(StatusOK)
+	statusRejectedBytes = statusBytes(StatusRejected)
+)
+
+func statusBytes(st uint64) []byte {
+	b := make([]byte, StatusSize)
+	PutStatus(b, st)
+	return b
+}
+
+// Replies are written when no further request is buffered, or earlier
+// once this many bytes (or iovecs) are pending, which bounds how long
+// memory stays pinned behind a long pipeline.
+const (
+	maxPendingBytes = 4 << 20
+	maxPendingVecs  = 1024
+)
+
+func (cs *connState) add(b []byte, ref Ref) {
+	cs.out = append(cs.out, b)
+	if ref != nil {
+		cs.refs = append(cs.refs, ref)
+	}
+	cs.size += len(b)
+}
+
+// flush writes the pending replies with one writev (net.Buffers loops
+// over short writes) straight from registered memory, then unpins it.
+func (cs *connState) flush(w io.Writer) error {
+	if len(cs.out) == 0 {
+		return nil
+	}
+	defer cs.release()
+	if len(cs.refs) == 0 {
+		// Status words only: one plain write.
+		buf := cs.scratch[:0]
+		for _, b := range cs.out {
+			buf = append(buf, b...)
+		}
+		cs.scratch = buf
+		_, err := w.Write(buf)
+		return err
+	}
+	vec := cs.out // WriteTo consumes its receiver; cs.out keeps the array
+	if cs.wrote {
+		// The race detector sees a socket order memory only through
+		// write(2)/read(2), not writev(2): a peer that reads our reply and
+		// then looks at memory we filled from a WRITE (a test, an
+		// in-process bench) would be reported as racing. The first
+		// reply word goes out with write(2), before any byte of the rest.
+		if _, err := w.Write(vec[0]); err != nil {
+			return err
+		}
+		vec = vec[1:]
+	}
+	_, err := vec.WriteTo(w)
+	return err
+}
+
+func (cs *connState) release() {
+	for _, r := range cs.refs {
+		r.Release()
+	}
+	clear(cs.out[:cap(cs.out)])
+	clear(cs.refs)
+	cs.out, cs.refs, cs.size, cs.wrote = cs.out[:0], cs.refs[:0], 0, false
+}
 
 // ServeConn handles requests on rw until EOF or an error, which it returns
 // (nil for a clean EOF between requests). It does not close rw. A request
@@ -138,28 +270,22 @@ const smallRead = 16 << 10
 // (v2) and ends the connection, as Mooncake's server does.
 func (s *Server) ServeConn(rw io.ReadWriter) error {
 	dl, _ := rw.(deadliner)
-	br := bufio.NewReaderSize(rw, 64<<10)
-	wbuf := make([]byte, 0, 4<<10)
-	// One backing array for writev, reused: net.Buffers.WriteTo consumes
-	// its receiver, and re-slicing a fresh one per request allocated.
-	vecArr := new([2][]byte)
-	var vec net.Buffers
+	cs := connStatePool.Get().(*connState)
+	cs.br.Reset(rw)
+	br := cs.br
+	defer func() {
+		cs.release()
+		cs.br.Reset(nil)
+		connStatePool.Put(cs)
+	}()
 	var hdr [HeaderSize]byte
 	var lastDeadline time.Time
-	flush := func() error {
-		if len(wbuf) == 0 {
-			return nil
-		}
-		_, err := rw.Write(wbuf)
-		wbuf = wbuf[:0]
-		return err
-	}
 	for {
-		// Coalesce statuses of pipelined requests: flush only when no
+		// Coalesce the replies of pipelined requests: write only when no
 		// further request is already buffered.
-		if br.Buffered() == 0 {
-			if err := flush(); err != nil {
-				return fmt.Errorf("write status: %w", err)
+		if br.Buffered() == 0 || cs.size >= maxPendingBytes || len(cs.out) >= maxPendingVecs {
+			if err := cs.flush(rw); err != nil {
+				return peerGone("write reply: %w", err)
 			}
 		}
 		if dl != nil {
@@ -173,18 +299,21 @@ func (s *Server) ServeConn(rw io.ReadWriter) error {
 			}
 		}
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
-			ferr := flush()
+			ferr := cs.flush(rw)
 			if err == io.EOF {
 				return ferr
+			}
+			if err == io.ErrUnexpectedEOF {
+				return peerGone("read header: %w", err)
 			}
 			return fmt.Errorf("read header: %w", err)
 		}
 		h, err := DecodeHeader(hdr[:])
 		if err != nil {
 			if hdr[16]&VersionBit != 0 {
-				wbuf = binaryStatus(wbuf, StatusRejected)
+				cs.add(statusRejectedBytes, nil)
 			}
-			flush()
+			cs.flush(rw)
 			return err
 		}
 		if h.Size == 0 {
@@ -197,46 +326,36 @@ func (s *Server) ServeConn(rw io.ReadWriter) error {
 		}
 		if err != nil {
 			if h.V2 {
-				wbuf = binaryStatus(wbuf, StatusRejected)
+				cs.add(statusRejectedBytes, nil)
 			}
-			flush()
+			cs.flush(rw)
 			return fmt.Errorf("reject %s of %d bytes at 0x%x: %w", opName(h.Write), h.Size, h.Addr, err)
 		}
 		if h.Write {
+			// READ replies still pending point into registered memory:
+			// send them before this payload may overwrite what they read.
+			if len(cs.refs) > 0 {
+				if err := cs.flush(rw); err != nil {
+					ref.Release()
+					return peerGone("write reply: %w", err)
+				}
+			}
 			_, err = io.ReadFull(br, mem)
 			ref.Release()
 			if err != nil {
-				return fmt.Errorf("read %d bytes of write payload: %w", h.Size, err)
+				return peerGone("read %d bytes of write payload: %w", h.Size, err)
 			}
+			cs.wrote = true
 			if h.V2 {
-				wbuf = binaryStatus(wbuf, StatusOK)
+				cs.add(statusOKBytes, nil)
 			}
 			continue
 		}
 		if h.V2 {
-			wbuf = binaryStatus(wbuf, StatusOK)
+			cs.add(statusOKBytes, nil)
 		}
-		if len(mem) <= smallRead && len(wbuf)+len(mem) <= cap(wbuf)*4 {
-			wbuf = append(wbuf, mem...)
-			ref.Release()
-			continue
-		}
-		vecArr[0], vecArr[1] = wbuf, mem
-		vec = vecArr[:]
-		_, err = vec.WriteTo(rw)
-		vecArr[1] = nil
-		ref.Release()
-		wbuf = wbuf[:0]
-		if err != nil {
-			return fmt.Errorf("write %d bytes of read data: %w", h.Size, err)
-		}
+		cs.add(mem, ref)
 	}
-}
-
-func binaryStatus(dst []byte, s uint64) []byte {
-	var b [StatusSize]byte
-	PutStatus(b[:], s)
-	return append(dst, b[:]...)
 }
 
 func opName(write bool) string {

@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -248,24 +250,7 @@ func TestClientPipelinedV2AndV1(t *testing.T) {
 			lanes = 1
 		}
 		cl := NewClient(ClientOptions{Lanes: lanes})
-		local = make([]byte, 1<<20)
-		for i := range local {
-			local[i] = byte(i*13 + 1)
-		}
-		var r result
-		cl.Submit(t.Context(), s.Addr().String(), v2, ops(&r, 256, true, 0x10000, 4096, local))
-		r.wg.Wait()
-		back := make([]byte, 1<<20)
-		cl.Submit(t.Context(), s.Addr().String(), v2, ops(&r, 16, false, 0x10000, 65536, back))
-		r.wg.Wait()
-		for _, err := range r.errs {
-			if err != nil {
-				t.Fatalf("v2=%v: %v", v2, err)
-			}
-		}
-		if !bytes.Equal(back, local) {
-			t.Fatalf("v2=%v: bytes differ", v2)
-		}
+		local = writeReadBack(t, cl, s.Addr().String(), v2, 256, 4096, 13)
 		cl.Close()
 	}
 	s.Close() // waits for the handlers: memory is settled
@@ -333,4 +318,146 @@ func TestClientRejectedFailsOpAndLaneRecovers(t *testing.T) {
 	if r2.errs[0] != nil || string(g.region()[:8]) != "12345678" {
 		t.Fatalf("after redial: %v %q", r2.errs[0], g.region()[:8])
 	}
+}
+
+// An initiator that disappears with requests half done gets one warning
+// at the target, however many of its connections break.
+func TestServerWarnsOnceWhenInitiatorVanishes(t *testing.T) {
+	var logs syncLog
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	g := newGuarded(0x10000, 1<<20, 64)
+	s := startServer(t, g)
+	// Clean sessions first: no warning.
+	c := dial(t, s)
+	c.Write(append(AppendHeader(nil, Header{Size: 3, Addr: 0x10000, Write: true, V2: true}), "abc"...))
+	readStatus(t, c)
+	c.Close()
+	// Then four connections die mid-request, each a write whose payload
+	// stops short.
+	for i := 0; i < 4; i++ {
+		c := dial(t, s)
+		req := AppendHeader(nil, Header{Size: 64 << 10, Addr: 0x10000, Write: true, V2: true})
+		c.Write(append(req, make([]byte, 1000)...))
+		c.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "went away") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // let the other three connections end
+	if n := strings.Count(logs.String(), "initiator went away in the middle of a request"); n != 1 {
+		t.Fatalf("%d warnings, want 1:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "read 65536 bytes of write payload") || !strings.Contains(logs.String(), "peer=127.0.0.1:") {
+		t.Fatalf("warning: %s", logs.String())
+	}
+}
+
+type syncLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Mooncake's default client: a connection per request, v2 and v1, read
+// and write; a rejected range fails only its own request.
+func TestClientPerRequest(t *testing.T) {
+	g := newGuarded(0x10000, 1<<20, 64)
+	ln, err := Listen(t.Context(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(ln, g, ServerOptions{})
+	defer s.Close()
+	for _, v2 := range []bool{true, false} {
+		cl := NewClient(ClientOptions{PerRequest: true})
+		mul := byte(7)
+		if !v2 {
+			mul = 11 // different bytes from the v2 round
+		}
+		writeReadBack(t, cl, s.Addr().String(), v2, 64, 16384, mul)
+		cl.Close()
+	}
+	cl := NewClient(ClientOptions{PerRequest: true})
+	defer cl.Close()
+	var r result
+	cl.Submit(t.Context(), s.Addr().String(), true, ops(&r, 1, false, 0x10000+(1<<20), 4096, make([]byte, 4096)))
+	r.wg.Wait()
+	if len(r.errs) != 1 || !errors.Is(r.errs[0], ErrRejected) {
+		t.Fatalf("out-of-range request: %v", r.errs)
+	}
+	s.Close()
+	g.check(t)
+}
+
+// Replies are written from registered memory after the pipeline drains:
+// a READ pipelined before a WRITE to the same bytes still returns what
+// the bytes held when it was read.
+func TestServerReadBeforeWriteKeepsOrder(t *testing.T) {
+	g := newGuarded(0x10000, 4096, 64)
+	copy(g.region(), "old!")
+	s := startServer(t, g)
+	c := dial(t, s)
+	req := AppendHeader(nil, Header{Size: 4, Addr: 0x10000, V2: true})
+	req = AppendHeader(req, Header{Size: 4, Addr: 0x10000, Write: true, V2: true})
+	req = append(req, "new!"...)
+	req = AppendHeader(req, Header{Size: 4, Addr: 0x10000, V2: true})
+	if _, err := c.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for i := 0; i < 3; i++ {
+		if st := readStatus(t, c); st != StatusOK {
+			t.Fatalf("reply %d: status %#x", i, st)
+		}
+		if i != 1 {
+			b := make([]byte, 4)
+			io.ReadFull(c, b)
+			got = append(got, string(b))
+		}
+	}
+	if got[0] != "old!" || got[1] != "new!" {
+		t.Fatalf("reads returned %q, want old! then new!", got)
+	}
+	c.Close()
+	s.Close()
+	g.check(t)
+}
+
+// writeReadBack writes 1 MiB of a pattern (mul) to 0x10000 in n requests
+// of size bytes, reads it back in 64 KiB requests and compares.
+func writeReadBack(t *testing.T, cl *Client, addr string, v2 bool, n, size int, mul byte) []byte {
+	t.Helper()
+	local := make([]byte, 1<<20)
+	for i := range local {
+		local[i] = byte(i)*mul + 1
+	}
+	var r result
+	cl.Submit(t.Context(), addr, v2, ops(&r, n, true, 0x10000, size, local))
+	r.wg.Wait()
+	back := make([]byte, 1<<20)
+	cl.Submit(t.Context(), addr, v2, ops(&r, 16, false, 0x10000, 65536, back))
+	r.wg.Wait()
+	for _, err := range r.errs {
+		if err != nil {
+			t.Fatalf("v2=%v: %v", v2, err)
+		}
+	}
+	if !bytes.Equal(back, local) {
+		t.Fatalf("v2=%v: bytes differ", v2)
+	}
+	return local
 }

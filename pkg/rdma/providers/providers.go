@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/kvcache-ops/mc/pkg/rdma"
@@ -25,13 +26,17 @@ func Open(kind string) (rdma.Provider, error) {
 	if kind == "" {
 		kind = os.Getenv("MC_RDMA_PROVIDER")
 	}
+	opts, err := ibverbsOptions(os.Getenv)
+	if err != nil {
+		return nil, err
+	}
 	switch strings.ToLower(strings.TrimSpace(kind)) {
 	case "soft":
 		return soft.NewFromEnv()
 	case "ibverbs":
-		return ibverbs.New(ibverbs.Options{})
+		return ibverbs.New(opts)
 	case "", "auto":
-		p, err := ibverbs.New(ibverbs.Options{})
+		p, err := ibverbs.New(opts)
 		if err == nil {
 			if _, err = p.Devices(); err == nil {
 				return p, nil
@@ -43,4 +48,18 @@ func Open(kind string) (rdma.Provider, error) {
 		return soft.NewFromEnv()
 	}
 	return nil, fmt.Errorf("rdma provider %q: want soft, ibverbs or auto", kind)
+}
+
+// ibverbsOptions reads MC_GID_INDEX, the GID table index RoCE addressing
+// uses (Mooncake's default 0; RoCE v2 over IPv4 is often 3).
+func ibverbsOptions(getenv func(string) string) (ibverbs.Options, error) {
+	var o ibverbs.Options
+	if s := strings.TrimSpace(getenv("MC_GID_INDEX")); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 || n > 255 {
+			return o, fmt.Errorf("MC_GID_INDEX=%q: want a GID table index, 0-255", s)
+		}
+		o.GIDIndex = n
+	}
+	return o, nil
 }

@@ -2,6 +2,7 @@ package providers
 
 import (
 	"io"
+	"strings"
 	"testing"
 )
 
@@ -27,5 +28,31 @@ func TestOpen(t *testing.T) {
 	t.Setenv("MC_SOFT_NICS", "a:zz")
 	if _, err := Open("soft"); err == nil {
 		t.Fatal("bad MC_SOFT_NICS accepted")
+	}
+}
+
+func TestGIDIndexFromEnv(t *testing.T) {
+	env := func(v string) func(string) string {
+		return func(k string) string {
+			if k == "MC_GID_INDEX" {
+				return v
+			}
+			return ""
+		}
+	}
+	if o, err := ibverbsOptions(env("3")); err != nil || o.GIDIndex != 3 {
+		t.Fatalf("MC_GID_INDEX=3: %+v %v", o, err)
+	}
+	if o, err := ibverbsOptions(env("")); err != nil || o.GIDIndex != 0 {
+		t.Fatalf("unset: %+v %v", o, err)
+	}
+	for _, bad := range []string{"x", "-1", "256"} {
+		if _, err := ibverbsOptions(env(bad)); err == nil || !strings.Contains(err.Error(), "MC_GID_INDEX") {
+			t.Fatalf("MC_GID_INDEX=%q: %v", bad, err)
+		}
+	}
+	t.Setenv("MC_GID_INDEX", "nope")
+	if _, err := Open("soft"); err == nil {
+		t.Fatal("Open ignored a malformed MC_GID_INDEX")
 	}
 }
