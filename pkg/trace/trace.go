@@ -1,0 +1,89 @@
+// Package trace reads the FAST'25 request traces released with the
+// Mooncake paper: one JSON object per line with a timestamp (ms from
+// start), input and output lengths in tokens, and hash_ids, one per
+// 512-token KV-cache block, prefix-chained so equal prefixes share ids.
+// Trace replay (`mc store replay`) and the conductor simulator read them.
+package trace
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+)
+
+// BlockTokens is the tokens per block the traces' hash ids stand for.
+const BlockTokens = 512
+
+// Request is one line of a trace.
+type Request struct {
+	Timestamp    int64   `json:"timestamp"` // ms from the trace's start
+	InputLength  int     `json:"input_length"`
+	OutputLength int     `json:"output_length"`
+	HashIDs      []int64 `json:"hash_ids"`
+}
+
+// MaxLine bounds one line (a prompt of 1M tokens has ~2k ids).
+const MaxLine = 16 << 20
+
+// Read parses a trace and returns its requests in timestamp order (file
+// order within a timestamp). A malformed line is an error naming its
+// number and what is wrong.
+func Read(r io.Reader) ([]Request, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), MaxLine)
+	var out []Request
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Bytes()
+		if len(trimSpace(line)) == 0 {
+			continue
+		}
+		var q Request
+		if err := json.Unmarshal(line, &q); err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
+		}
+		switch {
+		case q.Timestamp < 0:
+			return nil, fmt.Errorf("line %d: negative timestamp %d", n, q.Timestamp)
+		case q.InputLength < 0 || q.OutputLength < 0:
+			return nil, fmt.Errorf("line %d: negative length (input %d, output %d)", n, q.InputLength, q.OutputLength)
+		case len(q.HashIDs) == 0 && q.InputLength > 0:
+			return nil, fmt.Errorf("line %d: %d input tokens but no hash_ids", n, q.InputLength)
+		}
+		out = append(out, q)
+	}
+	if err := sc.Err(); err != nil {
+		if err == bufio.ErrTooLong {
+			return nil, fmt.Errorf("line %d: longer than %d bytes", len(out)+1, MaxLine)
+		}
+		return nil, err
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Timestamp < out[j].Timestamp })
+	return out, nil
+}
+
+// ReadFile reads a trace file.
+func ReadFile(path string) ([]Request, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	defer f.Close()
+	reqs, err := Read(f)
+	if err != nil {
+		return nil, fmt.Errorf("trace %s: %w", path, err)
+	}
+	return reqs, nil
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\r') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
