@@ -112,6 +112,7 @@ NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
 	root.AddCommand(newTopoCmd(p))
 	root.AddCommand(newServeCmd(p))
 	root.AddCommand(newStoreCmd(p))
+	root.AddCommand(newSimCmd(p))
 	root.AddCommand(newMetaCmd(p))
 	root.InitDefaultCompletionCmd()
 	strictArgs(root)
