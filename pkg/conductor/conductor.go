@@ -299,4 +299,3 @@ func (d Decision) Migrated() int {
 	}
 	return d.UsedPrefix - d.LocalPrefix
 }
-

@@ -103,11 +103,11 @@ func (q *eventQueue) Pop() any {
 
 type reqState struct {
 	arrive, prefillDone, join time.Duration
-	decode                   int
-	remaining                int
-	ttft, tbt                time.Duration
-	state                    uint8 // 0 pending, 1 rejected, 2 wasted, 3 done
-	hasTBT                   bool
+	decode                    int
+	remaining                 int
+	ttft, tbt                 time.Duration
+	state                     uint8 // 0 pending, 1 rejected, 2 wasted, 3 done
+	hasTBT                    bool
 }
 
 type decodeInst struct {
