@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
 	"strconv"
 	"strings"
@@ -29,6 +30,7 @@ type benchStoreOptions struct {
 	Keys        int
 	Verify      bool
 	SegmentSize string
+	Plot        string
 	// Progress forces (true) or suppresses (false) the live line; nil
 	// means "on a terminal".
 	Progress *bool
@@ -49,7 +51,7 @@ With no --master it starts a master and a node (--segment-size) in this
 process and benchmarks them over real loopback TCP from a separate client
 engine, as mc bench initiator does with its embedded target.`,
 		Example: `  mc bench store --value-size 4K,64K,1M,16M --op get
-  mc bench store --value-size 4K --batch 32 --concurrency 1,4,16,64
+  mc bench store --value-size 4K --batch 32 --concurrency 1,4,16,64 --plot curve.svg
   mc bench store --master 10.0.0.1:50051 --op mix --get-ratio 0.9 --verify -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -70,6 +72,7 @@ engine, as mc bench initiator does with its embedded target.`,
 	f.IntVar(&o.Keys, "keys", 0, "keys gets read from (0: enough to spread reads over half the store)")
 	f.BoolVar(&o.Verify, "verify", false, "check every byte of every get")
 	f.StringVar(&o.SegmentSize, "segment-size", "4G", "the embedded store's segment (without --master)")
+	f.StringVar(&o.Plot, "plot", "", "draw objects/s and p99 latency against concurrency as SVG to this file")
 	_ = cmd.RegisterFlagCompletionFunc("op", cobra.FixedCompletions(sbench.Ops, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -146,6 +149,11 @@ func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
 		defer stop()
 	}
 	results, err := sbench.Run(ctx, cfg)
+	if o.Plot != "" && len(results) > 0 {
+		if perr := writeFileWith(o.Plot, func(f *os.File) error { return sbench.Plot(f, results) }); perr != nil {
+			return fmt.Errorf("--plot: %w", perr)
+		}
+	}
 	if ctx.Err() != nil && len(results) > 0 {
 		printStoreResults(p, results)
 		return &exitError{code: 130, err: fmt.Errorf("bench store: interrupted after %d rows", len(results))}

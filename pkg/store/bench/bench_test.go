@@ -60,3 +60,18 @@ func TestRunBadConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestPlot(t *testing.T) {
+	var b strings.Builder
+	rs := []Result{{ValueSize: 4096, Op: "get", Concurrency: 1, Batch: 1, OpsPerSec: 100, P99us: 50},
+		{ValueSize: 4096, Op: "get", Concurrency: 4, Batch: 1, OpsPerSec: 300, P99us: 90}}
+	if err := Plot(&b, rs); err != nil {
+		t.Fatal(err)
+	}
+	if s := b.String(); !strings.Contains(s, "<svg") || !strings.Contains(s, "concurrency") || !strings.Contains(s, "4K get") {
+		t.Fatalf("svg lacks its axis or legend: %.200s", s)
+	}
+	if err := Plot(&b, nil); err == nil {
+		t.Fatal("plot of nothing accepted")
+	}
+}
