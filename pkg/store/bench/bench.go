@@ -160,6 +160,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 		defer srv.Close(context.WithoutCancel(ctx))
 		addr = srv.RPCAddr
+		if err := srv.Node.WaitPopulated(ctx); err != nil {
+			return nil, err
+		}
 	}
 	c, err := store.New(ctx, store.Config{Master: addr, EngineConfig: cfg.Engine, Logger: cfg.Logger})
 	if err != nil {
