@@ -249,6 +249,16 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		e.shutdown(ctx)
 		return nil, fmt.Errorf("start engine: %w", err)
 	}
+	if cfg.MetadataServer != meta.P2PHandshake || cfg.Backend != nil {
+		// With a central metadata server, still answer Metadata frames
+		// with the live descriptor, so a prober (mc meta ls) can tell a
+		// peer whose stored descriptor is stale from one that matches.
+		e.hs.Handle(handshake.Metadata, func(context.Context, []byte) ([]byte, error) {
+			d := e.Descriptor()
+			d.Timestamp = meta.Timestamp(time.Now())
+			return meta.EncodeSegment(d)
+		})
+	}
 	slog.Debug("engine started", "segment", e.segName, "protocol", proto, "handshake", e.hs.Addr(), "metadata", cfg.MetadataServer)
 	return e, nil
 }
