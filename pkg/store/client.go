@@ -9,7 +9,9 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -29,8 +31,13 @@ const (
 
 // Config configures a Client.
 type Config struct {
-	// Master is the master's RPC address, host:port.
+	// Master is the master's RPC address, host:port, or etcd://H:P[;H:P]
+	// for HA masters: the client reads the leader view in etcd, watches
+	// it and follows the leader on failover.
 	Master string
+	// ClusterID names the HA cluster with an etcd:// master (default
+	// $MC_STORE_CLUSTER_ID, else mooncake_cluster).
+	ClusterID string
 	// Engine moves the bytes. Nil: the client starts its own from
 	// EngineConfig and closes it on Close. A node and a client sharing
 	// one engine reach the node's segment by memcpy.
@@ -61,6 +68,8 @@ type Client struct {
 	id      UUID
 	log     *slog.Logger
 	conn    *grpc.ClientConn
+	etcd    *clientv3.Client // etcd:// masters
+	leader  *leaderResolver  // etcd:// masters
 	rpc     pb.MasterClient
 	eng     *engine.Engine
 	ownsEng bool
@@ -109,8 +118,15 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Master == "" {
 		cfg.Master = DefaultMaster
 	}
-	if _, _, err := net.SplitHostPort(cfg.Master); err != nil {
-		return nil, fmt.Errorf("master address %q: want host:port", cfg.Master)
+	var etcdEndpoints []string
+	if IsEtcdAddress(cfg.Master) {
+		var err error
+		if etcdEndpoints, err = ParseEtcdAddress(cfg.Master); err != nil {
+			return nil, fmt.Errorf("master address: %w", err)
+		}
+		cfg.ClusterID = ClusterID(cfg.ClusterID)
+	} else if _, _, err := net.SplitHostPort(cfg.Master); err != nil {
+		return nil, fmt.Errorf("master address %q: want host:port or etcd://HOST:PORT[;HOST:PORT]", cfg.Master)
 	}
 	if cfg.PingInterval <= 0 {
 		cfg.PingInterval = DefaultPingInterval
@@ -128,11 +144,28 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		cfg.Replicate.ReplicaNum = 1
 	}
 	c := &Client{cfg: cfg, id: NewUUID(), log: cfg.Logger, segs: make(map[string]*engine.Segment), stop: make(chan struct{})}
-	var err error
-	c.conn, err = grpc.NewClient(cfg.Master,
+	target := cfg.Master
+	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMsgSize), grpc.MaxCallSendMsgSize(MaxMsgSize)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMsgSize), grpc.MaxCallSendMsgSize(MaxMsgSize)),
+	}
+	if etcdEndpoints != nil {
+		var err error
+		if c.leader, c.etcd, err = findLeader(ctx, etcdEndpoints, cfg); err != nil {
+			return nil, err
+		}
+		target = c.leader.Scheme() + ":///leader"
+		// A failover must not wait out gRPC's default reconnect backoff
+		// (up to 2 min): the new leader is dialled within a second.
+		dialOpts = append(dialOpts, grpc.WithResolvers(c.leader), grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}))
+	}
+	var err error
+	c.conn, err = grpc.NewClient(target, dialOpts...)
 	if err != nil {
+		c.closeLocal(ctx)
 		return nil, fmt.Errorf("master %s: %w", cfg.Master, err)
 	}
 	c.rpc = pb.NewMasterClient(c.conn)
@@ -165,7 +198,28 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c.masterUp = true
 	c.wg.Add(1)
 	go c.pingLoop()
+	if c.leader != nil {
+		c.wg.Add(1)
+		go c.followView(c.etcd, c.leader)
+	}
 	return c, nil
+}
+
+// findLeader connects to etcd and waits (up to the RPC timeout) for a
+// leader view.
+func findLeader(ctx context.Context, endpoints []string, cfg Config) (*leaderResolver, *clientv3.Client, error) {
+	cli, err := NewEtcdClient(endpoints)
+	if err != nil {
+		return nil, nil, fmt.Errorf("master %s: %w", cfg.Master, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, cfg.RPCTimeout)
+	defer cancel()
+	v, err := WaitView(wctx, cli, cfg.ClusterID)
+	if err != nil {
+		cli.Close()
+		return nil, nil, fmt.Errorf("master %s: %w", cfg.Master, err)
+	}
+	return &leaderResolver{addr: DialAddr(v.Leader), ccs: make(map[*leaderConn]struct{})}, cli, nil
 }
 
 func hostOf(endpoint string) string {
@@ -322,6 +376,9 @@ func (c *Client) call(ctx context.Context, what string, f func(context.Context) 
 		return fmt.Errorf("%s: %w", what, context.Canceled)
 	case codes.Unavailable:
 		return Errorf(RPCFail, "%s: master %s unreachable: %s", what, c.cfg.Master, st.Message())
+	case codes.FailedPrecondition:
+		// An HA master that is not (or no longer) the leader.
+		return Errorf(UnavailableInCurrentMode, "%s: master %s: %s", what, c.Leader(), st.Message())
 	case codes.InvalidArgument, codes.ResourceExhausted:
 		return Errorf(InvalidParams, "%s: %s", what, st.Message())
 	}
@@ -400,6 +457,9 @@ func (c *Client) closeLocal(ctx context.Context) {
 	}
 	if c.conn != nil {
 		c.conn.Close()
+	}
+	if c.etcd != nil {
+		c.etcd.Close()
 	}
 }
 
