@@ -86,6 +86,7 @@ type Client struct {
 	segs   map[string]*engine.Segment
 
 	stop     chan struct{}
+	newView  chan struct{} // the HA leader changed: ping it now
 	stopOnce sync.Once
 	wg       sync.WaitGroup
 	mu       sync.Mutex
@@ -143,7 +144,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Replicate.ReplicaNum == 0 {
 		cfg.Replicate.ReplicaNum = 1
 	}
-	c := &Client{cfg: cfg, id: NewUUID(), log: cfg.Logger, segs: make(map[string]*engine.Segment), stop: make(chan struct{})}
+	c := &Client{cfg: cfg, id: NewUUID(), log: cfg.Logger, segs: make(map[string]*engine.Segment), stop: make(chan struct{}), newView: make(chan struct{}, 1)}
 	target := cfg.Master
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -306,6 +307,23 @@ func (c *Client) pingLoop() {
 		case <-c.stop:
 			return
 		case <-t.C:
+		case <-c.newView:
+			// A new HA leader: re-mount as soon as it serves rather than
+			// at the next tick, so puts find segments again at once.
+			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+				ok := c.ping(ctx)
+				cancel()
+				if ok {
+					break
+				}
+				select {
+				case <-c.stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
 		c.ping(ctx)
@@ -313,7 +331,9 @@ func (c *Client) pingLoop() {
 	}
 }
 
-func (c *Client) ping(ctx context.Context) {
+// ping pings the master, re-mounting when asked; it reports whether the
+// master answered and this client is mounted there.
+func (c *Client) ping(ctx context.Context) bool {
 	var resp *pb.PingResponse
 	err := c.call(ctx, "ping", func(ctx context.Context) (err error) {
 		resp, err = c.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(c.id)})
@@ -331,7 +351,7 @@ func (c *Client) ping(ctx context.Context) {
 		if wasUp {
 			c.log.Warn(fmt.Sprintf("master %s unreachable; retrying every %s: %v", c.cfg.Master, c.cfg.PingInterval, err))
 		}
-		return
+		return false
 	}
 	if !wasUp {
 		c.log.Info(fmt.Sprintf("master %s reachable again", c.cfg.Master))
@@ -342,7 +362,7 @@ func (c *Client) ping(ctx context.Context) {
 	if resp.ClientStatus == pb.ClientStatus_NEED_REMOUNT {
 		if err := c.remount(ctx); err != nil {
 			c.log.Warn(fmt.Sprintf("re-mount on master %s: %v", c.cfg.Master, err))
-			return
+			return false
 		}
 		c.mu.Lock()
 		c.stats.Remounts++
@@ -351,6 +371,7 @@ func (c *Client) ping(ctx context.Context) {
 			c.log.Info(fmt.Sprintf("re-mounted segment %s on master %s", c.segInfo.Name, c.cfg.Master))
 		}
 	}
+	return true
 }
 
 // call runs one RPC with the client's timeout and turns transport errors

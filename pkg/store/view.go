@@ -236,6 +236,10 @@ func (c *Client) followView(cli *clientv3.Client, r *leaderResolver) {
 func (c *Client) onView(r *leaderResolver, v View) {
 	if r.set(DialAddr(v.Leader)) {
 		c.log.Info(fmt.Sprintf("store master leader is now %s (view %d)", v.Leader, v.Version))
+		select {
+		case c.newView <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -145,7 +145,7 @@ func (s *state) restored() (objs []master.RestoredObject, dropped int) {
 	bySeg := make(map[string][]*span)
 	for k, o := range s.Objects {
 		for i, x := range o.Reps {
-			if _, ok := s.Segments[x.Seg]; !ok {
+			if seg, ok := s.Segments[x.Seg]; !ok || !inside(seg, x.Addr, o.Size) {
 				continue
 			}
 			bySeg[x.Seg] = append(bySeg[x.Seg], &span{key: k, idx: i, addr: x.Addr, end: x.Addr + o.Size, seq: o.Seq})
@@ -180,13 +180,17 @@ func (s *state) restored() (objs []master.RestoredObject, dropped int) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		o := s.Objects[k]
+		if store.CheckKey(k) != nil {
+			dropped++
+			continue
+		}
 		ro := master.RestoredObject{Key: k, Size: o.Size, HardPin: o.HardPin}
 		if o.SoftPin != 0 {
 			ro.SoftPin = time.Unix(0, o.SoftPin)
 		}
 		for i, x := range o.Reps {
 			seg, ok := s.Segments[x.Seg]
-			if !ok || drop[k][i] || x.Addr < seg.Base || x.Addr+o.Size > seg.Base+seg.Size {
+			if !ok || drop[k][i] || !inside(seg, x.Addr, o.Size) {
 				continue
 			}
 			ro.Replicas = append(ro.Replicas, master.RestoredReplica{Segment: seg, Addr: x.Addr})
@@ -198,6 +202,13 @@ func (s *state) restored() (objs []master.RestoredObject, dropped int) {
 		objs = append(objs, ro)
 	}
 	return objs, dropped
+}
+
+// inside reports whether [addr, addr+size) lies in seg: a record that
+// says otherwise is corrupt, and Restore would refuse the whole state.
+func inside(seg store.SegmentInfo, addr, size uint64) bool {
+	end := addr + size
+	return size > 0 && end > addr && addr >= seg.Base && seg.Base+seg.Size >= seg.Base && end <= seg.Base+seg.Size
 }
 
 func (s *state) encode() ([]byte, error) { return json.Marshal(s) }
