@@ -21,7 +21,7 @@ import (
 // BenchmarkPut compares put throughput with HA off (a plain master) and
 // on (a candidate committing every PutEnd to an fsyncing etcd before it
 // acknowledges), in the same run, at 4 KiB and 1 MiB, 8 concurrent
-// writers. Each writer removes its keys every 64 puts so the store never
+// writers. Each writer removes its keys every 16 puts so the store never
 // evicts; the removes are timed too, in both modes.
 //
 //	go test -run '^$' -bench BenchmarkPut -benchtime 3s ./pkg/store/ha
@@ -101,11 +101,11 @@ func benchPuts(b *testing.B, cl *store.Client, size int) {
 					failed.Add(1)
 				}
 				mine = append(mine, k)
-				if len(mine)%64 == 0 {
-					cl.BatchRemove(ctx, mine[len(mine)-64:], true)
+				if len(mine)%16 == 0 {
+					cl.BatchRemove(ctx, mine[len(mine)-16:], true)
 				}
 			}
-			if n := len(mine) % 64; n > 0 {
+			if n := len(mine) % 16; n > 0 {
 				cl.BatchRemove(ctx, mine[len(mine)-n:], true)
 			}
 		}()
