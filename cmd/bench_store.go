@@ -62,7 +62,7 @@ engine, as mc bench initiator does with its embedded target.`,
 	}
 	f := cmd.Flags()
 	o.Data.addFlags(f)
-	f.StringVar(&o.Master, "master", "", "store master host:port (default: an embedded store over loopback TCP)")
+	f.StringVar(&o.Master, "master", "", "store master host:port, or etcd://H:P[;H:P] for HA masters (default: an embedded store over loopback TCP)")
 	f.StringVar(&o.ValueSizes, "value-size", "4K,64K,1M,16M", "value sizes, comma-separated (4K, 1M, 16M ...)")
 	f.StringVar(&o.Op, "op", "get", "put, get or mix (comma-separated to run several)")
 	f.Float64Var(&o.GetRatio, "get-ratio", 0.9, "share of gets with --op mix")

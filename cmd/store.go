@@ -24,6 +24,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/ha"
 	"github.com/kvcache-ops/mc/pkg/store/master"
 	"github.com/kvcache-ops/mc/pkg/store/server"
 )
@@ -91,6 +92,12 @@ type serveStoreOptions struct {
 	RegionSize            string
 	MaxRegionsPerInstance int
 	ExistKeyGrantLease    bool
+	EnableHA              bool
+	HABackend             string
+	EtcdEndpoints         string
+	HALeaseTTL            int
+	HASnapshotInterval    time.Duration
+	HASnapshotRecords     int
 	ready                 func(*server.Server) // tests
 }
 
@@ -112,6 +119,16 @@ re-mounts by itself when the master restarts or asks.
 Without HA, a master keeps its metadata in memory: objects stored before a
 master restart are gone after it (nodes re-mount their empty segments).
 
+--enable_ha runs a master candidate: masters elect a leader through etcd
+(--ha_backend_connstring etcd://H:P[,H:P], else --etcd_endpoints) on the key
+mooncake-store/<cluster_id>/master_view, held with a --ha-lease-ttl lease.
+The leader commits every metadata change to an op log in etcd before it
+acknowledges a put; standbys tail it and keep a warm copy; a snapshot
+compacts it (--ha-snapshot-interval, --ha-snapshot-records). On failover the
+new leader restores every acknowledged object and nodes re-mount on it.
+Nodes and clients follow the leader with --master etcd://H:P[;H:P] and the
+cluster id from MC_STORE_CLUSTER_ID (or --cluster-id for a node).
+
 mooncake_master's flags are accepted under their own names
 (--rpc_port, --default_kv_lease_ttl, --eviction_high_watermark_ratio, ...).
 --default_kv_lease_ttl takes milliseconds or a unit suffix (ms, s, m, h).
@@ -129,6 +146,8 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 		Example: `  mc serve store
   mc serve store --segment-size 0 --rpc_port 50051 --metrics_port 9003
   mc serve store --master 10.0.0.1:50051 --segment-size 16G --local-hostname 10.0.0.2
+  mc serve store --enable_ha --ha_backend_connstring etcd://10.0.0.9:2379 --segment-size 0 --rpc_address 10.0.0.1
+  mc serve store --master 'etcd://10.0.0.9:2379' --segment-size 16G --local-hostname 10.0.0.2
   mc serve store --protocol rdma --device-name soft0,soft1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -148,7 +167,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	}
 	f := cmd.Flags()
 	o.Data.addFlags(f)
-	f.StringVar(&o.Master, "master", "", "run as a node of this master, host:port (default: run a master here)")
+	f.StringVar(&o.Master, "master", "", "run as a node of this master, host:port or etcd://H:P[;H:P] for HA masters (default: run a master here)")
 	f.StringVar(&o.SegmentSize, "segment-size", "1G", "bytes of memory this process contributes (0: master only)")
 	f.IntVar(&o.RPCPort, "rpc-port", 50051, "master RPC port (0: use the deprecated --port)")
 	f.IntVar(&o.Port, "port", 50051, "deprecated spelling of --rpc-port")
@@ -170,7 +189,14 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	f.StringVar(&o.ConfigPath, "config-path", "", "mooncake_master config file (JSON or YAML; command-line flags win)")
 	f.StringVar(&o.RegionSize, "region-size", "64M", "piece of a segment handed to one writing client")
 	f.IntVar(&o.MaxRegionsPerInstance, "max-regions-per-instance", 0, "regions one client may hold (0: unlimited)")
+	f.BoolVar(&o.EnableHA, "enable-ha", false, "run as an HA master candidate: leader election and op log in etcd")
+	f.StringVar(&o.HABackend, "ha-backend-connstring", "", "etcd for HA, etcd://H:P[,H:P] (default: --etcd-endpoints)")
+	f.StringVar(&o.EtcdEndpoints, "etcd-endpoints", "", "etcd endpoints for HA, H:P[;H:P] (used when --ha-backend-connstring is empty)")
+	f.IntVar(&o.HALeaseTTL, "ha-lease-ttl", 5, "seconds of the leader lease; a leader that cannot renew it steps down")
+	f.DurationVar(&o.HASnapshotInterval, "ha-snapshot-interval", 10*time.Minute, "snapshot the HA state and compact the op log this often")
+	f.IntVar(&o.HASnapshotRecords, "ha-snapshot-records", 100000, "snapshot the HA state and compact the op log after this many records")
 	f.BoolVar(&o.ExistKeyGrantLease, "exist-key-grant-lease", false, "ExistKey grants a read lease as Mooncake's does (off: probes never pin objects)")
+	envName(f, "cluster-id", store.ClusterIDEnv)
 	_ = f.MarkHidden("port")
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"tcp", "rdma"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("allocation-strategy", cobra.FixedCompletions(master.Strategies, cobra.ShellCompDirectiveNoFileComp))
@@ -262,8 +288,11 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		return cfg, fmt.Errorf("invalid --rpc-port %d", port)
 	}
 	if o.Master != "" {
-		if _, _, err := net.SplitHostPort(o.Master); err != nil {
-			return cfg, fmt.Errorf("invalid --master %q: want host:port", o.Master)
+		if err := checkMasterAddr(o.Master); err != nil {
+			return cfg, err
+		}
+		if o.EnableHA {
+			return cfg, fmt.Errorf("--enable-ha runs a master candidate; --master makes this process a node: give one of them")
 		}
 		if seg == 0 {
 			return cfg, fmt.Errorf("--master with --segment-size 0 contributes nothing: give the node a segment size")
@@ -280,6 +309,7 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	allowSoft := o.AllowEvictSoftPinned
 	cfg = server.Config{
 		MasterAddr:  o.Master,
+		ClusterID:   o.ClusterID,
 		RPCAddress:  net.JoinHostPort(o.RPCAddress, strconv.Itoa(port)),
 		SegmentSize: uint64(seg),
 		Engine:      ecfg,
@@ -301,6 +331,11 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		}
 		cfg.AdminAddress = net.JoinHostPort(host, strconv.Itoa(o.MetricsPort))
 	}
+	if o.EnableHA {
+		if cfg.HA, err = o.haConfig(); err != nil {
+			return cfg, err
+		}
+	}
 	if o.Master == "" {
 		// Validate the master's settings before binding anything.
 		if _, err := master.New(cfg.Master); err != nil {
@@ -308,6 +343,52 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// checkMasterAddr accepts host:port or etcd://H:P[;H:P].
+func checkMasterAddr(s string) error {
+	if store.IsEtcdAddress(s) {
+		if _, err := store.ParseEtcdAddress(s); err != nil {
+			return fmt.Errorf("invalid --master: %w", err)
+		}
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(s); err != nil {
+		return fmt.Errorf("invalid --master %q: want host:port or etcd://HOST:PORT[;HOST:PORT]", s)
+	}
+	return nil
+}
+
+func (o serveStoreOptions) haConfig() (*ha.Config, error) {
+	var eps []string
+	var err error
+	switch {
+	case o.HABackend != "":
+		if !store.IsEtcdAddress(o.HABackend) {
+			return nil, fmt.Errorf("invalid --ha-backend-connstring %q: want etcd://HOST:PORT[,HOST:PORT]", o.HABackend)
+		}
+		if eps, err = store.ParseEtcdAddress(o.HABackend); err != nil {
+			return nil, fmt.Errorf("invalid --ha-backend-connstring: %w", err)
+		}
+	case o.EtcdEndpoints != "":
+		if eps, err = store.ParseEndpoints(o.EtcdEndpoints); err != nil {
+			return nil, fmt.Errorf("invalid --etcd-endpoints: %w", err)
+		}
+	default:
+		return nil, fmt.Errorf("--enable-ha needs etcd: give --ha-backend-connstring etcd://HOST:PORT or --etcd-endpoints HOST:PORT")
+	}
+	switch {
+	case o.HALeaseTTL < 2:
+		return nil, fmt.Errorf("invalid --ha-lease-ttl %d: want whole seconds, at least 2", o.HALeaseTTL)
+	case o.HASnapshotInterval <= 0:
+		return nil, fmt.Errorf("invalid --ha-snapshot-interval %s: want a positive duration", o.HASnapshotInterval)
+	case o.HASnapshotRecords <= 0:
+		return nil, fmt.Errorf("invalid --ha-snapshot-records %d: want 1 or more", o.HASnapshotRecords)
+	}
+	return &ha.Config{
+		Endpoints: eps, ClusterID: o.ClusterID, LeaseTTL: time.Duration(o.HALeaseTTL) * time.Second,
+		SnapshotInterval: o.HASnapshotInterval, SnapshotRecords: o.HASnapshotRecords,
+	}, nil
 }
 
 // serveStoreInfo is what `mc serve store` prints once it serves.
@@ -333,6 +414,11 @@ func runServeStore(ctx context.Context, o serveStoreOptions, p *printer) error {
 	}
 	info := serveStoreInfo{Role: "master", ClusterID: o.ClusterID, Master: displayAddr(srv.RPCAddr), Admin: displayAddr(srv.AdminAddr)}
 	switch {
+	case srv.Candidate != nil:
+		info.Role = "master candidate (HA)"
+		if srv.Node != nil {
+			info.Role += "+node"
+		}
 	case srv.Master == nil:
 		info.Role = "node"
 	case srv.Node != nil:
@@ -379,17 +465,39 @@ type storeClientOptions struct {
 }
 
 func (o *storeClientOptions) addFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Master, "master", store.DefaultMaster, "master RPC address, host:port")
-	fs.StringVar(&o.Admin, "admin", "", "master admin HTTP API (default http://<master host>:9003)")
+	fs.StringVar(&o.Master, "master", store.DefaultMaster, "master RPC address, host:port, or etcd://H:P[;H:P] to find the HA leader (cluster id from MC_STORE_CLUSTER_ID)")
+	fs.StringVar(&o.Admin, "admin", "", "master admin HTTP API (default http://<master or leader host>:9003)")
 }
 
 func (o storeClientOptions) adminURL() (string, error) {
 	if o.Admin != "" {
 		return o.Admin, nil
 	}
-	h, _, err := net.SplitHostPort(o.Master)
+	addr := o.Master
+	if store.IsEtcdAddress(o.Master) {
+		eps, err := store.ParseEtcdAddress(o.Master)
+		if err != nil {
+			return "", fmt.Errorf("invalid --master: %w", err)
+		}
+		cli, err := store.NewEtcdClient(eps)
+		if err != nil {
+			return "", err
+		}
+		defer cli.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		v, ok, err := store.ReadView(ctx, cli, store.ClusterID(""))
+		switch {
+		case err != nil:
+			return "", err
+		case !ok:
+			return "", fmt.Errorf("no store master leader in etcd %s (cluster %q)", o.Master, store.ClusterID(""))
+		}
+		addr = store.DialAddr(v.Leader)
+	}
+	h, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", fmt.Errorf("invalid --master %q: want host:port", o.Master)
+		return "", fmt.Errorf("invalid --master %q: want host:port or etcd://HOST:PORT[;HOST:PORT]", o.Master)
 	}
 	return "http://" + net.JoinHostPort(h, "9003"), nil
 }
@@ -403,8 +511,8 @@ func (o storeClientOptions) admin() (*store.Admin, error) {
 }
 
 func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
-	if _, _, err := net.SplitHostPort(o.Master); err != nil {
-		return nil, fmt.Errorf("invalid --master %q: want host:port", o.Master)
+	if err := checkMasterAddr(o.Master); err != nil {
+		return nil, err
 	}
 	ecfg, err := o.Data.engineConfig("0.0.0.0")
 	if err != nil {

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
 )
 
 func freePort(t *testing.T) int {
@@ -269,6 +271,10 @@ func TestStoreBadInput(t *testing.T) {
 		{[]string{"serve", "store", "--eviction_high_watermark_ratio", "1.5"}, "eviction_high_watermark_ratio"},
 		{[]string{"serve", "store", "--put_start_release_timeout_sec", "10"}, "must exceed"},
 		{[]string{"serve", "store", "--master", "nohost"}, "--master"},
+		{[]string{"serve", "store", "--master", "etcd://"}, "--master"},
+		{[]string{"serve", "store", "--enable_ha"}, "--ha-backend-connstring"},
+		{[]string{"serve", "store", "--enable_ha", "--ha_backend_connstring", "127.0.0.1:2379"}, "--ha-backend-connstring"},
+		{[]string{"serve", "store", "--enable_ha", "--etcd_endpoints", "127.0.0.1:2379", "--ha-lease-ttl", "1"}, "--ha-lease-ttl"},
 		{[]string{"serve", "store", "--protocol", "udp"}, "--protocol"},
 		{[]string{"serve", "store", "--config_path", "/nonexistent/x.json"}, "--config-path"},
 		{[]string{"store", "put"}, "arg"},
@@ -281,5 +287,66 @@ func TestStoreBadInput(t *testing.T) {
 		if code == 0 || !strings.Contains(errs, c.want) || strings.Count(errs, "\n") != 1 {
 			t.Errorf("mc %s: exit %d, stderr %q; want one line naming %q", strings.Join(c.args, " "), code, errs, c.want)
 		}
+	}
+}
+
+// HA as a user runs it: two master candidates on one etcd, a node and the
+// client commands following the leader through etcd://, a failover.
+func TestServeStoreHA(t *testing.T) {
+	isolateEnv(t)
+	e, err := meta.StartEtcd(context.Background(), meta.EtcdConfig{Listen: "127.0.0.1:0", NoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	t.Setenv("MC_STORE_CLUSTER_ID", "cli-ha")
+	conn := "etcd://" + e.Endpoints()[0]
+	cand := []string{"--enable_ha", "--ha_backend_connstring", conn, "--segment-size", "0", "--ha-lease-ttl", "2"}
+	_, adminA, _, stopA := startServeStore(t, cand...)
+	_, adminB, _, stopB := startServeStore(t, cand...)
+	startServeStore(t, "--master", conn, "--segment-size", "32M")
+	role := func(admin string) string {
+		resp, err := http.Get(admin + "/role")
+		if err != nil {
+			return err.Error()
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		b.ReadFrom(resp.Body)
+		return b.String()
+	}
+	leader, standby, stopLeader := adminA, adminB, stopA
+	if role(adminA) != "leader" {
+		leader, standby, stopLeader = adminB, adminA, stopB
+	}
+	if role(leader) != "leader" || role(standby) != "standby" {
+		t.Fatalf("roles %q and %q, want a leader and a standby", role(adminA), role(adminB))
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "v")
+	os.WriteFile(src, []byte("survives failover"), 0o644)
+	if _, errs, code := execMC(t, "store", "put", "k", src, "--master", conn); code != 0 {
+		t.Fatalf("put through etcd://: %q", errs)
+	}
+	out, errs, code := execMC(t, "store", "stat", "--master", conn, "--admin", leader)
+	if code != 0 || !strings.Contains(out, "leader") || !strings.Contains(out, "(view ") {
+		t.Fatalf("stat: %d %q %q: want the leader and its view version", code, out, errs)
+	}
+	if code := stopLeader(); code != 0 {
+		t.Fatalf("leader exit %d", code)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, errs, code = execMC(t, "store", "get", "k", "--master", conn)
+		if code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("get after failover: %d %q", code, errs)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if out != "survives failover" || role(standby) != "leader" {
+		t.Fatalf("after failover: get %q, standby's role %q", out, role(standby))
 	}
 }

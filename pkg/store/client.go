@@ -9,7 +9,9 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -29,8 +31,13 @@ const (
 
 // Config configures a Client.
 type Config struct {
-	// Master is the master's RPC address, host:port.
+	// Master is the master's RPC address, host:port, or etcd://H:P[;H:P]
+	// for HA masters: the client reads the leader view in etcd, watches
+	// it and follows the leader on failover.
 	Master string
+	// ClusterID names the HA cluster with an etcd:// master (default
+	// $MC_STORE_CLUSTER_ID, else mooncake_cluster).
+	ClusterID string
 	// Engine moves the bytes. Nil: the client starts its own from
 	// EngineConfig and closes it on Close. A node and a client sharing
 	// one engine reach the node's segment by memcpy.
@@ -61,6 +68,8 @@ type Client struct {
 	id      UUID
 	log     *slog.Logger
 	conn    *grpc.ClientConn
+	etcd    *clientv3.Client // etcd:// masters
+	leader  *leaderResolver  // etcd:// masters
 	rpc     pb.MasterClient
 	eng     *engine.Engine
 	ownsEng bool
@@ -77,6 +86,7 @@ type Client struct {
 	segs   map[string]*engine.Segment
 
 	stop     chan struct{}
+	newView  chan struct{} // the HA leader changed: ping it now
 	stopOnce sync.Once
 	wg       sync.WaitGroup
 	mu       sync.Mutex
@@ -127,8 +137,15 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Master == "" {
 		cfg.Master = DefaultMaster
 	}
-	if _, _, err := net.SplitHostPort(cfg.Master); err != nil {
-		return nil, fmt.Errorf("master address %q: want host:port", cfg.Master)
+	var etcdEndpoints []string
+	if IsEtcdAddress(cfg.Master) {
+		var err error
+		if etcdEndpoints, err = ParseEtcdAddress(cfg.Master); err != nil {
+			return nil, fmt.Errorf("master address: %w", err)
+		}
+		cfg.ClusterID = ClusterID(cfg.ClusterID)
+	} else if _, _, err := net.SplitHostPort(cfg.Master); err != nil {
+		return nil, fmt.Errorf("master address %q: want host:port or etcd://HOST:PORT[;HOST:PORT]", cfg.Master)
 	}
 	if cfg.PingInterval <= 0 {
 		cfg.PingInterval = DefaultPingInterval
@@ -145,12 +162,29 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Replicate.ReplicaNum == 0 {
 		cfg.Replicate.ReplicaNum = 1
 	}
-	c := &Client{cfg: cfg, id: NewUUID(), log: cfg.Logger, segs: make(map[string]*engine.Segment), stop: make(chan struct{})}
-	var err error
-	c.conn, err = grpc.NewClient(cfg.Master,
+	c := &Client{cfg: cfg, id: NewUUID(), log: cfg.Logger, segs: make(map[string]*engine.Segment), stop: make(chan struct{}), newView: make(chan struct{}, 1)}
+	target := cfg.Master
+	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMsgSize), grpc.MaxCallSendMsgSize(MaxMsgSize)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMsgSize), grpc.MaxCallSendMsgSize(MaxMsgSize)),
+	}
+	if etcdEndpoints != nil {
+		var err error
+		if c.leader, c.etcd, err = findLeader(ctx, etcdEndpoints, cfg); err != nil {
+			return nil, err
+		}
+		target = c.leader.Scheme() + ":///leader"
+		// A failover must not wait out gRPC's default reconnect backoff
+		// (up to 2 min): the new leader is dialled within a second.
+		dialOpts = append(dialOpts, grpc.WithResolvers(c.leader), grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: time.Second,
+		}))
+	}
+	var err error
+	c.conn, err = grpc.NewClient(target, dialOpts...)
 	if err != nil {
+		c.closeLocal(ctx)
 		return nil, fmt.Errorf("master %s: %w", cfg.Master, err)
 	}
 	c.rpc = pb.NewMasterClient(c.conn)
@@ -183,7 +217,28 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c.masterUp = true
 	c.wg.Add(1)
 	go c.pingLoop()
+	if c.leader != nil {
+		c.wg.Add(1)
+		go c.followView(c.etcd, c.leader)
+	}
 	return c, nil
+}
+
+// findLeader connects to etcd and waits (up to the RPC timeout) for a
+// leader view.
+func findLeader(ctx context.Context, endpoints []string, cfg Config) (*leaderResolver, *clientv3.Client, error) {
+	cli, err := NewEtcdClient(endpoints)
+	if err != nil {
+		return nil, nil, fmt.Errorf("master %s: %w", cfg.Master, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, cfg.RPCTimeout)
+	defer cancel()
+	v, err := WaitView(wctx, cli, cfg.ClusterID)
+	if err != nil {
+		cli.Close()
+		return nil, nil, fmt.Errorf("master %s: %w", cfg.Master, err)
+	}
+	return &leaderResolver{addr: DialAddr(v.Leader), ccs: make(map[*leaderConn]struct{})}, cli, nil
 }
 
 func hostOf(endpoint string) string {
@@ -272,6 +327,23 @@ func (c *Client) pingLoop() {
 		case <-c.stop:
 			return
 		case <-t.C:
+		case <-c.newView:
+			// A new HA leader: re-mount as soon as it serves rather than
+			// at the next tick, so puts find segments again at once.
+			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+				ok := c.ping(ctx)
+				cancel()
+				if ok {
+					break
+				}
+				select {
+				case <-c.stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
 		c.ping(ctx)
@@ -279,7 +351,9 @@ func (c *Client) pingLoop() {
 	}
 }
 
-func (c *Client) ping(ctx context.Context) {
+// ping pings the master, re-mounting when asked; it reports whether the
+// master answered and this client is mounted there.
+func (c *Client) ping(ctx context.Context) bool {
 	var resp *pb.PingResponse
 	err := c.call(ctx, "ping", func(ctx context.Context) (err error) {
 		resp, err = c.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(c.id)})
@@ -297,7 +371,7 @@ func (c *Client) ping(ctx context.Context) {
 		if wasUp {
 			c.log.Warn(fmt.Sprintf("master %s unreachable; retrying every %s: %v", c.cfg.Master, c.cfg.PingInterval, err))
 		}
-		return
+		return false
 	}
 	if !wasUp {
 		c.log.Info(fmt.Sprintf("master %s reachable again", c.cfg.Master))
@@ -308,7 +382,7 @@ func (c *Client) ping(ctx context.Context) {
 	if resp.ClientStatus == pb.ClientStatus_NEED_REMOUNT {
 		if err := c.remount(ctx); err != nil {
 			c.log.Warn(fmt.Sprintf("re-mount on master %s: %v", c.cfg.Master, err))
-			return
+			return false
 		}
 		c.mu.Lock()
 		c.stats.Remounts++
@@ -317,6 +391,7 @@ func (c *Client) ping(ctx context.Context) {
 			c.log.Info(fmt.Sprintf("re-mounted segment %s on master %s", c.segInfo.Name, c.cfg.Master))
 		}
 	}
+	return true
 }
 
 // call runs one RPC with the client's timeout and turns transport errors
@@ -342,6 +417,9 @@ func (c *Client) call(ctx context.Context, what string, f func(context.Context) 
 		return fmt.Errorf("%s: %w", what, context.Canceled)
 	case codes.Unavailable:
 		return Errorf(RPCFail, "%s: master %s unreachable: %s", what, c.cfg.Master, st.Message())
+	case codes.FailedPrecondition:
+		// An HA master that is not (or no longer) the leader.
+		return Errorf(UnavailableInCurrentMode, "%s: master %s: %s", what, c.Leader(), st.Message())
 	case codes.InvalidArgument, codes.ResourceExhausted:
 		return Errorf(InvalidParams, "%s: %s", what, st.Message())
 	}
@@ -420,6 +498,9 @@ func (c *Client) closeLocal(ctx context.Context) {
 	}
 	if c.conn != nil {
 		c.conn.Close()
+	}
+	if c.etcd != nil {
+		c.etcd.Close()
 	}
 }
 

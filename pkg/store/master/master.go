@@ -82,6 +82,12 @@ type Config struct {
 	// changed key (or the space) is locked: the HA op log hooks in here.
 	// It must not block for long or call back into the Master.
 	OnChange func(Change)
+	// Sync, when set, is called by the RPC layer before it acknowledges a
+	// change that must survive a failover (put end, remove, revoke,
+	// mount): it returns once every change OnChange has seen so far is
+	// durable. An error fails the call's items with
+	// UNAVAILABLE_IN_CURRENT_MODE, since the change may be lost.
+	Sync func() error
 	// ViewVersion is reported by Ping (the HA view version; 0 without HA).
 	ViewVersion uint64
 	// Now is the clock (tests); default time.Now.

@@ -13,9 +13,11 @@ import (
 )
 
 // NewGRPCServer returns a gRPC server serving m's RPC API, with the
-// store's message size limit.
-func NewGRPCServer(m *Master) *grpc.Server {
-	s := grpc.NewServer(grpc.MaxRecvMsgSize(store.MaxMsgSize), grpc.MaxSendMsgSize(store.MaxMsgSize))
+// store's message size limit; extra options (HA's gate interceptor) are
+// added to the server's.
+func NewGRPCServer(m *Master, extra ...grpc.ServerOption) *grpc.Server {
+	opts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(store.MaxMsgSize), grpc.MaxSendMsgSize(store.MaxMsgSize)}, extra...)
+	s := grpc.NewServer(opts...)
 	pb.RegisterMasterServer(s, &rpcServer{m: m})
 	return s
 }
@@ -39,6 +41,32 @@ func checkBatch(n int) error {
 		return status.Errorf(codes.InvalidArgument, "%s: batch of %d items exceeds the limit of %d", store.InvalidParams, n, store.MaxBatchSize)
 	}
 	return nil
+}
+
+// durable waits, when HA asks for it (Config.Sync), until the changes
+// behind errs are committed; if they cannot be, every item that succeeded
+// is reported as failed: an acknowledged change must survive a failover.
+func (s *rpcServer) durable(errs []error) []error {
+	sync := s.m.cfg.Sync
+	if sync == nil {
+		return errs
+	}
+	ok := false
+	for _, err := range errs {
+		ok = ok || err == nil
+	}
+	if !ok {
+		return errs
+	}
+	if err := sync(); err != nil {
+		e := store.Errorf(store.UnavailableInCurrentMode, "change not committed to the HA op log: %v", err)
+		for i := range errs {
+			if errs[i] == nil {
+				errs[i] = e
+			}
+		}
+	}
+	return errs
 }
 
 func results(errs []error) (*pb.BatchResults, bool) {
@@ -91,7 +119,7 @@ func (s *rpcServer) Ping(_ context.Context, r *pb.PingRequest) (*pb.PingResponse
 }
 
 func (s *rpcServer) MountSegment(_ context.Context, r *pb.MountSegmentRequest) (*pb.Result, error) {
-	err := s.m.MountSegment(store.UUIDFromPB(r.ClientId), store.SegmentFromPB(r.Segment))
+	err := s.durable([]error{s.m.MountSegment(store.UUIDFromPB(r.ClientId), store.SegmentFromPB(r.Segment))})[0]
 	s.m.m.Op("mount_segment", err != nil)
 	return store.ResultToPB(err), nil
 }
@@ -104,7 +132,7 @@ func (s *rpcServer) ReMountSegment(_ context.Context, r *pb.ReMountSegmentReques
 	for i, x := range r.Segments {
 		segs[i] = store.SegmentFromPB(x)
 	}
-	res, failed := results(s.m.ReMountSegment(store.UUIDFromPB(r.ClientId), segs))
+	res, failed := results(s.durable(s.m.ReMountSegment(store.UUIDFromPB(r.ClientId), segs)))
 	s.m.m.Op("remount_segment", failed)
 	return &pb.ReMountSegmentResponse{Results: res.Results}, nil
 }
@@ -149,7 +177,7 @@ func (s *rpcServer) keysOp(name string, r *pb.BatchKeysRequest, f func(store.UUI
 	if err := checkBatch(len(r.Keys)); err != nil {
 		return nil, err
 	}
-	res, failed := results(f(store.UUIDFromPB(r.ClientId), r.Keys))
+	res, failed := results(s.durable(f(store.UUIDFromPB(r.ClientId), r.Keys)))
 	s.m.m.Op(name, failed)
 	return res, nil
 }
@@ -202,13 +230,17 @@ func (s *rpcServer) BatchRemove(_ context.Context, r *pb.BatchRemoveRequest) (*p
 	if err := checkBatch(len(r.Keys)); err != nil {
 		return nil, err
 	}
-	res, failed := results(s.m.BatchRemove(r.Keys, r.Force))
+	res, failed := results(s.durable(s.m.BatchRemove(r.Keys, r.Force)))
 	s.m.m.Op("batch_remove", failed)
 	return res, nil
 }
 
 func (s *rpcServer) RemoveAll(_ context.Context, r *pb.RemoveAllRequest) (*pb.RemoveAllResponse, error) {
 	n := s.m.RemoveAll()
+	if err := s.durable([]error{nil})[0]; err != nil {
+		s.m.m.Op("remove_all", true)
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
 	s.m.m.Op("remove_all", false)
 	return &pb.RemoveAllResponse{Removed: uint64(n)}, nil
 }

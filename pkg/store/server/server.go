@@ -1,5 +1,6 @@
 // Package server runs what `mc serve store` starts: a master (RPC and
-// admin HTTP), a node contributing a segment, or both in one process. It
+// admin HTTP), an HA master candidate (package ha), a node contributing a
+// segment, or a master and a node in one process. It
 // owns start-up order, the node's own metrics endpoint and graceful
 // shutdown; the work is done by packages master and store.
 package server
@@ -12,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,15 +22,23 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/ha"
 	"github.com/kvcache-ops/mc/pkg/store/master"
 )
 
 // Config says what to run.
 type Config struct {
 	// MasterAddr, when set, makes this process a node of that master
-	// (host:port); otherwise it runs a master on RPCAddress.
+	// (host:port, or etcd://H:P[;H:P] to follow HA masters); otherwise it
+	// runs a master on RPCAddress.
 	MasterAddr string
-	Master     master.Config
+	// ClusterID is the HA cluster a node given etcd:// follows (default
+	// $MC_STORE_CLUSTER_ID, else mooncake_cluster).
+	ClusterID string
+	Master    master.Config
+	// HA, when set, runs the master as an HA candidate (its Master,
+	// RPCAddress and AdminAddress come from this Config).
+	HA         *ha.Config
 	RPCAddress string // master's gRPC listen address (host:port)
 	// AdminAddress serves the admin HTTP API (master) or the node's own
 	// /metrics and /health; "" disables it.
@@ -47,7 +57,8 @@ type Config struct {
 
 // Server is a running master and/or node.
 type Server struct {
-	Master    *master.Master // nil for a node
+	Master    *master.Master // nil for a node or an HA candidate
+	Candidate *ha.Candidate  // an HA master candidate
 	Node      *store.Client  // nil for a master only
 	RPCAddr   string         // the master's RPC address (this one, or the one the node uses)
 	AdminAddr string
@@ -68,7 +79,21 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s := &Server{log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
 	var adminHandler http.Handler
-	if cfg.MasterAddr == "" {
+	nodeMaster := cfg.MasterAddr
+	switch {
+	case cfg.MasterAddr == "" && cfg.HA != nil:
+		hc := *cfg.HA
+		hc.Master, hc.RPCAddress, hc.AdminAddress, hc.Logger = cfg.Master, cfg.RPCAddress, cfg.AdminAddress, cfg.Logger
+		c, err := ha.Start(ctx, hc)
+		if err != nil {
+			return nil, err
+		}
+		s.Candidate, s.RPCAddr, s.AdminAddr = c, c.RPCAddr, c.AdminAddr
+		cfg.AdminAddress = "" // the candidate serves it
+		nodeMaster = "etcd://" + strings.Join(hc.Endpoints, ";")
+		cfg.ClusterID = hc.ClusterID
+		s.log.Info(fmt.Sprintf("store master candidate on %s: campaigning for %s", c.RPCAddr, store.ViewKey(store.ClusterID(hc.ClusterID))))
+	case cfg.MasterAddr == "":
 		m, err := master.New(cfg.Master)
 		if err != nil {
 			return nil, err
@@ -82,16 +107,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.grpc = master.Serve(m, lis)
 		adminHandler = master.NewAdminHandler(m, master.AdminOptions{})
 		s.log.Info(fmt.Sprintf("store master serving RPC on %s", s.RPCAddr))
-	} else {
+	default:
 		s.RPCAddr = cfg.MasterAddr
 	}
 	if cfg.SegmentSize > 0 || cfg.MasterAddr != "" {
-		target := s.RPCAddr
-		if h, p, err := net.SplitHostPort(target); err == nil && (h == "" || h == "0.0.0.0" || h == "::") {
-			target = net.JoinHostPort("127.0.0.1", p)
+		target := store.DialAddr(s.RPCAddr)
+		if store.IsEtcdAddress(nodeMaster) {
+			target = nodeMaster
 		}
 		node, err := store.New(ctx, store.Config{
-			Master: target, EngineConfig: cfg.Engine, SegmentSize: cfg.SegmentSize,
+			Master: target, ClusterID: cfg.ClusterID, EngineConfig: cfg.Engine, SegmentSize: cfg.SegmentSize,
 			PingInterval: cfg.PingInterval, Logger: cfg.Logger,
 		})
 		if err != nil {
@@ -122,7 +147,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 func (s *Server) report(cfg Config) {
 	defer close(s.done)
-	if !cfg.MetricReporting || s.Master == nil {
+	if !cfg.MetricReporting || (s.Master == nil && s.Candidate == nil) {
 		<-s.stop
 		return
 	}
@@ -137,7 +162,11 @@ func (s *Server) report(cfg Config) {
 		case <-s.stop:
 			return
 		case <-t.C:
-			s.log.Info(s.Master.Summary())
+			if s.Candidate != nil {
+				s.log.Info(s.Candidate.Summary())
+			} else {
+				s.log.Info(s.Master.Summary())
+			}
 		}
 	}
 }
@@ -168,6 +197,9 @@ func (s *Server) Close(ctx context.Context) error {
 }
 
 func (s *Server) shutdownMaster() {
+	if s.Candidate != nil {
+		s.Candidate.Close()
+	}
 	if s.grpc == nil {
 		return
 	}

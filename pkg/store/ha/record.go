@@ -1,0 +1,228 @@
+package ha
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+)
+
+// record is one metadata change in the op log. JSON, short names: a
+// record is a few hundred bytes and an operator can read a batch with
+// etcdctl.
+type record struct {
+	Seq     uint64             `json:"s"`
+	Op      string             `json:"o"`
+	Key     string             `json:"k,omitempty"`
+	Size    uint64             `json:"z,omitempty"`
+	Reps    []rep              `json:"r,omitempty"`
+	SoftPin int64              `json:"sp,omitempty"` // unix nanos
+	HardPin bool               `json:"hp,omitempty"`
+	Segment *store.SegmentInfo `json:"g,omitempty"`
+}
+
+// rep is where one replica is: segment name and address. The segment's
+// full description comes from its mount record.
+type rep struct {
+	Seg  string `json:"g"`
+	Addr uint64 `json:"a"`
+}
+
+func recordOf(c master.Change) record {
+	r := record{Op: c.Op.String(), Key: c.Key}
+	switch c.Op {
+	case master.OpMount, master.OpUnmount:
+		seg := c.Segment
+		r.Segment = &seg
+	case master.OpPutEnd:
+		r.Size, r.HardPin = c.Size, c.HardPin
+		if !c.SoftPin.IsZero() {
+			r.SoftPin = c.SoftPin.UnixNano()
+		}
+		r.Reps = make([]rep, len(c.Replicas))
+		for i, x := range c.Replicas {
+			r.Reps[i] = rep{Seg: x.Segment, Addr: x.Addr}
+		}
+	}
+	return r
+}
+
+// maxBatchBytes keeps one batch well inside etcd's request limit (1.5 MiB).
+const maxBatchBytes = 512 << 10
+
+// decodeBatch reads one op log value; a batch must be non-empty and its
+// seqs consecutive.
+func decodeBatch(b []byte) ([]record, error) {
+	var recs []record
+	if err := json.Unmarshal(b, &recs); err != nil {
+		return nil, fmt.Errorf("op log batch: %w", err)
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("op log batch: empty")
+	}
+	for i := 1; i < len(recs); i++ {
+		if recs[i].Seq != recs[i-1].Seq+1 {
+			return nil, fmt.Errorf("op log batch: seq %d follows %d", recs[i].Seq, recs[i-1].Seq)
+		}
+	}
+	return recs, nil
+}
+
+// object is a complete object as the op log knows it.
+type object struct {
+	Size    uint64 `json:"z"`
+	Reps    []rep  `json:"r"`
+	SoftPin int64  `json:"sp,omitempty"`
+	HardPin bool   `json:"hp,omitempty"`
+	Seq     uint64 `json:"s"` // record that put it: newer wins an overlap
+}
+
+// state is the metadata the op log describes up to Seq: what a standby
+// keeps warm and a snapshot holds. Segments are keyed by name, as
+// replicas name them.
+type state struct {
+	Seq      uint64                       `json:"seq"`
+	Segments map[string]store.SegmentInfo `json:"segments"`
+	Objects  map[string]*object           `json:"objects"`
+}
+
+func newState() *state {
+	return &state{Segments: make(map[string]store.SegmentInfo), Objects: make(map[string]*object)}
+}
+
+// apply applies one record. Records at or below Seq were applied
+// already (a batch read twice) and are skipped.
+func (s *state) apply(r record) {
+	if r.Seq <= s.Seq {
+		return
+	}
+	s.Seq = r.Seq
+	switch r.Op {
+	case "mount":
+		if r.Segment != nil {
+			s.Segments[r.Segment.Name] = *r.Segment
+		}
+	case "unmount":
+		if r.Segment == nil {
+			return
+		}
+		if cur, ok := s.Segments[r.Segment.Name]; ok && cur.ID == r.Segment.ID {
+			delete(s.Segments, r.Segment.Name)
+		}
+		// The master drops the segment's replicas without a record each.
+		for k, o := range s.Objects {
+			kept := o.Reps[:0]
+			for _, x := range o.Reps {
+				if x.Seg != r.Segment.Name {
+					kept = append(kept, x)
+				}
+			}
+			if o.Reps = kept; len(kept) == 0 {
+				delete(s.Objects, k)
+			}
+		}
+	case "put_end":
+		s.Objects[r.Key] = &object{Size: r.Size, Reps: append([]rep(nil), r.Reps...), SoftPin: r.SoftPin, HardPin: r.HardPin, Seq: r.Seq}
+	case "remove", "evict", "discard":
+		delete(s.Objects, r.Key)
+	}
+}
+
+// restored turns the state into what master.Restore installs. Replicas
+// on a segment the log never saw mounted cannot be located and are
+// dropped. Where two replicas overlap on a segment, the older one's space
+// was freed and reused before its remove was committed: the newer wins.
+func (s *state) restored() (objs []master.RestoredObject, dropped int) {
+	type span struct {
+		key       string
+		idx       int
+		addr, end uint64
+		seq       uint64
+	}
+	bySeg := make(map[string][]*span)
+	for k, o := range s.Objects {
+		for i, x := range o.Reps {
+			if seg, ok := s.Segments[x.Seg]; !ok || !inside(seg, x.Addr, o.Size) {
+				continue
+			}
+			bySeg[x.Seg] = append(bySeg[x.Seg], &span{key: k, idx: i, addr: x.Addr, end: x.Addr + o.Size, seq: o.Seq})
+		}
+	}
+	drop := make(map[string]map[int]bool)
+	for _, spans := range bySeg {
+		sort.Slice(spans, func(i, j int) bool { return spans[i].addr < spans[j].addr })
+		var last *span
+		for _, sp := range spans {
+			if last != nil && sp.addr < last.end {
+				loser := last
+				if sp.seq < last.seq {
+					loser = sp
+				}
+				if drop[loser.key] == nil {
+					drop[loser.key] = make(map[int]bool)
+				}
+				drop[loser.key][loser.idx] = true
+				if loser == last {
+					last = sp
+				}
+				continue
+			}
+			last = sp
+		}
+	}
+	keys := make([]string, 0, len(s.Objects))
+	for k := range s.Objects {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		o := s.Objects[k]
+		if store.CheckKey(k) != nil {
+			dropped++
+			continue
+		}
+		ro := master.RestoredObject{Key: k, Size: o.Size, HardPin: o.HardPin}
+		if o.SoftPin != 0 {
+			ro.SoftPin = time.Unix(0, o.SoftPin)
+		}
+		for i, x := range o.Reps {
+			seg, ok := s.Segments[x.Seg]
+			if !ok || drop[k][i] || !inside(seg, x.Addr, o.Size) {
+				continue
+			}
+			ro.Replicas = append(ro.Replicas, master.RestoredReplica{Segment: seg, Addr: x.Addr})
+		}
+		if len(ro.Replicas) == 0 {
+			dropped++
+			continue
+		}
+		objs = append(objs, ro)
+	}
+	return objs, dropped
+}
+
+// inside reports whether [addr, addr+size) lies in seg: a record that
+// says otherwise is corrupt, and Restore would refuse the whole state.
+func inside(seg store.SegmentInfo, addr, size uint64) bool {
+	end := addr + size
+	return size > 0 && end > addr && addr >= seg.Base && seg.Base+seg.Size >= seg.Base && end <= seg.Base+seg.Size
+}
+
+func (s *state) encode() ([]byte, error) { return json.Marshal(s) }
+
+func decodeState(b []byte) (*state, error) {
+	s := newState()
+	if err := json.Unmarshal(b, s); err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if s.Segments == nil {
+		s.Segments = make(map[string]store.SegmentInfo)
+	}
+	if s.Objects == nil {
+		s.Objects = make(map[string]*object)
+	}
+	return s, nil
+}
