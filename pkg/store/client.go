@@ -174,13 +174,15 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 			return nil, err
 		}
 		target = c.leader.Scheme() + ":///leader"
-		// A failover must not wait out gRPC's default reconnect backoff
-		// (up to 2 min): the new leader is dialled within a second.
-		dialOpts = append(dialOpts, grpc.WithResolvers(c.leader), grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
-			MinConnectTimeout: time.Second,
-		}))
+		dialOpts = append(dialOpts, grpc.WithResolvers(c.leader))
 	}
+	// A failover or a restarted master must not wait out gRPC's default
+	// reconnect backoff (up to 2 min): the master is dialled again within
+	// a second.
+	dialOpts = append(dialOpts, grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+		MinConnectTimeout: time.Second,
+	}))
 	var err error
 	c.conn, err = grpc.NewClient(target, dialOpts...)
 	if err != nil {

@@ -145,6 +145,8 @@ func TestMasterRestart(t *testing.T) {
 	waitFor(t, "the node to re-mount on the new master", 5*time.Second, func() bool {
 		return len(c2.m.Segments()) == 1 && node.Stats().Remounts > 0
 	})
+	// The client reconnects by itself, within about a second.
+	waitFor(t, "the client to reach the new master", 3*time.Second, func() bool { return cl.Stats().MasterUp })
 	if _, err := cl.Get(ctx, "before"); !errors.Is(err, store.ErrObjectNotFound) {
 		t.Fatalf("get of an object from before the restart: %v, want OBJECT_NOT_FOUND", err)
 	}
