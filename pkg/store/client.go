@@ -83,6 +83,7 @@ type Client struct {
 	masterUp bool
 	view     uint64
 	stats    ClientStats
+	evicted  evictionFeed
 }
 
 // ClientStats counts the client's conversation with the master.
@@ -91,6 +92,9 @@ type ClientStats struct {
 	Pings        uint64
 	PingFailures uint64
 	Remounts     uint64
+	// EvictedKeys counts the keys the master said it evicted from this
+	// client's regions.
+	EvictedKeys uint64
 }
 
 // Stats reports the client's ping and re-mount counters.
@@ -99,6 +103,9 @@ func (c *Client) Stats() ClientStats {
 	defer c.mu.Unlock()
 	s := c.stats
 	s.MasterUp = c.masterUp
+	c.evicted.mu.Lock()
+	s.EvictedKeys = c.evicted.total
+	c.evicted.mu.Unlock()
 	return s
 }
 
@@ -285,6 +292,7 @@ func (c *Client) ping(ctx context.Context) {
 	c.mu.Lock()
 	c.view = resp.ViewVersion
 	c.mu.Unlock()
+	c.evicted.deliver(resp.EvictedKeys)
 	if resp.ClientStatus == pb.ClientStatus_NEED_REMOUNT {
 		if err := c.remount(ctx); err != nil {
 			c.log.Warn(fmt.Sprintf("re-mount on master %s: %v", c.cfg.Master, err))
@@ -353,6 +361,7 @@ func (c *Client) Close(ctx context.Context) error {
 	c.stopOnce.Do(func() {
 		close(c.stop)
 		c.wg.Wait()
+		c.evicted.close()
 		if c.segMem != nil {
 			err = c.call(ctx, "unmount segment", func(ctx context.Context) error {
 				r, err := c.rpc.GracefulUnmountSegment(ctx, &pb.UnmountSegmentRequest{ClientId: UUIDToPB(c.id), SegmentId: UUIDToPB(c.segInfo.ID)})

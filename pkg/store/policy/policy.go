@@ -43,6 +43,9 @@ func (e *Entry[T]) Hits() uint32 { return e.hits }
 // In reports whether the entry is in a policy.
 func (e *Entry[T]) In() bool { return e.in }
 
+// Depth is the entry's depth as length-aware keeps it (0 in the others).
+func (e *Entry[T]) Depth() int { return int(e.depth) }
+
 // Policy orders entries for eviction. Implementations are not safe for
 // concurrent use; callers hold their own lock.
 type Policy[T any] interface {
