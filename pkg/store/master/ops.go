@@ -96,7 +96,9 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 	}
 	refs, err := m.space.place(client, host, it.Size, cfg)
 	if err != nil {
-		m.kickEviction()
+		// No kick of the watermark loop: BatchPutStart evicts for
+		// itself (phases.go), and with no policy there is nothing to
+		// evict.
 		return ReplicaResult{Err: err}
 	}
 	o := &Object{
