@@ -700,9 +700,14 @@ type storeStat struct {
 	EvictedKeys   int64                 `json:"evicted_keys"`
 	EvictedBytes  int64                 `json:"evicted_bytes"`
 	Evictions     int64                 `json:"evictions"`
-	Clients       int64                 `json:"active_clients"`
-	Role          string                `json:"role"`
-	Leader        store.LeaderInfo      `json:"leader"`
+	// EvictionAttempts counts eviction rounds (master_attempted_evictions_total);
+	// EvictionPhases splits the evicted keys by phase: watermark (the
+	// background loop), own_regions and other_regions (inside puts).
+	EvictionAttempts int64            `json:"eviction_attempts"`
+	EvictionPhases   map[string]int64 `json:"evicted_keys_by_phase"`
+	Clients          int64            `json:"active_clients"`
+	Role             string           `json:"role"`
+	Leader           store.LeaderInfo `json:"leader"`
 }
 
 func newStoreStatCmd(p *printer) *cobra.Command {
@@ -740,6 +745,13 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	s.EvictedKeys = int64(m["master_evicted_key_count"])
 	s.EvictedBytes = int64(m["master_evicted_size_bytes"])
 	s.Evictions = int64(m["master_successful_evictions_total"])
+	s.EvictionAttempts = int64(m["master_attempted_evictions_total"])
+	s.EvictionPhases = map[string]int64{}
+	for _, phase := range []string{"watermark", "own_regions", "other_regions"} {
+		if v, ok := m[`master_eviction_keys_total{phase="`+phase+`"}`]; ok {
+			s.EvictionPhases[phase] = int64(v)
+		}
+	}
 	s.Clients = int64(m["master_active_clients"])
 	for _, g := range segs {
 		s.UsedBytes += g.Used
@@ -769,6 +781,9 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 		{"used / capacity", humanBytes(s.UsedBytes) + " / " + humanBytes(s.CapacityBytes)},
 		{"evicted keys", strconv.FormatInt(s.EvictedKeys, 10)},
 		{"evicted bytes", humanBytes(uint64(s.EvictedBytes))},
+		{"eviction rounds (attempted / evicting)", fmt.Sprintf("%d / %d", s.EvictionAttempts, s.Evictions)},
+		{"evicted keys by phase", fmt.Sprintf("watermark %d, own regions %d, other regions %d",
+			s.EvictionPhases["watermark"], s.EvictionPhases["own_regions"], s.EvictionPhases["other_regions"])},
 		{"clients", strconv.FormatInt(s.Clients, 10)},
 		{"role", s.Role},
 		{"leader", leader},
