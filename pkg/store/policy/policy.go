@@ -32,7 +32,7 @@ type Entry[T any] struct {
 	prev, next *Entry[T]
 	bucket     *bucket[T] // lfu: its frequency bucket
 	hits       uint32
-	depth      uint32
+	depth      uint16 // < MaxDepth; with in, fits beside hits in one word
 	in         bool
 	V          T
 }
@@ -265,8 +265,8 @@ type lengthAware[T any] struct {
 	n     int
 }
 
-func clampDepth(d int) uint32 {
-	return uint32(min(max(d, 0), MaxDepth-1))
+func clampDepth(d int) uint16 {
+	return uint16(min(max(d, 0), MaxDepth-1))
 }
 
 func (p *lengthAware[T]) Add(e *Entry[T], depth int) {

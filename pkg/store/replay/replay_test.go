@@ -91,10 +91,10 @@ func TestRunTiny(t *testing.T) {
 
 func TestReadErrors(t *testing.T) {
 	for in, want := range map[string]string{
-		"":                           "no request",
+		"":                             "no request",
 		"{\"timestamp\": 1}\nnot json": "line 2",
-		`{"timestamp": -1}`:          "negative timestamp",
-		`{"hash_ids": ["x"]}`:        "line 1",
+		`{"timestamp": -1}`:            "negative timestamp",
+		`{"hash_ids": ["x"]}`:          "line 1",
 	} {
 		if _, err := Read(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Read(%q) = %v, want an error with %q", in, err, want)
