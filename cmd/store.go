@@ -26,6 +26,8 @@ import (
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/ha"
 	"github.com/kvcache-ops/mc/pkg/store/master"
+	"github.com/kvcache-ops/mc/pkg/store/policy"
+	"github.com/kvcache-ops/mc/pkg/store/replay"
 	"github.com/kvcache-ops/mc/pkg/store/server"
 )
 
@@ -98,6 +100,7 @@ type serveStoreOptions struct {
 	HALeaseTTL            int
 	HASnapshotInterval    time.Duration
 	HASnapshotRecords     int
+	EvictionPolicy        string
 	ready                 func(*server.Server) // tests
 }
 
@@ -197,6 +200,8 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	f.IntVar(&o.HASnapshotRecords, "ha-snapshot-records", 100000, "snapshot the HA state and compact the op log after this many records")
 	f.BoolVar(&o.ExistKeyGrantLease, "exist-key-grant-lease", false, "ExistKey grants a read lease as Mooncake's does (off: probes never pin objects)")
 	envName(f, "cluster-id", store.ClusterIDEnv)
+	f.StringVar(&o.EvictionPolicy, "eviction-policy", master.DefaultEvictionPolicy, "eviction order: "+strings.Join(master.EvictionPolicies, ", ")+" (none: never evict; a put into a full store fails)")
+	_ = cmd.RegisterFlagCompletionFunc("eviction-policy", cobra.FixedCompletions(master.EvictionPolicies, cobra.ShellCompDirectiveNoFileComp))
 	_ = f.MarkHidden("port")
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"tcp", "rdma"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("allocation-strategy", cobra.FixedCompletions(master.Strategies, cobra.ShellCompDirectiveNoFileComp))
@@ -321,6 +326,7 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 			PutReleaseTimeout:  time.Duration(o.PutReleaseTimeoutSec) * time.Second,
 			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(region),
 			MaxRegionsPerInstance: o.MaxRegionsPerInstance, ExistKeyGrantLease: o.ExistKeyGrantLease,
+			EvictionPolicy: o.EvictionPolicy,
 		},
 		MetricReporting: o.EnableMetricReporting,
 	}
@@ -535,6 +541,7 @@ API, so they also work against a real mooncake_master.`,
 	}
 	cmd.AddCommand(newStorePutCmd(p), newStoreGetCmd(p), newStoreExistsCmd(p), newStoreRmCmd(p),
 		newStoreLsCmd(p), newStoreStatCmd(p), newStoreQueryCmd(p))
+	cmd.AddCommand(newStoreReplayCmd(p))
 	return cmd
 }
 
@@ -801,9 +808,14 @@ type storeStat struct {
 	EvictedKeys   int64                 `json:"evicted_keys"`
 	EvictedBytes  int64                 `json:"evicted_bytes"`
 	Evictions     int64                 `json:"evictions"`
-	Clients       int64                 `json:"active_clients"`
-	Role          string                `json:"role"`
-	Leader        store.LeaderInfo      `json:"leader"`
+	// EvictionAttempts counts eviction rounds (master_attempted_evictions_total);
+	// EvictionPhases splits the evicted keys by phase: watermark (the
+	// background loop), own_regions and other_regions (inside puts).
+	EvictionAttempts int64            `json:"eviction_attempts"`
+	EvictionPhases   map[string]int64 `json:"evicted_keys_by_phase"`
+	Clients          int64            `json:"active_clients"`
+	Role             string           `json:"role"`
+	Leader           store.LeaderInfo `json:"leader"`
 }
 
 func newStoreStatCmd(p *printer) *cobra.Command {
@@ -841,6 +853,13 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	s.EvictedKeys = int64(m["master_evicted_key_count"])
 	s.EvictedBytes = int64(m["master_evicted_size_bytes"])
 	s.Evictions = int64(m["master_successful_evictions_total"])
+	s.EvictionAttempts = int64(m["master_attempted_evictions_total"])
+	s.EvictionPhases = map[string]int64{}
+	for _, phase := range []string{"watermark", "own_regions", "other_regions"} {
+		if v, ok := m[`master_eviction_keys_total{phase="`+phase+`"}`]; ok {
+			s.EvictionPhases[phase] = int64(v)
+		}
+	}
 	s.Clients = int64(m["master_active_clients"])
 	for _, g := range segs {
 		s.UsedBytes += g.Used
@@ -870,6 +889,9 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 		{"used / capacity", humanBytes(s.UsedBytes) + " / " + humanBytes(s.CapacityBytes)},
 		{"evicted keys", strconv.FormatInt(s.EvictedKeys, 10)},
 		{"evicted bytes", humanBytes(uint64(s.EvictedBytes))},
+		{"eviction rounds (attempted / evicting)", fmt.Sprintf("%d / %d", s.EvictionAttempts, s.Evictions)},
+		{"evicted keys by phase", fmt.Sprintf("watermark %d, own regions %d, other regions %d",
+			s.EvictionPhases["watermark"], s.EvictionPhases["own_regions"], s.EvictionPhases["other_regions"])},
 		{"clients", strconv.FormatInt(s.Clients, 10)},
 		{"role", s.Role},
 		{"leader", leader},
@@ -956,4 +978,176 @@ func displayAddr(a string) string {
 		return a
 	}
 	return net.JoinHostPort("0.0.0.0", port)
+}
+
+// ---- mc store replay ----
+
+type storeReplayOptions struct {
+	storeClientOptions
+	Trace      string
+	Policies   []string
+	Capacities []string
+	Online     bool
+	BlockBytes string
+}
+
+// storeReplayJSON is `mc store replay -o json`; online is set with
+// --online.
+type storeReplayJSON struct {
+	Results []replay.Result      `json:"results"`
+	Online  *replay.OnlineResult `json:"online,omitempty"`
+}
+
+func newStoreReplayCmd(p *printer) *cobra.Command {
+	var o storeReplayOptions
+	cmd := &cobra.Command{
+		Use:   "replay --trace FILE",
+		Short: "Replay a request trace through eviction policies (offline) or against a store (--online)",
+		Long: `replay runs a KV-cache request trace (Mooncake FAST'25 format: one JSON
+object per line with timestamp, input_length, output_length, hash_ids)
+through the eviction policies the store's master uses, and prints the block
+hit ratio and the prefix hit ratio (each request's leading run of hits) per
+policy and capacity. Requests go in timestamp order; a block hits when it
+is cached when its request arrives; then the request's blocks are touched in
+order, inserted when absent, evicting per the policy when full.
+
+--online drives a running store instead (--master): per request it checks
+every block's key, reads the hits and writes the misses (--block-bytes
+each), and reports hit ratios, bytes moved and GB/s. Size the store to C
+blocks and give --capacity-blocks C to print the offline figures at C next
+to it.`,
+		Example: `  mc store replay --trace conversation_trace.jsonl --policy lru,lfu,length-aware --capacity-blocks inf,30000,10000
+  mc store replay --trace conversation_trace.jsonl --online --master 127.0.0.1:50051 --block-bytes 64K --capacity-blocks 10000`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runStoreReplay(cmd.Context(), o, p)
+		},
+	}
+	f := cmd.Flags()
+	o.addFlags(f)
+	o.Data.addFlags(f)
+	f.StringVar(&o.Trace, "trace", "", "trace file, one JSON request per line (- for stdin)")
+	f.StringSliceVar(&o.Policies, "policy", []string{"lru"}, "eviction policies to compare: "+strings.Join(policy.Names, ", "))
+	f.StringSliceVar(&o.Capacities, "capacity-blocks", []string{"inf"}, "cache sizes in blocks (inf: unbounded)")
+	f.BoolVar(&o.Online, "online", false, "drive the store at --master with the trace")
+	f.StringVar(&o.BlockBytes, "block-bytes", "64K", "--online: bytes of one block's value")
+	_ = cmd.MarkFlagRequired("trace")
+	_ = cmd.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(policy.Names, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+func parseCapacities(list []string) ([]int, error) {
+	out := make([]int, 0, len(list))
+	for _, s := range list {
+		s = strings.TrimSpace(s)
+		if strings.EqualFold(s, "inf") {
+			out = append(out, 0)
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("invalid --capacity-blocks %q: want a positive number of blocks or inf", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func readTrace(path string) (*replay.Trace, error) {
+	if path == "-" {
+		t, err := replay.Read(os.Stdin)
+		if err != nil {
+			return nil, fmt.Errorf("trace on stdin: %w", err)
+		}
+		return t, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	defer f.Close()
+	t, err := replay.Read(f)
+	if err != nil {
+		return nil, fmt.Errorf("trace %s: %w", path, err)
+	}
+	return t, nil
+}
+
+func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error {
+	caps, err := parseCapacities(o.Capacities)
+	if err != nil {
+		return err
+	}
+	for _, name := range o.Policies {
+		if _, err := policy.New[int](name); err != nil {
+			return fmt.Errorf("invalid --policy: %w", err)
+		}
+	}
+	var block int64
+	if o.Online {
+		if block, err = bench.ParseSize(o.BlockBytes); err != nil || block <= 0 {
+			return fmt.Errorf("invalid --block-bytes %q: want bytes with an optional unit (64K)", o.BlockBytes)
+		}
+		if len(caps) > 1 {
+			return fmt.Errorf("--online replays one store: give at most one --capacity-blocks (its size in blocks)")
+		}
+		if len(o.Policies) > 1 {
+			return fmt.Errorf("--online uses the store's own policy: give at most one --policy (to label it and for the offline figures)")
+		}
+	}
+	t, err := readTrace(o.Trace)
+	if err != nil {
+		return err
+	}
+	out := storeReplayJSON{Results: []replay.Result{}}
+	if !o.Online || caps[0] > 0 {
+		for _, name := range o.Policies {
+			for _, c := range caps {
+				r, err := replay.Run(t, name, c)
+				if err != nil {
+					return err
+				}
+				out.Results = append(out.Results, r)
+			}
+		}
+	}
+	if o.Online {
+		c, err := o.client(ctx)
+		if err != nil {
+			return err
+		}
+		defer c.Close(context.Background())
+		r, err := replay.Online(ctx, c, t, replay.OnlineConfig{BlockBytes: int(block), Label: o.Policies[0], CapacityBlocks: caps[0]})
+		if err != nil {
+			return fmt.Errorf("online replay: %w", err)
+		}
+		out.Online = &r
+	}
+	if p.JSON() {
+		return p.PrintJSON(out)
+	}
+	capName := func(c int) string {
+		if c == 0 {
+			return "inf"
+		}
+		return strconv.Itoa(c)
+	}
+	row := func(mode string, r replay.Result) []string {
+		return []string{mode, r.Policy, capName(r.CapacityBlocks), strconv.Itoa(r.Requests), strconv.Itoa(r.Blocks),
+			strconv.Itoa(r.HitBlocks), strconv.FormatFloat(r.HitRatio, 'f', 3, 64), strconv.FormatFloat(r.PrefixHitRatio, 'f', 3, 64)}
+	}
+	var rows [][]string
+	for _, r := range out.Results {
+		rows = append(rows, row("offline", r))
+	}
+	if out.Online != nil {
+		rows = append(rows, row("online", out.Online.Result))
+	}
+	p.Table("", []string{"mode", "policy", "capacity (blocks)", "requests", "blocks", "hit blocks", "hit ratio", "prefix hit ratio"}, rows)
+	if r := out.Online; r != nil {
+		p.Table("online", []string{"bytes read", "bytes written", "seconds", "GB/s", "put failures", "get failures"}, [][]string{{
+			humanBytes(r.BytesRead), humanBytes(r.BytesWritten), strconv.FormatFloat(r.Seconds, 'f', 2, 64),
+			strconv.FormatFloat(r.GBPerSec, 'f', 3, 64), strconv.Itoa(r.PutFailures), strconv.Itoa(r.GetFailures)}})
+	}
+	return nil
 }

@@ -96,6 +96,7 @@ type Client struct {
 	// populated closes when the segment's pages are in (or populating
 	// gave up).
 	populated chan struct{}
+	evicted   evictionFeed
 }
 
 // WaitPopulated waits until a node's segment is faulted in (at once for
@@ -119,6 +120,9 @@ type ClientStats struct {
 	Pings        uint64
 	PingFailures uint64
 	Remounts     uint64
+	// EvictedKeys counts the keys the master said it evicted from this
+	// client's regions.
+	EvictedKeys uint64
 }
 
 // Stats reports the client's ping and re-mount counters.
@@ -127,6 +131,9 @@ func (c *Client) Stats() ClientStats {
 	defer c.mu.Unlock()
 	s := c.stats
 	s.MasterUp = c.masterUp
+	c.evicted.mu.Lock()
+	s.EvictedKeys = c.evicted.total
+	c.evicted.mu.Unlock()
 	return s
 }
 
@@ -381,6 +388,7 @@ func (c *Client) ping(ctx context.Context) bool {
 	c.mu.Lock()
 	c.view = resp.ViewVersion
 	c.mu.Unlock()
+	c.evicted.deliver(resp.EvictedKeys)
 	if resp.ClientStatus == pb.ClientStatus_NEED_REMOUNT {
 		if err := c.remount(ctx); err != nil {
 			c.log.Warn(fmt.Sprintf("re-mount on master %s: %v", c.cfg.Master, err))
@@ -453,6 +461,7 @@ func (c *Client) Close(ctx context.Context) error {
 	c.stopOnce.Do(func() {
 		close(c.stop)
 		c.wg.Wait()
+		c.evicted.close()
 		if c.segMem != nil {
 			err = c.call(ctx, "unmount segment", func(ctx context.Context) error {
 				r, err := c.rpc.GracefulUnmountSegment(ctx, &pb.UnmountSegmentRequest{ClientId: UUIDToPB(c.id), SegmentId: UUIDToPB(c.segInfo.ID)})

@@ -4,20 +4,136 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
+
+	"github.com/kvcache-ops/mc/pkg/store/policy"
 )
 
-// EvictIfNeeded runs one round of watermark eviction (Mooncake's only
-// kind): when used space is above the high watermark, it frees about
+// DefaultEvictionPolicy is Config.EvictionPolicy's default.
+const DefaultEvictionPolicy = "lru"
+
+const policyNone = "none"
+
+// EvictionPolicies lists the values of Config.EvictionPolicy.
+var EvictionPolicies = append(slices.Clone(policy.Names), policyNone)
+
+// newShardPolicy makes one shard's eviction order.
+func newShardPolicy(name string) (policy.Policy[*Object], error) {
+	if strings.EqualFold(name, policyNone) {
+		return noEviction{}, nil
+	}
+	p, err := policy.New[*Object](name)
+	if err != nil {
+		return nil, fmt.Errorf("eviction policy %q: want one of %s", name, strings.Join(EvictionPolicies, ", "))
+	}
+	return p, nil
+}
+
+// noEviction is the "none" policy: it keeps no order, so nothing is ever
+// a victim and a put into a full store fails.
+type noEviction struct{}
+
+func (noEviction) Add(*policy.Entry[*Object], int)           {}
+func (noEviction) Touch(*policy.Entry[*Object], int)         {}
+func (noEviction) Remove(*policy.Entry[*Object])             {}
+func (noEviction) Victim() *policy.Entry[*Object]            { return nil }
+func (noEviction) Victims(func(*policy.Entry[*Object]) bool) {}
+func (noEviction) Len() int                                  { return 0 }
+func (noEviction) Name() string                              { return policyNone }
+
+func (m *Master) evicting() bool { return m.shards[0].policy.Name() != policyNone }
+
+// rank places an object in the master-wide eviction order of the active
+// policy, lowest first. Inside a shard the policy's own order is the
+// order of these ranks (lru: last use; fifo: put, since a read does not
+// restamp; lfu: use count, then last use; length-aware: deepest, then last
+// use), so merging the shards' victims by rank gives the order one policy
+// over all objects would.
+type rank struct{ hi, lo uint64 }
+
+func (a rank) cmp(b rank) int {
+	if c := cmp.Compare(a.hi, b.hi); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.lo, b.lo)
+}
+
+func rankOf(name string, o *Object) rank {
+	switch name {
+	case "lfu":
+		return rank{uint64(o.ent.Hits()), o.lastUse}
+	case "length-aware":
+		return rank{uint64(policy.MaxDepth - o.ent.Depth()), o.lastUse}
+	}
+	return rank{0, o.lastUse}
+}
+
+// Eviction phases, as the per-phase metrics name them.
+const (
+	phaseWatermark    = "watermark"     // the background loop
+	phaseOwnRegions   = "own_regions"   // phase 1: the writer's own regions
+	phaseOtherRegions = "other_regions" // phase 3: whole regions of others
+)
+
+// sweep is one eviction round's view: which objects it may take, and
+// what it found in the way.
+type sweep struct {
+	now       int64
+	allowSoft bool
+	// in narrows the round (phase 1: objects in the writer's regions).
+	in      func(o *Object) bool
+	blocked blockers
+}
+
+// blockers counts the objects a round could not evict, and why: the
+// message of a put that finds nothing evictable.
+type blockers struct{ leased, hardPinned, softPinned, writing int }
+
+func (b blockers) any() bool { return b.leased+b.hardPinned+b.softPinned+b.writing > 0 }
+
+func (b blockers) String() string {
+	var parts []string
+	add := func(n int, what string) {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, what))
+		}
+	}
+	add(b.hardPinned, "hard-pinned")
+	add(b.leased, "leased (being read)")
+	add(b.softPinned, "soft-pinned (allow_evict_soft_pinned_objects is off)")
+	add(b.writing, "being written")
+	return strings.Join(parts, ", ")
+}
+
+// take reports whether the round may evict o, counting it as a blocker
+// when not.
+func (sw *sweep) take(o *Object) bool {
+	switch {
+	case o.hardPin:
+		sw.blocked.hardPinned++
+	case o.state != stateComplete || o.upsert != nil:
+		sw.blocked.writing++
+	case o.lease > sw.now:
+		sw.blocked.leased++
+	case !sw.allowSoft && o.softPin > sw.now:
+		sw.blocked.softPinned++
+	default:
+		return true
+	}
+	return false
+}
+
+// EvictIfNeeded runs one round of watermark eviction (Mooncake's kind):
+// when used space is above the high watermark, it frees about
 // max(eviction_ratio, used - watermark + eviction_ratio) of capacity from
-// evictable objects (complete, not leased, not pinned), least recently
-// used first across the shards (each shard's policy orders its own);
-// soft-pinned objects go in a second pass only when that was
-// not enough and they may be evicted. Hard-pinned objects never go. It
-// returns the bytes freed.
+// evictable objects (complete, not leased, not pinned) in the active
+// policy's order across the whole master; soft-pinned objects go in a
+// second pass only when that was not enough and they may be evicted.
+// Hard-pinned objects never go. It returns the bytes freed.
 func (m *Master) EvictIfNeeded() uint64 {
 	capacity := m.space.capacity.Load()
 	used := m.space.used.Load()
-	if capacity == 0 {
+	if capacity == 0 || !m.evicting() {
 		return 0
 	}
 	ratio := float64(used) / float64(capacity)
@@ -31,65 +147,92 @@ func (m *Master) EvictIfNeeded() uint64 {
 // Evict frees at least target bytes of evictable objects when it can, and
 // returns the bytes freed.
 func (m *Master) Evict(target uint64) uint64 {
+	freed, _ := m.evictRound(phaseWatermark, target, nil)
+	return freed
+}
+
+// evictRound frees at least need bytes of the objects in (nil: all) in
+// policy order, soft-pinned ones in a second pass when allowed.
+func (m *Master) evictRound(phase string, need uint64, in func(*Object) bool) (uint64, blockers) {
 	m.m.evictAttempts.Inc()
-	now := m.now()
 	var freed, keys uint64
-	for pass := 0; pass < 2 && freed < target; pass++ {
-		allowSoft := pass == 1
-		if allowSoft && !*m.cfg.AllowEvictSoftPinned {
+	var blocked blockers
+	for pass := 0; pass < 2 && freed < need; pass++ {
+		sw := &sweep{now: m.now(), allowSoft: pass == 1, in: in}
+		if sw.allowSoft && !*m.cfg.AllowEvictSoftPinned {
 			break
 		}
-		for i, quota := range m.evictQuotas(target-freed, now, allowSoft) {
+		for i, quota := range m.evictQuotas(need-freed, sw) {
 			if quota > 0 {
-				f, k := m.evictShard(&m.shards[i], quota, now, allowSoft)
+				f, k := m.evictShard(&m.shards[i], quota, sw)
 				freed += f
 				keys += k
 			}
 		}
+		if pass == 0 || !blocked.any() {
+			blocked = sw.blocked
+		}
 	}
-	if keys > 0 {
-		m.m.evictSuccess.Inc()
-		m.m.evictedKeys.Add(keys)
-		m.m.evictedBytes.Add(freed)
-		m.log.Info(fmt.Sprintf("evicted %d objects, %s (target %s)", keys, fmtBytes(freed), fmtBytes(target)))
+	m.countEvicted(phase, keys, freed)
+	if keys > 0 && phase == phaseWatermark {
+		m.log.Info(fmt.Sprintf("evicted %d objects, %s (target %s)", keys, fmtBytes(freed), fmtBytes(need)))
 	}
-	return freed
+	return freed, blocked
+}
+
+func (m *Master) countEvicted(phase string, keys, bytes uint64) {
+	m.m.phaseRounds.WithLabelValues(phase).Inc()
+	if keys == 0 {
+		return
+	}
+	m.m.evictSuccess.Inc()
+	m.m.evictedKeys.Add(keys)
+	m.m.evictedBytes.Add(bytes)
+	m.m.phaseKeys.WithLabelValues(phase).Add(float64(keys))
+	m.m.phaseBytes.WithLabelValues(phase).Add(float64(bytes))
 }
 
 type evictCandidate struct {
-	rank, size uint64
-	shard      int
+	rank  rank
+	size  uint64
+	shard int
 }
 
 // evictQuotas decides how many bytes each shard gives so that together
-// they free need bytes of the least recently used objects of the whole
-// master. A shard lists its evictable objects in its policy's order, at
-// most need bytes of them, ranked by the latest use seen so far along that
-// order (so the policy's order inside the shard is kept); the lowest ranks
-// of all shards are chosen. Each shard contributing an equal share instead
-// evicts a shard's newest objects while another keeps older ones, which
-// with few objects per shard is no LRU at all.
-func (m *Master) evictQuotas(need uint64, now int64, allowSoft bool) []uint64 {
+// they free need bytes of the master's first objects in policy order. A
+// shard lists its evictable objects in its policy's order, at most need
+// bytes of them, ranked by the highest rank seen so far along that order
+// (so the policy's order inside the shard is kept even where ranks tie or
+// disagree); the lowest ranks of all shards are chosen. Each shard
+// contributing an equal share instead evicts a shard's newest objects
+// while another keeps older ones, which with few objects per shard is no
+// LRU at all.
+func (m *Master) evictQuotas(need uint64, sw *sweep) []uint64 {
 	var cands []evictCandidate
+	name := m.shards[0].policy.Name()
 	for i := range m.shards {
 		sh := &m.shards[i]
-		var listed, rank uint64
+		var listed uint64
+		var r rank
 		sh.mu.Lock()
-		sh.policy.Victims(func(o *Object) bool {
+		sh.policy.Victims(func(e *policy.Entry[*Object]) bool {
 			if listed >= need {
 				return false
 			}
-			if o.evictable(now, allowSoft) {
-				rank = max(rank, o.lastUse)
+			o := e.V
+			if (sw.in == nil || sw.in(o)) && sw.take(o) {
+				if ro := rankOf(name, o); ro.cmp(r) > 0 {
+					r = ro
+				}
 				n := o.size * uint64(len(o.replicas))
-				cands = append(cands, evictCandidate{rank, n, i})
+				cands = append(cands, evictCandidate{r, n, i})
 				listed += n
 			}
 			return true
 		})
 		sh.mu.Unlock()
 	}
-	slices.SortStableFunc(cands, func(a, b evictCandidate) int { return cmp.Compare(a.rank, b.rank) })
+	slices.SortStableFunc(cands, func(a, b evictCandidate) int { return a.rank.cmp(b.rank) })
 	quotas := make([]uint64, len(m.shards))
 	var chosen uint64
 	for _, c := range cands {
@@ -102,24 +245,32 @@ func (m *Master) evictQuotas(need uint64, now int64, allowSoft bool) []uint64 {
 	return quotas
 }
 
-func (m *Master) evictShard(sh *shard, quota uint64, now int64, allowSoft bool) (freed, keys uint64) {
+func (m *Master) evictShard(sh *shard, quota uint64, sw *sweep) (freed, keys uint64) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	var victims []*Object
-	sh.policy.Victims(func(o *Object) bool {
+	quiet := *sw // the blockers were counted by evictQuotas
+	sh.policy.Victims(func(e *policy.Entry[*Object]) bool {
 		if freed >= quota {
 			return false
 		}
-		if o.evictable(now, allowSoft) {
+		o := e.V
+		if (sw.in == nil || sw.in(o)) && quiet.take(o) {
 			victims = append(victims, o)
 			freed += o.size * uint64(len(o.replicas))
 		}
 		return true
 	})
 	for _, o := range victims {
-		sh.remove(o.key, o)
-		m.space.free(o.replicas, o.size)
-		m.emit(Change{Op: OpEvict, Key: o.key})
+		m.evictLocked(sh, o)
 	}
 	return freed, uint64(len(victims))
+}
+
+// evictLocked removes o (its shard locked) and frees its space; the
+// owners of its regions learn of it on their next ping.
+func (m *Master) evictLocked(sh *shard, o *Object) {
+	sh.remove(o.key, o)
+	m.space.freeEvicted(o.key, o.replicas, o.size)
+	m.emit(Change{Op: OpEvict, Key: o.key})
 }

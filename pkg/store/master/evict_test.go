@@ -175,53 +175,6 @@ func TestSoftPinTTLCapped(t *testing.T) {
 	}
 }
 
-// TestLRUPolicyModel drives the LRU policy and a slice with the same
-// random operations and compares the victim order after each.
-func TestLRUPolicyModel(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	p := NewLRU()
-	var model []*Object // least recently used first
-	objs := make([]*Object, 32)
-	for i := range objs {
-		objs[i] = &Object{key: fmt.Sprint(i)}
-	}
-	in := func(o *Object) bool { return slices.Contains(model, o) }
-	for step := range 5000 {
-		o := objs[rng.IntN(len(objs))]
-		switch op := rng.IntN(4); {
-		case op == 0 && !in(o):
-			p.Added(o)
-			model = append(model, o)
-		case op == 1 && in(o):
-			p.Accessed(o)
-			model = slices.DeleteFunc(model, func(x *Object) bool { return x == o })
-			model = append(model, o)
-		case op == 2 && in(o):
-			p.Removed(o)
-			model = slices.DeleteFunc(model, func(x *Object) bool { return x == o })
-		case op == 3 && len(model) > 0:
-			// A victim walk that removes what it visits, as eviction
-			// does, and stops after k.
-			k := rng.IntN(len(model)) + 1
-			var got []*Object
-			p.Victims(func(v *Object) bool {
-				got = append(got, v)
-				p.Removed(v)
-				return len(got) < k
-			})
-			if !slices.Equal(got, model[:k]) {
-				t.Fatalf("step %d: victims %v, want %v", step, keysOf(got), keysOf(model[:k]))
-			}
-			model = model[k:]
-		}
-		var got []*Object
-		p.Victims(func(v *Object) bool { got = append(got, v); return true })
-		if !slices.Equal(got, model) {
-			t.Fatalf("step %d: order %v, want %v", step, keysOf(got), keysOf(model))
-		}
-	}
-}
-
 func keysOf(os []*Object) []string {
 	out := make([]string, len(os))
 	for i, o := range os {

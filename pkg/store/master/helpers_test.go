@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/alloc"
+	"github.com/kvcache-ops/mc/pkg/store/policy"
 )
 
 const (
@@ -275,28 +276,17 @@ func checkInvariants(m *Master) error {
 		if sh.softPinned != soft {
 			errs = append(errs, fmt.Errorf("shard %d counts %d soft-pinned, holds %d", i, sh.softPinned, soft))
 		}
-		if l, ok := sh.policy.(*lru); ok {
+		if _, none := sh.policy.(noEviction); !none {
 			n := 0
-			var prev *Object
-			for o := l.head; o != nil; o = o.next {
+			sh.policy.Victims(func(e *policy.Entry[*Object]) bool {
 				n++
-				if o.prev != prev {
-					errs = append(errs, fmt.Errorf("shard %d: LRU list broken at %q", i, o.key))
-					break
+				if o := e.V; sh.objects[o.key] != o || o.state != stateComplete {
+					errs = append(errs, fmt.Errorf("shard %d: the policy holds %q, which is not a complete object of the shard", i, o.key))
 				}
-				prev = o
-				if sh.objects[o.key] != o || o.state != stateComplete {
-					errs = append(errs, fmt.Errorf("shard %d: LRU holds %q, which is not a complete object of the shard", i, o.key))
-				}
-				if n > complete+1 {
-					break
-				}
-			}
-			if l.tail != prev {
-				errs = append(errs, fmt.Errorf("shard %d: LRU tail is not the last element", i))
-			}
-			if n != complete {
-				errs = append(errs, fmt.Errorf("shard %d: LRU holds %d objects, shard %d complete", i, n, complete))
+				return n <= complete
+			})
+			if n != complete || sh.policy.Len() != complete {
+				errs = append(errs, fmt.Errorf("shard %d: the policy holds %d objects (Len %d), shard %d complete", i, n, sh.policy.Len(), complete))
 			}
 		}
 	}

@@ -13,10 +13,10 @@
 // Space is handed out in regions (store.md): a segment is carved into
 // RegionSize pieces, a writing client instance is given regions on demand,
 // and its objects are placed inside its own regions with an offset
-// allocator. Eviction (package-level Policy, watermark loop) and HA (the
-// OnChange hook, Restore) plug in at the seams this package exposes.
+// allocator. Eviction orders come from package policy (chosen by
+// Config.EvictionPolicy); HA plugs in at the OnChange hook and Restore.
 //
-// Main types: Master, Config, Policy, Change.
+// Main types: Master, Config, Change.
 package master
 
 import (
@@ -76,8 +76,10 @@ type Config struct {
 	// MaxRegionsPerInstance bounds the regions one instance holds (0 =
 	// unlimited).
 	MaxRegionsPerInstance int
-	// NewPolicy makes the eviction order of one shard (default LRU).
-	NewPolicy func() Policy
+	// EvictionPolicy orders objects for eviction: lru (default), lfu,
+	// fifo, length-aware (package policy), or none (never evict: a put
+	// into a full store fails, as in Mooncake without its loop).
+	EvictionPolicy string
 	// OnChange is called for every metadata change, in order, while the
 	// changed key (or the space) is locked: the HA op log hooks in here.
 	// It must not block for long or call back into the Master.
@@ -135,8 +137,11 @@ func (c *Config) setDefaults() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	if c.NewPolicy == nil {
-		c.NewPolicy = NewLRU
+	if c.EvictionPolicy == "" {
+		c.EvictionPolicy = DefaultEvictionPolicy
+	}
+	if _, err := newShardPolicy(c.EvictionPolicy); err != nil {
+		return err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -232,7 +237,7 @@ func New(cfg Config) (*Master, error) {
 	m.m = newMetrics(m)
 	for i := range m.shards {
 		m.shards[i].objects = make(map[string]*Object)
-		m.shards[i].policy = cfg.NewPolicy()
+		m.shards[i].policy, _ = newShardPolicy(cfg.EvictionPolicy)
 	}
 	m.space.init(&m.cfg)
 	return m, nil

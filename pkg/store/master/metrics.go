@@ -18,6 +18,8 @@ type Metrics struct {
 	putDiscards, putReleases           prometheus.Counter
 	evictAttempts, evictSuccess        prometheus.Counter
 	evictedKeys, evictedBytes          atomic.Uint64
+	// per eviction phase (watermark, own_regions, other_regions)
+	phaseRounds, phaseKeys, phaseBytes *prometheus.CounterVec
 	ops                                map[string][2]prometheus.Counter
 }
 
@@ -55,6 +57,17 @@ func newMetrics(m *Master) *Metrics {
 	x.putReleases = counter("master_put_start_release_cnt", "discarded puts whose space was released after the release timeout")
 	x.evictAttempts = counter("master_attempted_evictions_total", "eviction rounds started")
 	x.evictSuccess = counter("master_successful_evictions_total", "eviction rounds that evicted something")
+	vec := func(name, help string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"phase"})
+		r.MustRegister(v)
+		for _, p := range []string{phaseWatermark, phaseOwnRegions, phaseOtherRegions} {
+			v.WithLabelValues(p)
+		}
+		return v
+	}
+	x.phaseRounds = vec("master_eviction_rounds_total", "eviction rounds per phase: watermark (background), own_regions (phase 1, inside a put), other_regions (phase 3, inside a put)")
+	x.phaseKeys = vec("master_eviction_keys_total", "objects evicted per phase")
+	x.phaseBytes = vec("master_eviction_bytes_total", "replica bytes evicted per phase")
 	for _, op := range rpcOps {
 		x.ops[op] = [2]prometheus.Counter{
 			counter("master_"+op+"_requests_total", op+" requests"),

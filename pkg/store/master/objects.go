@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/policy"
 )
 
 const (
@@ -31,14 +32,13 @@ type Object struct {
 	state      uint8
 	hardPin    bool
 	inPlace    bool // a same-size upsert is rewriting the replicas
-	// Policy bookkeeping: an intrusive list and a counter, so the
-	// built-in policies cost no allocation per object.
-	hits       uint32
-	prev, next *Object
-	seq        uint64
-	// lastUse is the master-wide order of the object's last put or read:
-	// eviction merges the shards' victims by it, so a round takes the
-	// least recently used objects of the whole master, not of each shard.
+	// ent is the object's place in its shard's eviction policy: intrusive,
+	// so a policy costs no allocation per object.
+	ent policy.Entry[*Object]
+	// lastUse is the master-wide order of the object's last put or read
+	// (of its put only under fifo): eviction merges the shards' victims by
+	// it, so a round takes the policy's first objects of the whole master,
+	// not of each shard.
 	lastUse uint64
 }
 
@@ -53,11 +53,8 @@ func (o *Object) Key() string { return o.key }
 // Size is the object's length in bytes.
 func (o *Object) Size() uint64 { return o.size }
 
-// Hits is how many reads the object has served (LFU).
-func (o *Object) Hits() uint32 { return o.hits }
-
-// Seq is the master-wide insertion order of this version (FIFO).
-func (o *Object) Seq() uint64 { return o.seq }
+// Hits is how often the object was put or read since it became complete.
+func (o *Object) Hits() uint32 { return o.ent.Hits() }
 
 func (o *Object) onSegment(s *segment) bool {
 	for _, r := range o.replicas {
@@ -132,7 +129,7 @@ func (o *Object) evictable(now int64, allowSoft bool) bool {
 type shard struct {
 	mu      sync.Mutex
 	objects map[string]*Object
-	policy  Policy
+	policy  policy.Policy[*Object]
 	keys    int // complete objects
 	// softPinned counts complete objects with a soft pin, live or
 	// expired, so the metric needs no scan.
@@ -145,7 +142,9 @@ type shard struct {
 func (sh *shard) remove(key string, o *Object) {
 	delete(sh.objects, key)
 	if o.state == stateComplete {
-		sh.policy.Removed(o)
+		if o.ent.In() {
+			sh.policy.Remove(&o.ent)
+		}
 		sh.keys--
 		if o.softPin != 0 {
 			sh.softPinned--
@@ -153,67 +152,24 @@ func (sh *shard) remove(key string, o *Object) {
 	}
 }
 
-// Policy orders one shard's complete objects for eviction. The master
-// calls it with the shard locked; implementations need no locking of their
-// own. A new policy is one type implementing these four methods.
-type Policy interface {
-	// Added: o became complete (PutEnd).
-	Added(o *Object)
-	// Accessed: o was read (GetReplicaList).
-	Accessed(o *Object)
-	// Removed: o left (remove, eviction, unmount).
-	Removed(o *Object)
-	// Victims calls fn with objects in eviction order, best victim first,
-	// until fn returns false. fn may remove the object it is given.
-	Victims(fn func(o *Object) bool)
+// track puts o, just complete, into the shard's eviction order at depth
+// (its position in the batch that ended its put: the block's position in
+// its request, which length-aware uses).
+func (sh *shard) track(o *Object, depth int) {
+	o.ent.V = o
+	o.lastUse = useCounter.Add(1)
+	sh.policy.Add(&o.ent, depth)
 }
 
-// lru is the default policy: least recently put or read first, an
-// intrusive doubly linked list, O(1) per operation.
-type lru struct{ head, tail *Object }
-
-// NewLRU returns a least-recently-used Policy.
-func NewLRU() Policy { return &lru{} }
-
-func (l *lru) Added(o *Object) { l.pushBack(o) }
-func (l *lru) Accessed(o *Object) {
-	l.unlink(o)
-	l.pushBack(o)
-}
-func (l *lru) Removed(o *Object) { l.unlink(o) }
-
-func (l *lru) Victims(fn func(o *Object) bool) {
-	for o := l.head; o != nil; {
-		next := o.next
-		if !fn(o) {
-			return
-		}
-		o = next
+// touch records a read of o at depth (its position in the read's batch).
+func (sh *shard) touch(o *Object, depth int) {
+	if !o.ent.In() {
+		return
 	}
-}
-
-func (l *lru) pushBack(o *Object) {
-	o.prev, o.next = l.tail, nil
-	if l.tail != nil {
-		l.tail.next = o
-	} else {
-		l.head = o
+	if sh.policy.Name() != "fifo" {
+		o.lastUse = useCounter.Add(1)
 	}
-	l.tail = o
-}
-
-func (l *lru) unlink(o *Object) {
-	if o.prev != nil {
-		o.prev.next = o.next
-	} else if l.head == o {
-		l.head = o.next
-	}
-	if o.next != nil {
-		o.next.prev = o.prev
-	} else if l.tail == o {
-		l.tail = o.prev
-	}
-	o.prev, o.next = nil, nil
+	sh.policy.Touch(&o.ent, depth)
 }
 
 // pending tracks puts that have started but not ended (FIFO by start

@@ -21,8 +21,6 @@ type ReplicaResult struct {
 	Err      error
 }
 
-var seqCounter atomic.Uint64
-
 // useCounter stamps Object.lastUse.
 var useCounter atomic.Uint64
 
@@ -62,8 +60,14 @@ func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, 
 	for i, it := range items {
 		m.m.putStart.Inc()
 		out[i] = m.putStart(client, host, it, cfg)
-		if out[i].Err != nil {
+	}
+	m.evictForPuts(client, host, items, cfg, out)
+	for _, r := range out {
+		if r.Err != nil {
 			m.m.putStartFail.Inc()
+			if store.CodeOf(r.Err) == store.NoAvailableHandle {
+				m.m.allocFailures.Inc()
+			}
 		}
 	}
 	return out
@@ -92,8 +96,9 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 	}
 	refs, err := m.space.place(client, host, it.Size, cfg)
 	if err != nil {
-		m.m.allocFailures.Inc()
-		m.kickEviction()
+		// No kick of the watermark loop: BatchPutStart evicts for
+		// itself (phases.go), and with no policy there is nothing to
+		// evict.
 		return ReplicaResult{Err: err}
 	}
 	o := &Object{
@@ -109,12 +114,12 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 func (m *Master) BatchPutEnd(client store.UUID, keys []string) []error {
 	out := make([]error, len(keys))
 	for i, k := range keys {
-		out[i] = m.putEnd(client, k)
+		out[i] = m.putEnd(client, k, i)
 	}
 	return out
 }
 
-func (m *Master) putEnd(client store.UUID, key string) error {
+func (m *Master) putEnd(client store.UUID, key string, depth int) error {
 	sh := m.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -129,7 +134,9 @@ func (m *Master) putEnd(client store.UUID, key string) error {
 	case o.upsert != nil:
 		old := o.replicas
 		o.replicas, o.upsert = *o.upsert, nil
-		sh.policy.Removed(o)
+		if o.ent.In() {
+			sh.policy.Remove(&o.ent)
+		}
 		if now := m.now(); o.lease > now {
 			// A reader still moves the old version's bytes: they are
 			// freed when its lease ends.
@@ -148,9 +155,7 @@ func (m *Master) putEnd(client store.UUID, key string) error {
 		}
 	}
 	o.state, o.inPlace, o.putStart, o.writer = stateComplete, false, 0, store.UUID{}
-	o.seq = seqCounter.Add(1)
-	o.lastUse = useCounter.Add(1)
-	sh.policy.Added(o)
+	sh.track(o, depth)
 	m.emit(Change{Op: OpPutEnd, Key: key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin})
 	return nil
 }
@@ -243,7 +248,11 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 	o := sh.objects[it.Key]
 	if o == nil || o.state != stateComplete {
 		sh.mu.Unlock()
-		return m.putStart(client, host, it, cfg)
+		r := m.putStart(client, host, it, cfg)
+		if store.CodeOf(r.Err) == store.NoAvailableHandle {
+			m.m.allocFailures.Inc()
+		}
+		return r
 	}
 	defer sh.mu.Unlock()
 	now := m.now()
@@ -339,9 +348,7 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 			out[i].Replicas = o.descriptors(true)
 			if lease {
 				o.lease = max(o.lease, now+ttl.Nanoseconds())
-				o.hits++
-				o.lastUse = useCounter.Add(1)
-				sh.policy.Accessed(o)
+				sh.touch(o, i)
 				out[i].LeaseTTL = ttl
 			}
 		}

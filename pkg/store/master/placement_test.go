@@ -81,8 +81,9 @@ func TestWritersNeverShareARegion(t *testing.T) {
 	mustInvariants(t, m)
 }
 
+// With eviction off (TestPhase1MaxRegionsForcesEviction has it on).
 func TestMaxRegionsPerInstance(t *testing.T) {
-	m, _ := newTestMaster(t, Config{MaxRegionsPerInstance: 1})
+	m, _ := newTestMaster(t, Config{MaxRegionsPerInstance: 1, EvictionPolicy: "none"})
 	mount(t, m, "n", "a", "127.0.0.1", 0, 64*MiB)
 	for i := range 3 {
 		put(t, m, "w", fmt.Sprint("k", i), 300*KiB)
@@ -137,7 +138,7 @@ func segRegions(m *Master, name string) int {
 // the writer's newest too (keeping it starved other writers), where
 // another writer can take it.
 func TestEmptiedRegionReturns(t *testing.T) {
-	m, _ := newTestMaster(t, Config{})
+	m, _ := newTestMaster(t, Config{EvictionPolicy: "none"}) // a full segment stays full
 	mount(t, m, "n", "a", "127.0.0.1", 0, 4*MiB)
 	// Three regions of three 300 KiB objects each.
 	for i := range 9 {

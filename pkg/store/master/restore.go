@@ -96,9 +96,7 @@ func (m *Master) Restore(objs []RestoredObject) error {
 			}
 		}
 		sh.objects[o.key] = o
-		o.seq = seqCounter.Add(1)
-		o.lastUse = useCounter.Add(1)
-		sh.policy.Added(o)
+		sh.track(o, 0)
 		sh.keys++
 		if o.softPin != 0 {
 			sh.softPinned++

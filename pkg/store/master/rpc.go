@@ -115,7 +115,7 @@ func (s *rpcServer) Ping(_ context.Context, r *pb.PingRequest) (*pb.PingResponse
 	if st == store.ClientNeedRemount {
 		cs = pb.ClientStatus_NEED_REMOUNT
 	}
-	return &pb.PingResponse{ViewVersion: v, ClientStatus: cs}, nil
+	return &pb.PingResponse{ViewVersion: v, ClientStatus: cs, EvictedKeys: s.m.TakeEvictedKeys(store.UUIDFromPB(r.ClientId))}, nil
 }
 
 func (s *rpcServer) MountSegment(_ context.Context, r *pb.MountSegmentRequest) (*pb.Result, error) {

@@ -60,9 +60,10 @@ type region struct {
 
 // instance is a writing client's placement state: its open regions.
 type instance struct {
-	id      store.UUID
-	regions []*region // not dedicated ones
-	count   int       // all regions, dedicated included
+	id        store.UUID
+	regions   []*region // not dedicated ones
+	dedicated []*region // for phase-1 eviction, which looks at all its own
+	count     int       // all regions, dedicated included
 }
 
 type space struct {
@@ -79,6 +80,9 @@ type space struct {
 	capacity atomic.Uint64
 	used     atomic.Uint64
 	rng      *rand.Rand
+	// notices are the evicted keys each region owner learns on its next
+	// ping; a lock of their own, so a ping never waits for space.mu.
+	notices notices
 }
 
 type restoredRef struct {
@@ -206,6 +210,7 @@ func (s *space) unmount(seg *segment) {
 	s.order = slices.DeleteFunc(s.order, func(x *segment) bool { return x == seg })
 	for _, in := range s.instances {
 		in.regions = slices.DeleteFunc(in.regions, func(r *region) bool { return r.seg == seg })
+		in.dedicated = slices.DeleteFunc(in.dedicated, func(r *region) bool { return r.seg == seg })
 	}
 	for in, n := range seg.owned {
 		in.count -= n
@@ -232,10 +237,14 @@ func (s *space) dropInstance(id store.UUID) {
 			r.seg.nreg--
 		}
 	}
+	for _, r := range in.dedicated {
+		r.owner = nil
+	}
 	for _, seg := range s.order {
 		delete(seg.owned, in)
 	}
 	delete(s.instances, id)
+	s.notices.forget(id)
 }
 
 // place allocates up to cfg.ReplicaNum replicas of size bytes on distinct
@@ -431,6 +440,7 @@ func (s *space) newRegion(in *instance, seg *segment, size uint64) (replicaRef, 
 	in.count++
 	seg.owned[in]++
 	if dedicated {
+		in.dedicated = append(in.dedicated, reg)
 		return replicaRef{reg, base}, true
 	}
 	reg.alloc, err = alloc.New(base, n)
@@ -493,6 +503,9 @@ func (s *space) freeOne(r replicaRef, size uint64) {
 		seg.shared = slices.DeleteFunc(seg.shared, func(x *region) bool { return x == reg })
 	}
 	if in := reg.owner; in != nil {
+		if reg.dedicated {
+			in.dedicated = slices.DeleteFunc(in.dedicated, func(x *region) bool { return x == reg })
+		}
 		in.count--
 		if s.instances[in.id] == in {
 			if seg.owned[in]--; seg.owned[in] == 0 {

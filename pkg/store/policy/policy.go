@@ -32,7 +32,7 @@ type Entry[T any] struct {
 	prev, next *Entry[T]
 	bucket     *bucket[T] // lfu: its frequency bucket
 	hits       uint32
-	depth      uint32
+	depth      uint16 // < MaxDepth; with in, fits beside hits in one word
 	in         bool
 	V          T
 }
@@ -42,6 +42,9 @@ func (e *Entry[T]) Hits() uint32 { return e.hits }
 
 // In reports whether the entry is in a policy.
 func (e *Entry[T]) In() bool { return e.in }
+
+// Depth is the entry's depth as length-aware keeps it (0 in the others).
+func (e *Entry[T]) Depth() int { return int(e.depth) }
 
 // Policy orders entries for eviction. Implementations are not safe for
 // concurrent use; callers hold their own lock.
@@ -262,8 +265,8 @@ type lengthAware[T any] struct {
 	n     int
 }
 
-func clampDepth(d int) uint32 {
-	return uint32(min(max(d, 0), MaxDepth-1))
+func clampDepth(d int) uint16 {
+	return uint16(min(max(d, 0), MaxDepth-1))
 }
 
 func (p *lengthAware[T]) Add(e *Entry[T], depth int) {

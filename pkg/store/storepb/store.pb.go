@@ -404,9 +404,13 @@ func (x *PingRequest) GetClientId() *UUID {
 }
 
 type PingResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ViewVersion   uint64                 `protobuf:"varint,1,opt,name=view_version,json=viewVersion,proto3" json:"view_version,omitempty"`
-	ClientStatus  ClientStatus           `protobuf:"varint,2,opt,name=client_status,json=clientStatus,proto3,enum=mc.store.v1.ClientStatus" json:"client_status,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ViewVersion  uint64                 `protobuf:"varint,1,opt,name=view_version,json=viewVersion,proto3" json:"view_version,omitempty"`
+	ClientStatus ClientStatus           `protobuf:"varint,2,opt,name=client_status,json=clientStatus,proto3,enum=mc.store.v1.ClientStatus" json:"client_status,omitempty"`
+	// evicted_keys: keys evicted from this client's regions since its last
+	// ping (at most 10000; the rest come with the next pings). The client
+	// drops its local state for them.
+	EvictedKeys   []string `protobuf:"bytes,3,rep,name=evicted_keys,json=evictedKeys,proto3" json:"evicted_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -453,6 +457,13 @@ func (x *PingResponse) GetClientStatus() ClientStatus {
 		return x.ClientStatus
 	}
 	return ClientStatus_CLIENT_STATUS_UNDEFINED
+}
+
+func (x *PingResponse) GetEvictedKeys() []string {
+	if x != nil {
+		return x.EvictedKeys
+	}
+	return nil
 }
 
 type MountSegmentRequest struct {
@@ -1376,10 +1387,11 @@ const file_store_proto_rawDesc = "" +
 	"teEndpoint\x12\x1a\n" +
 	"\bprotocol\x18\x06 \x01(\tR\bprotocol\"=\n" +
 	"\vPingRequest\x12.\n" +
-	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\"q\n" +
+	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\"\x94\x01\n" +
 	"\fPingResponse\x12!\n" +
 	"\fview_version\x18\x01 \x01(\x04R\vviewVersion\x12>\n" +
-	"\rclient_status\x18\x02 \x01(\x0e2\x19.mc.store.v1.ClientStatusR\fclientStatus\"u\n" +
+	"\rclient_status\x18\x02 \x01(\x0e2\x19.mc.store.v1.ClientStatusR\fclientStatus\x12!\n" +
+	"\fevicted_keys\x18\x03 \x03(\tR\vevictedKeys\"u\n" +
 	"\x13MountSegmentRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12.\n" +
 	"\asegment\x18\x02 \x01(\v2\x14.mc.store.v1.SegmentR\asegment\"y\n" +

@@ -1,0 +1,139 @@
+package cmd
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const tinyTrace = `{"timestamp": 5, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}
+{"timestamp": 0, "input_length": 1536, "output_length": 1, "hash_ids": [1, 2, 3]}
+{"timestamp": 5, "input_length": 1536, "output_length": 1, "hash_ids": [1, 9, 3]}
+{"timestamp": 7, "input_length": 512, "output_length": 1, "hash_ids": [3]}
+`
+
+func writeTrace(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "trace.jsonl")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+type replayJSON struct {
+	Results []struct {
+		Policy         string  `json:"policy"`
+		CapacityBlocks int     `json:"capacity_blocks"`
+		Requests       int     `json:"requests"`
+		Blocks         int     `json:"blocks"`
+		HitBlocks      int     `json:"hit_blocks"`
+		HitRatio       float64 `json:"hit_ratio"`
+		PrefixHitRatio float64 `json:"prefix_hit_ratio"`
+	} `json:"results"`
+	Online *struct {
+		Requests     int     `json:"requests"`
+		Blocks       int     `json:"blocks"`
+		HitBlocks    int     `json:"hit_blocks"`
+		BytesWritten uint64  `json:"bytes_written"`
+		BytesRead    uint64  `json:"bytes_read"`
+		GBPerSec     float64 `json:"gb_per_sec"`
+	} `json:"online"`
+}
+
+func TestStoreReplayOffline(t *testing.T) {
+	isolateEnv(t)
+	tr := writeTrace(t, tinyTrace)
+	out, errs, code := execMC(t, "store", "replay", "--trace", tr, "--policy", "lru,fifo", "--capacity-blocks", "inf,2", "-o", "json")
+	var j replayJSON
+	if err := json.Unmarshal([]byte(out), &j); err != nil || code != 0 {
+		t.Fatalf("exit %d, %v: %s %s", code, err, out, errs)
+	}
+	if len(j.Results) != 4 || j.Online != nil {
+		t.Fatalf("results %+v", j)
+	}
+	// Hand-computed in pkg/store/replay's TestRunTiny.
+	r := j.Results[0]
+	if r.Policy != "lru" || r.CapacityBlocks != 0 || r.Requests != 4 || r.Blocks != 9 || r.HitBlocks != 5 || fmt.Sprintf("%.4f", r.PrefixHitRatio) != "0.4444" {
+		t.Errorf("lru inf: %+v", r)
+	}
+	if r := j.Results[3]; r.Policy != "fifo" || r.CapacityBlocks != 2 || r.HitBlocks != 3 {
+		t.Errorf("fifo 2: %+v", r)
+	}
+	out, _, _ = execMC(t, "store", "replay", "--trace", tr)
+	for _, want := range []string{"prefix hit ratio", "inf", "0.556"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestStoreReplayBadInput(t *testing.T) {
+	isolateEnv(t)
+	tr := writeTrace(t, tinyTrace)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"store", "replay"}, "trace"},
+		{[]string{"store", "replay", "--trace", "/nonexistent/t.jsonl"}, "trace"},
+		{[]string{"store", "replay", "--trace", writeTrace(t, "{\"timestamp\": 1}\nnope\n")}, "line 2"},
+		{[]string{"store", "replay", "--trace", tr, "--policy", "mru"}, "--policy"},
+		{[]string{"store", "replay", "--trace", tr, "--capacity-blocks", "0"}, "--capacity-blocks"},
+		{[]string{"store", "replay", "--trace", tr, "--online", "--capacity-blocks", "1,2"}, "at most one"},
+		{[]string{"store", "replay", "--trace", tr, "--online", "--block-bytes", "x"}, "--block-bytes"},
+	} {
+		_, errs, code := execMC(t, c.args...)
+		if code == 0 || !strings.Contains(errs, c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc %s: exit %d, stderr %q; want one line naming %q", strings.Join(c.args, " "), code, errs, c.want)
+		}
+	}
+}
+
+// Online replay into a store too small for the trace: the store evicts
+// inside the puts, and stat shows it per phase.
+func TestStoreReplayOnlineAndStat(t *testing.T) {
+	isolateEnv(t)
+	var b strings.Builder
+	for i := range 60 {
+		ids := make([]string, 8)
+		for j := range ids {
+			ids[j] = fmt.Sprint((i*5 + j*3) % 48)
+		}
+		fmt.Fprintf(&b, "{\"timestamp\": %d, \"input_length\": 4096, \"output_length\": 1, \"hash_ids\": [%s]}\n", i, strings.Join(ids, ", "))
+	}
+	tr := writeTrace(t, b.String())
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "1M", "--eviction-policy", "lru")
+	m := []string{"--master", rpc, "--admin", admin}
+	out, errs, code := execMC(t, append([]string{"store", "replay", "--trace", tr, "--online", "--block-bytes", "64K", "--capacity-blocks", "16", "-o", "json"}, m...)...)
+	var j replayJSON
+	if err := json.Unmarshal([]byte(out), &j); err != nil || code != 0 || j.Online == nil {
+		t.Fatalf("exit %d, %v: %s %s", code, err, out, errs)
+	}
+	if o := j.Online; o.Requests != 60 || o.Blocks != 480 || o.BytesWritten != uint64(o.Blocks-o.HitBlocks)*64<<10 || o.GBPerSec <= 0 {
+		t.Errorf("online: %+v", o)
+	}
+	if len(j.Results) != 1 || j.Results[0].CapacityBlocks != 16 {
+		t.Errorf("offline figures at the store's capacity: %+v", j.Results)
+	}
+	out, _, _ = execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
+	var sj struct {
+		EvictedKeys int64            `json:"evicted_keys"`
+		Attempts    int64            `json:"eviction_attempts"`
+		Phases      map[string]int64 `json:"evicted_keys_by_phase"`
+	}
+	if err := json.Unmarshal([]byte(out), &sj); err != nil {
+		t.Fatal(err)
+	}
+	if sj.EvictedKeys == 0 || sj.Attempts == 0 || sj.Phases["own_regions"] == 0 ||
+		sj.Phases["watermark"]+sj.Phases["own_regions"]+sj.Phases["other_regions"] != sj.EvictedKeys {
+		t.Errorf("stat: %+v", sj)
+	}
+	out, _, _ = execMC(t, append([]string{"store", "stat"}, m...)...)
+	if !strings.Contains(out, "evicted keys by phase") {
+		t.Errorf("stat table lacks the phases:\n%s", out)
+	}
+}

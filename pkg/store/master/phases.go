@@ -1,0 +1,251 @@
+package master
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+)
+
+// Allocation-failure eviction (store.md, the CXL design), inside the
+// BatchPutStart that found no room, so the writer pays no extra round
+// trip:
+//
+//   - Phase 1: evict the policy's first objects among those in the
+//     writer's own regions, and place again in the space they leave.
+//   - Phase 2 is the policy itself (Config.EvictionPolicy).
+//   - Phase 3: when that is not enough, take whole regions from the
+//     instances with the lowest reference count (regionTally), free every
+//     object in them, and queue their keys for the owners' next ping.
+//
+// A batch adds up its whole shortage first and evicts once for all its
+// items; a put fails only when nothing evictable is left, with
+// NO_AVAILABLE_HANDLE saying what is in the way. A put that fits pays for
+// none of this: evictForPuts returns at its first loop.
+
+// Reference-count weights of phase 3. Every live object counts 1; one
+// that is being read (leased) or pinned says its owner still uses the
+// region, so it counts more, and the instance holding it is among the
+// last to lose a region.
+const (
+	leasedWeight  = 4
+	softPinWeight = 16
+	hardPinWeight = 64
+)
+
+// evictForPuts retries, after evicting, the items of a batch that failed
+// for want of space.
+func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig, out []ReplicaResult) {
+	var largest uint64
+	short := func() (idx []int, need uint64) {
+		for i, r := range out {
+			if r.Err == nil || store.CodeOf(r.Err) != store.NoAvailableHandle {
+				continue
+			}
+			if largest == 0 {
+				largest = m.space.largestSegment()
+			}
+			if items[i].Size <= largest {
+				idx = append(idx, i)
+				need += items[i].Size * uint64(max(cfg.ReplicaNum, 1))
+			}
+		}
+		return idx, need
+	}
+	idx, need := short()
+	if len(idx) == 0 || !m.evicting() {
+		return
+	}
+	retry := func() {
+		for _, i := range idx {
+			out[i] = m.putStart(client, host, items[i], cfg)
+		}
+		idx, need = short()
+	}
+	var blocked blockers
+	// Two rounds: space freed in bytes may still be too fragmented for
+	// the retry, and other writers may take it first.
+	for round := 0; round < 2 && len(idx) > 0; round++ {
+		var freed uint64
+		if own := m.space.ownRegions(client); len(own) > 0 {
+			f, b := m.evictRound(phaseOwnRegions, need, func(o *Object) bool {
+				for _, r := range o.replicas {
+					if _, ok := own[r.reg]; ok {
+						return true
+					}
+				}
+				return false
+			})
+			freed, blocked = freed+f, b
+			if f > 0 {
+				retry()
+			}
+		}
+		if len(idx) > 0 {
+			f, b := m.evictOtherRegions(client, need)
+			freed, blocked = freed+f, b
+			if f > 0 {
+				retry()
+			}
+		}
+		if freed == 0 {
+			break
+		}
+	}
+	if !blocked.any() {
+		return
+	}
+	for _, i := range idx {
+		out[i].Err = store.Errorf(store.NoAvailableHandle, "key %q: no room for %d bytes and nothing evictable is left: %s (%v)", items[i].Key, items[i].Size, blocked, out[i].Err)
+	}
+}
+
+// regionTally is one region's reference count as phase 3 weighs it.
+type regionTally struct {
+	weight uint64
+	// blocked: it holds an object that cannot go now (hard-pinned,
+	// leased, being written), so it cannot be freed whole.
+	blocked bool
+}
+
+// evictOtherRegions is phase 3: it frees whole regions of instances other
+// than client's, lowest reference count first, until their bytes cover
+// need. It walks every object twice (to weigh the regions, then to evict
+// the chosen ones' objects): the last resort costs O(objects).
+func (m *Master) evictOtherRegions(client store.UUID, need uint64) (uint64, blockers) {
+	m.m.evictAttempts.Inc()
+	sw := &sweep{now: m.now(), allowSoft: *m.cfg.AllowEvictSoftPinned}
+	tally := make(map[*region]*regionTally)
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, o := range sh.objects {
+			ok := sw.take(o)
+			w := uint64(1)
+			switch {
+			case o.hardPin:
+				w += hardPinWeight
+			case o.lease > sw.now:
+				w += leasedWeight
+			case o.softPin > sw.now:
+				w += softPinWeight
+			}
+			mark := func(refs []replicaRef) {
+				for _, r := range refs {
+					t := tally[r.reg]
+					if t == nil {
+						t = &regionTally{}
+						tally[r.reg] = t
+					}
+					t.weight += w
+					t.blocked = t.blocked || !ok
+				}
+			}
+			mark(o.replicas)
+			if o.upsert != nil {
+				mark(*o.upsert)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	chosen, owners := m.space.pickRegions(client, tally, need)
+	if len(chosen) == 0 {
+		m.countEvicted(phaseOtherRegions, 0, 0)
+		return 0, sw.blocked
+	}
+	var freed, keys uint64
+	quiet := &sweep{now: m.now(), allowSoft: sw.allowSoft}
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, o := range sh.objects {
+			if !slices.ContainsFunc(o.replicas, func(r replicaRef) bool { return chosen[r.reg] }) || !quiet.take(o) {
+				continue
+			}
+			freed += o.size * uint64(len(o.replicas))
+			keys++
+			m.evictLocked(sh, o)
+		}
+		sh.mu.Unlock()
+	}
+	m.countEvicted(phaseOtherRegions, keys, freed)
+	m.log.Info(fmt.Sprintf("put of %s by client %s: took %d regions from %d other instances, evicted %d objects (%s)", fmtBytes(need), client, len(chosen), owners, keys, fmtBytes(freed)))
+	return freed, sw.blocked
+}
+
+// pickRegions chooses whole regions to free for client, at least need
+// bytes of them: regions of the instance with the lowest reference count
+// first (the sum of its regions' weights), then the lightest regions of
+// it. Regions of client itself, regions that cannot be freed whole, and
+// regions on segments that are leaving are not taken.
+func (s *space) pickRegions(client store.UUID, tally map[*region]*regionTally, need uint64) (map[*region]bool, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	req := s.instances[client]
+	type cand struct {
+		reg        *region
+		inst, self uint64
+	}
+	instWeight := make(map[*instance]uint64)
+	var cands []cand
+	for reg, t := range tally {
+		seg := reg.seg
+		if s.segs[seg.info.ID] != seg {
+			continue // a restored placeholder, or gone
+		}
+		instWeight[reg.owner] += t.weight
+		if t.blocked || seg.status != SegOK || (req != nil && reg.owner == req) {
+			continue
+		}
+		cands = append(cands, cand{reg: reg, self: t.weight})
+	}
+	for i := range cands {
+		cands[i].inst = instWeight[cands[i].reg.owner]
+	}
+	slices.SortFunc(cands, func(a, b cand) int {
+		return cmp.Or(cmp.Compare(a.inst, b.inst), cmp.Compare(a.self, b.self),
+			cmp.Compare(a.reg.seg.info.Name, b.reg.seg.info.Name), cmp.Compare(a.reg.base, b.reg.base))
+	})
+	chosen := make(map[*region]bool)
+	owners := make(map[*instance]bool)
+	var got uint64
+	for _, c := range cands {
+		if got >= need {
+			break
+		}
+		chosen[c.reg] = true
+		owners[c.reg.owner] = true
+		got += c.reg.len
+	}
+	return chosen, len(owners)
+}
+
+// ownRegions is the set of regions client holds (phase 1's scope).
+func (s *space) ownRegions(client store.UUID) map[*region]struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in := s.instances[client]
+	if in == nil {
+		return nil
+	}
+	own := make(map[*region]struct{}, len(in.regions)+len(in.dedicated))
+	for _, r := range in.regions {
+		own[r] = struct{}{}
+	}
+	for _, r := range in.dedicated {
+		own[r] = struct{}{}
+	}
+	return own
+}
+
+// largestSegment is the size of the largest mounted segment.
+func (s *space) largestSegment() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n uint64
+	for _, seg := range s.order {
+		n = max(n, seg.info.Size)
+	}
+	return n
+}

@@ -1,0 +1,81 @@
+package replay
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/engine"
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// startStore runs a master and a node with a segment of segBytes on
+// loopback, and returns a pure client of it.
+func startStore(t *testing.T, cfg master.Config, segBytes uint64) (*store.Client, *master.Master) {
+	t.Helper()
+	m, err := master.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := master.Serve(m, lis)
+	t.Cleanup(func() { srv.Stop(); m.Close() })
+	ecfg := engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"}
+	ctx := context.Background()
+	node, err := store.New(ctx, store.Config{Master: lis.Addr().String(), EngineConfig: ecfg, SegmentSize: segBytes, StagingSize: 4 << 20, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close(ctx) })
+	c, err := store.New(ctx, store.Config{Master: lis.Addr().String(), EngineConfig: ecfg, StagingSize: 8 << 20, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(ctx) })
+	return c, m
+}
+
+// A store sized to C blocks gives the offline hit ratio at C, within 2
+// points. Leases are short (a replayed read is over before the next
+// request) and the watermark loop is off, so the store holds exactly C
+// blocks and evicts only inside puts, as the offline replay does.
+func TestOnlineMatchesOffline(t *testing.T) {
+	tr := loadTrace(t, "conversation_trace.jsonl")
+	const n, capacity, block = 2500, 5000, 4096
+	tr.Requests, tr.Blocks = tr.Requests[:n], tr.Blocks[:n]
+	off, err := Run(tr, "lru", capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, m := startStore(t, master.Config{
+		KVLeaseTTL: time.Millisecond, HighWatermark: 1, EvictionInterval: time.Hour, Logger: quiet,
+	}, capacity*block)
+	on, err := Online(context.Background(), c, tr, OnlineConfig{BlockBytes: block, Label: "lru", CapacityBlocks: capacity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("offline %.4f (prefix %.4f), online %.4f (prefix %.4f); %d put failures, %d get failures, %.3f GB/s",
+		off.HitRatio, off.PrefixHitRatio, on.HitRatio, on.PrefixHitRatio, on.PutFailures, on.GetFailures, on.GBPerSec)
+	if on.Blocks != off.Blocks || on.Requests != n {
+		t.Fatalf("online counted %d blocks in %d requests, offline %d", on.Blocks, on.Requests, off.Blocks)
+	}
+	if math.Abs(on.HitRatio-off.HitRatio) > 0.02 {
+		t.Errorf("online hit ratio %.4f, offline %.4f: more than 2 points apart", on.HitRatio, off.HitRatio)
+	}
+	if on.BytesWritten != uint64(on.Blocks-on.HitBlocks-on.PutFailures)*block || on.BytesRead == 0 {
+		t.Errorf("bytes moved: read %d, written %d", on.BytesRead, on.BytesWritten)
+	}
+	if s := m.Stats(); s.Keys > capacity || s.EvictedKeys == 0 {
+		t.Errorf("store holds %d keys (capacity %d), evicted %d", s.Keys, capacity, s.EvictedKeys)
+	}
+}
