@@ -13,22 +13,15 @@
 package replay
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
-	"slices"
 
 	"github.com/kvcache-ops/mc/pkg/store/policy"
+	"github.com/kvcache-ops/mc/pkg/trace"
 )
 
 // Request is one line of a trace.
-type Request struct {
-	Timestamp    int64    `json:"timestamp"`
-	InputLength  int      `json:"input_length"`
-	OutputLength int      `json:"output_length"`
-	HashIDs      []uint64 `json:"hash_ids"`
-}
+type Request = trace.Request
 
 // Trace is a parsed trace in replay order. Blocks are renumbered densely
 // (Blocks[i][j] indexes the trace's distinct hash ids), so a replay needs
@@ -39,63 +32,34 @@ type Trace struct {
 	Distinct int
 }
 
-// maxLine bounds one trace line (a request of 100k blocks is ~1 MB).
-const maxLine = 16 << 20
-
-// Read parses a trace: one JSON object per line, blank lines ignored.
+// Read parses a trace (package trace: timestamp order, file order within
+// a timestamp) and numbers its blocks densely.
 func Read(r io.Reader) (*Trace, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), maxLine)
-	t := &Trace{}
-	ids := make(map[uint64]int32)
-	for line := 1; sc.Scan(); line++ {
-		b := sc.Bytes()
-		if len(b) == 0 {
-			continue
-		}
-		var q Request
-		if err := json.Unmarshal(b, &q); err != nil {
-			return nil, fmt.Errorf("line %d: %w", line, err)
-		}
-		if q.Timestamp < 0 {
-			return nil, fmt.Errorf("line %d: negative timestamp %d", line, q.Timestamp)
-		}
+	reqs, err := trace.Read(r)
+	if err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("trace has no request")
+	}
+	t := &Trace{Requests: reqs, Blocks: make([][]int32, len(reqs))}
+	ids := make(map[int64]int32)
+	for n, q := range reqs {
 		blocks := make([]int32, len(q.HashIDs))
 		for i, h := range q.HashIDs {
 			id, ok := ids[h]
 			if !ok {
 				if len(ids) == 1<<31-1 {
-					return nil, fmt.Errorf("line %d: more than 2^31 distinct blocks", line)
+					return nil, fmt.Errorf("request %d: more than 2^31 distinct blocks", n)
 				}
 				id = int32(len(ids))
 				ids[h] = id
 			}
 			blocks[i] = id
 		}
-		t.Requests = append(t.Requests, q)
-		t.Blocks = append(t.Blocks, blocks)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read trace: %w", err)
-	}
-	if len(t.Requests) == 0 {
-		return nil, fmt.Errorf("trace has no request")
+		t.Blocks[n] = blocks
 	}
 	t.Distinct = len(ids)
-	// Timestamp order, file order within a timestamp.
-	order := make([]int, len(t.Requests))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		return int(min(max(t.Requests[a].Timestamp-t.Requests[b].Timestamp, -1), 1))
-	})
-	reqs := make([]Request, len(order))
-	blocks := make([][]int32, len(order))
-	for i, j := range order {
-		reqs[i], blocks[i] = t.Requests[j], t.Blocks[j]
-	}
-	t.Requests, t.Blocks = reqs, blocks
 	return t, nil
 }
 
