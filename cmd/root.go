@@ -160,7 +160,18 @@ func strictArgs(c *cobra.Command) {
 			}
 			return nil
 		}
+		return
 	}
+	// Cobra's own count checks say "accepts 1 arg(s), received 0": name
+	// the command and what it takes.
+	check := c.Args
+	c.Args = func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return usageError(cmd, fmt.Errorf("%s%v: usage: %s (see '%s --help')", subPath(cmd), err, cmd.UseLine(), cmd.CommandPath()))
+		}
+		return nil
+	}
+
 }
 
 // strictHelp makes `mc help <topic>` fail as `mc <topic>` would when the

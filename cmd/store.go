@@ -1031,7 +1031,7 @@ to it.`,
 	f.StringSliceVar(&o.Capacities, "capacity-blocks", []string{"inf"}, "cache sizes in blocks (inf: unbounded)")
 	f.BoolVar(&o.Online, "online", false, "drive the store at --master with the trace")
 	f.StringVar(&o.BlockBytes, "block-bytes", "64K", "--online: bytes of one block's value")
-	_ = cmd.MarkFlagRequired("trace")
+	_ = cmd.MarkFlagFilename("trace", "jsonl")
 	_ = cmd.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(policy.Names, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -1074,6 +1074,9 @@ func readTrace(path string) (*replay.Trace, error) {
 }
 
 func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error {
+	if o.Trace == "" {
+		return fmt.Errorf("store replay: --trace is required (a FAST'25 trace, e.g. conversation_trace.jsonl)")
+	}
 	caps, err := parseCapacities(o.Capacities)
 	if err != nil {
 		return err
