@@ -71,7 +71,7 @@ engine, as mc bench initiator does with its embedded target.`,
 	f.DurationVar(&o.Duration, "duration", 5*time.Second, "time per row")
 	f.IntVar(&o.Keys, "keys", 0, "keys gets read from (0: enough to spread reads over half the store)")
 	f.BoolVar(&o.Verify, "verify", false, "check every byte of every get")
-	f.StringVar(&o.SegmentSize, "segment-size", "4G", "the embedded store's segment (without --master)")
+	f.StringVar(&o.SegmentSize, "segment-size", "2G", "the embedded store's segment (without --master); it is faulted in before measuring")
 	f.StringVar(&o.Plot, "plot", "", "draw objects/s and p99 latency against concurrency as SVG to this file")
 	_ = cmd.RegisterFlagCompletionFunc("op", cobra.FixedCompletions(sbench.Ops, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -154,9 +154,14 @@ func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
 			return fmt.Errorf("--plot: %w", perr)
 		}
 	}
-	if ctx.Err() != nil && len(results) > 0 {
-		printStoreResults(p, results)
-		return &exitError{code: 130, err: fmt.Errorf("bench store: interrupted after %d rows", len(results))}
+	if ctx.Err() != nil {
+		if len(results) > 0 {
+			printStoreResults(p, results)
+		}
+		if len(results) == 0 {
+			return &exitError{code: 130, err: fmt.Errorf("bench store: interrupted before a row was measured")}
+		}
+		return &exitError{code: 130, err: fmt.Errorf("bench store: interrupted after %d rows (the last may be partial)", len(results))}
 	}
 	if err != nil {
 		if len(results) > 0 {

@@ -178,6 +178,13 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 					return out, ctx.Err()
 				}
 				res, err := r.row(ctx, vs, op, n)
+				if err != nil && ctx.Err() != nil {
+					// Interrupted: the row so far is still a measurement.
+					if res.OpsPerSec > 0 {
+						out = append(out, res)
+					}
+					return out, ctx.Err()
+				}
 				if err != nil {
 					return out, fmt.Errorf("%s %s x%d: %w", ebench.FormatSize(vs), op, n, err)
 				}
