@@ -176,6 +176,10 @@ const (
 	PingInterval = 200 * time.Millisecond
 )
 
+// errHalted ends the collectives of a group halted by a test that
+// simulates a crash: the rank stops where it is, touching nothing more.
+var errHalted = errors.New("rank halted")
+
 // exchange runs sends and recvs (at most one of each per peer) to
 // completion under the installed view.
 func (g *Group) exchange(ctx context.Context, sends []*sendOp, recvs []*recvOp) error {
@@ -183,11 +187,24 @@ func (g *Group) exchange(ctx context.Context, sends []*sendOp, recvs []*recvOp) 
 	ver := v.version
 	K := uint32(g.lay.slots)
 	me := g.rank
+	// A failed exchange leaves data writes in flight: they join the posted
+	// writes, so the next view's install waits for them to land rather
+	// than have them overwrite the new view's first messages.
+	defer func() {
+		for _, s := range sends {
+			for _, c := range s.inflight {
+				g.async = append(g.async, asyncWrite{peer: s.peer, b: c.b})
+			}
+		}
+	}()
 	idle := 0
 	lastProgress := time.Now()
 	lastStore := lastProgress
 	lastPing := lastProgress
 	for {
+		if g.halt.Load() {
+			return errHalted
+		}
 		progress, pending := false, false
 		for _, s := range sends {
 			if s.finished() {
