@@ -18,7 +18,7 @@ DEB_PKGS := libibverbs-dev protobuf-compiler
 PROTO_DIR := pkg/store/storepb
 PROTO_GEN := .cache/protoc-gen
 
-.PHONY: all build build-ibverbs test deps deps-go deps-deb unit fmt-check vet lint gen gen-proto proto-check bench bench-tcp bench-diag demo fixtures install clean
+.PHONY: all build build-ibverbs test deps deps-go deps-deb unit fmt-check vet lint gen gen-proto proto-check bench bench-tcp bench-coll bench-diag demo fixtures install clean
 
 all: build
 
@@ -97,6 +97,11 @@ bench:
 bench-tcp:
 	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkTCPvsStream$$' -benchtime 1x -count=1 -compare.duration 5s
 	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkTCPvsStream$$' -benchtime 1x -count=1 -compare.duration 5s -compare.op write
+
+# 4-rank all_reduce bus bandwidth at 64 MiB on loopback TCP against the
+# 1-thread mc bench initiator at 1 MiB, in the same run (a markdown table).
+bench-coll:
+	$(GO) test ./pkg/coll -run '^$$' -bench '^BenchmarkAllReduceVsInitiator$$' -benchtime 3x -count=1
 
 # Log parsing throughput of mc diag against `grep -c evicted` on the same
 # generated log (1 GB unless MC_DIAG_BENCH_MB says otherwise).

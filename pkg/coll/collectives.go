@@ -70,21 +70,19 @@ func (g *Group) AllReduce(ctx context.Context, buf []byte, dt DType, op ReduceOp
 		if len(buf) <= g.cfg.SmallSize {
 			return g.reduceDirect(ctx, act, mi, buf, dt, op, -1)
 		}
-		work, addr, err := g.staging(ctx, len(buf))
+		work, addr, staged, err := g.source(ctx, buf)
 		if err != nil {
 			return err
 		}
-		copy(work, buf)
 		es, P := dt.Size(), len(act)
 		cnt := len(buf) / es
 		bounds := func(c int) (int, int) { return c * cnt / P * es, (c + 1) * cnt / P * es }
-		if err := g.ringReduceScatter(ctx, act, mi, work, addr, bounds, dt, op); err != nil {
+		if err := g.ring(ctx, act, mi, work, addr, bounds, true, true, dt, op); err != nil {
 			return err
 		}
-		if err := g.ringAllGather(ctx, act, mi, work, addr, bounds); err != nil {
-			return err
+		if staged {
+			copy(buf, work)
 		}
-		copy(buf, work)
 		return nil
 	})
 }
@@ -127,53 +125,79 @@ func (g *Group) reduceDirect(ctx context.Context, act []int, mi int, buf []byte,
 	return nil
 }
 
-// ringReduceScatter: after len(act)-1 steps the rank at index i of act
-// holds chunk i reduced over all of act. Each step sends one chunk to the
-// right neighbour and reduces the left one's into the work buffer.
-func (g *Group) ringReduceScatter(ctx context.Context, act []int, mi int, work []byte, addr uint64, bounds func(int) (int, int), dt DType, op ReduceOp) error {
+// ring runs a ring's reduce-scatter pass (after which the rank at index i
+// of act holds chunk i reduced over act) and/or its all-gather pass
+// (which circulates chunk i from the rank at index i to all). Both run as
+// one stream to the right neighbour and one from the left, not step by
+// step: every chunk a rank sends after its first is the one it has just
+// received (and reduced), so each slot is forwarded as soon as it is
+// processed and the pipeline never drains between steps.
+func (g *Group) ring(ctx context.Context, act []int, mi int, work []byte, addr uint64, bounds func(int) (int, int), rs, ag bool, dt DType, op ReduceOp) error {
 	P := len(act)
-	right, left := act[mod(mi+1, P)], act[mod(mi-1, P)]
-	for k := 0; k < P-1; k++ {
-		s0, s1 := bounds(mod(mi-k-1, P))
-		r0, r1 := bounds(mod(mi-k-2, P))
-		var sends []*sendOp
-		var recvs []*recvOp
-		if s1 > s0 {
-			sends = []*sendOp{{peer: right, src: addr + uint64(s0), n: s1 - s0}}
-		}
-		if r1 > r0 {
-			dst := work[r0:r1]
-			recvs = []*recvOp{{peer: left, n: r1 - r0, fn: func(off int, b []byte) {
-				reduceInto(dt, op, dst[off:off+len(b)], b)
-			}}}
-		}
-		if err := g.exchange(ctx, sends, recvs); err != nil {
-			return err
-		}
+	if P == 1 {
+		return nil
 	}
-	return nil
-}
-
-// ringAllGather circulates chunk i from the rank at index i of act to all.
-func (g *Group) ringAllGather(ctx context.Context, act []int, mi int, work []byte, addr uint64, bounds func(int) (int, int)) error {
-	P := len(act)
-	right, left := act[mod(mi+1, P)], act[mod(mi-1, P)]
-	for k := 0; k < P-1; k++ {
-		s0, s1 := bounds(mod(mi-k, P))
-		r0, r1 := bounds(mod(mi-k-1, P))
-		var sends []*sendOp
-		var recvs []*recvOp
-		if s1 > s0 {
-			sends = []*sendOp{{peer: right, src: addr + uint64(s0), n: s1 - s0}}
-		}
-		if r1 > r0 {
-			recvs = []*recvOp{{peer: left, n: r1 - r0, fn: copyTo(work[r0:r1])}}
-		}
-		if err := g.exchange(ctx, sends, recvs); err != nil {
-			return err
-		}
+	type seg struct {
+		lo, hi int
+		reduce bool
 	}
-	return nil
+	var sendSegs, recvSegs []seg
+	add := func(sendChunk, recvChunk int, reduce bool) {
+		s0, s1 := bounds(mod(sendChunk, P))
+		r0, r1 := bounds(mod(recvChunk, P))
+		sendSegs = append(sendSegs, seg{s0, s1, false})
+		recvSegs = append(recvSegs, seg{r0, r1, reduce})
+	}
+	for k := 0; rs && k < P-1; k++ {
+		add(mi-k-1, mi-k-2, true)
+	}
+	for k := 0; ag && k < P-1; k++ {
+		add(mi-k, mi-k-1, false)
+	}
+	send := &sendOp{peer: act[mod(mi+1, P)]}
+	for _, sg := range sendSegs {
+		send.spans = append(send.spans, span{addr + uint64(sg.lo), sg.hi - sg.lo})
+		send.n += sg.hi - sg.lo
+	}
+	first := sendSegs[0].hi - sendSegs[0].lo
+	have := first
+	send.avail = &have
+	recv := &recvOp{peer: act[mod(mi-1, P)]}
+	for _, sg := range recvSegs {
+		recv.n += sg.hi - sg.lo
+		recv.ends = append(recv.ends, recv.n)
+	}
+	ri, segStart := 0, 0
+	recv.fn = func(off int, b []byte) {
+		end := off + len(b)
+		for len(b) > 0 {
+			for off >= segStart+recvSegs[ri].hi-recvSegs[ri].lo {
+				segStart += recvSegs[ri].hi - recvSegs[ri].lo
+				ri++
+			}
+			sg := recvSegs[ri]
+			within := off - segStart
+			l := min(len(b), sg.hi-sg.lo-within)
+			dst := work[sg.lo+within : sg.lo+within+l]
+			if sg.reduce {
+				reduceInto(dt, op, dst, b[:l])
+			} else {
+				copy(dst, b[:l])
+			}
+			off += l
+			b = b[l:]
+		}
+		have = first + end
+	}
+	var sends []*sendOp
+	var recvs []*recvOp
+	if send.n > 0 {
+		sends = []*sendOp{send}
+	}
+	if recv.n > 0 {
+		recvs = []*recvOp{recv}
+	}
+	return g.exchange(ctx, sends, recvs)
 }
 
 // Broadcast copies root's buf to every active rank's buf: directly from
@@ -192,11 +216,10 @@ func (g *Group) Broadcast(ctx context.Context, buf []byte, root int) error {
 			if g.rank != root {
 				return g.exchange(ctx, nil, []*recvOp{{peer: root, n: len(buf), fn: copyTo(buf)}})
 			}
-			work, addr, err := g.staging(ctx, len(buf))
+			_, addr, _, err := g.source(ctx, buf)
 			if err != nil {
 				return err
 			}
-			copy(work, buf)
 			var sends []*sendOp
 			for _, r := range act {
 				if r != root {
@@ -211,13 +234,20 @@ func (g *Group) Broadcast(ctx context.Context, buf []byte, root int) error {
 		if pos == P-1 {
 			return g.exchange(ctx, nil, []*recvOp{{peer: prev, n: len(buf), fn: copyTo(buf)}})
 		}
-		work, addr, err := g.staging(ctx, len(buf))
-		if err != nil {
-			return err
-		}
 		if pos == 0 {
-			copy(work, buf)
+			_, addr, _, err := g.source(ctx, buf)
+			if err != nil {
+				return err
+			}
 			return g.exchange(ctx, []*sendOp{{peer: next, src: addr, n: len(buf)}}, nil)
+		}
+		// A forwarder receives into registered memory and sends from it.
+		work, addr, inPlace := buf, uint64(0), false
+		if addr, inPlace = g.registered(buf); !inPlace {
+			var err error
+			if work, addr, err = g.staging(ctx, len(buf)); err != nil {
+				return err
+			}
 		}
 		have := 0
 		recv := &recvOp{peer: prev, n: len(buf), fn: func(off int, b []byte) {
@@ -227,7 +257,9 @@ func (g *Group) Broadcast(ctx context.Context, buf []byte, root int) error {
 		if err := g.exchange(ctx, []*sendOp{{peer: next, src: addr, n: len(buf), avail: &have}}, []*recvOp{recv}); err != nil {
 			return err
 		}
-		copy(buf, work)
+		if !inPlace {
+			copy(buf, work)
+		}
 		return nil
 	})
 }
@@ -240,17 +272,19 @@ func (g *Group) AllGather(ctx context.Context, send, recv []byte) error {
 		if err := g.checkBlocks("all_gather recv", len(recv), b); err != nil {
 			return err
 		}
-		work, addr, err := g.staging(ctx, len(recv))
+		copy(recv[g.rank*b:], send)
+		work, addr, staged, err := g.source(ctx, recv)
 		if err != nil {
 			return err
 		}
-		copy(work[g.rank*b:], send)
 		bounds := func(c int) (int, int) { return act[c] * b, (act[c] + 1) * b }
-		if err := g.ringAllGather(ctx, act, mi, work, addr, bounds); err != nil {
+		if err := g.ring(ctx, act, mi, work, addr, bounds, false, true, 0, 0); err != nil {
 			return err
 		}
-		for _, r := range act {
-			copy(recv[r*b:(r+1)*b], work[r*b:])
+		if staged {
+			for _, r := range act {
+				copy(recv[r*b:(r+1)*b], work[r*b:])
+			}
 		}
 		return nil
 	})
@@ -273,7 +307,7 @@ func (g *Group) ReduceScatter(ctx context.Context, send, recv []byte, dt DType, 
 		}
 		copy(work, send)
 		bounds := func(c int) (int, int) { return act[c] * b, (act[c] + 1) * b }
-		if err := g.ringReduceScatter(ctx, act, mi, work, addr, bounds, dt, op); err != nil {
+		if err := g.ring(ctx, act, mi, work, addr, bounds, true, false, dt, op); err != nil {
 			return err
 		}
 		copy(recv, work[g.rank*b:])
@@ -289,11 +323,10 @@ func (g *Group) AllToAll(ctx context.Context, send, recv []byte) error {
 			return fmt.Errorf("all_to_all: send %d and recv %d bytes: want equal, a multiple of group size %d", len(send), len(recv), g.cur.size)
 		}
 		b := len(send) / g.cur.size
-		work, addr, err := g.staging(ctx, len(send))
+		work, addr, _, err := g.source(ctx, send)
 		if err != nil {
 			return err
 		}
-		copy(work, send)
 		var sends []*sendOp
 		var recvs []*recvOp
 		for _, r := range act {
@@ -411,11 +444,10 @@ func (g *Group) Send(ctx context.Context, buf []byte, dst int) error {
 		if len(buf) == 0 {
 			return nil
 		}
-		work, addr, err := g.staging(ctx, len(buf))
+		_, addr, _, err := g.source(ctx, buf)
 		if err != nil {
 			return err
 		}
-		copy(work, buf)
 		return g.exchange(ctx, []*sendOp{{peer: dst, src: addr, n: len(buf)}}, nil)
 	})
 }

@@ -126,7 +126,16 @@ func reduceT[T Elem](op ReduceOp, dst, src []T) {
 	src = src[:len(dst)]
 	switch op {
 	case Sum:
-		for i := range dst {
+		// Unrolled: the bulk of an all-reduce's own CPU time.
+		i := 0
+		for ; i+4 <= len(dst); i += 4 {
+			d, s := dst[i:i+4:i+4], src[i:i+4:i+4]
+			d[0] += s[0]
+			d[1] += s[1]
+			d[2] += s[2]
+			d[3] += s[3]
+		}
+		for ; i < len(dst); i++ {
 			dst[i] += src[i]
 		}
 	case Product:

@@ -61,19 +61,37 @@ func (g *Group) inboxWord(off int) uint64  { return atomic.LoadUint64(wordAt(g.i
 // engine's TCP lanes.
 const maxRequest = 1 << 20
 
+// span is a piece of registered local memory.
+type span struct {
+	addr uint64
+	n    int
+}
+
 // write submits engine writes of n bytes from local address src to the
-// peer's inbox at offset off, cut into maxRequest pieces.
+// peer's inbox at offset off.
 func (g *Group) write(src uint64, p *peer, off, n int) *engine.Batch {
-	k := (n + maxRequest - 1) / maxRequest
-	b, err := g.eng.AllocateBatch(k)
+	return g.writeSpans([]span{{src, n}}, p, off)
+}
+
+// writeSpans writes the pieces back to back into the peer's inbox from
+// offset off, cut into requests of at most maxRequest bytes.
+func (g *Group) writeSpans(pieces []span, p *peer, off int) *engine.Batch {
+	k := 0
+	for _, sp := range pieces {
+		k += (sp.n + maxRequest - 1) / maxRequest
+	}
+	b, err := g.eng.AllocateBatch(max(k, 1))
 	if err != nil {
 		return nil
 	}
 	reqs := make([]engine.Request, 0, k)
 	dst := p.info.Inbox + uint64(off)
-	for done := 0; done < n; done += maxRequest {
-		l := min(maxRequest, n-done)
-		reqs = append(reqs, engine.Request{Op: engine.Write, Source: src + uint64(done), Segment: p.seg, Target: dst + uint64(done), Length: uint64(l)})
+	for _, sp := range pieces {
+		for done := 0; done < sp.n; done += maxRequest {
+			l := min(maxRequest, sp.n-done)
+			reqs = append(reqs, engine.Request{Op: engine.Write, Source: sp.addr + uint64(done), Segment: p.seg, Target: dst, Length: uint64(l)})
+			dst += uint64(l)
+		}
 	}
 	if _, err := b.Submit(reqs...); err != nil {
 		return nil
@@ -136,16 +154,20 @@ func (g *Group) settle(ctx context.Context, v *view) {
 	g.async = g.async[:0]
 }
 
-// sendOp streams n bytes at local address src to a peer, one slot-sized
-// message at a time, at most slots messages in flight. avail, when set,
-// is how many bytes are ready (a forwarding rank sends what it received).
+// sendOp streams n bytes to a peer, one slot-sized message at a time, at
+// most slots messages in flight: the bytes at local address src, or the
+// concatenation of spans when set (a ring's chunks, which lie apart).
+// avail, when set, is how many bytes are ready (a forwarding rank sends
+// what it has received).
 type sendOp struct {
 	peer  int
 	src   uint64
+	spans []span
 	n     int
 	avail *int
 
 	next     int
+	ends     []int
 	inflight []inflight
 }
 
@@ -156,15 +178,64 @@ type inflight struct {
 }
 
 // recvOp takes n bytes from a peer, handing each slot's bytes to fn with
-// their offset in the message before the slot is released.
+// their offset in the message before the slot is released. ends are the
+// stream's segment ends, as the sender's spans (nil: one segment).
 type recvOp struct {
 	peer int
 	n    int
 	fn   func(off int, b []byte)
+	ends []int
 	got  int
 }
 
+// msgEnd is where the message starting at pos ends: one slot, never across
+// a segment end, so a forwarding rank's messages map one to one onto the
+// ones it receives (a message straddling two would wait on bytes the
+// sender itself waits for: around a ring, a deadlock).
+func msgEnd(pos, n, slot int, ends []int) int {
+	end := min(pos+slot, n)
+	for _, e := range ends {
+		if e > pos {
+			return min(end, e)
+		}
+	}
+	return end
+}
+
+func spanEnds(spans []span) []int {
+	if spans == nil {
+		return nil
+	}
+	ends := make([]int, len(spans))
+	pos := 0
+	for i, sp := range spans {
+		pos += sp.n
+		ends[i] = pos
+	}
+	return ends
+}
+
 func (s *sendOp) finished() bool { return s.next >= s.n && len(s.inflight) == 0 }
+
+// pieces returns the memory of stream bytes [from, to).
+func (s *sendOp) pieces(from, to int) []span {
+	if s.spans == nil {
+		return []span{{s.src + uint64(from), to - from}}
+	}
+	var out []span
+	pos := 0
+	for _, sp := range s.spans {
+		lo, hi := max(from, pos), min(to, pos+sp.n)
+		if lo < hi {
+			out = append(out, span{sp.addr + uint64(lo-pos), hi - lo})
+		}
+		pos += sp.n
+		if pos >= to {
+			break
+		}
+	}
+	return out
+}
 
 // Polling: spin (yielding) this many idle rounds, then sleep, growing to
 // maxNap. Store polls and pings only start once a wait is this long.
@@ -224,8 +295,11 @@ func (g *Group) exchange(ctx context.Context, sends []*sendOp, recvs []*recvOp) 
 				s.inflight = s.inflight[1:]
 				progress = true
 			}
+			if s.spans != nil && s.ends == nil {
+				s.ends = spanEnds(s.spans)
+			}
 			for s.next < s.n && len(s.inflight) < int(K) {
-				end := min(s.next+g.lay.slotSize, s.n)
+				end := msgEnd(s.next, s.n, g.lay.slotSize, s.ends)
 				if s.avail != nil && *s.avail < end {
 					break
 				}
@@ -241,7 +315,7 @@ func (g *Group) exchange(ctx context.Context, sends []*sendOp, recvs []*recvOp) 
 					break
 				}
 				p.sendSeq = seq
-				b := g.write(s.src+uint64(s.next), p, g.lay.dataOff(me, slot), end-s.next)
+				b := g.writeSpans(s.pieces(s.next, end), p, g.lay.dataOff(me, slot))
 				s.inflight = append(s.inflight, inflight{seq: seq, slot: slot, b: b})
 				s.next = end
 				progress = true
@@ -261,7 +335,7 @@ func (g *Group) exchange(ctx context.Context, sends []*sendOp, recvs []*recvOp) 
 				if g.inboxWord(g.lay.readyOff(r.peer, slot)) != pack(ver, seq) {
 					break
 				}
-				l := min(g.lay.slotSize, r.n-r.got)
+				l := msgEnd(r.got, r.n, g.lay.slotSize, r.ends) - r.got
 				off := g.lay.dataOff(r.peer, slot)
 				r.fn(r.got, g.inbox.Bytes()[off:off+l])
 				p.recvSeq = seq
@@ -470,4 +544,36 @@ func (g *Group) staging(ctx context.Context, n int) ([]byte, uint64, error) {
 		g.work = m
 	}
 	return g.work.Bytes()[:n], g.work.Addr(), nil
+}
+
+// source returns registered memory holding buf's bytes to send from: buf
+// itself when it lies in memory registered with the group's engine (no
+// copy: the caller registered its buffers, as with NCCL), else the staging
+// buffer with buf copied in (staged true).
+func (g *Group) source(ctx context.Context, buf []byte) (work []byte, addr uint64, staged bool, err error) {
+	if a, ok := g.registered(buf); ok {
+		return buf, a, false, nil
+	}
+	work, addr, err = g.staging(ctx, len(buf))
+	if err != nil {
+		return nil, 0, false, err
+	}
+	copy(work, buf)
+	return work, addr, true, nil
+}
+
+func (g *Group) registered(buf []byte) (uint64, bool) {
+	if len(buf) == 0 {
+		return 0, false
+	}
+	a := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	for _, m := range g.eng.Memory() {
+		if m == g.inbox || m == g.words || m == g.work {
+			continue
+		}
+		if a >= m.Addr() && a+uint64(len(buf)) <= m.Addr()+uint64(m.Len()) {
+			return a, true
+		}
+	}
+	return 0, false
 }
