@@ -86,6 +86,7 @@ MC_RETRY_CNT, MC_NUM_QP_PER_EP, ...); MC_RDMA_PROVIDER picks soft, ibverbs
 or auto.`,
 	}
 	c.AddCommand(newBenchTargetCmd(p), newBenchInitiatorCmd(p))
+	c.AddCommand(newBenchCollCmd(p))
 	return c
 }
 

@@ -112,3 +112,42 @@ func initiatorBaseline(b *testing.B, op engine.Opcode, threads int) float64 {
 	}
 	return res[0].BytesPerSec
 }
+
+// BenchmarkAllReduceSmall is the latency of an 8-byte all-reduce of 4
+// ranks (the direct algorithm: one message to every peer).
+func BenchmarkAllReduceSmall(b *testing.B) {
+	ctx := context.Background()
+	c := newCluster(b, meta.NewMemory(), 4, 4, Config{Timeout: time.Minute})
+	c.each(func(r int, g *Group) error { return AllReduceOf(ctx, g, []float32{1, 2}, Sum) })
+	for b.Loop() {
+		c.each(func(r int, g *Group) error { return AllReduceOf(ctx, g, []float32{1, 2}, Sum) })
+	}
+}
+
+// BenchmarkPingPong is a round trip of 8-byte Send/Recv between two ranks.
+func BenchmarkPingPong(b *testing.B) {
+	ctx := context.Background()
+	c := newCluster(b, meta.NewMemory(), 2, 2, Config{Timeout: time.Minute})
+	buf := [][]byte{make([]byte, 8), make([]byte, 8)}
+	done := make(chan error)
+	go func() {
+		for {
+			if err := c.groups[1].Recv(ctx, buf[1], 0); err != nil {
+				done <- err
+				return
+			}
+			if err := c.groups[1].Send(ctx, buf[1], 0); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	for b.Loop() {
+		if err := c.groups[0].Send(ctx, buf[0], 1); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.groups[0].Recv(ctx, buf[0], 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

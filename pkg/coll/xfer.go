@@ -237,11 +237,21 @@ func (s *sendOp) pieces(from, to int) []span {
 	return out
 }
 
-// Polling: spin (yielding) this many idle rounds, then sleep, growing to
-// maxNap. Store polls and pings only start once a wait is this long.
+// Polling: an idle wait yields (runtime.Gosched) a few rounds, so a word
+// that lands within microseconds is seen at once, then sleeps for a
+// microsecond at a time. A Go timer on an otherwise idle process fires
+// late (the runtime's poller sleeps in whole milliseconds), but what ends
+// a wait here is always bytes arriving on one of this process's engine
+// sockets (the peer's write to the inbox, or the reply to this rank's
+// write): that socket event wakes the runtime, which then runs the long
+// expired timer, so the nap lasts about as long as the wait for the bytes.
+// Longer spinning starves the engine goroutines that bring them (and
+// peers on the same cores). Store polls and pings only start once a wait
+// is slowAfter long.
 const (
-	spinRounds   = 64
-	maxNap       = 200 * time.Microsecond
+	spinRounds   = 16
+	nap          = time.Microsecond
+	maxNap       = 100 * time.Microsecond
 	slowAfter    = 2 * time.Millisecond
 	storeEvery   = 50 * time.Millisecond
 	PingInterval = 200 * time.Millisecond
@@ -268,6 +278,11 @@ func (g *Group) exchange(ctx context.Context, sends []*sendOp, recvs []*recvOp) 
 			}
 		}
 	}()
+	// A posted write of an earlier collective that failed means its peer
+	// is gone: everyone should learn it now.
+	if bad, err := g.reap(); bad >= 0 && v.active[bad] {
+		return g.peerFailed(ctx, bad, err)
+	}
 	idle := 0
 	lastProgress := time.Now()
 	lastStore := lastProgress
@@ -350,9 +365,9 @@ func (g *Group) exchange(ctx context.Context, sends []*sendOp, recvs []*recvOp) 
 			}
 		}
 		if !pending {
-			if bad, err := g.reap(); bad >= 0 {
-				return g.peerFailed(ctx, bad, err)
-			}
+			// Posted writes still running are reaped by the next
+			// exchange: an ack to a peer that has finished (and may
+			// have left) must not fail a collective that is done.
 			return nil
 		}
 		now := time.Now()
@@ -361,12 +376,14 @@ func (g *Group) exchange(ctx context.Context, sends []*sendOp, recvs []*recvOp) 
 			lastProgress = now
 			continue
 		}
-		idle++
-		if idle < spinRounds {
+		if idle++; idle < spinRounds {
 			runtime.Gosched()
 			continue
 		}
-		time.Sleep(min(time.Duration(idle-spinRounds+1)*10*time.Microsecond, maxNap))
+		// Doubling naps: short ones while a reply is likely, longer
+		// ones so that many idle ranks in one process leave the runtime
+		// time to poll its sockets.
+		time.Sleep(min(nap<<min(idle-spinRounds, 16), maxNap))
 		waited := now.Sub(lastProgress)
 		if waited < slowAfter {
 			continue
