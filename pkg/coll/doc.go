@@ -44,6 +44,12 @@
 // survivors. A rank whose context ends mid-collective marks itself
 // inactive: its channels are out of step with its peers'.
 //
+// Survivors need not agree on whether the collective in flight at a
+// failure completed: a rank that sent its last message and died at once
+// may leave only some peers without it. Callers that retry must realign
+// (package collbench runs an all-reduce of completed steps at each
+// membership change and skips what a survivor finished).
+//
 // A group created with MaxWorldSize > WorldSize reserves the extra slots
 // (inactive). JoinGroup publishes a rank for a free slot and blocks;
 // healthy ranks call GetPeerState and RecoverRanks with the same ranks,

@@ -92,14 +92,26 @@ func busFactor(coll string, n int) float64 {
 	return float64(n-1) / float64(n)
 }
 
-// runner holds one rank's buffers for the sweep.
+// runner holds one rank's buffers and its place in the sweep.
+//
+// After a failure the survivors need not agree on what completed: a rank
+// that finished a collective and died at once may have left some peers
+// without its last flag, so they fail the collective the others finished,
+// and a plain retry would pair one rank's retry with the others' next
+// collective (of another size, at a row's end). So the sweep is a
+// sequence of numbered steps and, whenever the active ranks change, every
+// rank first runs a sync (an all-reduce of how many steps it completed,
+// max) and skips the steps some survivor already completed.
 type runner struct {
-	cfg   Config
-	g     *coll.Group
-	size  int // group size (slots) the buffers are laid out for
-	send  []float32
-	recv  []float32
-	calls int
+	cfg    Config
+	g      *coll.Group
+	size   int // group size (slots) the buffers are laid out for
+	send   []float32
+	recv   []float32
+	calls  int   // collectives run, for the drill
+	step   int   // next step number
+	done   int   // steps completed by some survivor, as of the last sync
+	synced []int // active ranks at the last sync
 }
 
 // elems is the float32 count of the operation's per-rank pieces for a
@@ -133,12 +145,15 @@ func RunRank(ctx context.Context, g *coll.Group, eng *engine.Engine, cfg Config,
 	all := unsafe.Slice((*float32)(unsafe.Pointer(&m.Bytes()[0])), 2*total)
 	r.send, r.recv = all[:total], all[total:]
 
+	r.synced = g.ActiveRanks()
 	for _, size := range cfg.Sizes() {
-		res, err := r.row(ctx, size)
+		res, ok, err := r.row(ctx, size)
 		if err != nil {
 			return fmt.Errorf("%s of %d bytes: %w", cfg.Collective, size, err)
 		}
-		emit(res)
+		if ok {
+			emit(res)
+		}
 	}
 	return nil
 }
@@ -175,74 +190,123 @@ func (r *runner) once(ctx context.Context, n, block int) error {
 	}
 }
 
-// retry runs f until it succeeds, recording the ranks that failed in
-// between: after a failure the group runs over the survivors.
-func retry(failed *[]int, f func() error) error {
-	for attempt := 0; ; attempt++ {
-		err := f()
-		var re *coll.RankError
-		if err == nil || !errors.As(err, &re) || attempt >= 8 {
-			return err
+// do runs step f unless survivors already completed it (ran false), and
+// again after each failure of a peer; the failed ranks go to res.
+func (r *runner) do(ctx context.Context, res *Result, f func() error) (ran bool, err error) {
+	id := r.step
+	r.step++
+	for attempt := 0; attempt < 16; attempt++ {
+		if err := r.resync(ctx, res); err != nil {
+			return false, err
 		}
-		for _, q := range re.Ranks {
-			if !slices.Contains(*failed, q) {
-				*failed = append(*failed, q)
-			}
+		if id < r.done {
+			return false, nil
+		}
+		err := f()
+		if err == nil {
+			r.done = id + 1
+			return true, nil
+		}
+		if !r.failed(res, err) {
+			return false, err
 		}
 	}
+	return false, fmt.Errorf("step %d failed 16 times", id)
 }
 
-func (r *runner) row(ctx context.Context, size int64) (Result, error) {
+// failed records the ranks of a RankError and says whether err was one.
+func (r *runner) failed(res *Result, err error) bool {
+	var re *coll.RankError
+	if !errors.As(err, &re) {
+		return false
+	}
+	for _, q := range re.Ranks {
+		if !slices.Contains(res.Failed, q) {
+			res.Failed = append(res.Failed, q)
+		}
+	}
+	return true
+}
+
+// resync runs the sync while the active ranks differ from the last sync's.
+func (r *runner) resync(ctx context.Context, res *Result) error {
+	for attempt := 0; !slices.Equal(r.g.ActiveRanks(), r.synced); attempt++ {
+		if attempt == 16 {
+			return errors.New("membership keeps changing")
+		}
+		act := r.g.ActiveRanks()
+		agreed := []float64{float64(r.done)}
+		if err := coll.AllReduceOf(ctx, r.g, agreed, coll.Max); err != nil {
+			if !r.failed(res, err) {
+				return err
+			}
+			continue
+		}
+		r.done = max(r.done, int(agreed[0]))
+		r.synced = act
+	}
+	return nil
+}
+
+// row runs one size: warm-up, timed and check steps, then the agreement
+// on the row's figures. emit is false when survivors completed the
+// agreement without this rank (another rank reports the row).
+func (r *runner) row(ctx context.Context, size int64) (res Result, emit bool, err error) {
 	n, block := r.elems(size)
-	res := Result{Collective: r.cfg.Collective, SizeBytes: int64(n) * 4}
+	res = Result{Collective: r.cfg.Collective, SizeBytes: int64(n) * 4}
+	op := func() error { return r.once(ctx, n, block) }
 	r.fill(n)
 	for range r.cfg.Warmup {
-		if err := retry(&res.Failed, func() error { return r.once(ctx, n, block) }); err != nil {
-			return res, err
+		if _, err := r.do(ctx, &res, op); err != nil {
+			return res, false, err
 		}
 	}
 	var spent time.Duration
+	timed := 0
 	for range r.cfg.Iters {
-		err := retry(&res.Failed, func() error {
+		var took time.Duration
+		ran, err := r.do(ctx, &res, func() error {
 			start := time.Now()
-			err := r.once(ctx, n, block)
-			spent += time.Since(start)
-			if err != nil {
-				spent -= time.Since(start) // failed tries do not count
-			}
+			err := op()
+			took = time.Since(start)
 			return err
 		})
 		if err != nil {
-			return res, err
+			return res, false, err
+		}
+		if ran {
+			spent += took
+			timed++
 		}
 	}
 	wrong := 0.0
 	if r.cfg.Check {
 		var act []int
-		err := retry(&res.Failed, func() error {
+		ran, err := r.do(ctx, &res, func() error {
 			r.fill(n)
-			if err := r.once(ctx, n, block); err != nil {
-				return err
-			}
 			act = r.g.ActiveRanks()
-			return nil
+			return op()
 		})
 		if err != nil {
-			return res, err
+			return res, false, err
 		}
-		if !r.verify(act, n, block) {
+		if ran && !r.verify(act, n, block) {
 			wrong = 1
 		}
 	}
 	// Agree on the row: the slowest rank's mean, and whether any rank saw
 	// a wrong result.
-	mean := spent.Seconds() / float64(r.cfg.Iters)
-	agreed := []float64{mean, wrong}
-	if err := retry(&res.Failed, func() error {
+	mean := 0.0
+	if timed > 0 {
+		mean = spent.Seconds() / float64(timed)
+	}
+	agreed := make([]float64, 2)
+	ran, err := r.do(ctx, &res, func() error {
 		agreed[0], agreed[1] = mean, wrong
 		return coll.AllReduceOf(ctx, r.g, agreed, coll.Max)
-	}); err != nil {
-		return res, err
+	})
+	if err != nil || !ran {
+		return res, false, err
 	}
 	res.ActiveRanks = r.g.ActiveRanks()
 	res.Ranks = len(res.ActiveRanks)
@@ -256,7 +320,7 @@ func (r *runner) row(ctx context.Context, size int64) (Result, error) {
 		res.Correct = &ok
 	}
 	slices.Sort(res.Failed)
-	return res, nil
+	return res, true, nil
 }
 
 // verify checks the check iteration's output over the active ranks act.
