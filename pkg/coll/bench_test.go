@@ -129,7 +129,7 @@ func BenchmarkPingPong(b *testing.B) {
 	ctx := context.Background()
 	c := newCluster(b, meta.NewMemory(), 2, 2, Config{Timeout: time.Minute})
 	buf := [][]byte{make([]byte, 8), make([]byte, 8)}
-	done := make(chan error)
+	done := make(chan error, 1) // the responder ends when the cluster closes
 	go func() {
 		for {
 			if err := c.groups[1].Recv(ctx, buf[1], 0); err != nil {
