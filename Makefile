@@ -18,7 +18,7 @@ DEB_PKGS := libibverbs-dev protobuf-compiler
 PROTO_DIR := pkg/store/storepb
 PROTO_GEN := .cache/protoc-gen
 
-.PHONY: all build build-ibverbs test deps deps-go deps-deb unit fmt-check vet lint gen gen-proto proto-check bench bench-tcp bench-coll bench-diag demo fixtures install clean
+.PHONY: all build build-ibverbs test deps deps-go deps-deb unit fmt-check vet lint gen gen-proto proto-check bench bench-tcp bench-diag demo fixtures install clean
 
 all: build
 
@@ -100,6 +100,7 @@ bench-tcp:
 
 # 4-rank all_reduce bus bandwidth at 64 MiB on loopback TCP against the
 # 1-thread mc bench initiator at 1 MiB, in the same run (a markdown table).
+.PHONY: bench-coll
 bench-coll:
 	$(GO) test ./pkg/coll -run '^$$' -bench '^BenchmarkAllReduceVsInitiator$$' -benchtime 3x -count=1
 

@@ -85,8 +85,8 @@ retries and queue pairs follow Mooncake's MC_* variables (MC_SLICE_SIZE,
 MC_RETRY_CNT, MC_NUM_QP_PER_EP, ...); MC_RDMA_PROVIDER picks soft, ibverbs
 or auto.`,
 	}
-	c.AddCommand(newBenchTargetCmd(p), newBenchInitiatorCmd(p))
 	c.AddCommand(newBenchCollCmd(p))
+	c.AddCommand(newBenchTargetCmd(p), newBenchInitiatorCmd(p))
 	return c
 }
 
