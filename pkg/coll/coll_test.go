@@ -257,3 +257,26 @@ func TestRegisteredBuffers(t *testing.T) {
 		return nil
 	})
 }
+
+// TestUnalignedBuffers: byte buffers that do not start on an element
+// boundary (a caller's b[1:]) reduce right, in both algorithms.
+func TestUnalignedBuffers(t *testing.T) {
+	c := newCluster(t, meta.NewMemory(), 3, 3, testConfig())
+	for _, cnt := range []int{3, 301} {
+		want := reference[float64]([]int{0, 1, 2}, cnt, Sum)
+		c.each(func(r int, g *Group) error {
+			raw := make([]byte, 8*cnt+1)
+			buf := raw[1:]
+			copy(buf, Bytes(inputs[float64](r, cnt, Sum)))
+			if err := g.AllReduce(ctxT(t), buf, Float64, Sum); err != nil {
+				return err
+			}
+			got := make([]float64, cnt)
+			copy(Bytes(got), buf)
+			if !slices.Equal(got, want) {
+				return fmt.Errorf("unaligned all_reduce of %d: got %v, want %v", cnt, head(got), head(want))
+			}
+			return nil
+		})
+	}
+}

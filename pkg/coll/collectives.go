@@ -118,10 +118,13 @@ func (g *Group) reduceDirect(ctx context.Context, act []int, mi int, buf []byte,
 	if root >= 0 && g.rank != root {
 		return nil
 	}
-	copy(buf, parts[0])
+	// Reduce in a fresh (aligned) buffer: buf may start anywhere.
+	acc := make([]byte, len(buf))
+	copy(acc, parts[0])
 	for _, p := range parts[1:] {
-		reduceInto(dt, op, buf, p)
+		reduceInto(dt, op, acc, p)
 	}
+	copy(buf, acc)
 	return nil
 }
 

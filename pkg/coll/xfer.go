@@ -584,6 +584,9 @@ func (g *Group) registered(buf []byte) (uint64, bool) {
 		return 0, false
 	}
 	a := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	if a%8 != 0 {
+		return 0, false // reductions read it as elements: stage it
+	}
 	for _, m := range g.eng.Memory() {
 		if m == g.inbox || m == g.words || m == g.work {
 			continue
