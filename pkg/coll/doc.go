@@ -9,8 +9,7 @@
 // Each rank registers one inbox with its engine: for every peer, Slots
 // mailbox slots of SlotSize bytes plus a "ready" and an "ack" word per
 // slot. A message (at most one slot) moves by one engine write of its
-// bytes from the sender's registered staging buffer into the receiver's
-// slot; once that write completed (the peer's engine has the bytes in
+// bytes from the sender's registered memory into the receiver's slot; once that write completed (the peer's engine has the bytes in
 // memory) the sender writes the slot's ready word (an 8-byte engine
 // write of version<<32|sequence). The receiver polls its own ready words
 // in local memory, consumes the slot and writes the sender's ack word the
@@ -18,10 +17,13 @@
 // write, not the same request, because the engine spreads requests over
 // several TCP lanes and gives no order between them. With two or more
 // slots, the next slot's bytes are in flight while the receiver reduces
-// the previous one. Polling is local memory only: the rendezvous store is
-// never read on the fast path, only when a wait has lasted a few
-// milliseconds (to learn of failures found elsewhere) and on membership
-// changes. Large all-reduces run a ring (reduce-scatter then all-gather),
+// the previous one. Buffers the caller placed in memory registered with
+// the engine (as tensors are) are sent from and reduced into in place;
+// others go through a registered staging buffer. Polling is of local
+// memory only: the rendezvous store is never read on the fast path
+// (a store round trip per step would be most of a small collective's
+// latency), only when a wait has lasted a few milliseconds (to learn of
+// failures found elsewhere) and on membership changes. Large all-reduces run a ring (reduce-scatter then all-gather),
 // small ones one round of direct messages reduced in rank order so every
 // rank gets the same bits; broadcasts switch from direct sends to a
 // pipelined chain.
