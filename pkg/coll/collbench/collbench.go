@@ -243,6 +243,13 @@ func (r *runner) resync(ctx context.Context, res *Result) error {
 			continue
 		}
 		r.done = max(r.done, int(agreed[0]))
+		// Ranks gone since the last sync, however this rank learnt it
+		// (a failed collective, or a view read while waiting).
+		for _, q := range r.synced {
+			if !slices.Contains(act, q) && !slices.Contains(res.Failed, q) {
+				res.Failed = append(res.Failed, q)
+			}
+		}
 		r.synced = act
 	}
 	return nil
