@@ -113,6 +113,12 @@ bench-store:
 	$(call apt_install,redis-server redis-tools)
 	$(GO) test ./pkg/store/bench -run '^$$' -bench '^BenchmarkStoreVsRedisVsEngine$$' -benchtime 1x -count=1 -compare.duration 4s
 
+# 4-rank all_reduce bus bandwidth at 64 MiB on loopback TCP against the
+# 1-thread mc bench initiator at 1 MiB, in the same run (a markdown table).
+.PHONY: bench-coll
+bench-coll:
+	$(GO) test ./pkg/coll -run '^$$' -bench '^BenchmarkAllReduceVsInitiator$$' -benchtime 3x -count=1
+
 # Log parsing throughput of mc diag against `grep -c evicted` on the same
 # generated log (1 GB unless MC_DIAG_BENCH_MB says otherwise).
 bench-diag:

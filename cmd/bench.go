@@ -94,6 +94,7 @@ Scripts written for transfer_engine_bench run unchanged: --mode=target or
 verbs (-block_size=4096, --noauto_discovery), and where Mooncake warns and
 carries on (a --buffer-size too small, an unknown --report-unit) so does mc.`,
 	}
+	c.AddCommand(newBenchCollCmd(p))
 	c.AddCommand(newBenchTargetCmd(p), newBenchInitiatorCmd(p))
 	c.AddCommand(newBenchStoreCmd(p))
 	return c

@@ -49,6 +49,11 @@ type Store interface {
 	// (etcd transaction, memory). Over HTTP it is a read, a comparison and
 	// a DELETE per key: a write between them is not detected.
 	AtomicDelete() bool
+	// WriteKey stores value under key, replacing what was there; DeleteKey
+	// removes key (absent is not an error). Other subsystems keep their
+	// own small records next to the engines' (pkg/coll's rendezvous).
+	WriteKey(ctx context.Context, key string, value []byte) error
+	DeleteKey(ctx context.Context, key string) error
 }
 
 // StoreOf returns the raw store behind b, or an error matching ErrNoStore
@@ -86,6 +91,14 @@ func (b *kvBackend) ReadKey(ctx context.Context, key string) (KeyValue, bool, er
 	}
 	v, found, err := b.kv.get(ctx, key)
 	return KeyValue{Key: key, Value: v}, found, err
+}
+
+func (b *kvBackend) WriteKey(ctx context.Context, key string, value []byte) error {
+	return b.kv.put(ctx, key, value)
+}
+
+func (b *kvBackend) DeleteKey(ctx context.Context, key string) error {
+	return b.kv.del(ctx, key)
 }
 
 func (b *kvBackend) ListKeys(ctx context.Context, prefix string) ([]KeyValue, error) {

@@ -94,6 +94,27 @@ func testRawStore(t *testing.T, b Backend, canList, revisions bool) {
 	if err != nil || ok == revisions {
 		t.Fatalf("delete after a rewrite of the same bytes: deleted=%v err=%v (revisions %v)", ok, err, revisions)
 	}
+
+	// Raw writes and deletes, outside Mooncake's key layout.
+	raw := "mc-test/raw/k"
+	if err := st.WriteKey(ctx, raw, []byte("v1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.WriteKey(ctx, raw, []byte("v2")); err != nil {
+		t.Fatal(err)
+	}
+	if kv, found, err := st.ReadKey(ctx, raw); err != nil || !found || string(kv.Value) != "v2" {
+		t.Fatalf("read after write: %q found=%v err=%v", kv.Value, found, err)
+	}
+	if err := st.DeleteKey(ctx, raw); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := st.ReadKey(ctx, raw); found || err != nil {
+		t.Fatalf("read after delete: found=%v err=%v", found, err)
+	}
+	if err := st.DeleteKey(ctx, raw); err != nil {
+		t.Fatalf("delete of an absent key: %v", err)
+	}
 }
 
 func TestRawStoreMemory(t *testing.T) {

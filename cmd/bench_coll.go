@@ -1,0 +1,298 @@
+package cmd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvcache-ops/mc/pkg/coll"
+	"github.com/kvcache-ops/mc/pkg/coll/collbench"
+	"github.com/kvcache-ops/mc/pkg/engine"
+	"github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
+)
+
+type benchCollOptions struct {
+	Collective string
+	Ranks      int
+	MinBytes   string
+	MaxBytes   string
+	Factor     int64
+	Iters      int
+	Warmup     int
+	Check      bool
+	KillRank   int
+	KillAfter  int
+	SlotSize   string
+	Slots      int
+	Timeout    time.Duration
+	// One rank of a group (across hosts, or launched by the parent).
+	Rank        int
+	WorldSize   int
+	Store       string
+	Group       string
+	BindAddress string
+	EmitRows    bool // internal: JSON lines of every row, for the parent
+}
+
+func newBenchCollCmd(p *printer) *cobra.Command {
+	var o benchCollOptions
+	c := &cobra.Command{
+		Use:   "coll",
+		Short: "Benchmark collectives (all_reduce, ...) over the transfer engine, nccl-tests style",
+		Long: `mc bench coll sweeps one collective over message sizes, from -b to -e
+bytes multiplying by -f, and prints per size the time, algbw and busbw with
+nccl-tests' definitions (busbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n
+for all_gather, reduce_scatter and all_to_all, x 1 for broadcast; n the
+active ranks), the active ranks and, with --check, whether every rank got
+the right result. Data is float32 in registered memory; bytes move by
+engine writes into the peers' registered mailboxes.
+
+By default it starts --ranks local rank processes (this binary again) and
+an embedded etcd on a loopback port as their rendezvous. With --rank,
+--world-size and --store it is one rank of a group whose ranks run
+anywhere (rank 0 prints); --store is an etcd (host:port or etcd://) or
+HTTP metadata server (http://host:port/path).
+
+--kill-rank R --kill-after K is a failure drill: rank R exits after K
+collectives; the others find it failed, the collective in flight is
+retried over the survivors and the sweep goes on. Rows show the ranks
+that were active and those that failed while the row ran.
+
+Exit status: 0 when every rank finished (and every checked row was
+right), 1 otherwise.`,
+		Example: `  mc bench coll --collective all_reduce --ranks 4 -b 8 -e 64M -f 2 --check
+  mc bench coll --collective all_gather --ranks 8 -b 1K -e 16M -f 4 -o json
+  mc bench coll --ranks 4 -b 1M -e 16M --iters 50 --kill-rank 2 --kill-after 60
+  mc bench coll --rank 0 --world-size 2 --store 10.0.0.1:2379 --bind-address 10.0.0.2`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if cmd.Flags().Changed("rank") {
+				return runBenchCollRank(ctx, o, p)
+			}
+			return runBenchColl(ctx, o, p)
+		},
+	}
+	fs := c.Flags()
+	fs.StringVar(&o.Collective, "collective", "all_reduce", "collective: "+strings.Join(collbench.Collectives, ", "))
+	fs.IntVar(&o.Ranks, "ranks", 4, "local rank processes to start")
+	fs.StringVarP(&o.MinBytes, "min-bytes", "b", "8", "smallest size (8, 1K, 4M)")
+	fs.StringVarP(&o.MaxBytes, "max-bytes", "e", "64M", "largest size")
+	fs.Int64VarP(&o.Factor, "step-factor", "f", 2, "multiply the size by this between rows")
+	fs.IntVar(&o.Iters, "iters", 20, "timed collectives per size")
+	fs.IntVar(&o.Warmup, "warmup", 5, "untimed collectives per size before the timed ones")
+	fs.BoolVar(&o.Check, "check", false, "run one more collective per size on known data and verify every rank's result")
+	fs.IntVar(&o.KillRank, "kill-rank", -1, "failure drill: this rank exits after --kill-after collectives")
+	fs.IntVar(&o.KillAfter, "kill-after", 0, "failure drill: collectives the killed rank completes first")
+	fs.StringVar(&o.SlotSize, "slot-size", "4M", "mailbox slot size per peer (every rank must agree)")
+	fs.IntVar(&o.Slots, "slots", 2, "mailbox slots per peer (pipelining depth)")
+	fs.DurationVar(&o.Timeout, "timeout", coll.DefaultTimeout, "a peer silent this long (its engine still up) is marked failed")
+	fs.IntVar(&o.Rank, "rank", 0, "run as this rank of a group (with --world-size and --store)")
+	fs.IntVar(&o.WorldSize, "world-size", 0, "ranks of the group (with --rank)")
+	fs.StringVar(&o.Store, "store", "", "rendezvous: etcd host:port, etcd://..., or http://host:port/path (with --rank)")
+	fs.StringVar(&o.Group, "group", "mc-bench-coll", "group name in the store (one per run)")
+	fs.StringVar(&o.BindAddress, "bind-address", "127.0.0.1", "address this rank's engine listens on (with --rank)")
+	fs.BoolVar(&o.EmitRows, "emit-rows", false, "write every row as a JSON line (used by the launching process)")
+	_ = fs.MarkHidden("emit-rows")
+	_ = c.RegisterFlagCompletionFunc("collective", cobra.FixedCompletions(collbench.Collectives, cobra.ShellCompDirectiveNoFileComp))
+	return c
+}
+
+func (o benchCollOptions) sweep() (collbench.Config, error) {
+	lo, err := bench.ParseSize(o.MinBytes)
+	if err != nil {
+		return collbench.Config{}, fmt.Errorf("--min-bytes: %w", err)
+	}
+	hi, err := bench.ParseSize(o.MaxBytes)
+	if err != nil {
+		return collbench.Config{}, fmt.Errorf("--max-bytes: %w", err)
+	}
+	cfg := collbench.Config{
+		Collective: o.Collective, MinBytes: lo, MaxBytes: hi, Factor: o.Factor,
+		Iters: o.Iters, Warmup: o.Warmup, Check: o.Check, KillRank: o.KillRank, KillAfter: o.KillAfter,
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	if o.KillAfter < 0 {
+		return cfg, fmt.Errorf("--kill-after %d: want 0 or more", o.KillAfter)
+	}
+	return cfg, nil
+}
+
+func (o benchCollOptions) slotSize() (int, error) {
+	s, err := bench.ParseSize(o.SlotSize)
+	if err != nil {
+		return 0, fmt.Errorf("--slot-size: %w", err)
+	}
+	if s < 64 || s%64 != 0 || s > 1<<30 {
+		return 0, fmt.Errorf("--slot-size %s: want a multiple of 64 bytes up to 1G", o.SlotSize)
+	}
+	return int(s), nil
+}
+
+// runBenchColl launches o.Ranks local ranks and prints their merged rows.
+func runBenchColl(ctx context.Context, o benchCollOptions, p *printer) error {
+	if _, err := o.sweep(); err != nil {
+		return err
+	}
+	if _, err := o.slotSize(); err != nil {
+		return err
+	}
+	if o.Ranks < 1 || o.Ranks > 64 {
+		return fmt.Errorf("--ranks %d: want 1-64", o.Ranks)
+	}
+	if o.KillRank >= o.Ranks {
+		return fmt.Errorf("--kill-rank %d: the group has ranks 0-%d", o.KillRank, o.Ranks-1)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find this binary to start ranks: %w", err)
+	}
+	args := []string{"bench", "coll", "--emit-rows",
+		"--collective", o.Collective, "-b", o.MinBytes, "-e", o.MaxBytes, "-f", strconv.FormatInt(o.Factor, 10),
+		"--iters", strconv.Itoa(o.Iters), "--warmup", strconv.Itoa(o.Warmup),
+		"--kill-rank", strconv.Itoa(o.KillRank), "--kill-after", strconv.Itoa(o.KillAfter),
+		"--slot-size", o.SlotSize, "--slots", strconv.Itoa(o.Slots), "--timeout", o.Timeout.String(),
+		"--check=" + strconv.FormatBool(o.Check)}
+	if !p.JSON() {
+		fmt.Fprintf(p.Out, "%d ranks on loopback, rendezvous in an embedded etcd\n", o.Ranks)
+	}
+	rows, err := collbench.Launch(ctx, collbench.LaunchConfig{
+		Exe: exe, Args: args, Ranks: o.Ranks, Stderr: p.Err,
+		RankArgs: func(r int, store, group string) []string {
+			return []string{"--rank", strconv.Itoa(r), "--world-size", strconv.Itoa(o.Ranks), "--store", store, "--group", group}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	return printCollRows(p, rows)
+}
+
+// runBenchCollRank is one rank: engine, group, sweep.
+func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error {
+	cfg, err := o.sweep()
+	if err != nil {
+		return err
+	}
+	slot, err := o.slotSize()
+	if err != nil {
+		return err
+	}
+	switch {
+	case o.WorldSize < 1:
+		return fmt.Errorf("--world-size %d: want the group's rank count (with --rank)", o.WorldSize)
+	case o.Rank < 0 || o.Rank >= o.WorldSize:
+		return fmt.Errorf("--rank %d: want 0 to %d", o.Rank, o.WorldSize-1)
+	case o.Store == "" || o.Store == meta.P2PHandshake:
+		return fmt.Errorf("--store: want the rendezvous (etcd host:port or http://host:port/path)")
+	}
+	be, err := meta.Open(ctx, o.Store, meta.Options{})
+	if err != nil {
+		return fmt.Errorf("--store: %w", err)
+	}
+	defer be.Close()
+	st, err := meta.StoreOf(be)
+	if err != nil {
+		return fmt.Errorf("--store: %w", err)
+	}
+	eng, err := engine.New(ctx, engine.Config{
+		LocalServerName: fmt.Sprintf("%s-rank%d", o.Group, o.Rank),
+		MetadataServer:  o.Store, BindAddress: o.BindAddress,
+	})
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	g, err := coll.New(ctx, coll.Config{
+		Group: o.Group, Rank: o.Rank, WorldSize: o.WorldSize, Engine: eng, Store: st,
+		Slots: o.Slots, SlotSize: slot, Timeout: o.Timeout,
+	})
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	cfg.Exit = func() {
+		fmt.Fprintf(p.Err, "exiting after %d collectives (--kill-rank %d --kill-after %d)\n", o.KillAfter, o.KillRank, o.KillAfter)
+		os.Exit(0)
+	}
+	var rows []collbench.Result
+	emit := func(r collbench.Result) {
+		if o.EmitRows {
+			b, _ := json.Marshal(r)
+			fmt.Fprintf(p.Out, "%s\n", b)
+			return
+		}
+		rows = append(rows, r)
+	}
+	if err := collbench.RunRank(ctx, g, eng, cfg, emit); err != nil {
+		return err
+	}
+	if o.EmitRows || len(rows) == 0 || rows[len(rows)-1].ActiveRanks[0] != o.Rank {
+		return nil
+	}
+	return printCollRows(p, rows)
+}
+
+func printCollRows(p *printer, rows []collbench.Result) error {
+	wrong := 0
+	for _, r := range rows {
+		if r.Correct != nil && !*r.Correct {
+			wrong++
+		}
+	}
+	if p.JSON() {
+		if err := p.PrintJSON(map[string]any{"results": rows}); err != nil {
+			return err
+		}
+	} else {
+		printCollTable(p.Out, p, rows)
+	}
+	if wrong > 0 {
+		return errors.New(strconv.Itoa(wrong) + " sizes gave wrong results")
+	}
+	return nil
+}
+
+func printCollTable(_ io.Writer, p *printer, rows []collbench.Result) {
+	var tr [][]string
+	for _, r := range rows {
+		correct := "-"
+		if r.Correct != nil {
+			correct = "yes"
+			if !*r.Correct {
+				correct = "WRONG"
+			}
+		}
+		act := make([]string, len(r.ActiveRanks))
+		for i, q := range r.ActiveRanks {
+			act[i] = strconv.Itoa(q)
+		}
+		failed := "-"
+		if len(r.Failed) > 0 {
+			f := make([]string, len(r.Failed))
+			for i, q := range r.Failed {
+				f[i] = strconv.Itoa(q)
+			}
+			failed = strings.Join(f, ",")
+		}
+		tr = append(tr, []string{
+			r.Collective, bench.FormatSize(r.SizeBytes), strconv.Itoa(r.Ranks), strings.Join(act, ","),
+			fmt.Sprintf("%.1f", r.TimeUS), fmt.Sprintf("%.3f", r.AlgBW), fmt.Sprintf("%.3f", r.BusBW), correct, failed,
+		})
+	}
+	p.Table("", []string{"collective", "size", "ranks", "active", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "correct", "failed"}, tr)
+}

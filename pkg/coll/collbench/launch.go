@@ -1,0 +1,135 @@
+package collbench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
+)
+
+// LaunchConfig starts Ranks local rank processes: Exe with Args, then
+// RankArgs(rank, store, group) (the flags that make it one rank of the
+// group). Each rank writes its rows to stdout as JSON lines; what ranks
+// write to stderr is copied to Stderr, each line prefixed "rank R: ".
+type LaunchConfig struct {
+	Exe      string
+	Args     []string
+	RankArgs func(rank int, store, group string) []string
+	Ranks    int
+	Stderr   io.Writer
+	// Env is added to each rank's environment.
+	Env []string
+}
+
+// Launch starts an embedded etcd on a loopback port as the rendezvous,
+// runs the ranks to completion and merges their rows: per size, the row of
+// the lowest rank that was active in it. A rank that exits with an error
+// fails the launch; one that exits 0 early (the failure drill) does not.
+func Launch(ctx context.Context, lc LaunchConfig) ([]Result, error) {
+	if lc.Ranks < 1 {
+		return nil, fmt.Errorf("ranks %d: want at least 1", lc.Ranks)
+	}
+	ee, err := meta.StartEtcd(ctx, meta.EtcdConfig{Listen: "127.0.0.1:0", NoFsync: true})
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous: %w", err)
+	}
+	defer ee.Close()
+	store := "etcd://" + ee.Endpoints()[0]
+	group := fmt.Sprintf("bench-%d-%d", os.Getpid(), time.Now().UnixNano())
+
+	var mu sync.Mutex
+	rows := make([][]Result, lc.Ranks)
+	errs := make([]error, lc.Ranks)
+	var wg sync.WaitGroup
+	for r := 0; r < lc.Ranks; r++ {
+		args := append(slices.Clone(lc.Args), lc.RankArgs(r, store, group)...)
+		cmd := exec.CommandContext(ctx, lc.Exe, args...)
+		cmd.Env = append(os.Environ(), lc.Env...)
+		cmd.Stderr = &prefixWriter{w: lc.Stderr, prefix: "rank " + strconv.Itoa(r) + ": ", mu: &mu}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("start rank %d: %w", r, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sc := bufio.NewScanner(out)
+			sc.Buffer(make([]byte, 64<<10), 1<<20)
+			for sc.Scan() {
+				var res Result
+				if err := json.Unmarshal(sc.Bytes(), &res); err != nil {
+					errs[r] = fmt.Errorf("rank %d wrote %q: %w", r, sc.Text(), err)
+					continue
+				}
+				rows[r] = append(rows[r], res)
+			}
+			if err := cmd.Wait(); err != nil && errs[r] == nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return Merge(rows), nil
+}
+
+// Merge picks, for each size in the order first seen, the row of the
+// lowest rank that was active in it.
+func Merge(rows [][]Result) []Result {
+	var out []Result
+	seen := map[int64]int{}
+	for r, rs := range rows {
+		for _, res := range rs {
+			if !slices.Contains(res.ActiveRanks, r) {
+				continue
+			}
+			if _, ok := seen[res.SizeBytes]; ok {
+				continue
+			}
+			seen[res.SizeBytes] = len(out)
+			out = append(out, res)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Result) int { return int(a.SizeBytes - b.SizeBytes) })
+	return out
+}
+
+// prefixWriter prefixes every line written to w.
+type prefixWriter struct {
+	w      io.Writer
+	prefix string
+	mu     *sync.Mutex
+	buf    []byte
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.buf = append(p.buf, b...)
+	for {
+		i := slices.Index(p.buf, '\n')
+		if i < 0 {
+			break
+		}
+		if p.w != nil {
+			fmt.Fprintf(p.w, "%s%s\n", p.prefix, p.buf[:i])
+		}
+		p.buf = p.buf[i+1:]
+	}
+	return len(b), nil
+}
