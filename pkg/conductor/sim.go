@@ -232,7 +232,6 @@ func Simulate(cfg SimConfig, reqs []trace.Request) (Result, error) {
 		s.push(0, evSample, 0, 0)
 	}
 	s.res = Result{Scheduler: string(cfg.Scheduler), Rejection: string(cfg.Rejection), Requests: len(reqs)}
-	pending := len(reqs)
 	for s.q.Len() > 0 {
 		e := heap.Pop(&s.q).(event)
 		s.now = e.at
@@ -248,7 +247,7 @@ func Simulate(cfg SimConfig, reqs []trace.Request) (Result, error) {
 		case evSample:
 			s.sample()
 			// Keep sampling while requests are in flight.
-			if pending = s.unfinished(); pending > 0 {
+			if s.unfinished() > 0 {
 				s.push(s.now+cfg.LoadEvery, evSample, 0, 0)
 			}
 		}

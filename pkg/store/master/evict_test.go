@@ -175,14 +175,6 @@ func TestSoftPinTTLCapped(t *testing.T) {
 	}
 }
 
-func keysOf(os []*Object) []string {
-	out := make([]string, len(os))
-	for i, o := range os {
-		out[i] = o.key
-	}
-	return out
-}
-
 // TestEvictGlobalLRUModel puts, reads and evicts at random and checks
 // that each eviction round takes exactly the least recently used
 // evictable objects of the whole master, as a slice model orders them.

@@ -115,15 +115,6 @@ func (r replicaRef) descriptor(size uint64, complete bool) store.Replica {
 	}
 }
 
-// evictable: complete, not read (leased), not hard-pinned; soft-pinned
-// ones only when allowSoft.
-func (o *Object) evictable(now int64, allowSoft bool) bool {
-	if o.state != stateComplete || o.hardPin || o.lease > now || o.upsert != nil {
-		return false
-	}
-	return allowSoft || o.softPin <= now
-}
-
 // shard holds a slice of the key space: its objects and their eviction
 // order, under one lock.
 type shard struct {
