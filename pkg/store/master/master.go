@@ -339,6 +339,12 @@ func (m *Master) ReMountSegment(client store.UUID, segs []store.SegmentInfo) []e
 		err := m.MountSegment(client, s)
 		if store.CodeOf(err) == store.SegmentAlreadyExists && m.space.ownedBy(s.ID, client) {
 			err = nil
+			// The same id must still describe the same memory: a range
+			// that changed means the node's memory is not what the
+			// replicas on it point into.
+			if base, size := m.space.rangeOf(s.ID); base != s.Base || size != s.Size {
+				err = store.Errorf(store.SegmentAlreadyExists, "segment %q (%s) is mounted at 0x%x+%d, not 0x%x+%d: unmount it first", s.Name, s.ID, base, size, s.Base, s.Size)
+			}
 		}
 		errs[i] = err
 	}

@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -389,6 +390,24 @@ func TestRestoreRefusesUnreservableReplicas(t *testing.T) {
 	}
 	if u := m.Stats().Used; u != 1000 {
 		t.Fatalf("used %d after mount, want 1000", u)
+	}
+	mustInvariants(t, m)
+}
+
+// A re-mount under the same id with another range is refused with a
+// message naming both ranges; the same range is a no-op.
+func TestReMountWithAnotherRangeRefused(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	a := mount(t, m, "node", "a", "127.0.0.1", 0x1000000, 64*MiB)
+	if errs := m.ReMountSegment(uuidOf("node"), []store.SegmentInfo{a}); errs[0] != nil {
+		t.Fatalf("same range: %v", errs[0])
+	}
+	moved := a
+	moved.Base += 4096
+	errs := m.ReMountSegment(uuidOf("node"), []store.SegmentInfo{moved})
+	wantCode(t, "re-mount with another base", errs[0], store.SegmentAlreadyExists)
+	if !strings.Contains(errs[0].Error(), "unmount it first") {
+		t.Fatalf("message %q does not say what to do", errs[0])
 	}
 	mustInvariants(t, m)
 }

@@ -173,6 +173,16 @@ func (s *space) rebuild(seg *segment, refs []*restoredRef) error {
 	return nil
 }
 
+// rangeOf is a mounted segment's base and size (zeros when unknown).
+func (s *space) rangeOf(id store.UUID) (base, size uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seg := s.segs[id]; seg != nil {
+		return seg.info.Base, seg.info.Size
+	}
+	return 0, 0
+}
+
 func (s *space) ownedBy(id, client store.UUID) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
