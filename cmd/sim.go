@@ -3,6 +3,7 @@ package cmd
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -207,7 +208,7 @@ func runSimConductor(o simConductorOptions, p *printer) error {
 // writeFileWith writes a file through a temporary one renamed into place,
 // so an error never leaves half a file under the asked name.
 func writeFileWith(path string, write func(*os.File) error) error {
-	tmp, err := os.CreateTemp(dirOf(path), ".mc-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".mc-*")
 	if err != nil {
 		return err
 	}
@@ -221,11 +222,4 @@ func writeFileWith(path string, write func(*os.File) error) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
-}
-
-func dirOf(path string) string {
-	if i := strings.LastIndexByte(path, '/'); i >= 0 {
-		return path[:i+1]
-	}
-	return "."
 }

@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -662,24 +661,10 @@ func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer)
 		_, err = o.Out.Write(v)
 		return err
 	}
-	// Write a temporary file and rename it, so an interrupted get never
-	// leaves a partial value under the asked name.
-	tmp, err := os.CreateTemp(filepath.Dir(o.Dest), ".mc-get-*")
-	if err != nil {
-		return fmt.Errorf("get %q: %w", key, err)
-	}
-	if _, err := tmp.Write(v); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
+	// Through a temporary file renamed into place, so an interrupted get
+	// never leaves a partial value under the asked name.
+	if err := writeFileWith(o.Dest, func(f *os.File) error { _, err := f.Write(v); return err }); err != nil {
 		return fmt.Errorf("get %q: write %s: %w", key, o.Dest, err)
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("get %q: write %s: %w", key, o.Dest, err)
-	}
-	if err := os.Rename(tmp.Name(), o.Dest); err != nil {
-		os.Remove(tmp.Name())
-		return fmt.Errorf("get %q: %w", key, err)
 	}
 	fmt.Fprintf(p.Err, "wrote %d bytes to %s\n", len(v), o.Dest)
 	return nil
