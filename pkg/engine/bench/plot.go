@@ -37,6 +37,12 @@ func PlotSweep(w io.Writer, rs []Result, unit Unit) error {
 	if err != nil {
 		return err
 	}
+	return SideBySide(w, left, right)
+}
+
+// SideBySide writes two plots next to each other as one SVG (mc's
+// throughput-and-latency figures).
+func SideBySide(w io.Writer, left, right *plot.Plot) error {
 	c := vgsvg.New(12*vg.Inch, 4.5*vg.Inch)
 	dc := draw.New(c)
 	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Inch / 4, PadTop: vg.Inch / 8, PadBottom: vg.Inch / 8, PadLeft: vg.Inch / 8, PadRight: vg.Inch / 8}

@@ -9,9 +9,6 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
-	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgsvg"
 
 	ebench "github.com/kvcache-ops/mc/pkg/engine/bench"
 )
@@ -79,13 +76,5 @@ func Plot(w io.Writer, rs []Result) error {
 	if err != nil {
 		return err
 	}
-	c := vgsvg.New(12*vg.Inch, 4.5*vg.Inch)
-	dc := draw.New(c)
-	tiles := draw.Tiles{Rows: 1, Cols: 2, PadX: vg.Inch / 4, PadTop: vg.Inch / 8, PadBottom: vg.Inch / 8, PadLeft: vg.Inch / 8, PadRight: vg.Inch / 8}
-	left.Draw(tiles.At(dc, 0, 0))
-	right.Draw(tiles.At(dc, 1, 0))
-	if _, err := c.WriteTo(w); err != nil {
-		return fmt.Errorf("plot: write svg: %w", err)
-	}
-	return nil
+	return ebench.SideBySide(w, left, right)
 }
