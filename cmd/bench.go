@@ -639,15 +639,8 @@ func isTerminal(w io.Writer) bool {
 // liveProgress renders elapsed time and current throughput with go-pretty,
 // one tracker per block size.
 func liveProgress(w io.Writer, unit bench.Unit, prec int) (func(bench.Progress), func()) {
-	pw := progress.NewWriter()
-	pw.SetOutputWriter(w)
-	pw.SetAutoStop(false)
-	pw.SetUpdateFrequency(200 * time.Millisecond)
-	pw.SetMessageLength(32)
-	pw.Style().Visibility.Value = false
-	pw.Style().Visibility.ETA = false
+	pw := startProgress(w, 32)
 	pw.Style().Visibility.Percentage = true
-	go pw.Render()
 	var cur *progress.Tracker
 	var curBlock int64
 	var last bench.Progress
@@ -672,16 +665,7 @@ func liveProgress(w io.Writer, unit bench.Unit, prec int) (func(bench.Progress),
 		cur.UpdateMessage(fmt.Sprintf("%s %.*f %s/s", bench.FormatSize(pr.BlockSize), prec, unit.Per(rate), unit.Name))
 		cur.SetValue(min(pr.Elapsed.Milliseconds(), cur.Total))
 	}
-	stop := func() {
-		if cur != nil {
-			cur.MarkAsDone()
-		}
-		time.Sleep(250 * time.Millisecond) // let the final frame render
-		pw.Stop()
-		for pw.IsRenderInProgress() {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	stop := func() { stopProgress(pw, cur) }
 	return update, stop
 }
 
@@ -813,4 +797,30 @@ func benchIndex(root *cobra.Command, args []string) int {
 		}
 	}
 	return -1
+}
+
+// startProgress starts a go-pretty progress writer on w (a terminal) with
+// mc's style: elapsed time, no value or ETA columns.
+func startProgress(w io.Writer, msgLen int) progress.Writer {
+	pw := progress.NewWriter()
+	pw.SetOutputWriter(w)
+	pw.SetAutoStop(false)
+	pw.SetUpdateFrequency(200 * time.Millisecond)
+	pw.SetMessageLength(msgLen)
+	pw.Style().Visibility.Value = false
+	pw.Style().Visibility.ETA = false
+	go pw.Render()
+	return pw
+}
+
+// stopProgress marks cur done, lets the final frame render and stops pw.
+func stopProgress(pw progress.Writer, cur *progress.Tracker) {
+	if cur != nil {
+		cur.MarkAsDone()
+	}
+	time.Sleep(250 * time.Millisecond)
+	pw.Stop()
+	for pw.IsRenderInProgress() {
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -199,14 +199,7 @@ func printStoreResults(p *printer, results []sbench.Result) error {
 // storeProgress draws one go-pretty tracker per row: elapsed time and the
 // current rate.
 func storeProgress(w io.Writer, d time.Duration) (func(sbench.Progress), func()) {
-	pw := progress.NewWriter()
-	pw.SetOutputWriter(w)
-	pw.SetAutoStop(false)
-	pw.SetUpdateFrequency(200 * time.Millisecond)
-	pw.SetMessageLength(40)
-	pw.Style().Visibility.Value = false
-	pw.Style().Visibility.ETA = false
-	go pw.Render()
+	pw := startProgress(w, 40)
 	var cur *progress.Tracker
 	var key string
 	update := func(pr sbench.Progress) {
@@ -223,15 +216,6 @@ func storeProgress(w io.Writer, d time.Duration) (func(sbench.Progress), func())
 			float64(pr.Ops)/pr.Elapsed.Seconds(), float64(pr.Bytes)/pr.Elapsed.Seconds()/1e9))
 		cur.SetValue(min(pr.Elapsed.Milliseconds(), cur.Total))
 	}
-	stop := func() {
-		if cur != nil {
-			cur.MarkAsDone()
-		}
-		time.Sleep(250 * time.Millisecond)
-		pw.Stop()
-		for pw.IsRenderInProgress() {
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	stop := func() { stopProgress(pw, cur) }
 	return update, stop
 }
