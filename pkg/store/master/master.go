@@ -509,7 +509,16 @@ func (m *Master) Maintain() {
 	}
 	m.discardStale(now)
 	m.releaseDue(now)
+	for _, ph := range m.space.staleRestored(now - m.restoredMountGrace().Nanoseconds()) {
+		m.log.Warn(fmt.Sprintf("restored segment %s (%s) was not re-mounted within %s: dropping its replicas", ph.info.Name, ph.info.ID, m.restoredMountGrace()))
+		m.finishUnmount(ph)
+	}
 }
+
+// restoredMountGrace is how long a segment known from a restore (an HA
+// failover) may take to re-mount: three client TTLs, since a live node
+// re-mounts within a ping or two.
+func (m *Master) restoredMountGrace() time.Duration { return 3 * m.cfg.ClientTTL }
 
 func (m *Master) evictionLoop() {
 	defer m.wg.Done()

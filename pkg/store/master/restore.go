@@ -29,6 +29,8 @@ type RestoredReplica struct {
 // restored replicas, so no new allocation lands on their bytes (the
 // corruption of Mooncake #3826 and #1336). Replicas must lie inside their
 // segment; restoring onto a segment that is already mounted is refused.
+// A restored segment not re-mounted within RestoredMountGrace (3 ×
+// client_ttl) is taken for dead: its replicas go, as a silent node's do.
 func (m *Master) Restore(objs []RestoredObject) error {
 	placeholders := make(map[store.UUID]*segment)
 	var refs []*restoredRef
@@ -73,9 +75,13 @@ func (m *Master) Restore(objs []RestoredObject) error {
 			return err
 		}
 	}
+	now := m.now()
 	for _, r := range refs {
 		id := r.reg.seg.info.ID
 		m.space.restored[id] = append(m.space.restored[id], r)
+		if _, ok := m.space.restoredAt[id]; !ok {
+			m.space.restoredAt[id] = now
+		}
 	}
 	m.space.mu.Unlock()
 	for _, o := range built {

@@ -411,3 +411,41 @@ func TestReMountWithAnotherRangeRefused(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// A segment known only from a restore (an HA failover) whose node never
+// re-mounts is dropped after 3 × client_ttl: objects that lived only
+// there are gone, objects with another replica keep that one. A segment
+// that re-mounts in time keeps its objects.
+func TestRestoredSegmentThatNeverReturns(t *testing.T) {
+	m, clk := newTestMaster(t, Config{})
+	live := mount(t, m, "node", "live", "127.0.0.2", 0x40000000, 64*MiB)
+	gone := segInfo("gone", "127.0.0.3", 0x10000000, 64*MiB)
+	back := segInfo("back", "127.0.0.4", 0x20000000, 64*MiB)
+	err := m.Restore([]RestoredObject{
+		{Key: "only-gone", Size: MiB, Replicas: []RestoredReplica{{Segment: gone, Addr: gone.Base}}},
+		{Key: "two", Size: MiB, Replicas: []RestoredReplica{{Segment: gone, Addr: gone.Base + 2*MiB}, {Segment: back, Addr: back.Base}}},
+		{Key: "only-back", Size: MiB, Replicas: []RestoredReplica{{Segment: back, Addr: back.Base + 2*MiB}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = live
+	clk.Advance(DefaultClientTTL)
+	maintain(m, "node")
+	if r := get(m, "only-gone"); r.Err != nil {
+		t.Fatalf("dropped before the grace: %v", r.Err)
+	}
+	if err := m.MountSegment(uuidOf("node-back"), back); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2*DefaultClientTTL + time.Second)
+	maintain(m, "node", "node-back")
+	wantCode(t, "object only on a segment that never returned", get(m, "only-gone").Err, store.ObjectNotFound)
+	if r := get(m, "two"); r.Err != nil || len(r.Replicas) != 1 || r.Replicas[0].Segment != "back" {
+		t.Fatalf("two: %+v, want its replica on the returned segment only", r)
+	}
+	if r := get(m, "only-back"); r.Err != nil {
+		t.Fatalf("only-back: %v", r.Err)
+	}
+	mustInvariants(t, m)
+}

@@ -77,9 +77,12 @@ type space struct {
 	// (Restore): mount rebuilds the allocators around them so no new
 	// allocation lands on live data (Mooncake #3826, #1336).
 	restored map[store.UUID][]*restoredRef
-	capacity atomic.Uint64
-	used     atomic.Uint64
-	rng      *rand.Rand
+	// restoredAt is when a restored segment was first expected back: one
+	// that never re-mounts is dropped (staleRestored) like a dead node's.
+	restoredAt map[store.UUID]int64
+	capacity   atomic.Uint64
+	used       atomic.Uint64
+	rng        *rand.Rand
 	// notices are the evicted keys each region owner learns on its next
 	// ping; a lock of their own, so a ping never waits for space.mu.
 	notices notices
@@ -97,6 +100,7 @@ func (s *space) init(cfg *Config) {
 	s.byName = make(map[string]*segment)
 	s.instances = make(map[store.UUID]*instance)
 	s.restored = make(map[store.UUID][]*restoredRef)
+	s.restoredAt = make(map[store.UUID]int64)
 	s.rng = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 }
 
@@ -136,6 +140,7 @@ func (s *space) mount(client store.UUID, info store.SegmentInfo) error {
 	if restored := s.restored[info.ID]; len(restored) > 0 {
 		err = s.rebuild(seg, restored)
 		delete(s.restored, info.ID)
+		delete(s.restoredAt, info.ID)
 	} else {
 		seg.regions, err = alloc.New(info.Base, info.Size)
 	}
@@ -181,6 +186,25 @@ func (s *space) rangeOf(id store.UUID) (base, size uint64) {
 		return seg.info.Base, seg.info.Size
 	}
 	return 0, 0
+}
+
+// staleRestored takes out the restored segments expected back before cut
+// that never re-mounted, returning their placeholders.
+func (s *space) staleRestored(cut int64) []*segment {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*segment
+	for id, at := range s.restoredAt {
+		if at > cut {
+			continue
+		}
+		if refs := s.restored[id]; len(refs) > 0 {
+			out = append(out, refs[0].reg.seg)
+		}
+		delete(s.restored, id)
+		delete(s.restoredAt, id)
+	}
+	return out
 }
 
 func (s *space) ownedBy(id, client store.UUID) bool {
@@ -531,6 +555,7 @@ func (s *space) forgetRestored(id store.UUID, reg *region) {
 	refs := slices.DeleteFunc(s.restored[id], func(r *restoredRef) bool { return r.reg == reg })
 	if len(refs) == 0 {
 		delete(s.restored, id)
+		delete(s.restoredAt, id)
 	} else {
 		s.restored[id] = refs
 	}
