@@ -103,23 +103,19 @@ func (x *Metrics) Op(name string, failed bool) {
 func (m *Master) Metrics() *Metrics { return m.m }
 
 // KeyCount is the number of complete objects, without a scan.
-func (m *Master) KeyCount() int {
-	n := 0
-	for i := range m.shards {
-		sh := &m.shards[i]
-		sh.mu.Lock()
-		n += sh.keys
-		sh.mu.Unlock()
-	}
-	return n
-}
+func (m *Master) KeyCount() int { return m.sumShards(func(sh *shard) int { return sh.keys }) }
 
 func (m *Master) softPinnedCount() int {
+	return m.sumShards(func(sh *shard) int { return sh.softPinned })
+}
+
+// sumShards adds up a per-shard counter, each read under its shard's lock.
+func (m *Master) sumShards(f func(*shard) int) int {
 	n := 0
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		n += sh.softPinned
+		n += f(sh)
 		sh.mu.Unlock()
 	}
 	return n

@@ -44,6 +44,14 @@ func checkConfig(cfg store.ReplicateConfig) error {
 	return nil
 }
 
+// failAll gives every item the same error (a config no item can use).
+func failAll(out []ReplicaResult, err error) []ReplicaResult {
+	for i := range out {
+		out[i].Err = err
+	}
+	return out
+}
+
 // BatchPutStart allocates replicas for each item (state PROCESSING) and
 // returns where the writer must put the bytes. A key that is complete, or
 // whose put started less than the discard timeout ago, is refused with
@@ -52,10 +60,7 @@ func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, 
 	m.touchClient(client)
 	out := make([]ReplicaResult, len(items))
 	if err := checkConfig(cfg); err != nil {
-		for i := range out {
-			out[i].Err = err
-		}
-		return out
+		return failAll(out, err)
 	}
 	for i, it := range items {
 		m.m.putStart.Inc()
@@ -228,10 +233,7 @@ func (m *Master) BatchUpsertStart(client store.UUID, host string, items []PutIte
 	m.touchClient(client)
 	out := make([]ReplicaResult, len(items))
 	if err := checkConfig(cfg); err != nil {
-		for i := range out {
-			out[i].Err = err
-		}
-		return out
+		return failAll(out, err)
 	}
 	for i, it := range items {
 		out[i] = m.upsertStart(client, host, it, cfg)
