@@ -174,6 +174,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	dialOpts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMsgSize), grpc.MaxCallSendMsgSize(MaxMsgSize)),
+		grpc.WithInitialWindowSize(RPCWindow), grpc.WithInitialConnWindowSize(RPCConnWindow),
 	}
 	if etcdEndpoints != nil {
 		var err error

@@ -131,6 +131,14 @@ const (
 	MaxValueSize = 1 << 40  // one object
 )
 
+// gRPC flow-control windows of the store's connections. Set explicitly
+// (which turns off gRPC's BDP probing) and large enough that a batch
+// answer of thousands of replica lists never waits for a window update.
+const (
+	RPCWindow     = 4 << 20
+	RPCConnWindow = 16 << 20
+)
+
 // CheckKey validates a key: non-empty, at most MaxKeyLength bytes, no NUL.
 func CheckKey(key string) error {
 	switch {

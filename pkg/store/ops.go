@@ -325,12 +325,21 @@ func (c *Client) replicaLists(ctx context.Context, keys []string, errs []error) 
 	if err == nil && len(resp.Results) != len(keys) {
 		err = Errorf(RPCFail, "get: master answered %d items for %d", len(resp.Results), len(keys))
 	}
+	var slab []Replica // every key's replicas in one array
+	if err == nil {
+		total := 0
+		for _, l := range resp.Results {
+			total += len(l.GetReplicas())
+		}
+		slab = make([]Replica, total)
+	}
 	for i := range keys {
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		reps, _, e := ReplicaListFromPB(resp.Results[i])
+		reps, e := replicasFromPB(resp.Results[i], slab)
+		slab = slab[len(reps):]
 		switch {
 		case e != nil:
 			errs[i] = e

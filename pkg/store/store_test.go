@@ -18,18 +18,18 @@ import (
 // cluster is a master on a loopback port plus nodes and clients, all real
 // sockets.
 type cluster struct {
-	t    *testing.T
+	t    testing.TB
 	m    *master.Master
 	addr string
 	stop func()
 }
 
-func startMaster(t *testing.T, cfg master.Config) *cluster {
+func startMaster(t testing.TB, cfg master.Config) *cluster {
 	t.Helper()
 	return startMasterOn(t, "127.0.0.1:0", cfg)
 }
 
-func startMasterOn(t *testing.T, addr string, cfg master.Config) *cluster {
+func startMasterOn(t testing.TB, addr string, cfg master.Config) *cluster {
 	t.Helper()
 	m, err := master.New(cfg)
 	if err != nil {

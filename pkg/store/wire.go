@@ -35,11 +35,19 @@ func SegmentFromPB(p *storepb.Segment) SegmentInfo {
 
 // ReplicaToPB converts r to its message.
 func ReplicaToPB(r Replica) *storepb.Replica {
+	p := new(storepb.Replica)
+	FillReplicaPB(p, r)
+	return p
+}
+
+// FillReplicaPB sets the fields of a zero message p from r (for callers
+// that allocate messages in bulk).
+func FillReplicaPB(p *storepb.Replica, r Replica) {
 	st := storepb.ReplicaStatus_PROCESSING
 	if r.Complete {
 		st = storepb.ReplicaStatus_COMPLETE
 	}
-	return &storepb.Replica{SegmentName: r.Segment, TeEndpoint: r.Endpoint, Protocol: r.Protocol, Address: r.Addr, Length: r.Len, Status: st}
+	p.SegmentName, p.TeEndpoint, p.Protocol, p.Address, p.Length, p.Status = r.Segment, r.Endpoint, r.Protocol, r.Addr, r.Len, st
 }
 
 // ReplicaFromPB converts a message.
@@ -102,9 +110,23 @@ func ReplicaListFromPB(p *storepb.ReplicaList) ([]Replica, time.Duration, error)
 	if err := resultErr(p.Code, p.Message); err != nil {
 		return nil, 0, err
 	}
-	out := make([]Replica, len(p.Replicas))
+	out, err := replicasFromPB(p, make([]Replica, len(p.Replicas)))
+	return out, time.Duration(p.LeaseTtlMs) * time.Millisecond, err
+}
+
+// replicasFromPB converts p's replicas into the front of buf (which must
+// have room for them) and returns that part as a slice of its own.
+func replicasFromPB(p *storepb.ReplicaList, buf []Replica) ([]Replica, error) {
+	if p == nil {
+		return nil, Errorf(RPCFail, "missing item in the master's answer")
+	}
+	if err := resultErr(p.Code, p.Message); err != nil {
+		return nil, err
+	}
+	n := len(p.Replicas)
+	out := buf[:n:n]
 	for i, r := range p.Replicas {
 		out[i] = ReplicaFromPB(r)
 	}
-	return out, time.Duration(p.LeaseTtlMs) * time.Millisecond, nil
+	return out, nil
 }

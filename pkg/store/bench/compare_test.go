@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/csv"
 	"flag"
@@ -11,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,6 +26,7 @@ var (
 	cmpDuration    = flag.Duration("compare.duration", 4*time.Second, "BenchmarkStoreVsRedisVsEngine: time per measurement")
 	cmpConcurrency = flag.Int("compare.concurrency", 4, "BenchmarkStoreVsRedisVsEngine: mc callers and engine threads")
 	cmpRedisConns  = flag.Int("compare.redis-clients", 16, "BenchmarkStoreVsRedisVsEngine: redis-benchmark clients")
+	cmpRounds      = flag.Int("compare.rounds", 3, "BenchmarkStoreVsRedisVsEngine: rounds per case (medians are printed)")
 	cmpCases       = flag.String("compare.cases", "4K/get/32,1M/get/1,16M/get/1,1M/put/1", "BenchmarkStoreVsRedisVsEngine: size/op/batch cases")
 )
 
@@ -66,6 +69,9 @@ func BenchmarkStoreVsRedisVsEngine(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	if *cmpRounds < 1 {
+		b.Fatalf("-compare.rounds %d: want at least 1", *cmpRounds)
+	}
 	ctx := context.Background()
 	redis, err := startRedis(b)
 	if err != nil {
@@ -75,33 +81,50 @@ func BenchmarkStoreVsRedisVsEngine(b *testing.B) {
 	for _, c := range cases {
 		name := fmt.Sprintf("%s-%s-b%d", ebench.FormatSize(c.size), c.op, c.batch)
 		b.Run(name, func(b *testing.B) {
-			mc, err := Run(ctx, Config{ValueSizes: []int64{c.size}, Ops: []string{c.op}, Concurrency: []int{*cmpConcurrency},
-				Batch: c.batch, Duration: *cmpDuration, SegmentSize: 4 << 30, Logger: quietLog()})
-			if err != nil {
-				b.Fatal(err)
+			// The same working set as the engine's loop (each thread
+			// reads its own batch of blocks over and over; redis-benchmark
+			// without -r reads one key): otherwise mc alone would pay
+			// for cache misses over 256 MiB and the ratio would measure
+			// DRAM rather than the store.
+			// Rounds of mc, engine and redis in turn, each ratio taken
+			// within its round and the median reported: the speed of a
+			// shared machine drifts more between minutes than within one.
+			var ms []Result
+			var engs, rpss, toEng, toRedis []float64
+			for range *cmpRounds {
+				mc, err := Run(ctx, Config{ValueSizes: []int64{c.size}, Ops: []string{c.op}, Concurrency: []int{*cmpConcurrency},
+					Keys: *cmpConcurrency * c.batch, Batch: c.batch, Duration: *cmpDuration, SegmentSize: 4 << 30, Logger: quietLog()})
+				if err != nil {
+					b.Fatal(err)
+				}
+				eng, err := engineBaseline(ctx, c)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rps, err := redis.bench(c)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ms, engs, rpss = append(ms, mc[0]), append(engs, eng), append(rpss, rps)
+				toEng = append(toEng, mc[0].GBPerSec/eng)
+				toRedis = append(toRedis, mc[0].GBPerSec/(rps*float64(c.size)/1e9))
 			}
-			eng, err := engineBaseline(ctx, c)
-			if err != nil {
-				b.Fatal(err)
-			}
-			rps, err := redis.bench(c)
-			if err != nil {
-				b.Fatal(err)
-			}
-			m := mc[0]
+			slices.SortFunc(ms, func(x, y Result) int { return cmp.Compare(x.GBPerSec, y.GBPerSec) })
+			m, eng, rps := ms[len(ms)/2], median(engs), median(rpss)
 			redisGB := rps * float64(c.size) / 1e9
 			b.ReportMetric(m.GBPerSec, "mc-GB/s")
 			b.ReportMetric(eng, "engine-GB/s")
 			b.ReportMetric(redisGB, "redis-GB/s")
 			rows = append(rows, fmt.Sprintf("| %-4s | %-3s | %5d | %9.0f | %7.2f | %11.2f | %9.0f | %10.2f | %9.2f | %8.2f |",
-				ebench.FormatSize(c.size), c.op, c.batch, m.OpsPerSec, m.GBPerSec, eng, rps, redisGB, m.GBPerSec/eng, m.GBPerSec/redisGB))
+				ebench.FormatSize(c.size), c.op, c.batch, m.OpsPerSec, m.GBPerSec, eng, rps, redisGB, median(toEng), median(toRedis)))
 		})
 	}
 	if len(rows) > 0 {
-		fmt.Printf("\nloopback; mc: %d callers, engine: %d threads, redis: %d clients; batch = redis pipeline depth; %s per measurement; GB = 1e9 B\n"+
+		fmt.Printf("\nloopback; mc: %d callers, engine: %d threads, redis: %d clients; batch = redis pipeline depth; %s per measurement, median of %d rounds (ratios taken within each round); GB = 1e9 B\n"+
+			"working set: mc gets read callers x batch keys, the engine's threads x batch blocks, redis one key\n"+
 			"| size | op  | batch |  mc ops/s | mc GB/s | engine GB/s | redis ops/s | redis GB/s | mc/engine | mc/redis |\n"+
 			"|------|-----|-------|-----------|---------|-------------|-------------|------------|-----------|----------|\n%s\n",
-			*cmpConcurrency, *cmpConcurrency, *cmpRedisConns, *cmpDuration, strings.Join(rows, "\n"))
+			*cmpConcurrency, *cmpConcurrency, *cmpRedisConns, *cmpDuration, *cmpRounds, strings.Join(rows, "\n"))
 	}
 }
 
@@ -218,4 +241,10 @@ func quietLog() *slog.Logger {
 
 func engineLoopback() engine.Config {
 	return engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"}
+}
+
+func median(v []float64) float64 {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
 }

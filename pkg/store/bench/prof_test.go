@@ -9,7 +9,10 @@ import (
 	ebench "github.com/kvcache-ops/mc/pkg/engine/bench"
 )
 
-var profCase = flag.String("prof.case", "1M/put/1", "BenchmarkStoreCase: size/op/batch")
+var (
+	profCase = flag.String("prof.case", "1M/put/1", "BenchmarkStoreCase: size/op/batch")
+	profKeys = flag.Int("prof.keys", 0, "BenchmarkStoreCase: keys gets read from (0: auto)")
+)
 
 // BenchmarkStoreCase runs one mc bench store row (for profiling with
 // -cpuprofile: master, node and client are all in this process).
@@ -20,7 +23,7 @@ func BenchmarkStoreCase(b *testing.B) {
 	}
 	c := cs[0]
 	res, err := Run(context.Background(), Config{ValueSizes: []int64{c.size}, Ops: []string{c.op}, Concurrency: []int{*cmpConcurrency},
-		Batch: c.batch, Duration: *cmpDuration, SegmentSize: 4 << 30, Logger: quietLog()})
+		Keys: *profKeys, Batch: c.batch, Duration: *cmpDuration, SegmentSize: 4 << 30, Logger: quietLog()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -96,11 +96,16 @@ func (o *Object) dropSegment(s *segment) int {
 }
 
 func (o *Object) descriptors(complete bool) []store.Replica {
-	out := make([]store.Replica, len(o.replicas))
-	for i, r := range o.replicas {
-		out[i] = r.descriptor(o.size, complete)
+	return o.appendDescriptors(make([]store.Replica, 0, len(o.replicas)), complete)
+}
+
+// appendDescriptors appends o's replica descriptors to buf, so a batch
+// lookup fills one array instead of allocating per key.
+func (o *Object) appendDescriptors(buf []store.Replica, complete bool) []store.Replica {
+	for _, r := range o.replicas {
+		buf = append(buf, r.descriptor(o.size, complete))
 	}
-	return out
+	return buf
 }
 
 func (r replicaRef) descriptor(size uint64, complete bool) store.Replica {

@@ -328,6 +328,9 @@ func (m *Master) BatchQuery(keys []string) []ReplicaResult {
 
 func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 	out := make([]ReplicaResult, len(keys))
+	// One array for every key's descriptors (most keys have one replica);
+	// each result is a full slice of its own part of it.
+	descs := make([]store.Replica, 0, len(keys))
 	now := m.now()
 	ttl := m.cfg.KVLeaseTTL
 	for i, k := range keys {
@@ -347,7 +350,9 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 		case o.state != stateComplete:
 			out[i].Err = store.Errorf(store.ReplicaIsNotReady, "key %q is still being written", k)
 		default:
-			out[i].Replicas = o.descriptors(true)
+			n := len(descs)
+			descs = o.appendDescriptors(descs, true)
+			out[i].Replicas = descs[n:len(descs):len(descs)]
 			if lease {
 				o.lease = max(o.lease, now+ttl.Nanoseconds())
 				sh.touch(o, i)

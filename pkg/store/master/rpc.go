@@ -1,6 +1,7 @@
 package master
 
 import (
+	"runtime"
 	"context"
 	"net"
 
@@ -16,7 +17,14 @@ import (
 // store's message size limit; extra options (HA's gate interceptor) are
 // added to the server's.
 func NewGRPCServer(m *Master, extra ...grpc.ServerOption) *grpc.Server {
-	opts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(store.MaxMsgSize), grpc.MaxSendMsgSize(store.MaxMsgSize)}, extra...)
+	opts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(store.MaxMsgSize), grpc.MaxSendMsgSize(store.MaxMsgSize),
+		// Handlers run on a fixed pool instead of a new goroutine per
+		// call, and fixed flow-control windows turn off the BDP pings
+		// that follow each small response: both are latency on every
+		// get and put.
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
+		grpc.InitialWindowSize(store.RPCWindow), grpc.InitialConnWindowSize(store.RPCConnWindow),
+	}, extra...)
 	s := grpc.NewServer(opts...)
 	pb.RegisterMasterServer(s, &rpcServer{m: m})
 	return s
@@ -79,25 +87,39 @@ func results(errs []error) (*pb.BatchResults, bool) {
 	return out, failed
 }
 
+// replicaLists converts a batch's results to their message. The messages
+// are carved out of three arrays (lists, replicas, pointers) rather than
+// allocated one by one: on a batched get this was most of the master's
+// garbage per key.
 func replicaLists(rs []ReplicaResult) (*pb.BatchReplicaListResponse, bool) {
+	total := 0
+	for _, r := range rs {
+		total += len(r.Replicas)
+	}
+	lists := make([]pb.ReplicaList, len(rs))
+	reps := make([]pb.Replica, total)
+	ptrs := make([]*pb.Replica, total)
 	out := &pb.BatchReplicaListResponse{Results: make([]*pb.ReplicaList, len(rs))}
 	failed := false
 	for i, r := range rs {
-		out.Results[i] = replicaListPB(r)
-		failed = failed || r.Err != nil
+		l := &lists[i]
+		out.Results[i] = l
+		if r.Err != nil {
+			failed = true
+			l.Code, l.Message = int32(store.CodeOf(r.Err)), r.Err.Error()
+			continue
+		}
+		l.LeaseTtlMs = uint64(r.LeaseTTL.Milliseconds())
+		l.Replicas = ptrs[:len(r.Replicas):len(r.Replicas)]
+		ptrs = ptrs[len(r.Replicas):]
+		for j, x := range r.Replicas {
+			p := &reps[0]
+			reps = reps[1:]
+			store.FillReplicaPB(p, x)
+			l.Replicas[j] = p
+		}
 	}
 	return out, failed
-}
-
-func replicaListPB(r ReplicaResult) *pb.ReplicaList {
-	if r.Err != nil {
-		return &pb.ReplicaList{Code: int32(store.CodeOf(r.Err)), Message: r.Err.Error()}
-	}
-	l := &pb.ReplicaList{Replicas: make([]*pb.Replica, len(r.Replicas)), LeaseTtlMs: uint64(r.LeaseTTL.Milliseconds())}
-	for i, x := range r.Replicas {
-		l.Replicas[i] = store.ReplicaToPB(x)
-	}
-	return l
 }
 
 func items(in []*pb.PutStartItem) []PutItem {
