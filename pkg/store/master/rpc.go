@@ -1,9 +1,9 @@
 package master
 
 import (
-	"runtime"
 	"context"
 	"net"
+	"runtime"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
