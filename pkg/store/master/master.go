@@ -203,7 +203,9 @@ type Master struct {
 	shards []shard
 	space  space
 	pend   pending
-	m      *Metrics
+	// evictMu serializes allocation-failure eviction (evictForPuts).
+	evictMu sync.Mutex
+	m       *Metrics
 
 	clientsMu sync.RWMutex
 	clients   map[store.UUID]*clientState

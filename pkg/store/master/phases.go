@@ -63,11 +63,23 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 		}
 		idx, need = short()
 	}
+	// Writers that evict go one at a time: two of them picking the same
+	// first victims would leave one with nothing freed. The first retry
+	// uses what a writer ahead in line freed.
+	m.evictMu.Lock()
+	defer m.evictMu.Unlock()
+	if retry(); len(idx) == 0 {
+		return
+	}
 	var blocked blockers
-	// Two rounds: space freed in bytes may still be too fragmented for
-	// the retry, and other writers may take it first.
-	for round := 0; round < 2 && len(idx) > 0; round++ {
+	var total uint64
+	stuck := 0
+	// Several rounds: space freed in bytes may still be too fragmented for
+	// the retry, another writer may take it first, and writers evicting
+	// at once race for the same first victims (the loser frees nothing).
+	for round := 0; round < maxEvictRounds && len(idx) > 0; round++ {
 		var freed uint64
+		blocked = blockers{}
 		if own := m.space.ownRegions(client); len(own) > 0 {
 			f, b := m.evictRound(phaseOwnRegions, need, func(o *Object) bool {
 				for _, r := range o.replicas {
@@ -84,22 +96,41 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 		}
 		if len(idx) > 0 {
 			f, b := m.evictOtherRegions(client, need)
-			freed, blocked = freed+f, b
-			if f > 0 {
-				retry()
+			freed = freed + f
+			if b.any() {
+				blocked = b
 			}
 		}
-		if freed == 0 {
+		total += freed
+		if len(idx) > 0 {
+			// Also when this round freed nothing: a racing writer
+			// may have.
+			retry()
+		}
+		// A round that freed nothing while something was in the way is
+		// the sign of a full store, but one such round can also be a
+		// race lost to other writers: three of them in a row are not.
+		if freed > 0 || !blocked.any() {
+			stuck = 0
+		} else if stuck++; stuck == 3 {
 			break
 		}
 	}
-	if !blocked.any() {
+	if len(idx) == 0 {
 		return
 	}
 	for _, i := range idx {
-		out[i].Err = store.Errorf(store.NoAvailableHandle, "key %q: no room for %d bytes and nothing evictable is left: %s (%v)", items[i].Key, items[i].Size, blocked, out[i].Err)
+		switch {
+		case blocked.any():
+			out[i].Err = store.Errorf(store.NoAvailableHandle, "key %q: no room for %d bytes and nothing evictable is left: %s (%v)", items[i].Key, items[i].Size, blocked, out[i].Err)
+		case total > 0:
+			out[i].Err = store.Errorf(store.NoAvailableHandle, "key %q: no room for %d bytes: this put evicted %s, and concurrent puts took it (%v)", items[i].Key, items[i].Size, fmtBytes(total), out[i].Err)
+		}
 	}
 }
+
+// maxEvictRounds bounds the evict-and-retry rounds of one put.
+const maxEvictRounds = 8
 
 // regionTally is one region's reference count as phase 3 weighs it.
 type regionTally struct {

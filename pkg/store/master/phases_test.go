@@ -343,3 +343,40 @@ func TestConcurrentPutsIntoFullStore(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// TestFullStoreConcurrentWritersNeverFail: four goroutines of one client
+// (as the callers of one process share a store client) put 1 MiB values
+// into a 32 MiB store without pause. Every complete, unleased object is
+// evictable, so no put may fail for want of room, however the writers
+// race for the space one of them freed.
+func TestFullStoreConcurrentWritersNeverFail(t *testing.T) {
+	m, _ := newTestMaster(t, Config{Now: time.Now})
+	mount(t, m, "n1", "s1", "127.0.0.1", 0, 32*MiB)
+	writer := uuidOf("bench")
+	var failed atomic.Int64
+	var first atomic.Value
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 400 {
+				k := fmt.Sprintf("w%d/%d", w, i)
+				r := m.BatchPutStart(writer, "", []PutItem{{k, MiB}}, store.ReplicateConfig{ReplicaNum: 1})
+				if r[0].Err != nil {
+					failed.Add(1)
+					first.CompareAndSwap(nil, r[0].Err.Error())
+					continue
+				}
+				if errs := m.BatchPutEnd(writer, []string{k}); errs[0] != nil {
+					t.Error(errs[0])
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of 1600 puts failed in a store full of evictable objects; first: %v", n, first.Load())
+	}
+	mustInvariants(t, m)
+}
