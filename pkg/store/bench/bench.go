@@ -239,7 +239,10 @@ func (r *runner) prefill(ctx context.Context, vs int64, n int) error {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			var retry []int
-			for k, err := range r.c.BatchPutFrom(ctx, keys, slices) {
+			// Soft-pinned: the puts of a mix row fill the store and
+			// evict, and they should evict their own keys before the
+			// ones gets read (a get of an evicted key is an error here).
+			for k, err := range r.c.BatchPutFrom(ctx, keys, slices, softPin) {
 				switch {
 				case err == nil, errors.Is(err, store.ErrObjectAlreadyExists):
 				case errors.Is(err, store.ErrNoAvailableHandle) && time.Now().Before(deadline):
@@ -470,3 +473,5 @@ func (w *worker) loop(ctx context.Context, stop *atomic.Bool, ops, bytesDone *at
 		bytesDone.Add(uint64(okN) * uint64(w.vs))
 	}
 }
+
+func softPin(c *store.ReplicateConfig) { c.SoftPin = true }
