@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -89,7 +90,10 @@ NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
 	root.SetErr(p.Err)
 	// pflag >= 1.1 prints every boolean as --flag[=true|false]; the
 	// default template, reading flags through flagUsages, shows --flag.
-	cobra.AddTemplateFunc("flagUsages", flagUsages)
+	// cobra's template functions are global: register once, so that
+	// commands built concurrently (tests run several in one process) do
+	// not race on that map.
+	addTemplateFuncs.Do(func() { cobra.AddTemplateFunc("flagUsages", flagUsages) })
 	tmpl := strings.NewReplacer(".LocalFlags.FlagUsages", "flagUsages .LocalFlags",
 		".InheritedFlags.FlagUsages", "flagUsages .InheritedFlags").Replace(root.UsageTemplate())
 	root.SetUsageTemplate(tmpl)
@@ -324,3 +328,5 @@ func setup(cmd *cobra.Command, g *globalOptions, p *printer) error {
 	}
 	return nil
 }
+
+var addTemplateFuncs sync.Once

@@ -76,6 +76,7 @@ type serveStoreOptions struct {
 	Port                  int
 	RPCAddress            string
 	MetricsPort           int
+	NodeAdmin             bool // --metrics-port given (a node's admin HTTP is off by default)
 	LeaseTTL              string
 	SoftPinTTL            string
 	MaxSoftPinTTL         string
@@ -164,6 +165,9 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 					return err
 				}
 			}
+			// Several nodes run on one host: only a master takes the
+			// default admin port, a node serves one when asked to.
+			o.NodeAdmin = cmd.Flags().Changed("metrics-port")
 			return runServeStore(ctx, o, p)
 		},
 	}
@@ -174,7 +178,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	f.IntVar(&o.RPCPort, "rpc-port", 50051, "master RPC port (0: use the deprecated --port)")
 	f.IntVar(&o.Port, "port", 50051, "deprecated spelling of --rpc-port")
 	f.StringVar(&o.RPCAddress, "rpc-address", "0.0.0.0", "address the master listens on")
-	f.IntVar(&o.MetricsPort, "metrics-port", 9003, "admin HTTP port (/metrics, /health, ...); 0 disables it")
+	f.IntVar(&o.MetricsPort, "metrics-port", 9003, "admin HTTP port (/metrics, /health, ...); 0 disables it; a node (--master) serves one only when this is given")
 	f.StringVar(&o.LeaseTTL, "default-kv-lease-ttl", "10000", "read lease granted by a get: ms, or with a unit (10s)")
 	f.StringVar(&o.SoftPinTTL, "default-kv-soft-pin-ttl", "30m", "soft pin lifetime when a put asks for none (ms or with a unit)")
 	f.StringVar(&o.MaxSoftPinTTL, "max-kv-soft-pin-ttl", "24h", "longest soft pin a put may ask for (ms or with a unit)")
@@ -242,7 +246,7 @@ func applyMasterConfigFile(fs *pflag.FlagSet, vals map[string]string) error {
 		if f.Changed || name == "config-path" {
 			continue
 		}
-		if err := f.Value.Set(v); err != nil {
+		if err := fs.Set(name, v); err != nil {
 			return fmt.Errorf("--config-path: %s=%q: %w", k, v, err)
 		}
 	}
@@ -329,7 +333,7 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		},
 		MetricReporting: o.EnableMetricReporting,
 	}
-	if o.MetricsPort > 0 {
+	if o.MetricsPort > 0 && (o.Master == "" || o.NodeAdmin) {
 		host := o.RPCAddress
 		if host == "" {
 			host = "0.0.0.0"

@@ -352,3 +352,49 @@ func TestServeStoreHA(t *testing.T) {
 		t.Fatalf("after failover: get %q, standby's role %q", out, role(standby))
 	}
 }
+
+// TestServeStoreTwoNodesOneHost: nodes serve no admin HTTP unless asked
+// (--metrics_port), so two of them run on one host; they once both took
+// the default 9003 and the second hung.
+func TestServeStoreTwoNodesOneHost(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "0")
+	ctx, cancel := context.WithCancel(context.Background())
+	var outs [2]syncBuffer
+	done := make(chan int, 2)
+	for i := range outs {
+		go func() {
+			done <- Execute(ctx, []string{"serve", "store", "--master", rpc, "--segment-size", "8M", "--local-hostname", "127.0.0.1"}, &outs[i], &outs[i])
+		}()
+	}
+	defer func() {
+		cancel()
+		for range outs {
+			<-done
+		}
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, _, _ := execMC(t, "store", "stat", "-o", "json", "--master", rpc, "--admin", admin)
+		var sj struct {
+			Segments []json.RawMessage `json:"segments"`
+		}
+		if json.Unmarshal([]byte(out), &sj); len(sj.Segments) == 2 {
+			break
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("a node exited %d:\n%s\n%s", code, outs[0].String(), outs[1].String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("two nodes not mounted after 20 s: %s\n%s\n%s", out, outs[0].String(), outs[1].String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i := range outs {
+		if strings.Contains(outs[i].String(), "admin HTTP") {
+			t.Fatalf("node %d serves admin HTTP without --metrics_port:\n%s", i, outs[i].String())
+		}
+	}
+}

@@ -131,6 +131,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			adminHandler = nodeHandler(node, target)
 		}
 	}
+	// report closes s.done, which Close waits for: it runs before
+	// anything below can fail and Close.
+	go s.report(cfg)
 	if cfg.AdminAddress != "" && adminHandler != nil {
 		lis, err := net.Listen("tcp", cfg.AdminAddress)
 		if err != nil {
@@ -141,7 +144,6 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 5 * time.Second}
 		go s.admin.Serve(lis)
 	}
-	go s.report(cfg)
 	return s, nil
 }
 

@@ -1,0 +1,51 @@
+package server
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/engine"
+)
+
+// TestAdminPortTakenFailsAtOnce: a node whose admin port is taken (two
+// nodes on one host) must fail Start with an error naming the listener,
+// not hang in its own shutdown as it once did.
+func TestAdminPortTakenFailsAtOnce(t *testing.T) {
+	ctx := context.Background()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	eng := engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"}
+	m, err := Start(ctx, Config{RPCAddress: "127.0.0.1:0", AdminAddress: "127.0.0.1:0", Logger: quiet, Engine: eng})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(ctx)
+	type result struct {
+		s   *Server
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := Start(ctx, Config{MasterAddr: m.RPCAddr, AdminAddress: m.AdminAddr, SegmentSize: 4 << 20,
+			PingInterval: 50 * time.Millisecond, Logger: quiet, Engine: eng})
+		done <- result{s, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err == nil {
+			r.s.Close(ctx)
+			t.Fatalf("a node started on the master's admin address %s", m.AdminAddr)
+		}
+		if !strings.Contains(r.err.Error(), "admin HTTP listener") {
+			t.Fatalf("error %q does not name the admin listener", r.err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Start with a taken admin port did not return within 15 s")
+	}
+	if segs := m.Master.Segments(); len(segs) != 0 {
+		t.Fatalf("the failed node left segments mounted: %+v", segs)
+	}
+}
