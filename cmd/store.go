@@ -260,7 +260,7 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		seg, err = bench.ParseSize(o.SegmentSize)
 	}
 	if err != nil || seg < 0 {
-		return cfg, fmt.Errorf("invalid --segment-size %q: want bytes with an optional unit (1G, 512M) or 0", o.SegmentSize)
+		return cfg, fmt.Errorf("invalid --segment-size %q: want bytes with an optional unit (512M, 1G, 1T) or 0", o.SegmentSize)
 	}
 	region, err := bench.ParseSize(o.RegionSize)
 	if err != nil || region <= 0 {

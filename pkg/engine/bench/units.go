@@ -24,6 +24,8 @@ func ParseSize(s string) (int64, error) {
 			mult = 1 << 20
 		case 'G':
 			mult = 1 << 30
+		case 'T':
+			mult = 1 << 40 // store segments of hosts with TBs of memory
 		}
 		if mult > 1 {
 			u = u[:len(u)-1]
@@ -31,7 +33,7 @@ func ParseSize(s string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(u, 10, 64)
 	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("size %q: want a positive number with an optional K, M or G suffix (binary: 4K = 4096)", s)
+		return 0, fmt.Errorf("size %q: want a positive number with an optional K, M, G or T suffix (binary: 4K = 4096)", s)
 	}
 	if n > math.MaxInt64/mult {
 		return 0, fmt.Errorf("size %q: too large", s)
