@@ -309,11 +309,13 @@ const maxInt = int(^uint(0) >> 1)
 // remount (re-)registers this client and its segment with the master.
 func (c *Client) remount(ctx context.Context) error {
 	req := &pb.ReMountSegmentRequest{ClientId: UUIDToPB(c.id)}
+	what := "connect" // a client with no segment only registers itself
 	if c.segMem != nil {
 		req.Segments = []*pb.Segment{SegmentToPB(c.segInfo)}
+		what = "mount segment"
 	}
 	var resp *pb.ReMountSegmentResponse
-	err := c.call(ctx, "mount segment", func(ctx context.Context) (err error) {
+	err := c.call(ctx, what, func(ctx context.Context) (err error) {
 		resp, err = c.rpc.ReMountSegment(ctx, req)
 		return err
 	})
