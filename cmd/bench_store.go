@@ -169,7 +169,17 @@ func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
 		}
 		return fmt.Errorf("bench store: %w", err)
 	}
-	return printStoreResults(p, results)
+	if err := printStoreResults(p, results); err != nil {
+		return err
+	}
+	var corrupt int64
+	for _, r := range results {
+		corrupt += r.Corrupt
+	}
+	if corrupt > 0 {
+		return fmt.Errorf("bench store: %d gets returned wrong bytes", corrupt)
+	}
+	return nil
 }
 
 func printStoreResults(p *printer, results []sbench.Result) error {

@@ -82,6 +82,9 @@ type Result struct {
 	P99us       float64 `json:"p99_us"`
 	P999us      float64 `json:"p999_us"`
 	Errors      int64   `json:"errors"`
+	// Corrupt counts gets that returned wrong bytes (--verify); they are
+	// among Errors too.
+	Corrupt int64 `json:"corrupt"`
 	// FirstError says what the first error was (not in the stable JSON
 	// contract; empty when Errors is 0).
 	FirstError string `json:"first_error,omitempty"`
@@ -169,7 +172,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		return nil, err
 	}
 	defer c.Close(context.WithoutCancel(ctx))
-	r := &runner{cfg: cfg, c: c, run: rand.Uint32()}
+	r := &runner{cfg: cfg, c: c, run: newRunID()}
 	var out []Result
 	for _, vs := range cfg.ValueSizes {
 		for _, op := range cfg.Ops {
@@ -206,6 +209,9 @@ type runner struct {
 func (r *runner) getKey(vs int64, i int) string {
 	return fmt.Sprintf("bench/%d/%x/get/%d", vs, r.run, i)
 }
+
+// newRunID names a run's keys (a variable for tests).
+var newRunID = rand.Uint32
 
 // seedOf makes every key's bytes different, so a get that returned
 // another key's value fails verification.
@@ -368,6 +374,12 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 		r.putKeys = append(r.putKeys, w.written)
 		lat = append(lat, w.lat...)
 		res.Errors += w.errors
+		if w.corruptErr != nil && res.Corrupt == 0 {
+			// Wrong bytes matter more than any miss: they are named
+			// first.
+			res.FirstError = w.corruptErr.Error()
+		}
+		res.Corrupt += w.corrupt
 		if res.FirstError == "" && w.firstErr != nil {
 			res.FirstError = w.firstErr.Error()
 		}
@@ -403,8 +415,11 @@ type worker struct {
 	lat       []time.Duration
 	errors    int64
 	firstErr  error
-	want      []byte
-	written   []string
+	// corrupt gets and the first of them (see Result.Corrupt)
+	corrupt    int64
+	corruptErr error
+	want       []byte
+	written    []string
 }
 
 func (w *worker) fail(err error) {
@@ -460,7 +475,11 @@ func (w *worker) loop(ctx context.Context, stop *atomic.Bool, ops, bytesDone *at
 					for at < len(got) && got[at] == w.want[at] {
 						at++
 					}
-					w.fail(fmt.Errorf("verify %s: byte %d is 0x%02x, want 0x%02x", keys[i], at, got[at], w.want[at]))
+					err := fmt.Errorf("verify %s: byte %d is 0x%02x, want 0x%02x", keys[i], at, got[at], w.want[at])
+					w.fail(err)
+					if w.corrupt++; w.corruptErr == nil {
+						w.corruptErr = err
+					}
 					continue
 				}
 			}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -40,6 +41,38 @@ func TestRunAgainstAStore(t *testing.T) {
 	// Every row removed what it wrote: the store is left as found.
 	if n := srv.Master.KeyCount(); n != 0 {
 		t.Fatalf("%d keys left behind", n)
+	}
+}
+
+// TestVerifyReportsCorruption: a get that returns wrong bytes is counted
+// as corrupt and named first, ahead of any other error. The keys the run
+// will read are put beforehand with other bytes (the prefill accepts keys
+// that already exist, as a rerun against a store would).
+func TestVerifyReportsCorruption(t *testing.T) {
+	ctx := context.Background()
+	srv, err := server.Start(ctx, server.Config{RPCAddress: "127.0.0.1:0", SegmentSize: 64 << 20,
+		Engine: engineLoopback(), Master: master.Config{Logger: quietLog()}, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close(ctx)
+	newRunID = func() uint32 { return 0xbad }
+	defer func() { newRunID = rand.Uint32 }()
+	const keys = 8
+	wrong := make([]byte, 4096)
+	for i := range keys {
+		if err := srv.Node.Put(ctx, (&runner{run: 0xbad}).getKey(4096, i), wrong); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := Run(ctx, Config{Master: srv.RPCAddr, SegmentSize: 64 << 20, ValueSizes: []int64{4096}, Ops: []string{"get"},
+		Keys: keys, Concurrency: []int{2}, Batch: 2, Duration: 100 * time.Millisecond, Verify: true, Engine: engineLoopback(), Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res[0]
+	if r.Corrupt == 0 || r.Corrupt > r.Errors || !strings.HasPrefix(r.FirstError, "verify ") {
+		t.Fatalf("row %+v: want corrupt gets counted and named", r)
 	}
 }
 
