@@ -16,12 +16,7 @@ func TestRunAgainstAStore(t *testing.T) {
 	ctx := context.Background()
 	// Big enough that no row fills it: a full store fails puts until the
 	// background eviction catches up, which is not what this checks.
-	srv, err := server.Start(ctx, server.Config{RPCAddress: "127.0.0.1:0", SegmentSize: 1 << 30,
-		Engine: engineLoopback(), Master: master.Config{Logger: quietLog()}, Logger: quietLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close(ctx)
+	srv := startStore(t, 1<<30)
 	res, err := Run(ctx, Config{Master: srv.RPCAddr, SegmentSize: 1 << 30, ValueSizes: []int64{4096, 100000}, Ops: []string{"get", "put", "mix"},
 		GetRatio: 0.5, Concurrency: []int{1, 3}, Batch: 4, Duration: 150 * time.Millisecond, Verify: true, Engine: engineLoopback(), Logger: quietLog()})
 	if err != nil {
@@ -50,12 +45,7 @@ func TestRunAgainstAStore(t *testing.T) {
 // that already exist, as a rerun against a store would).
 func TestVerifyReportsCorruption(t *testing.T) {
 	ctx := context.Background()
-	srv, err := server.Start(ctx, server.Config{RPCAddress: "127.0.0.1:0", SegmentSize: 64 << 20,
-		Engine: engineLoopback(), Master: master.Config{Logger: quietLog()}, Logger: quietLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close(ctx)
+	srv := startStore(t, 64<<20)
 	newRunID = func() uint32 { return 0xbad }
 	defer func() { newRunID = rand.Uint32 }()
 	const keys = 8
@@ -107,4 +97,16 @@ func TestPlot(t *testing.T) {
 	if err := Plot(&b, nil); err == nil {
 		t.Fatal("plot of nothing accepted")
 	}
+}
+
+// startStore runs a master with a node of segSize bytes on loopback.
+func startStore(t *testing.T, segSize uint64) *server.Server {
+	t.Helper()
+	srv, err := server.Start(context.Background(), server.Config{RPCAddress: "127.0.0.1:0", SegmentSize: segSize,
+		Engine: engineLoopback(), Master: master.Config{Logger: quietLog()}, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close(context.Background()) })
+	return srv
 }
