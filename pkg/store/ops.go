@@ -181,7 +181,7 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 			reqs = append(reqs, xfer{item: i, op: engine.Write, local: src[i].addr, rep: r})
 		}
 	}
-	failed := c.transfer(ctx, reqs)
+	failed := c.transfer(ctx, reqs, len(keys))
 	var end, revoke []string
 	var endIdx []int
 	for _, i := range idx {
@@ -396,7 +396,7 @@ func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, dst 
 		if len(reqs) == 0 {
 			return
 		}
-		failed := c.transfer(ctx, reqs)
+		failed := c.transfer(ctx, reqs, len(keys))
 		for _, x := range reqs {
 			i := x.item
 			if err := failed[i]; err != nil {
@@ -421,10 +421,10 @@ type xfer struct {
 	rep   Replica
 }
 
-// transfer runs reqs as one engine batch and returns the error of each
-// item that had a failed transfer.
-func (c *Client) transfer(ctx context.Context, reqs []xfer) map[int]error {
-	failed := make(map[int]error)
+// transfer runs reqs as one engine batch and returns, indexed by item
+// (items < n), the error of each item that had a failed transfer.
+func (c *Client) transfer(ctx context.Context, reqs []xfer, n int) []error {
+	failed := make([]error, n)
 	if len(reqs) == 0 {
 		return failed
 	}
@@ -465,7 +465,7 @@ func (c *Client) transfer(ctx context.Context, reqs []xfer) map[int]error {
 	for i, x := range sent {
 		st, _ := b.TaskStatus(i)
 		if st.Status == engine.Failed {
-			if _, seen := failed[x.item]; !seen {
+			if failed[x.item] == nil {
 				failed[x.item] = Errorf(TransferFail, "%s %d bytes at 0x%x on %s (%s): %v", x.op, x.rep.Len, x.rep.Addr, x.rep.Segment, x.rep.Endpoint, st.Err)
 			}
 			c.dropSegment(x.rep.Endpoint, segs[i])
