@@ -182,7 +182,12 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 			return nil, err
 		}
 		target = c.leader.Scheme() + ":///leader"
-		dialOpts = append(dialOpts, grpc.WithResolvers(c.leader))
+		// HA masters fail over within the leader lease: a call waits
+		// (within RPCTimeout) for the new leader instead of failing at
+		// once on the dead one's address. A single master's outage is
+		// not expected to end soon, so there calls fail fast, and a
+		// caller (a KV-cache get) can fall back to recomputing.
+		dialOpts = append(dialOpts, grpc.WithResolvers(c.leader), grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
 	}
 	// A failover or a restarted master must not wait out gRPC's default
 	// reconnect backoff (up to 2 min): the master is dialled again within
@@ -410,9 +415,29 @@ func (c *Client) ping(ctx context.Context) bool {
 // call runs one RPC with the client's timeout and turns transport errors
 // into store errors (RPC_FAIL, RPC_TIMEOUT) that name the master.
 func (c *Client) call(ctx context.Context, what string, f func(context.Context) error) error {
+	return c.invoke(ctx, what, f, false)
+}
+
+// readCall is call for a read the master can answer twice with no harm
+// (replica lists, exist, query). Following HA masters, a read that the
+// dying leader dropped mid-call is asked again of the next one within
+// the same RPC timeout; a write is not, since whether it took effect is
+// unknown.
+func (c *Client) readCall(ctx context.Context, what string, f func(context.Context) error) error {
+	return c.invoke(ctx, what, f, c.leader != nil)
+}
+
+func (c *Client) invoke(ctx context.Context, what string, f func(context.Context) error, again bool) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
 	defer cancel()
 	err := f(ctx)
+	for again && status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		err = f(ctx)
+	}
 	if err == nil {
 		return nil
 	}

@@ -318,7 +318,7 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, slices []Slice
 func (c *Client) replicaLists(ctx context.Context, keys []string, errs []error) [][]Replica {
 	out := make([][]Replica, len(keys))
 	var resp *pb.BatchReplicaListResponse
-	err := c.call(ctx, "get", func(ctx context.Context) (err error) {
+	err := c.readCall(ctx, "get", func(ctx context.Context) (err error) {
 		resp, err = c.rpc.BatchGetReplicaList(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
 		return err
 	})
@@ -527,7 +527,7 @@ func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, []error
 	ex := make([]bool, len(keys))
 	errs := make([]error, len(keys))
 	var resp *pb.BatchExistResponse
-	err := c.call(ctx, "exist", func(ctx context.Context) (err error) {
+	err := c.readCall(ctx, "exist", func(ctx context.Context) (err error) {
 		resp, err = c.rpc.BatchExistKey(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
 		return err
 	})
@@ -575,7 +575,7 @@ func (c *Client) RemoveAll(ctx context.Context) (uint64, error) {
 // Query returns key's replicas without taking a lease (an admin read).
 func (c *Client) Query(ctx context.Context, key string) ([]Replica, error) {
 	var resp *pb.BatchReplicaListResponse
-	err := c.call(ctx, "query", func(ctx context.Context) (err error) {
+	err := c.readCall(ctx, "query", func(ctx context.Context) (err error) {
 		resp, err = c.rpc.BatchQuery(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: []string{key}})
 		return err
 	})

@@ -490,7 +490,29 @@ func (w *worker) loop(ctx context.Context, stop *atomic.Bool, ops, bytesDone *at
 		}
 		ops.Add(uint64(okN))
 		bytesDone.Add(uint64(okN) * uint64(w.vs))
+		if okN == 0 && len(errs) > 0 && masterAway(errs[0]) && !stop.Load() {
+			// A closed loop against an unreachable master would spin
+			// through failures as fast as they come (hundreds of
+			// thousands a second): wait a little, as a real client
+			// would.
+			select {
+			case <-time.After(masterAwayPause):
+			case <-ctx.Done():
+			}
+		}
 	}
+}
+
+// masterAwayPause is how long a worker waits after a call that failed for
+// want of a master.
+const masterAwayPause = 10 * time.Millisecond
+
+func masterAway(err error) bool {
+	switch store.CodeOf(err) {
+	case store.RPCFail, store.RPCTimeout, store.UnavailableInCurrentMode:
+		return true
+	}
+	return false
 }
 
 func softPin(c *store.ReplicateConfig) { c.SoftPin = true }

@@ -674,3 +674,40 @@ func TestKillDuringBatchPut(t *testing.T) {
 	}
 	t.Logf("%d items stored and verified; %d reported failed (%d of them committed before the kill, whole)", len(ok), len(failed), present)
 }
+
+// TestCallRidesThroughFailover: a client following HA masters does not
+// fail a call made while the leader is dead; the call waits (within its
+// RPC timeout) for the next leader and succeeds, with no retry by the
+// caller.
+func TestCallRidesThroughFailover(t *testing.T) {
+	h := newHarness(t)
+	h.candidate()
+	h.candidate()
+	old := h.leader(5 * time.Second)
+	h.client(64 << 20)
+	cl, err := store.New(context.Background(), store.Config{
+		Master: h.direct, ClusterID: h.cluster, PingInterval: 100 * time.Millisecond,
+		RPCTimeout: 4 * testLease, StagingSize: 4 << 20,
+		EngineConfig: engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close(context.Background())
+	ctx := context.Background()
+	want := value("before", 4096)
+	if err := cl.Put(ctx, "before", want); err != nil {
+		t.Fatal(err)
+	}
+	h.forget(old)
+	old.Kill()
+	t0 := time.Now()
+	got, err := cl.Get(ctx, "before")
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("get while the leader was dead, after %s: %v", time.Since(t0), err)
+	}
+	if h.leader(time.Second) == old {
+		t.Fatal("the killed candidate still leads")
+	}
+	t.Logf("the get waited %s for the new leader", time.Since(t0).Round(time.Millisecond))
+}
