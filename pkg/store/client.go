@@ -321,7 +321,7 @@ func (c *Client) remount(ctx context.Context) error {
 	}
 	var resp *pb.ReMountSegmentResponse
 	err := c.call(ctx, what, func(ctx context.Context) (err error) {
-		resp, err = c.rpc.ReMountSegment(ctx, req)
+		resp, err = c.rpc.ReMountSegment(ctx, req, failFast)
 		return err
 	})
 	if err != nil {
@@ -373,7 +373,7 @@ func (c *Client) pingLoop() {
 func (c *Client) ping(ctx context.Context) bool {
 	var resp *pb.PingResponse
 	err := c.call(ctx, "ping", func(ctx context.Context) (err error) {
-		resp, err = c.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(c.id)})
+		resp, err = c.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(c.id)}, failFast)
 		return err
 	})
 	c.mu.Lock()
@@ -414,6 +414,11 @@ func (c *Client) ping(ctx context.Context) bool {
 
 // call runs one RPC with the client's timeout and turns transport errors
 // into store errors (RPC_FAIL, RPC_TIMEOUT) that name the master.
+// failFast exempts a call from waiting for a leader (see New): pings
+// repeat anyway and must not hold Close, which waits for the ping loop,
+// and an unmount at shutdown must not wait out a master that is gone.
+var failFast = grpc.WaitForReady(false)
+
 func (c *Client) call(ctx context.Context, what string, f func(context.Context) error) error {
 	return c.invoke(ctx, what, f, false)
 }
@@ -492,7 +497,7 @@ func (c *Client) Close(ctx context.Context) error {
 		c.evicted.close()
 		if c.segMem != nil {
 			err = c.call(ctx, "unmount segment", func(ctx context.Context) error {
-				r, err := c.rpc.GracefulUnmountSegment(ctx, &pb.UnmountSegmentRequest{ClientId: UUIDToPB(c.id), SegmentId: UUIDToPB(c.segInfo.ID)})
+				r, err := c.rpc.GracefulUnmountSegment(ctx, &pb.UnmountSegmentRequest{ClientId: UUIDToPB(c.id), SegmentId: UUIDToPB(c.segInfo.ID)}, failFast)
 				if err == nil {
 					if e := ResultFromPB(r); e != nil && CodeOf(e) != SegmentNotFound {
 						return e
