@@ -107,10 +107,11 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 			// may have.
 			retry()
 		}
-		// A round that freed nothing while something was in the way is
-		// the sign of a full store, but one such round can also be a
-		// race lost to other writers: three of them in a row are not.
-		if freed > 0 || !blocked.any() {
+		// A round that frees nothing is the sign of a full store, but
+		// one such round can also be a race lost to other writers:
+		// three of them in a row are not. (Each round may scan every
+		// object, so they stay few.)
+		if freed > 0 {
 			stuck = 0
 		} else if stuck++; stuck == 3 {
 			break
