@@ -412,13 +412,13 @@ func (c *Client) ping(ctx context.Context) bool {
 	return true
 }
 
-// call runs one RPC with the client's timeout and turns transport errors
-// into store errors (RPC_FAIL, RPC_TIMEOUT) that name the master.
 // failFast exempts a call from waiting for a leader (see New): pings
 // repeat anyway and must not hold Close, which waits for the ping loop,
 // and an unmount at shutdown must not wait out a master that is gone.
 var failFast = grpc.WaitForReady(false)
 
+// call runs one RPC with the client's timeout and turns transport errors
+// into store errors (RPC_FAIL, RPC_TIMEOUT) that name the master.
 func (c *Client) call(ctx context.Context, what string, f func(context.Context) error) error {
 	return c.invoke(ctx, what, f, false)
 }
