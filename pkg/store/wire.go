@@ -33,15 +33,8 @@ func SegmentFromPB(p *storepb.Segment) SegmentInfo {
 	return SegmentInfo{ID: UUIDFromPB(p.Id), Name: p.Name, Base: p.Base, Size: p.Size, Endpoint: p.TeEndpoint, Protocol: p.Protocol}
 }
 
-// ReplicaToPB converts r to its message.
-func ReplicaToPB(r Replica) *storepb.Replica {
-	p := new(storepb.Replica)
-	FillReplicaPB(p, r)
-	return p
-}
-
-// FillReplicaPB sets the fields of a zero message p from r (for callers
-// that allocate messages in bulk).
+// FillReplicaPB sets the fields of a zero message p from r (the master
+// allocates a batch's messages in bulk).
 func FillReplicaPB(p *storepb.Replica, r Replica) {
 	st := storepb.ReplicaStatus_PROCESSING
 	if r.Complete {
@@ -104,14 +97,11 @@ func resultErr(code int32, msg string) error {
 
 // ReplicaListFromPB converts one item of a replica-list answer.
 func ReplicaListFromPB(p *storepb.ReplicaList) ([]Replica, time.Duration, error) {
-	if p == nil {
-		return nil, 0, Errorf(RPCFail, "missing item in the master's answer")
-	}
-	if err := resultErr(p.Code, p.Message); err != nil {
+	out, err := replicasFromPB(p, make([]Replica, len(p.GetReplicas())))
+	if err != nil {
 		return nil, 0, err
 	}
-	out, err := replicasFromPB(p, make([]Replica, len(p.Replicas)))
-	return out, time.Duration(p.LeaseTtlMs) * time.Millisecond, err
+	return out, time.Duration(p.LeaseTtlMs) * time.Millisecond, nil
 }
 
 // replicasFromPB converts p's replicas into the front of buf (which must
