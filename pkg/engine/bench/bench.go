@@ -326,12 +326,13 @@ loop:
 		r.IOPS = float64(r.BatchCount*uint64(cfg.BatchSize)) / s
 	}
 	slices.Sort(lat)
-	r.LatencyP50, r.LatencyP99, r.LatencyP999 = percentile(lat, 0.50), percentile(lat, 0.99), percentile(lat, 0.999)
+	r.LatencyP50, r.LatencyP99, r.LatencyP999 = Percentile(lat, 0.50), Percentile(lat, 0.99), Percentile(lat, 0.999)
 	return r
 }
 
-// percentile is the nearest-rank percentile of sorted v (0 when empty).
-func percentile(v []time.Duration, p float64) time.Duration {
+// Percentile is the nearest-rank percentile of sorted v (0 when empty),
+// the one definition both the transfer and the store benchmarks report.
+func Percentile(v []time.Duration, p float64) time.Duration {
 	if len(v) == 0 {
 		return 0
 	}

@@ -88,8 +88,8 @@ func TestPercentile(t *testing.T) {
 	for i := 1; i <= 1000; i++ {
 		v = append(v, time.Duration(i))
 	}
-	if percentile(v, 0.5) != 500 || percentile(v, 0.99) != 990 || percentile(v, 0.999) != 999 || percentile(nil, 0.5) != 0 {
-		t.Fatal(percentile(v, 0.5), percentile(v, 0.99), percentile(v, 0.999))
+	if Percentile(v, 0.5) != 500 || Percentile(v, 0.99) != 990 || Percentile(v, 0.999) != 999 || Percentile(nil, 0.5) != 0 {
+		t.Fatal(Percentile(v, 0.5), Percentile(v, 0.99), Percentile(v, 0.999))
 	}
 }
 

@@ -387,21 +387,13 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 	slices.Sort(lat)
 	res.OpsPerSec = float64(ops.Load()) / elapsed.Seconds()
 	res.GBPerSec = float64(bytesDone.Load()) / elapsed.Seconds() / 1e9
-	res.P50us = us(percentile(lat, 0.50))
-	res.P99us = us(percentile(lat, 0.99))
-	res.P999us = us(percentile(lat, 0.999))
+	res.P50us = us(ebench.Percentile(lat, 0.50))
+	res.P99us = us(ebench.Percentile(lat, 0.99))
+	res.P999us = us(ebench.Percentile(lat, 0.999))
 	return res, ctx.Err()
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
-
-func percentile(v []time.Duration, p float64) time.Duration {
-	if len(v) == 0 {
-		return 0
-	}
-	i := int(p * float64(len(v)-1))
-	return v[i]
-}
 
 type worker struct {
 	r         *runner
