@@ -71,6 +71,7 @@ type Client struct {
 	etcd    *clientv3.Client // etcd:// masters
 	leader  *leaderResolver  // etcd:// masters
 	rpc     pb.MasterClient
+	ses     *sessions // the data path's calls
 	eng     *engine.Engine
 	ownsEng bool
 	host    string
@@ -203,6 +204,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("master %s: %w", cfg.Master, err)
 	}
 	c.rpc = pb.NewMasterClient(c.conn)
+	c.ses = &sessions{rpc: c.rpc}
 	fail := func(err error) (*Client, error) {
 		c.closeLocal(ctx)
 		return nil, err
@@ -539,6 +541,9 @@ func (c *Client) closeLocal(ctx context.Context) {
 				}
 			}
 		}
+	}
+	if c.ses != nil {
+		c.ses.closeAll()
 	}
 	if c.conn != nil {
 		c.conn.Close()

@@ -435,3 +435,42 @@ func TestPutGetOverRDMA(t *testing.T) {
 		t.Fatalf("replica protocol %q", reps[0].Protocol)
 	}
 }
+
+// The data path's calls ride pooled Session streams, which a master
+// restart leaves dead: the first put and get after it must go out on new
+// streams rather than fail on the stale ones.
+func TestPooledSessionsOutliveMasterRestart(t *testing.T) {
+	cfg := master.Config{}
+	c := startMaster(t, cfg)
+	node := c.client(16 << 20)
+	cl := c.client(0)
+	ctx := context.Background()
+	// Several callers at once leave several streams in the pool.
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := cl.Put(ctx, fmt.Sprintf("before-%d", i), value(100, byte(i))); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	c.stop()
+	c2 := startMasterOn(t, c.addr, cfg)
+	waitFor(t, "the node to re-mount on the new master", 5*time.Second, func() bool {
+		return len(c2.m.Segments()) == 1 && node.Stats().Remounts > 0
+	})
+	waitFor(t, "the client to reach the new master", 3*time.Second, func() bool { return cl.Stats().MasterUp })
+	for i := range 6 {
+		v := value(1000, byte(10+i))
+		key := fmt.Sprintf("after-%d", i)
+		if err := cl.Put(ctx, key, v); err != nil {
+			t.Fatalf("put %d after the restart: %v", i, err)
+		}
+		if got, err := cl.Get(ctx, key); err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("get %d after the restart: %v", i, err)
+		}
+	}
+}

@@ -152,17 +152,15 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 	if len(idx) == 0 {
 		return
 	}
-	var resp *pb.BatchPutStartResponse
+	var table *pb.ReplicaTable
 	err := c.call(ctx, "put start", func(ctx context.Context) (err error) {
-		if upsert {
-			resp, err = c.rpc.BatchUpsertStart(ctx, req)
-		} else {
-			resp, err = c.rpc.BatchPutStart(ctx, req)
-		}
+		table, err = c.ses.PutStart(ctx, req, upsert)
 		return err
 	})
-	if err == nil && len(resp.Results) != len(idx) {
-		err = Errorf(RPCFail, "put start: master answered %d items for %d", len(resp.Results), len(idx))
+	var lists [][]Replica
+	var listErrs []error
+	if err == nil {
+		lists, listErrs, err = replicaTableFromPB(table, len(idx))
 	}
 	if err != nil {
 		for _, i := range idx {
@@ -172,12 +170,11 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 	}
 	var reqs []xfer
 	for j, i := range idx {
-		reps, _, err := ReplicaListFromPB(resp.Results[j])
-		if err != nil {
-			errs[i] = err
+		if listErrs[j] != nil {
+			errs[i] = listErrs[j]
 			continue
 		}
-		for _, r := range reps {
+		for _, r := range lists[j] {
 			reqs = append(reqs, xfer{item: i, op: engine.Write, local: src[i].addr, rep: r})
 		}
 	}
@@ -199,17 +196,17 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 	if len(revoke) > 0 {
 		c.keysCall(context.WithoutCancel(ctx), "put revoke", revoke, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
 			if upsert {
-				return c.rpc.BatchUpsertRevoke(ctx, r)
+				return c.ses.BatchUpsertRevoke(ctx, r)
 			}
-			return c.rpc.BatchPutRevoke(ctx, r)
+			return c.ses.BatchPutRevoke(ctx, r)
 		})
 	}
 	if len(end) > 0 {
 		res := c.keysCall(ctx, "put end", end, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
 			if upsert {
-				return c.rpc.BatchUpsertEnd(ctx, r)
+				return c.ses.BatchUpsertEnd(ctx, r)
 			}
-			return c.rpc.BatchPutEnd(ctx, r)
+			return c.ses.BatchPutEnd(ctx, r)
 		})
 		for j, i := range endIdx {
 			errs[i] = res[j]
@@ -316,33 +313,25 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, slices []Slice
 // replicaLists asks the master where each key's replicas are (granting a
 // read lease).
 func (c *Client) replicaLists(ctx context.Context, keys []string, errs []error) [][]Replica {
-	out := make([][]Replica, len(keys))
-	var resp *pb.BatchReplicaListResponse
+	var table *pb.ReplicaTable
 	err := c.readCall(ctx, "get", func(ctx context.Context) (err error) {
-		resp, err = c.rpc.BatchGetReplicaList(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
+		table, err = c.ses.GetReplicaLists(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
 		return err
 	})
-	if err == nil && len(resp.Results) != len(keys) {
-		err = Errorf(RPCFail, "get: master answered %d items for %d", len(resp.Results), len(keys))
-	}
-	var slab []Replica // every key's replicas in one array
+	var lists [][]Replica
+	var listErrs []error
 	if err == nil {
-		total := 0
-		for _, l := range resp.Results {
-			total += len(l.GetReplicas())
-		}
-		slab = make([]Replica, total)
+		lists, listErrs, err = replicaTableFromPB(table, len(keys))
 	}
+	out := make([][]Replica, len(keys))
 	for i := range keys {
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		reps, e := replicasFromPB(resp.Results[i], slab)
-		slab = slab[len(reps):]
-		switch {
-		case e != nil:
-			errs[i] = e
+		switch reps := lists[i]; {
+		case listErrs[i] != nil:
+			errs[i] = listErrs[i]
 		case len(reps) == 0:
 			errs[i] = Errorf(ObjectNotFound, "key %q has no complete replica", keys[i])
 		default:
@@ -528,7 +517,7 @@ func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, []error
 	errs := make([]error, len(keys))
 	var resp *pb.BatchExistResponse
 	err := c.readCall(ctx, "exist", func(ctx context.Context) (err error) {
-		resp, err = c.rpc.BatchExistKey(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
+		resp, err = c.ses.BatchExistKey(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
 		return err
 	})
 	if err == nil && (len(resp.Results) != len(keys) || len(resp.Exists) != len(keys)) {
@@ -554,7 +543,7 @@ func (c *Client) Remove(ctx context.Context, key string, force bool) error {
 // BatchRemove removes keys.
 func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []error {
 	return c.keysCall(ctx, "remove", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
-		return c.rpc.BatchRemove(ctx, &pb.BatchRemoveRequest{ClientId: r.ClientId, Keys: r.Keys, Force: force})
+		return c.ses.BatchRemove(ctx, &pb.BatchRemoveRequest{ClientId: r.ClientId, Keys: r.Keys, Force: force})
 	})
 }
 

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store/storepb"
@@ -97,26 +98,65 @@ func resultErr(code int32, msg string) error {
 
 // ReplicaListFromPB converts one item of a replica-list answer.
 func ReplicaListFromPB(p *storepb.ReplicaList) ([]Replica, time.Duration, error) {
-	out, err := replicasFromPB(p, make([]Replica, len(p.GetReplicas())))
-	if err != nil {
+	if p == nil {
+		return nil, 0, Errorf(RPCFail, "missing item in the master's answer")
+	}
+	if err := resultErr(p.Code, p.Message); err != nil {
 		return nil, 0, err
+	}
+	out := make([]Replica, len(p.Replicas))
+	for i, r := range p.Replicas {
+		out[i] = ReplicaFromPB(r)
 	}
 	return out, time.Duration(p.LeaseTtlMs) * time.Millisecond, nil
 }
 
-// replicasFromPB converts p's replicas into the front of buf (which must
-// have room for them) and returns that part as a slice of its own.
-func replicasFromPB(p *storepb.ReplicaList, buf []Replica) ([]Replica, error) {
-	if p == nil {
-		return nil, Errorf(RPCFail, "missing item in the master's answer")
+// replicaTableFromPB decodes a Session's replica table for n keys: each
+// key's replicas (all in one array) or its error. A table whose columns
+// do not add up is refused whole.
+func replicaTableFromPB(t *storepb.ReplicaTable, n int) ([][]Replica, []error, error) {
+	bad := func(what string) ([][]Replica, []error, error) {
+		return nil, nil, Errorf(RPCFail, "malformed replica table from the master: %s", what)
 	}
-	if err := resultErr(p.Code, p.Message); err != nil {
-		return nil, err
+	if len(t.GetCodes()) != n || len(t.LeaseTtlMs) != n || len(t.ReplicaCounts) != n {
+		return bad(fmt.Sprintf("%d/%d/%d per-key entries for %d keys", len(t.GetCodes()), len(t.LeaseTtlMs), len(t.ReplicaCounts), n))
 	}
-	n := len(p.Replicas)
-	out := buf[:n:n]
-	for i, r := range p.Replicas {
-		out[i] = ReplicaFromPB(r)
+	total := len(t.Segment)
+	if len(t.Address) != total || len(t.Length) != total || len(t.Status) != total {
+		return bad(fmt.Sprintf("replica columns of %d/%d/%d/%d entries", total, len(t.Address), len(t.Length), len(t.Status)))
 	}
-	return out, nil
+	slab := make([]Replica, total)
+	reps := make([][]Replica, n)
+	errs := make([]error, n)
+	at, msg := 0, 0
+	for i, code := range t.Codes {
+		if code != 0 {
+			if msg == len(t.Messages) {
+				return bad("fewer messages than failed keys")
+			}
+			errs[i] = resultErr(code, t.Messages[msg])
+			msg++
+			continue
+		}
+		k := int(t.ReplicaCounts[i])
+		if k > total-at {
+			return bad(fmt.Sprintf("key %d counts %d replicas past the %d listed", i, k, total))
+		}
+		out := slab[at : at+k : at+k]
+		for j := range out {
+			si := t.Segment[at+j]
+			if int(si) >= len(t.Segments) {
+				return bad(fmt.Sprintf("segment index %d of %d", si, len(t.Segments)))
+			}
+			s := t.Segments[si]
+			out[j] = Replica{Segment: s.GetSegmentName(), Endpoint: s.GetTeEndpoint(), Protocol: s.GetProtocol(),
+				Addr: t.Address[at+j], Len: t.Length[at+j], Complete: t.Status[at+j] == storepb.ReplicaStatus_COMPLETE}
+		}
+		reps[i] = out
+		at += k
+	}
+	if at != total || msg != len(t.Messages) {
+		return bad(fmt.Sprintf("%d of %d replicas and %d of %d messages used", at, total, msg, len(t.Messages)))
+	}
+	return reps, errs, nil
 }

@@ -112,7 +112,7 @@ type term struct {
 	lease   clientv3.LeaseID
 	m       *master.Master
 	log     *committer
-	grpc    *grpc.Server
+	grpc    *master.GRPCServer
 }
 
 // Start connects to etcd, binds the RPC (and admin) listeners, loads the
@@ -458,7 +458,7 @@ func (c *Candidate) serveTerm(t *term, deadline time.Time) string {
 	t.log.master.Store(m)
 	m.Start()
 	go t.log.run(c.ctx)
-	t.grpc = master.NewGRPCServer(m, grpc.UnaryInterceptor(c.gate(t)))
+	t.grpc = master.NewGRPCServer(m, c.gate(t))
 	go t.grpc.Serve(c.lis.open())
 	c.cur.Store(t)
 	c.view.Store(&store.View{Leader: c.cfg.Advertise, Version: uint64(t.rev)})

@@ -2,8 +2,13 @@ package master
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"runtime"
+	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -13,33 +18,193 @@ import (
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
 
+// GRPCServer is the gRPC server of m's RPC API.
+type GRPCServer struct {
+	*grpc.Server
+	rpc *rpcServer
+}
+
 // NewGRPCServer returns a gRPC server serving m's RPC API, with the
-// store's message size limit; extra options (HA's gate interceptor) are
-// added to the server's.
-func NewGRPCServer(m *Master, extra ...grpc.ServerOption) *grpc.Server {
-	opts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(store.MaxMsgSize), grpc.MaxSendMsgSize(store.MaxMsgSize),
+// store's message size limit. gate, when not nil, runs before every call,
+// unary or carried by a Session stream (HA refuses calls with it on a
+// master that is not the serving leader).
+func NewGRPCServer(m *Master, gate grpc.UnaryServerInterceptor) *GRPCServer {
+	rs := &rpcServer{m: m, gate: gate, drain: make(chan struct{})}
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(store.MaxMsgSize), grpc.MaxSendMsgSize(store.MaxMsgSize),
 		// Handlers run on a fixed pool instead of a new goroutine per
 		// call, and fixed flow-control windows turn off the BDP pings
 		// that follow each small response: both are latency on every
 		// get and put.
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.InitialWindowSize(store.RPCWindow), grpc.InitialConnWindowSize(store.RPCConnWindow),
-	}, extra...)
+	}
+	if gate != nil {
+		opts = append(opts, grpc.UnaryInterceptor(gate))
+	}
 	s := grpc.NewServer(opts...)
-	pb.RegisterMasterServer(s, &rpcServer{m: m})
-	return s
+	pb.RegisterMasterServer(s, rs)
+	return &GRPCServer{Server: s, rpc: rs}
 }
 
 // Serve serves m's RPC API on lis until the server is stopped.
-func Serve(m *Master, lis net.Listener) *grpc.Server {
-	s := NewGRPCServer(m)
+func Serve(m *Master, lis net.Listener) *GRPCServer {
+	s := NewGRPCServer(m, nil)
 	go s.Serve(lis)
 	return s
 }
 
+// Shutdown stops the server gracefully: calls under way are answered
+// (within timeout), idle Session streams are ended, new calls are
+// refused. Plain GracefulStop would wait for clients to close their idle
+// sessions, which they never do.
+func (s *GRPCServer) Shutdown(timeout time.Duration) {
+	s.rpc.drainOnce.Do(func() { close(s.rpc.drain) })
+	stopped := make(chan struct{})
+	go func() {
+		s.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(timeout):
+		s.Stop()
+	}
+}
+
 type rpcServer struct {
 	pb.UnimplementedMasterServer
-	m *Master
+	m    *Master
+	gate grpc.UnaryServerInterceptor
+	// drain closes when the server shuts down: Session streams end as
+	// soon as they are not answering a call.
+	drain     chan struct{}
+	drainOnce sync.Once
+}
+
+var sessionInfo = &grpc.UnaryServerInfo{FullMethod: pb.Master_Session_FullMethodName}
+
+// Session answers the calls a client sends on one stream, in order, each
+// exactly as its unary form would (through the same gate); a call's
+// error is carried in its response and the stream goes on. Calls are
+// received and answered by a goroutine of the stream's own, so that the
+// handler can end an idle stream when the server drains (a Recv cannot
+// be interrupted); a call under way is answered first.
+func (s *rpcServer) Session(st pb.Master_SessionServer) error {
+	ctx := st.Context()
+	var mu sync.Mutex
+	busy, closed := false, false
+	ended := make(chan struct{}, 1) // a call was answered
+	done := make(chan error, 1)
+	go func() {
+		for {
+			req, err := st.Recv()
+			if err != nil {
+				done <- err
+				return
+			}
+			mu.Lock()
+			if closed {
+				// The stream ended under this request: it was not
+				// applied, and the client sees the stream end.
+				mu.Unlock()
+				return
+			}
+			busy = true
+			mu.Unlock()
+			err = st.Send(s.sessionCall(ctx, req))
+			mu.Lock()
+			busy = false
+			mu.Unlock()
+			select {
+			case ended <- struct{}{}:
+			default:
+			}
+			if err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case err := <-done:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-s.drain:
+			mu.Lock()
+			if !busy {
+				closed = true
+				mu.Unlock()
+				return nil
+			}
+			mu.Unlock()
+			select {
+			case <-ended:
+			case err := <-done:
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+		}
+	}
+}
+
+func (s *rpcServer) sessionCall(ctx context.Context, req *pb.SessionRequest) *pb.SessionResponse {
+	var in any
+	var h grpc.UnaryHandler
+	switch c := req.Call.(type) {
+	case *pb.SessionRequest_PutStart:
+		in, h = c.PutStart, func(_ context.Context, r any) (any, error) {
+			return s.putStartTable(r.(*pb.BatchPutStartRequest), false)
+		}
+	case *pb.SessionRequest_UpsertStart:
+		in, h = c.UpsertStart, func(_ context.Context, r any) (any, error) {
+			return s.putStartTable(r.(*pb.BatchPutStartRequest), true)
+		}
+	case *pb.SessionRequest_PutEnd:
+		in, h = c.PutEnd, func(ctx context.Context, r any) (any, error) { return s.BatchPutEnd(ctx, r.(*pb.BatchKeysRequest)) }
+	case *pb.SessionRequest_PutRevoke:
+		in, h = c.PutRevoke, func(ctx context.Context, r any) (any, error) { return s.BatchPutRevoke(ctx, r.(*pb.BatchKeysRequest)) }
+	case *pb.SessionRequest_UpsertEnd:
+		in, h = c.UpsertEnd, func(ctx context.Context, r any) (any, error) { return s.BatchUpsertEnd(ctx, r.(*pb.BatchKeysRequest)) }
+	case *pb.SessionRequest_UpsertRevoke:
+		in, h = c.UpsertRevoke, func(ctx context.Context, r any) (any, error) {
+			return s.BatchUpsertRevoke(ctx, r.(*pb.BatchKeysRequest))
+		}
+	case *pb.SessionRequest_GetReplicaList:
+		in, h = c.GetReplicaList, func(_ context.Context, r any) (any, error) {
+			return s.getReplicaTable(r.(*pb.BatchKeysRequest))
+		}
+	case *pb.SessionRequest_ExistKey:
+		in, h = c.ExistKey, func(ctx context.Context, r any) (any, error) { return s.BatchExistKey(ctx, r.(*pb.BatchKeysRequest)) }
+	case *pb.SessionRequest_Remove:
+		in, h = c.Remove, func(ctx context.Context, r any) (any, error) { return s.BatchRemove(ctx, r.(*pb.BatchRemoveRequest)) }
+	default:
+		return &pb.SessionResponse{StatusCode: uint32(codes.InvalidArgument), StatusMessage: store.InvalidParams.String() + ": session request names no call"}
+	}
+	var out any
+	var err error
+	if s.gate != nil {
+		out, err = s.gate(ctx, in, sessionInfo, h)
+	} else {
+		out, err = h(ctx, in)
+	}
+	if err != nil {
+		st := status.Convert(err)
+		return &pb.SessionResponse{StatusCode: uint32(st.Code()), StatusMessage: st.Message()}
+	}
+	switch o := out.(type) {
+	case *pb.ReplicaTable:
+		return &pb.SessionResponse{Reply: &pb.SessionResponse_ReplicaTable{ReplicaTable: o}}
+	case *pb.BatchResults:
+		return &pb.SessionResponse{Reply: &pb.SessionResponse_Results{Results: o}}
+	case *pb.BatchExistResponse:
+		return &pb.SessionResponse{Reply: &pb.SessionResponse_Exist{Exist: o}}
+	}
+	return &pb.SessionResponse{StatusCode: uint32(codes.Internal), StatusMessage: fmt.Sprintf("session: no reply form for %T", out)}
 }
 
 // checkBatch refuses batches over the limit as a whole: an RPC-level
@@ -120,6 +285,91 @@ func replicaLists(rs []ReplicaResult) (*pb.BatchReplicaListResponse, bool) {
 		}
 	}
 	return out, failed
+}
+
+// replicaTable is replicaLists in the Session's column form. Segments
+// are found by a scan of those already in the table (a batch's replicas
+// sit on few segments), by a map past a dozen.
+func replicaTable(rs []ReplicaResult) (*pb.ReplicaTable, bool) {
+	total := 0
+	for _, r := range rs {
+		total += len(r.Replicas)
+	}
+	n := len(rs)
+	t := &pb.ReplicaTable{Codes: make([]int32, n), LeaseTtlMs: make([]uint64, n), ReplicaCounts: make([]uint32, n),
+		Segment: make([]uint32, 0, total), Address: make([]uint64, 0, total), Length: make([]uint64, 0, total),
+		Status: make([]pb.ReplicaStatus, 0, total)}
+	type segKey struct{ name, endpoint, protocol string }
+	var byKey map[segKey]uint32
+	index := func(x store.Replica) uint32 {
+		k := segKey{x.Segment, x.Endpoint, x.Protocol}
+		if byKey != nil {
+			if i, ok := byKey[k]; ok {
+				return i
+			}
+		} else {
+			for i, s := range t.Segments {
+				if s.SegmentName == k.name && s.TeEndpoint == k.endpoint && s.Protocol == k.protocol {
+					return uint32(i)
+				}
+			}
+		}
+		i := uint32(len(t.Segments))
+		t.Segments = append(t.Segments, &pb.ReplicaTable_SegmentRef{SegmentName: k.name, TeEndpoint: k.endpoint, Protocol: k.protocol})
+		if byKey == nil && len(t.Segments) > 12 {
+			byKey = make(map[segKey]uint32, 2*len(t.Segments))
+			for j, s := range t.Segments {
+				byKey[segKey{s.SegmentName, s.TeEndpoint, s.Protocol}] = uint32(j)
+			}
+		} else if byKey != nil {
+			byKey[k] = i
+		}
+		return i
+	}
+	failed := false
+	for i, r := range rs {
+		if r.Err != nil {
+			failed = true
+			t.Codes[i] = int32(store.CodeOf(r.Err))
+			t.Messages = append(t.Messages, r.Err.Error())
+			continue
+		}
+		t.LeaseTtlMs[i] = uint64(r.LeaseTTL.Milliseconds())
+		t.ReplicaCounts[i] = uint32(len(r.Replicas))
+		for _, x := range r.Replicas {
+			st := pb.ReplicaStatus_PROCESSING
+			if x.Complete {
+				st = pb.ReplicaStatus_COMPLETE
+			}
+			t.Segment = append(t.Segment, index(x))
+			t.Address = append(t.Address, x.Addr)
+			t.Length = append(t.Length, x.Len)
+			t.Status = append(t.Status, st)
+		}
+	}
+	return t, failed
+}
+
+func (s *rpcServer) getReplicaTable(r *pb.BatchKeysRequest) (*pb.ReplicaTable, error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
+	t, failed := replicaTable(s.m.BatchGetReplicaList(r.Keys))
+	s.m.m.Op("batch_get_replica_list", failed)
+	return t, nil
+}
+
+func (s *rpcServer) putStartTable(r *pb.BatchPutStartRequest, upsert bool) (*pb.ReplicaTable, error) {
+	if err := checkBatch(len(r.Items)); err != nil {
+		return nil, err
+	}
+	start, name := s.m.BatchPutStart, "batch_put_start"
+	if upsert {
+		start, name = s.m.BatchUpsertStart, "batch_upsert_start"
+	}
+	t, failed := replicaTable(start(store.UUIDFromPB(r.ClientId), r.ClientHost, items(r.Items), store.ConfigFromPB(r.Config)))
+	s.m.m.Op(name, failed)
+	return t, nil
 }
 
 func items(in []*pb.PutStartItem) []PutItem {

@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"google.golang.org/grpc"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/store"
@@ -63,7 +62,7 @@ type Server struct {
 	RPCAddr   string         // the master's RPC address (this one, or the one the node uses)
 	AdminAddr string
 	log       *slog.Logger
-	grpc      *grpc.Server
+	grpc      *master.GRPCServer
 	admin     *http.Server
 	stop      chan struct{}
 	done      chan struct{}
@@ -205,13 +204,7 @@ func (s *Server) shutdownMaster() {
 	if s.grpc == nil {
 		return
 	}
-	stopped := make(chan struct{})
-	go func() { s.grpc.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(2 * time.Second):
-		s.grpc.Stop()
-	}
+	s.grpc.Shutdown(2 * time.Second)
 	s.Master.Close()
 	s.grpc = nil
 }

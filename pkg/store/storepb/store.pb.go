@@ -124,6 +124,436 @@ func (ReplicaStatus) EnumDescriptor() ([]byte, []int) {
 	return file_store_proto_rawDescGZIP(), []int{1}
 }
 
+type SessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Call:
+	//
+	//	*SessionRequest_PutStart
+	//	*SessionRequest_PutEnd
+	//	*SessionRequest_PutRevoke
+	//	*SessionRequest_UpsertStart
+	//	*SessionRequest_UpsertEnd
+	//	*SessionRequest_UpsertRevoke
+	//	*SessionRequest_GetReplicaList
+	//	*SessionRequest_ExistKey
+	//	*SessionRequest_Remove
+	Call          isSessionRequest_Call `protobuf_oneof:"call"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionRequest) Reset() {
+	*x = SessionRequest{}
+	mi := &file_store_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionRequest) ProtoMessage() {}
+
+func (x *SessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_store_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
+func (*SessionRequest) Descriptor() ([]byte, []int) {
+	return file_store_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SessionRequest) GetCall() isSessionRequest_Call {
+	if x != nil {
+		return x.Call
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetPutStart() *BatchPutStartRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_PutStart); ok {
+			return x.PutStart
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetPutEnd() *BatchKeysRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_PutEnd); ok {
+			return x.PutEnd
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetPutRevoke() *BatchKeysRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_PutRevoke); ok {
+			return x.PutRevoke
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetUpsertStart() *BatchPutStartRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_UpsertStart); ok {
+			return x.UpsertStart
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetUpsertEnd() *BatchKeysRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_UpsertEnd); ok {
+			return x.UpsertEnd
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetUpsertRevoke() *BatchKeysRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_UpsertRevoke); ok {
+			return x.UpsertRevoke
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetGetReplicaList() *BatchKeysRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_GetReplicaList); ok {
+			return x.GetReplicaList
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetExistKey() *BatchKeysRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_ExistKey); ok {
+			return x.ExistKey
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetRemove() *BatchRemoveRequest {
+	if x != nil {
+		if x, ok := x.Call.(*SessionRequest_Remove); ok {
+			return x.Remove
+		}
+	}
+	return nil
+}
+
+type isSessionRequest_Call interface {
+	isSessionRequest_Call()
+}
+
+type SessionRequest_PutStart struct {
+	PutStart *BatchPutStartRequest `protobuf:"bytes,1,opt,name=put_start,json=putStart,proto3,oneof"`
+}
+
+type SessionRequest_PutEnd struct {
+	PutEnd *BatchKeysRequest `protobuf:"bytes,2,opt,name=put_end,json=putEnd,proto3,oneof"`
+}
+
+type SessionRequest_PutRevoke struct {
+	PutRevoke *BatchKeysRequest `protobuf:"bytes,3,opt,name=put_revoke,json=putRevoke,proto3,oneof"`
+}
+
+type SessionRequest_UpsertStart struct {
+	UpsertStart *BatchPutStartRequest `protobuf:"bytes,4,opt,name=upsert_start,json=upsertStart,proto3,oneof"`
+}
+
+type SessionRequest_UpsertEnd struct {
+	UpsertEnd *BatchKeysRequest `protobuf:"bytes,5,opt,name=upsert_end,json=upsertEnd,proto3,oneof"`
+}
+
+type SessionRequest_UpsertRevoke struct {
+	UpsertRevoke *BatchKeysRequest `protobuf:"bytes,6,opt,name=upsert_revoke,json=upsertRevoke,proto3,oneof"`
+}
+
+type SessionRequest_GetReplicaList struct {
+	GetReplicaList *BatchKeysRequest `protobuf:"bytes,7,opt,name=get_replica_list,json=getReplicaList,proto3,oneof"`
+}
+
+type SessionRequest_ExistKey struct {
+	ExistKey *BatchKeysRequest `protobuf:"bytes,8,opt,name=exist_key,json=existKey,proto3,oneof"`
+}
+
+type SessionRequest_Remove struct {
+	Remove *BatchRemoveRequest `protobuf:"bytes,9,opt,name=remove,proto3,oneof"`
+}
+
+func (*SessionRequest_PutStart) isSessionRequest_Call() {}
+
+func (*SessionRequest_PutEnd) isSessionRequest_Call() {}
+
+func (*SessionRequest_PutRevoke) isSessionRequest_Call() {}
+
+func (*SessionRequest_UpsertStart) isSessionRequest_Call() {}
+
+func (*SessionRequest_UpsertEnd) isSessionRequest_Call() {}
+
+func (*SessionRequest_UpsertRevoke) isSessionRequest_Call() {}
+
+func (*SessionRequest_GetReplicaList) isSessionRequest_Call() {}
+
+func (*SessionRequest_ExistKey) isSessionRequest_Call() {}
+
+func (*SessionRequest_Remove) isSessionRequest_Call() {}
+
+type SessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// status_code and status_message: the call's RPC-level error (a gRPC
+	// status code, as the unary form would have ended with), 0 when the
+	// call was answered; the stream itself stays open.
+	StatusCode    uint32 `protobuf:"varint,1,opt,name=status_code,json=statusCode,proto3" json:"status_code,omitempty"`
+	StatusMessage string `protobuf:"bytes,2,opt,name=status_message,json=statusMessage,proto3" json:"status_message,omitempty"`
+	// Types that are valid to be assigned to Reply:
+	//
+	//	*SessionResponse_ReplicaTable
+	//	*SessionResponse_Results
+	//	*SessionResponse_Exist
+	Reply         isSessionResponse_Reply `protobuf_oneof:"reply"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionResponse) Reset() {
+	*x = SessionResponse{}
+	mi := &file_store_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionResponse) ProtoMessage() {}
+
+func (x *SessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_store_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
+func (*SessionResponse) Descriptor() ([]byte, []int) {
+	return file_store_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SessionResponse) GetStatusCode() uint32 {
+	if x != nil {
+		return x.StatusCode
+	}
+	return 0
+}
+
+func (x *SessionResponse) GetStatusMessage() string {
+	if x != nil {
+		return x.StatusMessage
+	}
+	return ""
+}
+
+func (x *SessionResponse) GetReply() isSessionResponse_Reply {
+	if x != nil {
+		return x.Reply
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetReplicaTable() *ReplicaTable {
+	if x != nil {
+		if x, ok := x.Reply.(*SessionResponse_ReplicaTable); ok {
+			return x.ReplicaTable
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetResults() *BatchResults {
+	if x != nil {
+		if x, ok := x.Reply.(*SessionResponse_Results); ok {
+			return x.Results
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetExist() *BatchExistResponse {
+	if x != nil {
+		if x, ok := x.Reply.(*SessionResponse_Exist); ok {
+			return x.Exist
+		}
+	}
+	return nil
+}
+
+type isSessionResponse_Reply interface {
+	isSessionResponse_Reply()
+}
+
+type SessionResponse_ReplicaTable struct {
+	// The answer to get_replica_list, put_start and upsert_start.
+	ReplicaTable *ReplicaTable `protobuf:"bytes,3,opt,name=replica_table,json=replicaTable,proto3,oneof"`
+}
+
+type SessionResponse_Results struct {
+	Results *BatchResults `protobuf:"bytes,4,opt,name=results,proto3,oneof"`
+}
+
+type SessionResponse_Exist struct {
+	Exist *BatchExistResponse `protobuf:"bytes,5,opt,name=exist,proto3,oneof"`
+}
+
+func (*SessionResponse_ReplicaTable) isSessionResponse_Reply() {}
+
+func (*SessionResponse_Results) isSessionResponse_Reply() {}
+
+func (*SessionResponse_Exist) isSessionResponse_Reply() {}
+
+// ReplicaTable is a batch's replica lists in columns, the Session form of
+// BatchReplicaListResponse and BatchPutStartResponse: the segments the
+// replicas are on, once each, and packed arrays with an entry per key or
+// per replica. A batch decodes with a few allocations whatever its size,
+// where the message form costs three per key.
+type ReplicaTable struct {
+	state    protoimpl.MessageState     `protogen:"open.v1"`
+	Segments []*ReplicaTable_SegmentRef `protobuf:"bytes,1,rep,name=segments,proto3" json:"segments,omitempty"`
+	// Per key: its code (0 = OK), the read lease granted (ms) and its
+	// number of replicas (0 for a failed key).
+	Codes         []int32  `protobuf:"varint,2,rep,packed,name=codes,proto3" json:"codes,omitempty"`
+	LeaseTtlMs    []uint64 `protobuf:"varint,3,rep,packed,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	ReplicaCounts []uint32 `protobuf:"varint,4,rep,packed,name=replica_counts,json=replicaCounts,proto3" json:"replica_counts,omitempty"`
+	// Per failed key, in key order: its error message.
+	Messages []string `protobuf:"bytes,5,rep,name=messages,proto3" json:"messages,omitempty"`
+	// Per replica, key after key: its segment (an index into segments),
+	// address, length and status.
+	Segment       []uint32        `protobuf:"varint,6,rep,packed,name=segment,proto3" json:"segment,omitempty"`
+	Address       []uint64        `protobuf:"varint,7,rep,packed,name=address,proto3" json:"address,omitempty"`
+	Length        []uint64        `protobuf:"varint,8,rep,packed,name=length,proto3" json:"length,omitempty"`
+	Status        []ReplicaStatus `protobuf:"varint,9,rep,packed,name=status,proto3,enum=mc.store.v1.ReplicaStatus" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaTable) Reset() {
+	*x = ReplicaTable{}
+	mi := &file_store_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaTable) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaTable) ProtoMessage() {}
+
+func (x *ReplicaTable) ProtoReflect() protoreflect.Message {
+	mi := &file_store_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaTable.ProtoReflect.Descriptor instead.
+func (*ReplicaTable) Descriptor() ([]byte, []int) {
+	return file_store_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReplicaTable) GetSegments() []*ReplicaTable_SegmentRef {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetCodes() []int32 {
+	if x != nil {
+		return x.Codes
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetLeaseTtlMs() []uint64 {
+	if x != nil {
+		return x.LeaseTtlMs
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetReplicaCounts() []uint32 {
+	if x != nil {
+		return x.ReplicaCounts
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetMessages() []string {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetSegment() []uint32 {
+	if x != nil {
+		return x.Segment
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetAddress() []uint64 {
+	if x != nil {
+		return x.Address
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetLength() []uint64 {
+	if x != nil {
+		return x.Length
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetStatus() []ReplicaStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
 // UUID is Mooncake's UUID: two 64-bit halves, written "first-second".
 type UUID struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -135,7 +565,7 @@ type UUID struct {
 
 func (x *UUID) Reset() {
 	*x = UUID{}
-	mi := &file_store_proto_msgTypes[0]
+	mi := &file_store_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -147,7 +577,7 @@ func (x *UUID) String() string {
 func (*UUID) ProtoMessage() {}
 
 func (x *UUID) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[0]
+	mi := &file_store_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -160,7 +590,7 @@ func (x *UUID) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UUID.ProtoReflect.Descriptor instead.
 func (*UUID) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{0}
+	return file_store_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *UUID) GetFirst() uint64 {
@@ -187,7 +617,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_store_proto_msgTypes[1]
+	mi := &file_store_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -199,7 +629,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[1]
+	mi := &file_store_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -212,7 +642,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{1}
+	return file_store_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Result) GetCode() int32 {
@@ -238,7 +668,7 @@ type BatchResults struct {
 
 func (x *BatchResults) Reset() {
 	*x = BatchResults{}
-	mi := &file_store_proto_msgTypes[2]
+	mi := &file_store_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -250,7 +680,7 @@ func (x *BatchResults) String() string {
 func (*BatchResults) ProtoMessage() {}
 
 func (x *BatchResults) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[2]
+	mi := &file_store_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -263,7 +693,7 @@ func (x *BatchResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchResults.ProtoReflect.Descriptor instead.
 func (*BatchResults) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{2}
+	return file_store_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BatchResults) GetResults() []*Result {
@@ -289,7 +719,7 @@ type Segment struct {
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_store_proto_msgTypes[3]
+	mi := &file_store_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -301,7 +731,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[3]
+	mi := &file_store_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -314,7 +744,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{3}
+	return file_store_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Segment) GetId() *UUID {
@@ -368,7 +798,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_store_proto_msgTypes[4]
+	mi := &file_store_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +810,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[4]
+	mi := &file_store_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +823,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{4}
+	return file_store_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PingRequest) GetClientId() *UUID {
@@ -417,7 +847,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_store_proto_msgTypes[5]
+	mi := &file_store_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -429,7 +859,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[5]
+	mi := &file_store_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -442,7 +872,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{5}
+	return file_store_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PingResponse) GetViewVersion() uint64 {
@@ -476,7 +906,7 @@ type MountSegmentRequest struct {
 
 func (x *MountSegmentRequest) Reset() {
 	*x = MountSegmentRequest{}
-	mi := &file_store_proto_msgTypes[6]
+	mi := &file_store_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -488,7 +918,7 @@ func (x *MountSegmentRequest) String() string {
 func (*MountSegmentRequest) ProtoMessage() {}
 
 func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[6]
+	mi := &file_store_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -501,7 +931,7 @@ func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*MountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{6}
+	return file_store_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MountSegmentRequest) GetClientId() *UUID {
@@ -528,7 +958,7 @@ type ReMountSegmentRequest struct {
 
 func (x *ReMountSegmentRequest) Reset() {
 	*x = ReMountSegmentRequest{}
-	mi := &file_store_proto_msgTypes[7]
+	mi := &file_store_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -540,7 +970,7 @@ func (x *ReMountSegmentRequest) String() string {
 func (*ReMountSegmentRequest) ProtoMessage() {}
 
 func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[7]
+	mi := &file_store_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -553,7 +983,7 @@ func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{7}
+	return file_store_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReMountSegmentRequest) GetClientId() *UUID {
@@ -579,7 +1009,7 @@ type ReMountSegmentResponse struct {
 
 func (x *ReMountSegmentResponse) Reset() {
 	*x = ReMountSegmentResponse{}
-	mi := &file_store_proto_msgTypes[8]
+	mi := &file_store_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +1021,7 @@ func (x *ReMountSegmentResponse) String() string {
 func (*ReMountSegmentResponse) ProtoMessage() {}
 
 func (x *ReMountSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[8]
+	mi := &file_store_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +1034,7 @@ func (x *ReMountSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentResponse.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{8}
+	return file_store_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReMountSegmentResponse) GetResults() []*Result {
@@ -624,7 +1054,7 @@ type UnmountSegmentRequest struct {
 
 func (x *UnmountSegmentRequest) Reset() {
 	*x = UnmountSegmentRequest{}
-	mi := &file_store_proto_msgTypes[9]
+	mi := &file_store_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -636,7 +1066,7 @@ func (x *UnmountSegmentRequest) String() string {
 func (*UnmountSegmentRequest) ProtoMessage() {}
 
 func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[9]
+	mi := &file_store_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -649,7 +1079,7 @@ func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*UnmountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{9}
+	return file_store_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UnmountSegmentRequest) GetClientId() *UUID {
@@ -681,7 +1111,7 @@ type ReplicateConfig struct {
 
 func (x *ReplicateConfig) Reset() {
 	*x = ReplicateConfig{}
-	mi := &file_store_proto_msgTypes[10]
+	mi := &file_store_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +1123,7 @@ func (x *ReplicateConfig) String() string {
 func (*ReplicateConfig) ProtoMessage() {}
 
 func (x *ReplicateConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[10]
+	mi := &file_store_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +1136,7 @@ func (x *ReplicateConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateConfig.ProtoReflect.Descriptor instead.
 func (*ReplicateConfig) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{10}
+	return file_store_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReplicateConfig) GetReplicaNum() int32 {
@@ -761,7 +1191,7 @@ type PutStartItem struct {
 
 func (x *PutStartItem) Reset() {
 	*x = PutStartItem{}
-	mi := &file_store_proto_msgTypes[11]
+	mi := &file_store_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +1203,7 @@ func (x *PutStartItem) String() string {
 func (*PutStartItem) ProtoMessage() {}
 
 func (x *PutStartItem) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[11]
+	mi := &file_store_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +1216,7 @@ func (x *PutStartItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartItem.ProtoReflect.Descriptor instead.
 func (*PutStartItem) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{11}
+	return file_store_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PutStartItem) GetKey() string {
@@ -816,7 +1246,7 @@ type BatchPutStartRequest struct {
 
 func (x *BatchPutStartRequest) Reset() {
 	*x = BatchPutStartRequest{}
-	mi := &file_store_proto_msgTypes[12]
+	mi := &file_store_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +1258,7 @@ func (x *BatchPutStartRequest) String() string {
 func (*BatchPutStartRequest) ProtoMessage() {}
 
 func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[12]
+	mi := &file_store_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +1271,7 @@ func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutStartRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{12}
+	return file_store_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BatchPutStartRequest) GetClientId() *UUID {
@@ -886,7 +1316,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_store_proto_msgTypes[13]
+	mi := &file_store_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +1328,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[13]
+	mi := &file_store_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1341,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{13}
+	return file_store_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Replica) GetSegmentName() string {
@@ -969,7 +1399,7 @@ type ReplicaList struct {
 
 func (x *ReplicaList) Reset() {
 	*x = ReplicaList{}
-	mi := &file_store_proto_msgTypes[14]
+	mi := &file_store_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -981,7 +1411,7 @@ func (x *ReplicaList) String() string {
 func (*ReplicaList) ProtoMessage() {}
 
 func (x *ReplicaList) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[14]
+	mi := &file_store_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -994,7 +1424,7 @@ func (x *ReplicaList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaList.ProtoReflect.Descriptor instead.
 func (*ReplicaList) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{14}
+	return file_store_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReplicaList) GetCode() int32 {
@@ -1034,7 +1464,7 @@ type BatchPutStartResponse struct {
 
 func (x *BatchPutStartResponse) Reset() {
 	*x = BatchPutStartResponse{}
-	mi := &file_store_proto_msgTypes[15]
+	mi := &file_store_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1476,7 @@ func (x *BatchPutStartResponse) String() string {
 func (*BatchPutStartResponse) ProtoMessage() {}
 
 func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[15]
+	mi := &file_store_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1489,7 @@ func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutStartResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{15}
+	return file_store_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BatchPutStartResponse) GetResults() []*ReplicaList {
@@ -1079,7 +1509,7 @@ type BatchKeysRequest struct {
 
 func (x *BatchKeysRequest) Reset() {
 	*x = BatchKeysRequest{}
-	mi := &file_store_proto_msgTypes[16]
+	mi := &file_store_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1521,7 @@ func (x *BatchKeysRequest) String() string {
 func (*BatchKeysRequest) ProtoMessage() {}
 
 func (x *BatchKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[16]
+	mi := &file_store_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,7 +1534,7 @@ func (x *BatchKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchKeysRequest.ProtoReflect.Descriptor instead.
 func (*BatchKeysRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{16}
+	return file_store_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BatchKeysRequest) GetClientId() *UUID {
@@ -1130,7 +1560,7 @@ type BatchReplicaListResponse struct {
 
 func (x *BatchReplicaListResponse) Reset() {
 	*x = BatchReplicaListResponse{}
-	mi := &file_store_proto_msgTypes[17]
+	mi := &file_store_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1572,7 @@ func (x *BatchReplicaListResponse) String() string {
 func (*BatchReplicaListResponse) ProtoMessage() {}
 
 func (x *BatchReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[17]
+	mi := &file_store_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1585,7 @@ func (x *BatchReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*BatchReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{17}
+	return file_store_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BatchReplicaListResponse) GetResults() []*ReplicaList {
@@ -1175,7 +1605,7 @@ type BatchExistResponse struct {
 
 func (x *BatchExistResponse) Reset() {
 	*x = BatchExistResponse{}
-	mi := &file_store_proto_msgTypes[18]
+	mi := &file_store_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1617,7 @@ func (x *BatchExistResponse) String() string {
 func (*BatchExistResponse) ProtoMessage() {}
 
 func (x *BatchExistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[18]
+	mi := &file_store_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1630,7 @@ func (x *BatchExistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistResponse.ProtoReflect.Descriptor instead.
 func (*BatchExistResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{18}
+	return file_store_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BatchExistResponse) GetResults() []*Result {
@@ -1228,7 +1658,7 @@ type BatchRemoveRequest struct {
 
 func (x *BatchRemoveRequest) Reset() {
 	*x = BatchRemoveRequest{}
-	mi := &file_store_proto_msgTypes[19]
+	mi := &file_store_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1670,7 @@ func (x *BatchRemoveRequest) String() string {
 func (*BatchRemoveRequest) ProtoMessage() {}
 
 func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[19]
+	mi := &file_store_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1683,7 @@ func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveRequest.ProtoReflect.Descriptor instead.
 func (*BatchRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{19}
+	return file_store_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BatchRemoveRequest) GetClientId() *UUID {
@@ -1286,7 +1716,7 @@ type RemoveAllRequest struct {
 
 func (x *RemoveAllRequest) Reset() {
 	*x = RemoveAllRequest{}
-	mi := &file_store_proto_msgTypes[20]
+	mi := &file_store_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1728,7 @@ func (x *RemoveAllRequest) String() string {
 func (*RemoveAllRequest) ProtoMessage() {}
 
 func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[20]
+	mi := &file_store_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1741,7 @@ func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllRequest.ProtoReflect.Descriptor instead.
 func (*RemoveAllRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{20}
+	return file_store_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RemoveAllRequest) GetClientId() *UUID {
@@ -1330,7 +1760,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_store_proto_msgTypes[21]
+	mi := &file_store_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1342,7 +1772,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[21]
+	mi := &file_store_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1355,7 +1785,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{21}
+	return file_store_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemoveAllResponse) GetRemoved() uint64 {
@@ -1365,11 +1795,109 @@ func (x *RemoveAllResponse) GetRemoved() uint64 {
 	return 0
 }
 
+type ReplicaTable_SegmentRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SegmentName   string                 `protobuf:"bytes,1,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
+	TeEndpoint    string                 `protobuf:"bytes,2,opt,name=te_endpoint,json=teEndpoint,proto3" json:"te_endpoint,omitempty"`
+	Protocol      string                 `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaTable_SegmentRef) Reset() {
+	*x = ReplicaTable_SegmentRef{}
+	mi := &file_store_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaTable_SegmentRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaTable_SegmentRef) ProtoMessage() {}
+
+func (x *ReplicaTable_SegmentRef) ProtoReflect() protoreflect.Message {
+	mi := &file_store_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaTable_SegmentRef.ProtoReflect.Descriptor instead.
+func (*ReplicaTable_SegmentRef) Descriptor() ([]byte, []int) {
+	return file_store_proto_rawDescGZIP(), []int{2, 0}
+}
+
+func (x *ReplicaTable_SegmentRef) GetSegmentName() string {
+	if x != nil {
+		return x.SegmentName
+	}
+	return ""
+}
+
+func (x *ReplicaTable_SegmentRef) GetTeEndpoint() string {
+	if x != nil {
+		return x.TeEndpoint
+	}
+	return ""
+}
+
+func (x *ReplicaTable_SegmentRef) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
 var File_store_proto protoreflect.FileDescriptor
 
 const file_store_proto_rawDesc = "" +
 	"\n" +
-	"\vstore.proto\x12\vmc.store.v1\"4\n" +
+	"\vstore.proto\x12\vmc.store.v1\"\xe6\x04\n" +
+	"\x0eSessionRequest\x12@\n" +
+	"\tput_start\x18\x01 \x01(\v2!.mc.store.v1.BatchPutStartRequestH\x00R\bputStart\x128\n" +
+	"\aput_end\x18\x02 \x01(\v2\x1d.mc.store.v1.BatchKeysRequestH\x00R\x06putEnd\x12>\n" +
+	"\n" +
+	"put_revoke\x18\x03 \x01(\v2\x1d.mc.store.v1.BatchKeysRequestH\x00R\tputRevoke\x12F\n" +
+	"\fupsert_start\x18\x04 \x01(\v2!.mc.store.v1.BatchPutStartRequestH\x00R\vupsertStart\x12>\n" +
+	"\n" +
+	"upsert_end\x18\x05 \x01(\v2\x1d.mc.store.v1.BatchKeysRequestH\x00R\tupsertEnd\x12D\n" +
+	"\rupsert_revoke\x18\x06 \x01(\v2\x1d.mc.store.v1.BatchKeysRequestH\x00R\fupsertRevoke\x12I\n" +
+	"\x10get_replica_list\x18\a \x01(\v2\x1d.mc.store.v1.BatchKeysRequestH\x00R\x0egetReplicaList\x12<\n" +
+	"\texist_key\x18\b \x01(\v2\x1d.mc.store.v1.BatchKeysRequestH\x00R\bexistKey\x129\n" +
+	"\x06remove\x18\t \x01(\v2\x1f.mc.store.v1.BatchRemoveRequestH\x00R\x06removeB\x06\n" +
+	"\x04call\"\x94\x02\n" +
+	"\x0fSessionResponse\x12\x1f\n" +
+	"\vstatus_code\x18\x01 \x01(\rR\n" +
+	"statusCode\x12%\n" +
+	"\x0estatus_message\x18\x02 \x01(\tR\rstatusMessage\x12@\n" +
+	"\rreplica_table\x18\x03 \x01(\v2\x19.mc.store.v1.ReplicaTableH\x00R\freplicaTable\x125\n" +
+	"\aresults\x18\x04 \x01(\v2\x19.mc.store.v1.BatchResultsH\x00R\aresults\x127\n" +
+	"\x05exist\x18\x05 \x01(\v2\x1f.mc.store.v1.BatchExistResponseH\x00R\x05existB\a\n" +
+	"\x05reply\"\xb9\x03\n" +
+	"\fReplicaTable\x12@\n" +
+	"\bsegments\x18\x01 \x03(\v2$.mc.store.v1.ReplicaTable.SegmentRefR\bsegments\x12\x14\n" +
+	"\x05codes\x18\x02 \x03(\x05R\x05codes\x12 \n" +
+	"\flease_ttl_ms\x18\x03 \x03(\x04R\n" +
+	"leaseTtlMs\x12%\n" +
+	"\x0ereplica_counts\x18\x04 \x03(\rR\rreplicaCounts\x12\x1a\n" +
+	"\bmessages\x18\x05 \x03(\tR\bmessages\x12\x18\n" +
+	"\asegment\x18\x06 \x03(\rR\asegment\x12\x18\n" +
+	"\aaddress\x18\a \x03(\x04R\aaddress\x12\x16\n" +
+	"\x06length\x18\b \x03(\x04R\x06length\x122\n" +
+	"\x06status\x18\t \x03(\x0e2\x1a.mc.store.v1.ReplicaStatusR\x06status\x1al\n" +
+	"\n" +
+	"SegmentRef\x12!\n" +
+	"\fsegment_name\x18\x01 \x01(\tR\vsegmentName\x12\x1f\n" +
+	"\vte_endpoint\x18\x02 \x01(\tR\n" +
+	"teEndpoint\x12\x1a\n" +
+	"\bprotocol\x18\x03 \x01(\tR\bprotocol\"4\n" +
 	"\x04UUID\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\x04R\x05first\x12\x16\n" +
 	"\x06second\x18\x02 \x01(\x04R\x06second\"6\n" +
@@ -1461,8 +1989,7 @@ const file_store_proto_rawDesc = "" +
 	"\x18REPLICA_STATUS_UNDEFINED\x10\x00\x12\x0e\n" +
 	"\n" +
 	"PROCESSING\x10\x01\x12\f\n" +
-	"\bCOMPLETE\x10\x022\xc4\n" +
-	"\n" +
+	"\bCOMPLETE\x10\x022\x8e\v\n" +
 	"\x06Master\x12;\n" +
 	"\x04Ping\x12\x18.mc.store.v1.PingRequest\x1a\x19.mc.store.v1.PingResponse\x12E\n" +
 	"\fMountSegment\x12 .mc.store.v1.MountSegmentRequest\x1a\x13.mc.store.v1.Result\x12Y\n" +
@@ -1481,7 +2008,8 @@ const file_store_proto_rawDesc = "" +
 	"\vBatchRemove\x12\x1f.mc.store.v1.BatchRemoveRequest\x1a\x19.mc.store.v1.BatchResults\x12J\n" +
 	"\tRemoveAll\x12\x1d.mc.store.v1.RemoveAllRequest\x1a\x1e.mc.store.v1.RemoveAllResponse\x12R\n" +
 	"\n" +
-	"BatchQuery\x12\x1d.mc.store.v1.BatchKeysRequest\x1a%.mc.store.v1.BatchReplicaListResponseB-Z+github.com/kvcache-ops/mc/pkg/store/storepbb\x06proto3"
+	"BatchQuery\x12\x1d.mc.store.v1.BatchKeysRequest\x1a%.mc.store.v1.BatchReplicaListResponse\x12H\n" +
+	"\aSession\x12\x1b.mc.store.v1.SessionRequest\x1a\x1c.mc.store.v1.SessionResponse(\x010\x01B-Z+github.com/kvcache-ops/mc/pkg/store/storepbb\x06proto3"
 
 var (
 	file_store_proto_rawDescOnce sync.Once
@@ -1496,95 +2024,115 @@ func file_store_proto_rawDescGZIP() []byte {
 }
 
 var file_store_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_store_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_store_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_store_proto_goTypes = []any{
 	(ClientStatus)(0),                // 0: mc.store.v1.ClientStatus
 	(ReplicaStatus)(0),               // 1: mc.store.v1.ReplicaStatus
-	(*UUID)(nil),                     // 2: mc.store.v1.UUID
-	(*Result)(nil),                   // 3: mc.store.v1.Result
-	(*BatchResults)(nil),             // 4: mc.store.v1.BatchResults
-	(*Segment)(nil),                  // 5: mc.store.v1.Segment
-	(*PingRequest)(nil),              // 6: mc.store.v1.PingRequest
-	(*PingResponse)(nil),             // 7: mc.store.v1.PingResponse
-	(*MountSegmentRequest)(nil),      // 8: mc.store.v1.MountSegmentRequest
-	(*ReMountSegmentRequest)(nil),    // 9: mc.store.v1.ReMountSegmentRequest
-	(*ReMountSegmentResponse)(nil),   // 10: mc.store.v1.ReMountSegmentResponse
-	(*UnmountSegmentRequest)(nil),    // 11: mc.store.v1.UnmountSegmentRequest
-	(*ReplicateConfig)(nil),          // 12: mc.store.v1.ReplicateConfig
-	(*PutStartItem)(nil),             // 13: mc.store.v1.PutStartItem
-	(*BatchPutStartRequest)(nil),     // 14: mc.store.v1.BatchPutStartRequest
-	(*Replica)(nil),                  // 15: mc.store.v1.Replica
-	(*ReplicaList)(nil),              // 16: mc.store.v1.ReplicaList
-	(*BatchPutStartResponse)(nil),    // 17: mc.store.v1.BatchPutStartResponse
-	(*BatchKeysRequest)(nil),         // 18: mc.store.v1.BatchKeysRequest
-	(*BatchReplicaListResponse)(nil), // 19: mc.store.v1.BatchReplicaListResponse
-	(*BatchExistResponse)(nil),       // 20: mc.store.v1.BatchExistResponse
-	(*BatchRemoveRequest)(nil),       // 21: mc.store.v1.BatchRemoveRequest
-	(*RemoveAllRequest)(nil),         // 22: mc.store.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),        // 23: mc.store.v1.RemoveAllResponse
+	(*SessionRequest)(nil),           // 2: mc.store.v1.SessionRequest
+	(*SessionResponse)(nil),          // 3: mc.store.v1.SessionResponse
+	(*ReplicaTable)(nil),             // 4: mc.store.v1.ReplicaTable
+	(*UUID)(nil),                     // 5: mc.store.v1.UUID
+	(*Result)(nil),                   // 6: mc.store.v1.Result
+	(*BatchResults)(nil),             // 7: mc.store.v1.BatchResults
+	(*Segment)(nil),                  // 8: mc.store.v1.Segment
+	(*PingRequest)(nil),              // 9: mc.store.v1.PingRequest
+	(*PingResponse)(nil),             // 10: mc.store.v1.PingResponse
+	(*MountSegmentRequest)(nil),      // 11: mc.store.v1.MountSegmentRequest
+	(*ReMountSegmentRequest)(nil),    // 12: mc.store.v1.ReMountSegmentRequest
+	(*ReMountSegmentResponse)(nil),   // 13: mc.store.v1.ReMountSegmentResponse
+	(*UnmountSegmentRequest)(nil),    // 14: mc.store.v1.UnmountSegmentRequest
+	(*ReplicateConfig)(nil),          // 15: mc.store.v1.ReplicateConfig
+	(*PutStartItem)(nil),             // 16: mc.store.v1.PutStartItem
+	(*BatchPutStartRequest)(nil),     // 17: mc.store.v1.BatchPutStartRequest
+	(*Replica)(nil),                  // 18: mc.store.v1.Replica
+	(*ReplicaList)(nil),              // 19: mc.store.v1.ReplicaList
+	(*BatchPutStartResponse)(nil),    // 20: mc.store.v1.BatchPutStartResponse
+	(*BatchKeysRequest)(nil),         // 21: mc.store.v1.BatchKeysRequest
+	(*BatchReplicaListResponse)(nil), // 22: mc.store.v1.BatchReplicaListResponse
+	(*BatchExistResponse)(nil),       // 23: mc.store.v1.BatchExistResponse
+	(*BatchRemoveRequest)(nil),       // 24: mc.store.v1.BatchRemoveRequest
+	(*RemoveAllRequest)(nil),         // 25: mc.store.v1.RemoveAllRequest
+	(*RemoveAllResponse)(nil),        // 26: mc.store.v1.RemoveAllResponse
+	(*ReplicaTable_SegmentRef)(nil),  // 27: mc.store.v1.ReplicaTable.SegmentRef
 }
 var file_store_proto_depIdxs = []int32{
-	3,  // 0: mc.store.v1.BatchResults.results:type_name -> mc.store.v1.Result
-	2,  // 1: mc.store.v1.Segment.id:type_name -> mc.store.v1.UUID
-	2,  // 2: mc.store.v1.PingRequest.client_id:type_name -> mc.store.v1.UUID
-	0,  // 3: mc.store.v1.PingResponse.client_status:type_name -> mc.store.v1.ClientStatus
-	2,  // 4: mc.store.v1.MountSegmentRequest.client_id:type_name -> mc.store.v1.UUID
-	5,  // 5: mc.store.v1.MountSegmentRequest.segment:type_name -> mc.store.v1.Segment
-	2,  // 6: mc.store.v1.ReMountSegmentRequest.client_id:type_name -> mc.store.v1.UUID
-	5,  // 7: mc.store.v1.ReMountSegmentRequest.segments:type_name -> mc.store.v1.Segment
-	3,  // 8: mc.store.v1.ReMountSegmentResponse.results:type_name -> mc.store.v1.Result
-	2,  // 9: mc.store.v1.UnmountSegmentRequest.client_id:type_name -> mc.store.v1.UUID
-	2,  // 10: mc.store.v1.UnmountSegmentRequest.segment_id:type_name -> mc.store.v1.UUID
-	2,  // 11: mc.store.v1.BatchPutStartRequest.client_id:type_name -> mc.store.v1.UUID
-	13, // 12: mc.store.v1.BatchPutStartRequest.items:type_name -> mc.store.v1.PutStartItem
-	12, // 13: mc.store.v1.BatchPutStartRequest.config:type_name -> mc.store.v1.ReplicateConfig
-	1,  // 14: mc.store.v1.Replica.status:type_name -> mc.store.v1.ReplicaStatus
-	15, // 15: mc.store.v1.ReplicaList.replicas:type_name -> mc.store.v1.Replica
-	16, // 16: mc.store.v1.BatchPutStartResponse.results:type_name -> mc.store.v1.ReplicaList
-	2,  // 17: mc.store.v1.BatchKeysRequest.client_id:type_name -> mc.store.v1.UUID
-	16, // 18: mc.store.v1.BatchReplicaListResponse.results:type_name -> mc.store.v1.ReplicaList
-	3,  // 19: mc.store.v1.BatchExistResponse.results:type_name -> mc.store.v1.Result
-	2,  // 20: mc.store.v1.BatchRemoveRequest.client_id:type_name -> mc.store.v1.UUID
-	2,  // 21: mc.store.v1.RemoveAllRequest.client_id:type_name -> mc.store.v1.UUID
-	6,  // 22: mc.store.v1.Master.Ping:input_type -> mc.store.v1.PingRequest
-	8,  // 23: mc.store.v1.Master.MountSegment:input_type -> mc.store.v1.MountSegmentRequest
-	9,  // 24: mc.store.v1.Master.ReMountSegment:input_type -> mc.store.v1.ReMountSegmentRequest
-	11, // 25: mc.store.v1.Master.UnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
-	11, // 26: mc.store.v1.Master.GracefulUnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
-	6,  // 27: mc.store.v1.Master.UnregisterClient:input_type -> mc.store.v1.PingRequest
-	14, // 28: mc.store.v1.Master.BatchPutStart:input_type -> mc.store.v1.BatchPutStartRequest
-	18, // 29: mc.store.v1.Master.BatchPutEnd:input_type -> mc.store.v1.BatchKeysRequest
-	18, // 30: mc.store.v1.Master.BatchPutRevoke:input_type -> mc.store.v1.BatchKeysRequest
-	14, // 31: mc.store.v1.Master.BatchUpsertStart:input_type -> mc.store.v1.BatchPutStartRequest
-	18, // 32: mc.store.v1.Master.BatchUpsertEnd:input_type -> mc.store.v1.BatchKeysRequest
-	18, // 33: mc.store.v1.Master.BatchUpsertRevoke:input_type -> mc.store.v1.BatchKeysRequest
-	18, // 34: mc.store.v1.Master.BatchGetReplicaList:input_type -> mc.store.v1.BatchKeysRequest
-	18, // 35: mc.store.v1.Master.BatchExistKey:input_type -> mc.store.v1.BatchKeysRequest
-	21, // 36: mc.store.v1.Master.BatchRemove:input_type -> mc.store.v1.BatchRemoveRequest
-	22, // 37: mc.store.v1.Master.RemoveAll:input_type -> mc.store.v1.RemoveAllRequest
-	18, // 38: mc.store.v1.Master.BatchQuery:input_type -> mc.store.v1.BatchKeysRequest
-	7,  // 39: mc.store.v1.Master.Ping:output_type -> mc.store.v1.PingResponse
-	3,  // 40: mc.store.v1.Master.MountSegment:output_type -> mc.store.v1.Result
-	10, // 41: mc.store.v1.Master.ReMountSegment:output_type -> mc.store.v1.ReMountSegmentResponse
-	3,  // 42: mc.store.v1.Master.UnmountSegment:output_type -> mc.store.v1.Result
-	3,  // 43: mc.store.v1.Master.GracefulUnmountSegment:output_type -> mc.store.v1.Result
-	3,  // 44: mc.store.v1.Master.UnregisterClient:output_type -> mc.store.v1.Result
-	17, // 45: mc.store.v1.Master.BatchPutStart:output_type -> mc.store.v1.BatchPutStartResponse
-	4,  // 46: mc.store.v1.Master.BatchPutEnd:output_type -> mc.store.v1.BatchResults
-	4,  // 47: mc.store.v1.Master.BatchPutRevoke:output_type -> mc.store.v1.BatchResults
-	17, // 48: mc.store.v1.Master.BatchUpsertStart:output_type -> mc.store.v1.BatchPutStartResponse
-	4,  // 49: mc.store.v1.Master.BatchUpsertEnd:output_type -> mc.store.v1.BatchResults
-	4,  // 50: mc.store.v1.Master.BatchUpsertRevoke:output_type -> mc.store.v1.BatchResults
-	19, // 51: mc.store.v1.Master.BatchGetReplicaList:output_type -> mc.store.v1.BatchReplicaListResponse
-	20, // 52: mc.store.v1.Master.BatchExistKey:output_type -> mc.store.v1.BatchExistResponse
-	4,  // 53: mc.store.v1.Master.BatchRemove:output_type -> mc.store.v1.BatchResults
-	23, // 54: mc.store.v1.Master.RemoveAll:output_type -> mc.store.v1.RemoveAllResponse
-	19, // 55: mc.store.v1.Master.BatchQuery:output_type -> mc.store.v1.BatchReplicaListResponse
-	39, // [39:56] is the sub-list for method output_type
-	22, // [22:39] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	17, // 0: mc.store.v1.SessionRequest.put_start:type_name -> mc.store.v1.BatchPutStartRequest
+	21, // 1: mc.store.v1.SessionRequest.put_end:type_name -> mc.store.v1.BatchKeysRequest
+	21, // 2: mc.store.v1.SessionRequest.put_revoke:type_name -> mc.store.v1.BatchKeysRequest
+	17, // 3: mc.store.v1.SessionRequest.upsert_start:type_name -> mc.store.v1.BatchPutStartRequest
+	21, // 4: mc.store.v1.SessionRequest.upsert_end:type_name -> mc.store.v1.BatchKeysRequest
+	21, // 5: mc.store.v1.SessionRequest.upsert_revoke:type_name -> mc.store.v1.BatchKeysRequest
+	21, // 6: mc.store.v1.SessionRequest.get_replica_list:type_name -> mc.store.v1.BatchKeysRequest
+	21, // 7: mc.store.v1.SessionRequest.exist_key:type_name -> mc.store.v1.BatchKeysRequest
+	24, // 8: mc.store.v1.SessionRequest.remove:type_name -> mc.store.v1.BatchRemoveRequest
+	4,  // 9: mc.store.v1.SessionResponse.replica_table:type_name -> mc.store.v1.ReplicaTable
+	7,  // 10: mc.store.v1.SessionResponse.results:type_name -> mc.store.v1.BatchResults
+	23, // 11: mc.store.v1.SessionResponse.exist:type_name -> mc.store.v1.BatchExistResponse
+	27, // 12: mc.store.v1.ReplicaTable.segments:type_name -> mc.store.v1.ReplicaTable.SegmentRef
+	1,  // 13: mc.store.v1.ReplicaTable.status:type_name -> mc.store.v1.ReplicaStatus
+	6,  // 14: mc.store.v1.BatchResults.results:type_name -> mc.store.v1.Result
+	5,  // 15: mc.store.v1.Segment.id:type_name -> mc.store.v1.UUID
+	5,  // 16: mc.store.v1.PingRequest.client_id:type_name -> mc.store.v1.UUID
+	0,  // 17: mc.store.v1.PingResponse.client_status:type_name -> mc.store.v1.ClientStatus
+	5,  // 18: mc.store.v1.MountSegmentRequest.client_id:type_name -> mc.store.v1.UUID
+	8,  // 19: mc.store.v1.MountSegmentRequest.segment:type_name -> mc.store.v1.Segment
+	5,  // 20: mc.store.v1.ReMountSegmentRequest.client_id:type_name -> mc.store.v1.UUID
+	8,  // 21: mc.store.v1.ReMountSegmentRequest.segments:type_name -> mc.store.v1.Segment
+	6,  // 22: mc.store.v1.ReMountSegmentResponse.results:type_name -> mc.store.v1.Result
+	5,  // 23: mc.store.v1.UnmountSegmentRequest.client_id:type_name -> mc.store.v1.UUID
+	5,  // 24: mc.store.v1.UnmountSegmentRequest.segment_id:type_name -> mc.store.v1.UUID
+	5,  // 25: mc.store.v1.BatchPutStartRequest.client_id:type_name -> mc.store.v1.UUID
+	16, // 26: mc.store.v1.BatchPutStartRequest.items:type_name -> mc.store.v1.PutStartItem
+	15, // 27: mc.store.v1.BatchPutStartRequest.config:type_name -> mc.store.v1.ReplicateConfig
+	1,  // 28: mc.store.v1.Replica.status:type_name -> mc.store.v1.ReplicaStatus
+	18, // 29: mc.store.v1.ReplicaList.replicas:type_name -> mc.store.v1.Replica
+	19, // 30: mc.store.v1.BatchPutStartResponse.results:type_name -> mc.store.v1.ReplicaList
+	5,  // 31: mc.store.v1.BatchKeysRequest.client_id:type_name -> mc.store.v1.UUID
+	19, // 32: mc.store.v1.BatchReplicaListResponse.results:type_name -> mc.store.v1.ReplicaList
+	6,  // 33: mc.store.v1.BatchExistResponse.results:type_name -> mc.store.v1.Result
+	5,  // 34: mc.store.v1.BatchRemoveRequest.client_id:type_name -> mc.store.v1.UUID
+	5,  // 35: mc.store.v1.RemoveAllRequest.client_id:type_name -> mc.store.v1.UUID
+	9,  // 36: mc.store.v1.Master.Ping:input_type -> mc.store.v1.PingRequest
+	11, // 37: mc.store.v1.Master.MountSegment:input_type -> mc.store.v1.MountSegmentRequest
+	12, // 38: mc.store.v1.Master.ReMountSegment:input_type -> mc.store.v1.ReMountSegmentRequest
+	14, // 39: mc.store.v1.Master.UnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
+	14, // 40: mc.store.v1.Master.GracefulUnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
+	9,  // 41: mc.store.v1.Master.UnregisterClient:input_type -> mc.store.v1.PingRequest
+	17, // 42: mc.store.v1.Master.BatchPutStart:input_type -> mc.store.v1.BatchPutStartRequest
+	21, // 43: mc.store.v1.Master.BatchPutEnd:input_type -> mc.store.v1.BatchKeysRequest
+	21, // 44: mc.store.v1.Master.BatchPutRevoke:input_type -> mc.store.v1.BatchKeysRequest
+	17, // 45: mc.store.v1.Master.BatchUpsertStart:input_type -> mc.store.v1.BatchPutStartRequest
+	21, // 46: mc.store.v1.Master.BatchUpsertEnd:input_type -> mc.store.v1.BatchKeysRequest
+	21, // 47: mc.store.v1.Master.BatchUpsertRevoke:input_type -> mc.store.v1.BatchKeysRequest
+	21, // 48: mc.store.v1.Master.BatchGetReplicaList:input_type -> mc.store.v1.BatchKeysRequest
+	21, // 49: mc.store.v1.Master.BatchExistKey:input_type -> mc.store.v1.BatchKeysRequest
+	24, // 50: mc.store.v1.Master.BatchRemove:input_type -> mc.store.v1.BatchRemoveRequest
+	25, // 51: mc.store.v1.Master.RemoveAll:input_type -> mc.store.v1.RemoveAllRequest
+	21, // 52: mc.store.v1.Master.BatchQuery:input_type -> mc.store.v1.BatchKeysRequest
+	2,  // 53: mc.store.v1.Master.Session:input_type -> mc.store.v1.SessionRequest
+	10, // 54: mc.store.v1.Master.Ping:output_type -> mc.store.v1.PingResponse
+	6,  // 55: mc.store.v1.Master.MountSegment:output_type -> mc.store.v1.Result
+	13, // 56: mc.store.v1.Master.ReMountSegment:output_type -> mc.store.v1.ReMountSegmentResponse
+	6,  // 57: mc.store.v1.Master.UnmountSegment:output_type -> mc.store.v1.Result
+	6,  // 58: mc.store.v1.Master.GracefulUnmountSegment:output_type -> mc.store.v1.Result
+	6,  // 59: mc.store.v1.Master.UnregisterClient:output_type -> mc.store.v1.Result
+	20, // 60: mc.store.v1.Master.BatchPutStart:output_type -> mc.store.v1.BatchPutStartResponse
+	7,  // 61: mc.store.v1.Master.BatchPutEnd:output_type -> mc.store.v1.BatchResults
+	7,  // 62: mc.store.v1.Master.BatchPutRevoke:output_type -> mc.store.v1.BatchResults
+	20, // 63: mc.store.v1.Master.BatchUpsertStart:output_type -> mc.store.v1.BatchPutStartResponse
+	7,  // 64: mc.store.v1.Master.BatchUpsertEnd:output_type -> mc.store.v1.BatchResults
+	7,  // 65: mc.store.v1.Master.BatchUpsertRevoke:output_type -> mc.store.v1.BatchResults
+	22, // 66: mc.store.v1.Master.BatchGetReplicaList:output_type -> mc.store.v1.BatchReplicaListResponse
+	23, // 67: mc.store.v1.Master.BatchExistKey:output_type -> mc.store.v1.BatchExistResponse
+	7,  // 68: mc.store.v1.Master.BatchRemove:output_type -> mc.store.v1.BatchResults
+	26, // 69: mc.store.v1.Master.RemoveAll:output_type -> mc.store.v1.RemoveAllResponse
+	22, // 70: mc.store.v1.Master.BatchQuery:output_type -> mc.store.v1.BatchReplicaListResponse
+	3,  // 71: mc.store.v1.Master.Session:output_type -> mc.store.v1.SessionResponse
+	54, // [54:72] is the sub-list for method output_type
+	36, // [36:54] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_store_proto_init() }
@@ -1592,13 +2140,29 @@ func file_store_proto_init() {
 	if File_store_proto != nil {
 		return
 	}
+	file_store_proto_msgTypes[0].OneofWrappers = []any{
+		(*SessionRequest_PutStart)(nil),
+		(*SessionRequest_PutEnd)(nil),
+		(*SessionRequest_PutRevoke)(nil),
+		(*SessionRequest_UpsertStart)(nil),
+		(*SessionRequest_UpsertEnd)(nil),
+		(*SessionRequest_UpsertRevoke)(nil),
+		(*SessionRequest_GetReplicaList)(nil),
+		(*SessionRequest_ExistKey)(nil),
+		(*SessionRequest_Remove)(nil),
+	}
+	file_store_proto_msgTypes[1].OneofWrappers = []any{
+		(*SessionResponse_ReplicaTable)(nil),
+		(*SessionResponse_Results)(nil),
+		(*SessionResponse_Exist)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_store_proto_rawDesc), len(file_store_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   22,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -41,6 +41,7 @@ const (
 	Master_BatchRemove_FullMethodName            = "/mc.store.v1.Master/BatchRemove"
 	Master_RemoveAll_FullMethodName              = "/mc.store.v1.Master/RemoveAll"
 	Master_BatchQuery_FullMethodName             = "/mc.store.v1.Master/BatchQuery"
+	Master_Session_FullMethodName                = "/mc.store.v1.Master/Session"
 )
 
 // MasterClient is the client API for Master service.
@@ -66,6 +67,13 @@ type MasterClient interface {
 	RemoveAll(ctx context.Context, in *RemoveAllRequest, opts ...grpc.CallOption) (*RemoveAllResponse, error)
 	// BatchQuery is an admin read: replicas without a lease.
 	BatchQuery(ctx context.Context, in *BatchKeysRequest, opts ...grpc.CallOption) (*BatchReplicaListResponse, error)
+	// Session carries the data path's calls (the Batch* calls above but
+	// BatchQuery and RemoveAll) as messages on one long-lived stream: a call
+	// costs one DATA frame each way instead of a new HTTP/2 stream with
+	// headers and trailers, about half the latency of the unary form on
+	// loopback. A stream serves one call at a time, in order (a client
+	// keeps a pool of them); every request gets exactly one response.
+	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
 }
 
 type masterClient struct {
@@ -246,6 +254,19 @@ func (c *masterClient) BatchQuery(ctx context.Context, in *BatchKeysRequest, opt
 	return out, nil
 }
 
+func (c *masterClient) Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Master_ServiceDesc.Streams[0], Master_Session_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SessionRequest, SessionResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Master_SessionClient = grpc.BidiStreamingClient[SessionRequest, SessionResponse]
+
 // MasterServer is the server API for Master service.
 // All implementations must embed UnimplementedMasterServer
 // for forward compatibility.
@@ -269,6 +290,13 @@ type MasterServer interface {
 	RemoveAll(context.Context, *RemoveAllRequest) (*RemoveAllResponse, error)
 	// BatchQuery is an admin read: replicas without a lease.
 	BatchQuery(context.Context, *BatchKeysRequest) (*BatchReplicaListResponse, error)
+	// Session carries the data path's calls (the Batch* calls above but
+	// BatchQuery and RemoveAll) as messages on one long-lived stream: a call
+	// costs one DATA frame each way instead of a new HTTP/2 stream with
+	// headers and trailers, about half the latency of the unary form on
+	// loopback. A stream serves one call at a time, in order (a client
+	// keeps a pool of them); every request gets exactly one response.
+	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
 	mustEmbedUnimplementedMasterServer()
 }
 
@@ -329,6 +357,9 @@ func (UnimplementedMasterServer) RemoveAll(context.Context, *RemoveAllRequest) (
 }
 func (UnimplementedMasterServer) BatchQuery(context.Context, *BatchKeysRequest) (*BatchReplicaListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method BatchQuery not implemented")
+}
+func (UnimplementedMasterServer) Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error {
+	return status.Error(codes.Unimplemented, "method Session not implemented")
 }
 func (UnimplementedMasterServer) mustEmbedUnimplementedMasterServer() {}
 func (UnimplementedMasterServer) testEmbeddedByValue()                {}
@@ -657,6 +688,13 @@ func _Master_BatchQuery_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_Session_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(MasterServer).Session(&grpc.GenericServerStream[SessionRequest, SessionResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Master_SessionServer = grpc.BidiStreamingServer[SessionRequest, SessionResponse]
+
 // Master_ServiceDesc is the grpc.ServiceDesc for Master service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -733,6 +771,13 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Master_BatchQuery_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Session",
+			Handler:       _Master_Session_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "store.proto",
 }
