@@ -107,9 +107,10 @@ bench-tcp:
 	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkAcceptPath$$' -benchtime 1x -count=1 -compare.duration 5s
 
 # The store against the transfer engine alone and against Redis, in one
-# run on loopback (Redis is started by the benchmark on a free port):
-# 4K gets batched 32 deep, 1M and 16M gets, 1M puts; three interleaved
-# rounds per case, medians printed (about 6 minutes on 2 cores).
+# run on loopback (Redis is started by the benchmark on a free port), 16
+# clients on every side: 4K gets batched 32 deep, 1M and 16M gets, 1M
+# puts; three interleaved rounds per case, medians printed (about 6
+# minutes on 2 cores).
 bench-store:
 	$(call apt_install,redis-server redis-tools)
 	$(GO) test ./pkg/store/bench -run '^$$' -bench '^BenchmarkStoreVsRedisVsEngine$$' -benchtime 1x -count=1 -compare.duration 4s

@@ -14,8 +14,10 @@ import (
 
 // BenchmarkBatchGetPath splits a batched 4 KiB get into its layers, one
 // caller, so the per-key cost of each shows: the master's lookup in
-// process, the same call through gRPC, and the whole client get (lookup
-// plus engine transfers over loopback TCP).
+// process, the same call through gRPC (the unary form, then as the client
+// makes it: a message on a Session stream, answered as a replica table),
+// and the whole client get (lookup plus engine transfers over loopback
+// TCP).
 func BenchmarkBatchGetPath(b *testing.B) {
 	const batch, vs = 32, 4096
 	c := startMaster(b, master.Config{})
@@ -49,6 +51,23 @@ func BenchmarkBatchGetPath(b *testing.B) {
 		for b.Loop() {
 			if _, err := rpc.BatchGetReplicaList(ctx, &pb.BatchKeysRequest{Keys: keys}); err != nil {
 				b.Fatal(err)
+			}
+		}
+		perKey(b)
+	})
+	b.Run("session", func(b *testing.B) {
+		st, err := rpc.Session(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer st.CloseSend()
+		req := &pb.SessionRequest{Call: &pb.SessionRequest_GetReplicaList{GetReplicaList: &pb.BatchKeysRequest{Keys: keys}}}
+		for b.Loop() {
+			if err := st.Send(req); err != nil {
+				b.Fatal(err)
+			}
+			if r, err := st.Recv(); err != nil || len(r.GetReplicaTable().GetCodes()) != batch {
+				b.Fatalf("%v %v", r, err)
 			}
 		}
 		perKey(b)

@@ -24,7 +24,7 @@ import (
 
 var (
 	cmpDuration    = flag.Duration("compare.duration", 4*time.Second, "BenchmarkStoreVsRedisVsEngine: time per measurement")
-	cmpConcurrency = flag.Int("compare.concurrency", 4, "BenchmarkStoreVsRedisVsEngine: mc callers and engine threads")
+	cmpConcurrency = flag.Int("compare.concurrency", 16, "BenchmarkStoreVsRedisVsEngine: mc callers and engine threads (16, as many as redis-benchmark's clients)")
 	cmpRedisConns  = flag.Int("compare.redis-clients", 16, "BenchmarkStoreVsRedisVsEngine: redis-benchmark clients")
 	cmpRounds      = flag.Int("compare.rounds", 3, "BenchmarkStoreVsRedisVsEngine: rounds per case (medians are printed)")
 	cmpCases       = flag.String("compare.cases", "4K/get/32,1M/get/1,16M/get/1,1M/put/1", "BenchmarkStoreVsRedisVsEngine: size/op/batch cases")
