@@ -161,3 +161,44 @@ func TestSessionBadRequests(t *testing.T) {
 		t.Fatalf("get of an unknown key after the bad requests: %v", r)
 	}
 }
+
+// Callers that keep sending on their sessions do not hold a shutdown
+// open: each stream ends after the call under way.
+func TestShutdownUnderLoad(t *testing.T) {
+	var hold atomic.Bool
+	c, srv := startGatedMaster(t, &hold)
+	c.client(16 << 20)
+	cl := c.client(0)
+	ctx := context.Background()
+	if err := cl.Put(ctx, "k", value(3000, 9)); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var answered atomic.Int64
+	for range 4 {
+		go func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := cl.Get(ctx, "k"); err == nil {
+					answered.Add(1)
+				}
+			}
+		}()
+	}
+	defer close(stop)
+	waitFor(t, "gets to flow", 5*time.Second, func() bool { return answered.Load() > 100 })
+	done := make(chan struct{})
+	go func() {
+		srv.Shutdown(time.Hour)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Shutdown still waiting after 20 s of callers sending on their sessions")
+	}
+}

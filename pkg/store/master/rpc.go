@@ -87,13 +87,14 @@ var sessionInfo = &grpc.UnaryServerInfo{FullMethod: pb.Master_Session_FullMethod
 // exactly as its unary form would (through the same gate); a call's
 // error is carried in its response and the stream goes on. Calls are
 // received and answered by a goroutine of the stream's own, so that the
-// handler can end an idle stream when the server drains (a Recv cannot
-// be interrupted); a call under way is answered first.
+// handler can end the stream when the server drains (a Recv cannot be
+// interrupted): a call under way is answered first, and no call starts
+// on the stream after the drain began.
 func (s *rpcServer) Session(st pb.Master_SessionServer) error {
 	ctx := st.Context()
 	var mu sync.Mutex
 	busy, closed := false, false
-	ended := make(chan struct{}, 1) // a call was answered
+	ended := make(chan struct{}, 1) // the call the drain waits for was answered
 	done := make(chan error, 1)
 	go func() {
 		for {
@@ -103,9 +104,10 @@ func (s *rpcServer) Session(st pb.Master_SessionServer) error {
 				return
 			}
 			mu.Lock()
-			if closed {
-				// The stream ended under this request: it was not
-				// applied, and the client sees the stream end.
+			if closed || s.draining() {
+				// Not applied: the client sees the stream end instead
+				// of an answer.
+				closed = true
 				mu.Unlock()
 				return
 			}
@@ -114,10 +116,13 @@ func (s *rpcServer) Session(st pb.Master_SessionServer) error {
 			err = st.Send(s.sessionCall(ctx, req))
 			mu.Lock()
 			busy = false
+			drained := closed
 			mu.Unlock()
-			select {
-			case ended <- struct{}{}:
-			default:
+			if drained {
+				// The handler is waiting for this call to end the
+				// stream.
+				ended <- struct{}{}
+				return
 			}
 			if err != nil {
 				done <- err
@@ -125,30 +130,37 @@ func (s *rpcServer) Session(st pb.Master_SessionServer) error {
 			}
 		}
 	}()
-	for {
-		select {
-		case err := <-done:
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return err
-		case <-s.drain:
-			mu.Lock()
-			if !busy {
-				closed = true
-				mu.Unlock()
-				return nil
-			}
-			mu.Unlock()
-			select {
-			case <-ended:
-			case err := <-done:
-				if errors.Is(err, io.EOF) {
-					return nil
-				}
-				return err
-			}
+	streamErr := func(err error) error {
+		if errors.Is(err, io.EOF) {
+			return nil
 		}
+		return err
+	}
+	select {
+	case err := <-done:
+		return streamErr(err)
+	case <-s.drain:
+	}
+	mu.Lock()
+	wait := busy
+	closed = true
+	mu.Unlock()
+	if wait {
+		select {
+		case <-ended:
+		case err := <-done:
+			return streamErr(err)
+		}
+	}
+	return nil
+}
+
+func (s *rpcServer) draining() bool {
+	select {
+	case <-s.drain:
+		return true
+	default:
+		return false
 	}
 }
 
