@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -98,6 +99,39 @@ type Client struct {
 	// gave up).
 	populated chan struct{}
 	evicted   evictionFeed
+
+	// ops is held shared by every data call and exclusively by Close
+	// before it releases the memory those calls read and write: a call
+	// racing Close gets an error, never a read of unmapped memory.
+	ops    sync.RWMutex
+	closed atomic.Bool
+}
+
+var errClientClosed = &Error{Code: UnavailableInCurrentStatus, Msg: "client closed"}
+
+// enter admits a data call unless the client is closed; leave must
+// follow. Only the outermost public method enters (the lock is not
+// reentrant once Close waits).
+func (c *Client) enter() error {
+	if c.closed.Load() {
+		return errClientClosed
+	}
+	c.ops.RLock()
+	if c.closed.Load() {
+		c.ops.RUnlock()
+		return errClientClosed
+	}
+	return nil
+}
+
+func (c *Client) leave() { c.ops.RUnlock() }
+
+// failAll is errs with every item set to err.
+func failAll(errs []error, err error) []error {
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
 }
 
 // WaitPopulated waits until a node's segment is faulted in (at once for
@@ -494,6 +528,11 @@ func (c *Client) ViewVersion() uint64 {
 func (c *Client) Close(ctx context.Context) error {
 	var err error
 	c.stopOnce.Do(func() {
+		// Calls under way finish (within their RPC timeout); later ones
+		// are refused.
+		c.ops.Lock()
+		c.closed.Store(true)
+		c.ops.Unlock()
 		close(c.stop)
 		c.wg.Wait()
 		c.evicted.close()

@@ -474,3 +474,62 @@ func TestPooledSessionsOutliveMasterRestart(t *testing.T) {
 		}
 	}
 }
+
+// Closing a client while other goroutines still call it: the calls under
+// way finish, later ones fail with "client closed", and nothing reads the
+// memory Close released (this crashed the process with SIGSEGV).
+func TestCloseWhileCallsInFlight(t *testing.T) {
+	c := startMaster(t, master.Config{})
+	c.client(16 << 20)
+	cl, err := store.New(context.Background(), store.Config{Master: c.addr, EngineConfig: engineConfig(), PingInterval: 50 * time.Millisecond, StagingSize: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	v := value(64<<10, 3)
+	if err := cl.Put(ctx, "k", v); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var ok, refused atomic.Int64
+	for g := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				var err error
+				if g%2 == 0 {
+					var got []byte
+					got, err = cl.Get(ctx, "k")
+					if err == nil && !bytes.Equal(got, v) {
+						t.Error("get returned other bytes")
+						return
+					}
+				} else {
+					err = cl.Put(ctx, fmt.Sprintf("p%d", g), v)
+					if store.CodeOf(err) == store.ObjectAlreadyExists {
+						err = nil
+					}
+				}
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case store.CodeOf(err) == store.UnavailableInCurrentStatus && strings.Contains(err.Error(), "client closed"):
+					refused.Add(1)
+					return
+				default:
+					t.Errorf("call racing Close: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	waitFor(t, "calls to flow", 5*time.Second, func() bool { return ok.Load() > 50 })
+	if err := cl.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if refused.Load() != 6 {
+		t.Fatalf("%d of 6 callers saw the client closed", refused.Load())
+	}
+}

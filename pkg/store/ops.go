@@ -14,6 +14,10 @@ type Buffer struct{ mem *engine.Memory }
 
 // RegisterBuffer registers size bytes for zero-copy puts and gets.
 func (c *Client) RegisterBuffer(ctx context.Context, size int) (*Buffer, error) {
+	if err := c.enter(); err != nil {
+		return nil, err
+	}
+	defer c.leave()
 	m, err := c.eng.RegisterMemory(ctx, size, "cpu:0", false)
 	if err != nil {
 		return nil, err
@@ -29,6 +33,10 @@ func (b *Buffer) Len() int { return b.mem.Len() }
 
 // ReleaseBuffer unregisters a buffer.
 func (c *Client) ReleaseBuffer(ctx context.Context, b *Buffer) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
 	return c.eng.UnregisterMemory(ctx, b.mem)
 }
 
@@ -72,6 +80,10 @@ func (c *Client) Put(ctx context.Context, key string, value []byte, opts ...PutO
 // them, one batch of transfers and one round trip to end them.
 func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, opts ...PutOption) []error {
 	errs := make([]error, len(keys))
+	if err := c.enter(); err != nil {
+		return failAll(errs, err)
+	}
+	defer c.leave()
 	if len(values) != len(keys) {
 		for i := range errs {
 			errs[i] = Errorf(InvalidParams, "%d keys but %d values", len(keys), len(values))
@@ -105,6 +117,10 @@ func (c *Client) PutFrom(ctx context.Context, key string, s Slice, opts ...PutOp
 // BatchPutFrom stores each slice under its key with no copy.
 func (c *Client) BatchPutFrom(ctx context.Context, keys []string, slices []Slice, opts ...PutOption) []error {
 	errs := make([]error, len(keys))
+	if err := c.enter(); err != nil {
+		return failAll(errs, err)
+	}
+	defer c.leave()
 	src := make([]local, len(keys))
 	for i := range keys {
 		if i >= len(slices) {
@@ -124,6 +140,10 @@ func (c *Client) BatchPutFrom(ctx context.Context, keys []string, slices []Slice
 
 // Upsert stores value under key whether or not it exists.
 func (c *Client) Upsert(ctx context.Context, key string, value []byte, opts ...PutOption) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
 	errs := []error{nil}
 	if len(value) == 0 {
 		return Errorf(InvalidParams, "key %q: a value of 0 bytes cannot be stored", key)
@@ -246,6 +266,10 @@ func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
 func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error) {
 	vals := make([][]byte, len(keys))
 	errs := make([]error, len(keys))
+	if err := c.enter(); err != nil {
+		return vals, failAll(errs, err)
+	}
+	defer c.leave()
 	reps := c.replicaLists(ctx, keys, errs)
 	dst := make([]local, len(keys))
 	defer c.unstage(ctx, dst)
@@ -280,6 +304,10 @@ func (c *Client) GetInto(ctx context.Context, key string, s Slice) (int, error) 
 func (c *Client) BatchGetInto(ctx context.Context, keys []string, slices []Slice) ([]int, []error) {
 	errs := make([]error, len(keys))
 	ns := make([]int, len(keys))
+	if err := c.enter(); err != nil {
+		return ns, failAll(errs, err)
+	}
+	defer c.leave()
 	reps := c.replicaLists(ctx, keys, errs)
 	dst := make([]local, len(keys))
 	for i := range keys {
@@ -515,6 +543,10 @@ func (c *Client) Exist(ctx context.Context, key string) (bool, error) {
 func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, []error) {
 	ex := make([]bool, len(keys))
 	errs := make([]error, len(keys))
+	if err := c.enter(); err != nil {
+		return ex, failAll(errs, err)
+	}
+	defer c.leave()
 	var resp *pb.BatchExistResponse
 	err := c.readCall(ctx, "exist", func(ctx context.Context) (err error) {
 		resp, err = c.ses.BatchExistKey(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
@@ -542,6 +574,10 @@ func (c *Client) Remove(ctx context.Context, key string, force bool) error {
 
 // BatchRemove removes keys.
 func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []error {
+	if err := c.enter(); err != nil {
+		return failAll(make([]error, len(keys)), err)
+	}
+	defer c.leave()
 	return c.keysCall(ctx, "remove", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
 		return c.ses.BatchRemove(ctx, &pb.BatchRemoveRequest{ClientId: r.ClientId, Keys: r.Keys, Force: force})
 	})
@@ -550,6 +586,10 @@ func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []e
 // RemoveAll removes every stored object not being read and returns how
 // many went.
 func (c *Client) RemoveAll(ctx context.Context) (uint64, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.leave()
 	var resp *pb.RemoveAllResponse
 	err := c.call(ctx, "remove all", func(ctx context.Context) (err error) {
 		resp, err = c.rpc.RemoveAll(ctx, &pb.RemoveAllRequest{ClientId: UUIDToPB(c.id)})
@@ -563,6 +603,10 @@ func (c *Client) RemoveAll(ctx context.Context) (uint64, error) {
 
 // Query returns key's replicas without taking a lease (an admin read).
 func (c *Client) Query(ctx context.Context, key string) ([]Replica, error) {
+	if err := c.enter(); err != nil {
+		return nil, err
+	}
+	defer c.leave()
 	var resp *pb.BatchReplicaListResponse
 	err := c.readCall(ctx, "query", func(ctx context.Context) (err error) {
 		resp, err = c.rpc.BatchQuery(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: []string{key}})

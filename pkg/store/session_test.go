@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -175,8 +176,12 @@ func TestShutdownUnderLoad(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var answered atomic.Int64
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for range 4 {
+		wg.Add(1)
 		go func() {
+			defer wg.Done()
 			for {
 				select {
 				case <-stop:
