@@ -36,6 +36,9 @@ const (
 	DefaultDialTimeout   = 5 * time.Second
 )
 
+// minLaneBytes is the least a Submit gives one lane (see Submit).
+const minLaneBytes = 256 << 10
+
 // ClientOptions configures a Client.
 type ClientOptions struct {
 	// Lanes is the number of persistent connections per peer; requests of
@@ -134,8 +137,14 @@ func (c *Client) Submit(ctx context.Context, addr string, v2 bool, ops []*Op) {
 	c.mu.Unlock()
 
 	// Contiguous chunks, one per lane, starting at a rotating lane so that
-	// single-request submits spread too.
-	n := min(len(ops), len(p.lanes))
+	// single-request submits spread too. A lane is given at least
+	// minLaneBytes: splitting a small batch costs more in goroutine
+	// hand-offs and syscalls than the parallel lanes win back.
+	bytes := 0
+	for _, op := range ops {
+		bytes += len(op.Buf)
+	}
+	n := max(1, min(len(ops), len(p.lanes), (bytes+minLaneBytes-1)/minLaneBytes))
 	per := (len(ops) + n - 1) / n
 	for i := 0; i < len(ops); i += per {
 		chunk := ops[i:min(i+per, len(ops))]
