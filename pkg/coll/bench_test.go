@@ -93,19 +93,7 @@ func BenchmarkAllReduceVsInitiator(b *testing.B) {
 func initiatorBaseline(b *testing.B, op engine.Opcode, threads int) float64 {
 	ctx := context.Background()
 	const bs, batch = 1 << 20, 128
-	cfg := engine.Config{LocalServerName: "coll-bench"}
-	tgt, err := bench.StartLoopbackTarget(ctx, cfg, int64(bs*batch*threads))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer tgt.Close()
-	cfg.BindAddress, cfg.HandshakeAddr = "127.0.0.1", "127.0.0.1:0"
-	e, err := engine.New(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
-	res, err := bench.Run(ctx, bench.InitiatorConfig{Engine: e, Segment: tgt.Engine.SegmentName(), Op: op,
+	res, err := bench.RunLoopback(ctx, engine.Config{LocalServerName: "coll-bench"}, bench.InitiatorConfig{Op: op,
 		BatchSize: batch, BlockSizes: []int64{bs}, BufferSize: int64(bs * batch * threads), Duration: *benchDuration, Threads: threads})
 	if err != nil {
 		b.Fatal(err)

@@ -83,6 +83,27 @@ func StartLoopbackTarget(ctx context.Context, cfg engine.Config, size int64) (*T
 	return t, nil
 }
 
+// RunLoopback runs the initiator loop of ic against a fresh loopback
+// target (StartLoopbackTarget, sized to ic.BufferSize) from a fresh
+// initiator engine on 127.0.0.1, both configured from cfg: the engine's
+// own speed on this host, the baseline other benchmarks compare with.
+// ic.Engine and ic.Segment are set here.
+func RunLoopback(ctx context.Context, cfg engine.Config, ic InitiatorConfig) ([]Result, error) {
+	tgt, err := StartLoopbackTarget(ctx, cfg, ic.BufferSize)
+	if err != nil {
+		return nil, err
+	}
+	defer tgt.Close()
+	cfg.BindAddress, cfg.HandshakeAddr = "127.0.0.1", "127.0.0.1:0"
+	e, err := engine.New(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer e.Close()
+	ic.Engine, ic.Segment = e, tgt.Engine.SegmentName()
+	return Run(ctx, ic)
+}
+
 func (t *Target) release(ctx context.Context) {
 	for _, m := range t.Buffers {
 		t.Engine.UnregisterMemory(ctx, m)

@@ -110,21 +110,8 @@ type row struct {
 // loopback target and initiator, 1 thread, batch 128.
 func engineRun(b *testing.B, ctx context.Context, op engine.Opcode, bs int64) row {
 	cpu0 := processCPU()
-	span := bs * 128
-	cfg := engine.Config{LocalServerName: "bench", TCPLanes: *compareLanes}
-	tgt, err := StartLoopbackTarget(ctx, cfg, span)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer tgt.Close()
-	cfg.BindAddress, cfg.HandshakeAddr = "127.0.0.1", "127.0.0.1:0"
-	e, err := engine.New(ctx, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Close()
-	res, err := Run(ctx, InitiatorConfig{Engine: e, Segment: tgt.Engine.SegmentName(), Op: op,
-		BatchSize: 128, BlockSizes: []int64{bs}, BufferSize: span, Duration: *compareDuration, Threads: 1})
+	res, err := RunLoopback(ctx, engine.Config{LocalServerName: "bench", TCPLanes: *compareLanes}, InitiatorConfig{Op: op,
+		BatchSize: 128, BlockSizes: []int64{bs}, BufferSize: bs * 128, Duration: *compareDuration, Threads: 1})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -133,25 +133,12 @@ func BenchmarkStoreVsRedisVsEngine(b *testing.B) {
 // and write for puts.
 func engineBaseline(ctx context.Context, c cmpCase) (float64, error) {
 	threads := *cmpConcurrency
-	span := c.size * int64(c.batch) * int64(threads)
-	cfg := engine.Config{LocalServerName: "bench"}
-	tgt, err := ebench.StartLoopbackTarget(ctx, cfg, span)
-	if err != nil {
-		return 0, err
-	}
-	defer tgt.Close()
-	cfg.BindAddress, cfg.HandshakeAddr = "127.0.0.1", "127.0.0.1:0"
-	e, err := engine.New(ctx, cfg)
-	if err != nil {
-		return 0, err
-	}
-	defer e.Close()
 	op := engine.Read
 	if c.op == "put" {
 		op = engine.Write
 	}
-	res, err := ebench.Run(ctx, ebench.InitiatorConfig{Engine: e, Segment: tgt.Engine.SegmentName(), Op: op,
-		BatchSize: c.batch, BlockSizes: []int64{c.size}, BufferSize: span, Duration: *cmpDuration, Threads: threads})
+	res, err := ebench.RunLoopback(ctx, engine.Config{LocalServerName: "bench"}, ebench.InitiatorConfig{Op: op, BatchSize: c.batch,
+		BlockSizes: []int64{c.size}, BufferSize: c.size * int64(c.batch) * int64(threads), Duration: *cmpDuration, Threads: threads})
 	if err != nil {
 		return 0, err
 	}
