@@ -362,26 +362,58 @@ func replicaTable(rs []ReplicaResult) (*pb.ReplicaTable, bool) {
 	return t, failed
 }
 
-func (s *rpcServer) getReplicaTable(r *pb.BatchKeysRequest) (*pb.ReplicaTable, error) {
-	if err := checkBatch(len(r.Keys)); err != nil {
-		return nil, err
+// replicaCall runs a batch call answered with replica lists and counts
+// it under name; form turns the results into the unary message or the
+// Session's table.
+func replicaCall[T any](s *rpcServer, name string, n int, run func() []ReplicaResult, form func([]ReplicaResult) (T, bool)) (T, error) {
+	if err := checkBatch(n); err != nil {
+		var zero T
+		return zero, err
 	}
-	t, failed := replicaTable(s.m.BatchGetReplicaList(r.Keys))
-	s.m.m.Op("batch_get_replica_list", failed)
-	return t, nil
+	out, failed := form(run())
+	s.m.m.Op(name, failed)
+	return out, nil
 }
 
-func (s *rpcServer) putStartTable(r *pb.BatchPutStartRequest, upsert bool) (*pb.ReplicaTable, error) {
-	if err := checkBatch(len(r.Items)); err != nil {
-		return nil, err
-	}
+// startPuts is BatchPutStart or BatchUpsertStart in either form.
+func startPuts[T any](s *rpcServer, r *pb.BatchPutStartRequest, upsert bool, form func([]ReplicaResult) (T, bool)) (T, error) {
 	start, name := s.m.BatchPutStart, "batch_put_start"
 	if upsert {
 		start, name = s.m.BatchUpsertStart, "batch_upsert_start"
 	}
-	t, failed := replicaTable(start(store.UUIDFromPB(r.ClientId), r.ClientHost, items(r.Items), store.ConfigFromPB(r.Config)))
-	s.m.m.Op(name, failed)
-	return t, nil
+	return replicaCall(s, name, len(r.Items), func() []ReplicaResult {
+		return start(store.UUIDFromPB(r.ClientId), r.ClientHost, items(r.Items), store.ConfigFromPB(r.Config))
+	}, form)
+}
+
+func (s *rpcServer) getReplicaTable(r *pb.BatchKeysRequest) (*pb.ReplicaTable, error) {
+	return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult { return s.m.BatchGetReplicaList(r.Keys) }, replicaTable)
+}
+
+func (s *rpcServer) putStartTable(r *pb.BatchPutStartRequest, upsert bool) (*pb.ReplicaTable, error) {
+	return startPuts(s, r, upsert, replicaTable)
+}
+
+// putStartResponse is replicaLists in BatchPutStartResponse's message.
+func putStartResponse(rs []ReplicaResult) (*pb.BatchPutStartResponse, bool) {
+	l, failed := replicaLists(rs)
+	return &pb.BatchPutStartResponse{Results: l.Results}, failed
+}
+
+func (s *rpcServer) BatchPutStart(_ context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
+	return startPuts(s, r, false, putStartResponse)
+}
+
+func (s *rpcServer) BatchUpsertStart(_ context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
+	return startPuts(s, r, true, putStartResponse)
+}
+
+func (s *rpcServer) BatchGetReplicaList(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {
+	return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult { return s.m.BatchGetReplicaList(r.Keys) }, replicaLists)
+}
+
+func (s *rpcServer) BatchQuery(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {
+	return replicaCall(s, "batch_query", len(r.Keys), func() []ReplicaResult { return s.m.BatchQuery(r.Keys) }, replicaLists)
 }
 
 func items(in []*pb.PutStartItem) []PutItem {
@@ -439,24 +471,6 @@ func (s *rpcServer) UnregisterClient(_ context.Context, r *pb.PingRequest) (*pb.
 	return store.ResultToPB(err), nil
 }
 
-func (s *rpcServer) BatchPutStart(_ context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
-	if err := checkBatch(len(r.Items)); err != nil {
-		return nil, err
-	}
-	res, failed := replicaLists(s.m.BatchPutStart(store.UUIDFromPB(r.ClientId), r.ClientHost, items(r.Items), store.ConfigFromPB(r.Config)))
-	s.m.m.Op("batch_put_start", failed)
-	return &pb.BatchPutStartResponse{Results: res.Results}, nil
-}
-
-func (s *rpcServer) BatchUpsertStart(_ context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
-	if err := checkBatch(len(r.Items)); err != nil {
-		return nil, err
-	}
-	res, failed := replicaLists(s.m.BatchUpsertStart(store.UUIDFromPB(r.ClientId), r.ClientHost, items(r.Items), store.ConfigFromPB(r.Config)))
-	s.m.m.Op("batch_upsert_start", failed)
-	return &pb.BatchPutStartResponse{Results: res.Results}, nil
-}
-
 func (s *rpcServer) keysOp(name string, r *pb.BatchKeysRequest, f func(store.UUID, []string) []error) (*pb.BatchResults, error) {
 	if err := checkBatch(len(r.Keys)); err != nil {
 		return nil, err
@@ -480,24 +494,6 @@ func (s *rpcServer) BatchUpsertEnd(_ context.Context, r *pb.BatchKeysRequest) (*
 
 func (s *rpcServer) BatchUpsertRevoke(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
 	return s.keysOp("batch_upsert_revoke", r, s.m.BatchUpsertRevoke)
-}
-
-func (s *rpcServer) BatchGetReplicaList(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {
-	if err := checkBatch(len(r.Keys)); err != nil {
-		return nil, err
-	}
-	res, failed := replicaLists(s.m.BatchGetReplicaList(r.Keys))
-	s.m.m.Op("batch_get_replica_list", failed)
-	return res, nil
-}
-
-func (s *rpcServer) BatchQuery(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {
-	if err := checkBatch(len(r.Keys)); err != nil {
-		return nil, err
-	}
-	res, failed := replicaLists(s.m.BatchQuery(r.Keys))
-	s.m.m.Op("batch_query", failed)
-	return res, nil
 }
 
 func (s *rpcServer) BatchExistKey(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchExistResponse, error) {
