@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -308,9 +307,11 @@ func (l *lane) close(err error) {
 
 func (l *lane) writer() {
 	defer l.wg.Done()
-	bw := bufio.NewWriterSize(l.conn, 64<<10)
+	// Headers are packed into one buffer and WRITE payloads go out from
+	// the caller's memory, all with one writev: no payload is copied.
 	var work, v1writes []*Op
-	var hdr [HeaderSize]byte
+	var hdrs []byte
+	var vec, sent net.Buffers
 	for {
 		l.mu.Lock()
 		for len(l.sendq) == 0 && l.err == nil {
@@ -337,36 +338,35 @@ func (l *lane) writer() {
 		l.mu.Unlock()
 		signal(l.recvSig)
 
-		var err error
+		hdrs = hdrs[:0]
 		for _, op := range work {
-			PutHeader(hdr[:], Header{Size: uint64(len(op.Buf)), Addr: op.Addr, Write: op.Write, V2: l.v2})
-			if _, err = bw.Write(hdr[:]); err != nil {
-				break
-			}
+			hdrs = AppendHeader(hdrs, Header{Size: uint64(len(op.Buf)), Addr: op.Addr, Write: op.Write, V2: l.v2})
+		}
+		from := 0
+		for i, op := range work {
 			if op.Write {
-				if _, err = bw.Write(op.Buf); err != nil {
-					break
-				}
+				to := (i + 1) * HeaderSize
+				vec = append(vec, hdrs[from:to], op.Buf)
+				from = to
 				if !l.v2 {
 					v1writes = append(v1writes, op)
 				}
 			}
 		}
+		if from < len(hdrs) {
+			vec = append(vec, hdrs[from:])
+		}
+		sent = vec // WriteTo consumes its receiver; vec keeps the array
+		_, err := sent.WriteTo(l.conn)
+		clear(vec)
+		vec = vec[:0]
 		if err == nil {
-			l.mu.Lock()
-			more := len(l.sendq) > 0
-			l.mu.Unlock()
-			if !more {
-				err = bw.Flush()
-				if err == nil {
-					// v1 has no status: a write is done once its bytes
-					// are handed to the kernel.
-					for _, op := range v1writes {
-						op.Done.OpDone(nil)
-					}
-					v1writes = v1writes[:0]
-				}
+			// v1 has no status: a write is done once its bytes are handed
+			// to the kernel.
+			for _, op := range v1writes {
+				op.Done.OpDone(nil)
 			}
+			v1writes = v1writes[:0]
 		}
 		clear(work)
 		if err != nil {
@@ -381,7 +381,7 @@ func (l *lane) writer() {
 
 func (l *lane) reader() {
 	defer l.wg.Done()
-	br := bufio.NewReaderSize(l.conn, 64<<10)
+	rr := newReplyReader(l.conn, 64<<10)
 	var work []*Op
 	var st [StatusSize]byte
 	for {
@@ -410,21 +410,30 @@ func (l *lane) reader() {
 				set = now
 				l.conn.SetReadDeadline(now.Add(l.timeout))
 			}
-			err := l.readReply(br, op, st[:])
+			stb, data := st[:], op.Buf
+			if !l.v2 {
+				stb = nil
+			}
+			if op.Write {
+				data = nil
+			}
+			err := rr.readFrame(stb, data)
 			if err != nil {
-				var rej bool
-				if errors.Is(err, ErrRejected) {
-					rej = true
-					op.Done.OpDone(err)
-					i++
-					err = fmt.Errorf("connection to %s closed by the peer after it rejected an earlier request", l.conn.RemoteAddr())
-				}
-				if !rej {
+				if !errors.Is(err, ErrRejected) {
 					err = l.describe(err)
+					failAll(work[i:], err)
+					clear(work)
+					l.fail(err)
+					return
 				}
-				failAll(work[i:], err)
+				// The server closes after a rejection: the lane is dead
+				// before the rejected op completes, so that whatever its
+				// owner submits next goes to a new lane.
+				later := fmt.Errorf("connection to %s closed by the peer after it rejected an earlier request", l.conn.RemoteAddr())
+				failAll(work[i+1:], later)
+				l.fail(later)
+				op.Done.OpDone(err)
 				clear(work)
-				l.fail(err)
 				return
 			}
 			op.Done.OpDone(nil)

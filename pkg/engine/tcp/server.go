@@ -39,9 +39,10 @@ type ServerOptions struct {
 // own goroutine, request after request, until the peer closes it, a
 // request is rejected, or the server is closed.
 type Server struct {
-	ln   net.Listener
-	mem  Memory
-	opts ServerOptions
+	ln    net.Listener
+	extra io.Closer // the inline accept loop's descriptor of ln, if any
+	mem   Memory
+	opts  ServerOptions
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -56,8 +57,10 @@ func NewServer(ln net.Listener, mem Memory, opts ServerOptions) *Server {
 		opts.IdleTimeout = DefaultIdleTimeout
 	}
 	s := &Server{ln: ln, mem: mem, opts: opts, conns: make(map[net.Conn]struct{})}
-	s.wg.Add(1)
-	go s.acceptLoop()
+	if !s.startInline() {
+		s.wg.Add(1)
+		go s.acceptLoop()
+	}
 	return s
 }
 
@@ -74,6 +77,9 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	err := s.ln.Close()
+	if s.extra != nil {
+		s.extra.Close()
+	}
 	for c := range s.conns {
 		c.Close()
 	}
@@ -101,31 +107,43 @@ func (s *Server) acceptLoop() {
 			continue
 		}
 		backoff = 0
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			c.Close()
+		slog.Debug("tcp data connection accepted", "peer", c.RemoteAddr())
+		if !s.track(c) {
 			return
 		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		slog.Debug("tcp data connection accepted", "peer", c.RemoteAddr())
-		go func() {
-			defer s.wg.Done()
-			err := s.ServeConn(c)
-			c.Close()
-			s.mu.Lock()
-			delete(s.conns, c)
-			s.mu.Unlock()
-			var gone *peerGoneError
-			switch {
-			case errors.As(err, &gone) && !s.isClosed():
-				s.warnGone(c.RemoteAddr(), err)
-			case err != nil && !errors.Is(err, net.ErrClosed):
-				slog.Debug("tcp data connection closed", "peer", c.RemoteAddr(), "err", err)
-			}
-		}()
+		go s.handle(c, nil)
+	}
+}
+
+// track registers c so that Close can close it; false (and c closed)
+// once the server is closed. A tracked connection must be handled.
+func (s *Server) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		c.Close()
+		return false
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(1)
+	return true
+}
+
+// handle serves a tracked connection whose first bytes, prefix, may
+// already have been read, until it ends.
+func (s *Server) handle(c net.Conn, prefix []byte) {
+	defer s.wg.Done()
+	err := s.serve(c, prefix)
+	c.Close()
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	var gone *peerGoneError
+	switch {
+	case errors.As(err, &gone) && !s.isClosed():
+		s.warnGone(c.RemoteAddr(), err)
+	case err != nil && !errors.Is(err, net.ErrClosed):
+		slog.Debug("tcp data connection closed", "peer", c.RemoteAddr(), "err", err)
 	}
 }
 
@@ -268,10 +286,18 @@ func (cs *connState) release() {
 // (nil for a clean EOF between requests). It does not close rw. A request
 // whose range is not inside one registered buffer gets the rejected status
 // (v2) and ends the connection, as Mooncake's server does.
-func (s *Server) ServeConn(rw io.ReadWriter) error {
+func (s *Server) ServeConn(rw io.ReadWriter) error { return s.serve(rw, nil) }
+
+// serve is ServeConn on a connection whose first bytes, prefix, were
+// already read from it.
+func (s *Server) serve(rw io.ReadWriter, prefix []byte) error {
 	dl, _ := rw.(deadliner)
+	var r io.Reader = rw
+	if len(prefix) > 0 {
+		r = &prefixReader{p: prefix, r: rw}
+	}
 	cs := connStatePool.Get().(*connState)
-	cs.br.Reset(rw)
+	cs.br.Reset(r)
 	br := cs.br
 	defer func() {
 		cs.release()
@@ -340,7 +366,7 @@ func (s *Server) ServeConn(rw io.ReadWriter) error {
 					return peerGone("write reply: %w", err)
 				}
 			}
-			_, err = io.ReadFull(br, mem)
+			err = readPayload(br, r, mem)
 			ref.Release()
 			if err != nil {
 				return peerGone("read %d bytes of write payload: %w", h.Size, err)
@@ -356,6 +382,38 @@ func (s *Server) ServeConn(rw io.ReadWriter) error {
 		}
 		cs.add(mem, ref)
 	}
+}
+
+// readPayload fills p from br's buffer and then r. A large rest is read
+// from r straight into p (registered memory) once the buffer is empty:
+// through the buffer, every byte of a 64 KiB WRITE was copied twice.
+func readPayload(br *bufio.Reader, r io.Reader, p []byte) error {
+	n := 0
+	if k := br.Buffered(); k > 0 {
+		n, _ = br.Read(p[:min(k, len(p))]) // from the buffer: no syscall
+	}
+	if len(p)-n >= directReadMin {
+		_, err := io.ReadFull(r, p[n:])
+		return err
+	}
+	_, err := io.ReadFull(br, p[n:])
+	return err
+}
+
+// prefixReader reads p, then r: a connection handed over with bytes
+// already read from it.
+type prefixReader struct {
+	p []byte
+	r io.Reader
+}
+
+func (pr *prefixReader) Read(b []byte) (int, error) {
+	if len(pr.p) > 0 {
+		n := copy(b, pr.p)
+		pr.p = pr.p[n:]
+		return n, nil
+	}
+	return pr.r.Read(b)
 }
 
 func opName(write bool) string {

@@ -1,0 +1,482 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The inline path serves Mooncake's default client (a connection per
+// request: connect, one header, one reply, close) as an event loop does:
+// one goroutine waits on an epoll set of its own holding the listener and
+// the connections it serves, and accepts, reads the request, writes the
+// reply and closes the socket itself, with no goroutine, Go net.Conn or
+// netpoll registration per connection. Connections whose peer has not
+// closed yet after its reply wait in the set (as a persistent Mooncake
+// lane does between its one-at-a-time requests). Anything else (a request
+// not wholly in one read, pipelining, a reply the socket cannot take at
+// once, a rejected range) is handed, with the bytes already read, to the
+// ordinary per-connection handler.
+//
+// The loop's syscalls go through RawSyscall. On loopback accept4, writev
+// and close run the peer's TCP processing too (tens of µs), and as
+// ordinary syscalls the runtime's monitor took the goroutine's processor
+// away mid-call and woke another thread for it, which cost more than the
+// call. None of them blocks (every socket here is non-blocking), so
+// holding the processor is safe. Under the race detector, reads and the
+// status writes stay read(2)/write(2), through which it orders memory.
+//
+// BenchmarkAcceptPath and the README's bench-tcp section have the figures.
+
+// maxEvents bounds one epoll_wait.
+const maxEvents = 128
+
+// maxAccepts bounds the connections accepted per round, so that waiting
+// ones are served in between (a variable for tests).
+var maxAccepts = 64
+
+type inlineLoop struct {
+	s   *Server
+	ep  int      // the loop's epoll set
+	epf *os.File // ep, registered with Go's poller
+	lfd int      // a descriptor of the listening socket, in ep
+
+	buf    []byte
+	st     []byte
+	events [maxEvents]unix.EpollEvent
+	// waiting: connections in ep, with the time of their last request.
+	waiting map[int]time.Time
+	backoff time.Duration
+
+	mu      sync.Mutex // ep against a late re-arm of the listener
+	stopped bool
+}
+
+// startInline runs the inline loop when the listener allows it.
+func (s *Server) startInline() bool {
+	tl, ok := s.ln.(*net.TCPListener)
+	if !ok {
+		return false
+	}
+	rc, err := tl.SyscallConn()
+	if err != nil {
+		return false
+	}
+	lfd := -1
+	var derr error
+	rc.Control(func(fd uintptr) {
+		lfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0)
+		// Accepted sockets inherit it: no setsockopt per connection.
+		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	})
+	if derr != nil || lfd < 0 {
+		return false
+	}
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		unix.Close(lfd)
+		return false
+	}
+	l := &inlineLoop{s: s, ep: ep, lfd: lfd, buf: make([]byte, 64<<10), st: make([]byte, 0, StatusSize),
+		waiting: make(map[int]time.Time)}
+	if err := l.ctl(unix.EPOLL_CTL_ADD, lfd, unix.EPOLLIN); err != nil {
+		unix.Close(ep)
+		unix.Close(lfd)
+		return false
+	}
+	// Non-blocking, so that os.NewFile registers it with the poller: the
+	// loop parks until the set has something ready.
+	if err := unix.SetNonblock(ep, true); err != nil {
+		unix.Close(ep)
+		unix.Close(lfd)
+		return false
+	}
+	l.epf = os.NewFile(uintptr(ep), "tcp data epoll")
+	s.extra = l
+	s.wg.Add(1)
+	go l.run()
+	return true
+}
+
+// Close ends the loop (Server.Close); the loop closes what it holds.
+func (l *inlineLoop) Close() error {
+	l.mu.Lock()
+	l.stopped = true
+	l.mu.Unlock()
+	return l.epf.Close()
+}
+
+func (l *inlineLoop) ctl(op, fd int, events uint32) error {
+	ev := unix.EpollEvent{Events: events, Fd: int32(fd)}
+	return unix.EpollCtl(l.ep, op, fd, &ev)
+}
+
+func (l *inlineLoop) run() {
+	defer l.s.wg.Done()
+	defer func() {
+		for fd := range l.waiting {
+			rawClose(fd)
+		}
+		l.mu.Lock()
+		unix.Close(l.lfd)
+		l.mu.Unlock()
+	}()
+	rc, err := l.epf.SyscallConn()
+	if err != nil {
+		return
+	}
+	// The loop wakes at least this often to drop idle connections.
+	sweep := l.s.opts.IdleTimeout / 8
+	for {
+		l.epf.SetReadDeadline(time.Now().Add(sweep))
+		err := rc.Read(func(uintptr) bool {
+			l.poll()
+			return false
+		})
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			l.dropIdle()
+			continue
+		}
+		return // closed
+	}
+}
+
+// poll handles everything ready in the set, until nothing is.
+func (l *inlineLoop) poll() {
+	for {
+		n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&l.events[0])),
+			maxEvents, 0, 0, 0)
+		if e == unix.EINTR {
+			continue
+		}
+		if e != 0 || n == 0 {
+			return
+		}
+		for _, ev := range l.events[:n] {
+			fd := int(ev.Fd)
+			if fd == l.lfd {
+				l.acceptSome()
+				continue
+			}
+			if _, ok := l.waiting[fd]; !ok {
+				continue // handed over or closed earlier in this round
+			}
+			if l.serve(fd) {
+				l.waiting[fd] = time.Now()
+			}
+		}
+		// Round again until the set has nothing ready: a listener left
+		// with connections after maxAccepts is still ready, and Go's
+		// poller (edge-triggered on ep) wakes the loop only on news.
+	}
+}
+
+func (l *inlineLoop) acceptSome() {
+	for range maxAccepts {
+		r, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, uintptr(l.lfd), 0, 0, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
+		switch e {
+		case 0:
+		case unix.EAGAIN:
+			l.backoff = 0
+			return
+		case unix.EINTR, unix.ECONNABORTED:
+			continue
+		default:
+			l.pauseAccept(e)
+			return
+		}
+		fd := int(r)
+		if slog.Default().Enabled(context.Background(), slog.LevelDebug) {
+			slog.Debug("tcp data connection accepted", "peer", peerAddr(fd))
+		}
+		if l.serve(fd) {
+			if err := l.ctl(unix.EPOLL_CTL_ADD, fd, unix.EPOLLIN|unix.EPOLLRDHUP); err != nil {
+				l.handOver(fd, nil)
+				continue
+			}
+			l.waiting[fd] = time.Now()
+		}
+	}
+}
+
+// pauseAccept takes the listener out of the set for a while after a
+// failed accept (EMFILE and friends: out of descriptors or memory), which
+// would otherwise wake the loop again at once; net/http backs off alike.
+func (l *inlineLoop) pauseAccept(e syscall.Errno) {
+	l.backoff = min(max(2*l.backoff, 5*time.Millisecond), time.Second)
+	slog.Warn("tcp data listener: accept failed", "err", os.NewSyscallError("accept4", e), "retry_in", l.backoff)
+	l.ctl(unix.EPOLL_CTL_DEL, l.lfd, 0)
+	time.AfterFunc(l.backoff, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if !l.stopped {
+			l.ctl(unix.EPOLL_CTL_ADD, l.lfd, unix.EPOLLIN)
+		}
+	})
+}
+
+// dropIdle closes waiting connections idle for the server's idle timeout,
+// as the per-connection handler's deadline does.
+func (l *inlineLoop) dropIdle() {
+	cut := time.Now().Add(-l.s.opts.IdleTimeout)
+	for fd, at := range l.waiting {
+		if at.Before(cut) {
+			delete(l.waiting, fd)
+			rawClose(fd)
+		}
+	}
+}
+
+// serve reads from fd and serves what came while it is one whole request
+// at a time. It returns true when fd should wait in the set for more; on
+// false fd is closed or handed over.
+func (l *inlineLoop) serve(fd int) bool {
+	for {
+		n, err := rawRead(fd, l.buf)
+		switch {
+		case err == unix.EAGAIN:
+			return true
+		case n == 0 && err == nil, err != nil:
+			// The peer closed (or reset) between requests: done.
+			l.forget(fd)
+			rawClose(fd)
+			return false
+		}
+		if !l.one(fd, l.buf[:n]) {
+			return false
+		}
+	}
+}
+
+// one serves data when it is exactly one request (and its payload);
+// otherwise it hands fd over with data as its first bytes.
+func (l *inlineLoop) one(fd int, data []byte) bool {
+	s := l.s
+	if len(data) < HeaderSize {
+		l.handOver(fd, data)
+		return false
+	}
+	h, herr := DecodeHeader(data[:HeaderSize])
+	if herr != nil || h.Size == 0 || h.Write && h.Size > uint64(len(l.buf)-HeaderSize) {
+		l.handOver(fd, data) // the handler answers and logs these
+		return false
+	}
+	want := HeaderSize
+	if h.Write {
+		want += int(h.Size)
+	}
+	if len(data) != want {
+		l.handOver(fd, data)
+		return false
+	}
+	mem, ref, err := s.mem.Acquire(h.Addr, h.Size)
+	if err != nil {
+		l.handOver(fd, data) // rejected by the handler, as for any peer
+		return false
+	}
+	st := l.st[:0]
+	if h.V2 {
+		st = append(st, statusOKBytes...)
+	}
+	if h.Write {
+		copy(mem, data[HeaderSize:])
+		ref.Release()
+		if h.V2 {
+			k, err := rawWrite(fd, st)
+			if err != nil && err != unix.EAGAIN {
+				l.gone(fd, err)
+				return false
+			}
+			if k < len(st) {
+				l.handOverReply(fd, st, nil, max(k, 0), noRef{})
+				return false
+			}
+		}
+		return true
+	}
+	sent, err := rawWritev(fd, st, mem)
+	if err != nil && err != unix.EAGAIN {
+		ref.Release()
+		l.gone(fd, err)
+		return false
+	}
+	if sent < len(st)+len(mem) {
+		// The socket took part of it: the handler sends the rest.
+		l.handOverReply(fd, st, mem, sent, ref)
+		return false
+	}
+	ref.Release()
+	return true
+}
+
+type noRef struct{}
+
+func (noRef) Release() {}
+
+// forget takes fd out of the waiting set's books; closing fd takes it out
+// of the set itself.
+func (l *inlineLoop) forget(fd int) { delete(l.waiting, fd) }
+
+// release takes fd out of the set before it is handed over: the handler
+// keeps a duplicate open, which would keep it in the set.
+func (l *inlineLoop) release(fd int) {
+	if _, ok := l.waiting[fd]; ok {
+		delete(l.waiting, fd)
+		l.ctl(unix.EPOLL_CTL_DEL, fd, 0)
+	}
+}
+
+// handOver gives fd to a per-connection handler, with prefix (copied) as
+// its first bytes.
+func (l *inlineLoop) handOver(fd int, prefix []byte) {
+	l.release(fd)
+	c, err := fdConn(fd)
+	if err != nil {
+		slog.Warn("tcp data connection: hand-over failed", "err", err)
+		return
+	}
+	if !l.s.track(c) {
+		return
+	}
+	go l.s.handle(c, append([]byte(nil), prefix...))
+}
+
+// handOverReply hands fd over with a reply (st then mem) written up to
+// sent: the handler sends the rest before anything else, then unpins mem.
+func (l *inlineLoop) handOverReply(fd int, st, mem []byte, sent int, ref Ref) {
+	s := l.s
+	l.release(fd)
+	c, err := fdConn(fd)
+	if err != nil {
+		ref.Release()
+		slog.Warn("tcp data connection: hand-over failed", "err", err)
+		return
+	}
+	if !s.track(c) {
+		ref.Release()
+		return
+	}
+	var rest net.Buffers
+	if sent < len(st) {
+		rest = append(rest, append([]byte(nil), st[sent:]...))
+		sent = 0
+	} else {
+		sent -= len(st)
+	}
+	if len(mem) > 0 {
+		rest = append(rest, mem[sent:])
+	}
+	go func() {
+		_, err := rest.WriteTo(c)
+		ref.Release()
+		if err == nil {
+			s.handle(c, nil)
+			return
+		}
+		defer s.wg.Done()
+		c.Close()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		if !s.isClosed() {
+			s.warnGone(c.RemoteAddr(), peerGone("write reply: %w", err))
+		}
+	}()
+}
+
+// gone closes fd after its initiator left in the middle of a request.
+func (l *inlineLoop) gone(fd int, err error) {
+	addr := peerAddr(fd)
+	l.forget(fd)
+	rawClose(fd)
+	if !l.s.isClosed() {
+		l.s.warnGone(addr, peerGone("write reply: %w", err))
+	}
+}
+
+// fdConn turns an accepted socket into a net.Conn registered with Go's
+// poller, closing fd.
+func fdConn(fd int) (net.Conn, error) {
+	// Blocking for os.NewFile, so that it does not register fd with the
+	// poller only for FileConn to register its duplicate again.
+	if err := unix.SetNonblock(fd, false); err != nil {
+		rawClose(fd)
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "tcp data connection")
+	c, err := net.FileConn(f) // a non-blocking duplicate
+	f.Close()
+	return c, err
+}
+
+// peerAddr is the remote address of fd, for log lines.
+func peerAddr(fd int) net.Addr {
+	sa, err := unix.Getpeername(fd)
+	if err != nil {
+		return &net.TCPAddr{}
+	}
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return &net.TCPAddr{IP: sa.Addr[:], Port: sa.Port}
+	case *unix.SockaddrInet6:
+		return &net.TCPAddr{IP: sa.Addr[:], Port: sa.Port}
+	}
+	return &net.TCPAddr{}
+}
+
+// rawWritev writes a then b with one writev(2).
+func rawWritev(fd int, a, b []byte) (int, error) {
+	var iov [2]unix.Iovec
+	n := 0
+	for _, p := range [2][]byte{a, b} {
+		if len(p) > 0 {
+			iov[n].Base = &p[0]
+			iov[n].SetLen(len(p))
+			n++
+		}
+	}
+	r, _, e := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(n))
+	runtime.KeepAlive(a)
+	runtime.KeepAlive(b)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+func rawClose(fd int) { unix.RawSyscall(unix.SYS_CLOSE, uintptr(fd), 0, 0) }
+
+// rawRead is read(2); under the race detector an ordinary syscall.
+func rawRead(fd int, p []byte) (int, error) {
+	if raceEnabled {
+		return unix.Read(fd, p)
+	}
+	r, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	runtime.KeepAlive(p)
+	if e != 0 {
+		return -1, e
+	}
+	return int(r), nil
+}
+
+// rawWrite is write(2) as rawRead is read(2).
+func rawWrite(fd int, p []byte) (int, error) {
+	if raceEnabled {
+		return unix.Write(fd, p)
+	}
+	r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	runtime.KeepAlive(p)
+	if e != 0 {
+		return -1, e
+	}
+	return int(r), nil
+}

@@ -1,0 +1,255 @@
+package tcp
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// More connections queued at once than the accept loop takes per round
+// are all served. A loop that parked with connections left in the accept
+// queue never heard of them again (its epoll set does not tell Go's
+// poller twice about a listener that stays ready) and initiators waited
+// for their status timeout: mc bench initiator --tcp-lanes 0 --threads 2.
+func TestQueuedConnectionsAllServed(t *testing.T) {
+	const n = 3*64 + 5
+	g := newGuarded(0x10000, n, 64)
+	for i := range g.region() {
+		g.region()[i] = byte(i*13 + 1)
+	}
+	ln, err := Listen(t.Context(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Queued before the server runs: connected, request sent.
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write(AppendHeader(nil, Header{Addr: 0x10000 + uint64(i), Size: 1, V2: true})); err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	s := NewServer(ln, g, ServerOptions{})
+	defer s.Close()
+	for i, c := range conns {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		var reply [StatusSize + 1]byte
+		if _, err := io.ReadFull(c, reply[:]); err != nil {
+			t.Fatalf("connection %d of %d: %v", i, n, err)
+		}
+		if st := binary.LittleEndian.Uint64(reply[:]); st != StatusOK || reply[StatusSize] != g.region()[i] {
+			t.Fatalf("connection %d: status %x, byte %d", i, st, reply[StatusSize])
+		}
+	}
+}
+
+// request sends one v2 request on c and returns its status (and the data
+// of a READ).
+func request(t *testing.T, c net.Conn, h Header, payload []byte) (uint64, []byte) {
+	t.Helper()
+	h.V2 = true
+	if _, err := c.Write(append(AppendHeader(nil, h), payload...)); err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	st := readStatus(t, c)
+	if h.Write || st != StatusOK {
+		return st, nil
+	}
+	data := make([]byte, h.Size)
+	if _, err := io.ReadFull(c, data); err != nil {
+		t.Fatalf("read data: %v", err)
+	}
+	return st, data
+}
+
+// A connection that stays open after its reply waits for its next
+// request (a pooled Mooncake lane sends one at a time), may switch to
+// pipelining, and is closed once idle for the server's idle timeout.
+func TestInlineConnectionLifecycle(t *testing.T) {
+	g := newGuarded(0x10000, 1<<20, 64)
+	ln, err := Listen(t.Context(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(ln, g, ServerOptions{IdleTimeout: 400 * time.Millisecond})
+	defer s.Close()
+	c := dial(t, s)
+	payload := bytes.Repeat([]byte{0x5a}, 1000)
+	if st, _ := request(t, c, Header{Write: true, Addr: 0x10000, Size: 1000}, payload); st != StatusOK {
+		t.Fatalf("write: status %x", st)
+	}
+	time.Sleep(50 * time.Millisecond) // waiting in the set
+	if st, data := request(t, c, Header{Addr: 0x10000, Size: 1000}, nil); st != StatusOK || !bytes.Equal(data, payload) {
+		t.Fatalf("read after a pause: status %x, data equal %v", st, bytes.Equal(data, payload))
+	}
+	// Three requests in one write: handed to the per-connection handler.
+	var wire []byte
+	for i := range 3 {
+		wire = AppendHeader(wire, Header{Addr: 0x10000 + uint64(i), Size: 10, V2: true})
+	}
+	if _, err := c.Write(wire); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if st := readStatus(t, c); st != StatusOK {
+			t.Fatalf("pipelined %d: status %x", i, st)
+		}
+		got := make([]byte, 10)
+		if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, payload[:10]) {
+			t.Fatalf("pipelined %d: %v", i, err)
+		}
+	}
+	// A second connection left idle after one request is dropped after
+	// the idle timeout (within its 1/8 sweep).
+	c2 := dial(t, s)
+	request(t, c2, Header{Addr: 0x10000, Size: 8}, nil)
+	start := time.Now()
+	c2.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c2.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("idle connection: read got %v, want EOF", err)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond || d > 1500*time.Millisecond {
+		t.Fatalf("idle connection closed after %v, want about 400ms", d)
+	}
+	s.Close()
+	g.check(t)
+}
+
+// A reply larger than the socket takes at once is finished by the
+// per-connection handler, byte for byte.
+func TestInlineLargeReply(t *testing.T) {
+	const size = 8 << 20
+	g := newGuarded(0x10000, size, 64)
+	for i := range g.region() {
+		g.region()[i] = byte(i*7 + i>>13)
+	}
+	ln, err := Listen(t.Context(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(ln, g, ServerOptions{})
+	defer s.Close()
+	c := dial(t, s)
+	c.(*net.TCPConn).SetReadBuffer(64 << 10)
+	var hdr [HeaderSize]byte
+	PutHeader(hdr[:], Header{Addr: 0x10000, Size: size, V2: true})
+	if _, err := c.Write(hdr[:]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // let the socket fill up
+	if st := readStatus(t, c); st != StatusOK {
+		t.Fatalf("status %x", st)
+	}
+	got := make([]byte, size)
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, g.region()) {
+		t.Fatal("large reply differs")
+	}
+	// And the connection goes on.
+	if st, data := request(t, c, Header{Addr: 0x10000 + 5, Size: 3}, nil); st != StatusOK || !bytes.Equal(data, g.region()[5:8]) {
+		t.Fatalf("request after a large reply: %x", st)
+	}
+	c.Close()
+	s.Close()
+	g.check(t)
+}
+
+// Close ends connections waiting in the loop's set and returns.
+func TestCloseWithWaitingConnections(t *testing.T) {
+	g := newGuarded(0x10000, 4096, 64)
+	ln, err := Listen(t.Context(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(ln, g, ServerOptions{})
+	var conns []net.Conn
+	for range 5 {
+		c := dial(t, s)
+		request(t, c, Header{Addr: 0x10000, Size: 16}, nil)
+		conns = append(conns, c)
+	}
+	done := make(chan struct{})
+	go func() { s.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := c.Read(make([]byte, 1)); err == nil {
+				t.Error("a waiting connection stayed open after Close")
+			}
+		}()
+	}
+	wg.Wait()
+	if _, err := net.DialTimeout("tcp", s.Addr().String(), time.Second); err == nil {
+		// The listener's own descriptor and the loop's are both gone.
+		t.Error("listener still accepts after Close")
+	}
+	g.check(t)
+}
+
+// FuzzInlineServer sends arbitrary bytes over a real connection to a
+// server on its inline path and checks that nothing outside registered
+// memory is touched and no pin is leaked, whatever the bytes.
+func FuzzInlineServer(f *testing.F) {
+	le := binary.LittleEndian
+	hdr := func(size, addr uint64, op byte) []byte {
+		b := make([]byte, HeaderSize)
+		le.PutUint64(b, size)
+		le.PutUint64(b[8:], addr)
+		b[16] = op
+		return b
+	}
+	f.Add(hdr(16, 0x10000, OpRead|VersionBit))
+	f.Add(append(hdr(4, 0x10010, OpWrite|VersionBit), 1, 2, 3, 4))
+	f.Add(append(hdr(4, 0x10010, OpWrite), 1, 2, 3, 4))
+	f.Add(hdr(16, 0x10000+4090, OpRead|VersionBit))
+	f.Add(append(hdr(8, 0x10000, OpRead|VersionBit), hdr(8, 0x10008, OpRead|VersionBit)...))
+	f.Add(hdr(1<<62, 0x10000, OpWrite|VersionBit))
+	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
+	g := newGuarded(0x10000, 4096, 256)
+	ln, err := Listen(f.Context(), "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	s := NewServer(ln, g, ServerOptions{IdleTimeout: time.Second})
+	f.Cleanup(func() { s.Close() })
+	f.Fuzz(func(t *testing.T, in []byte) {
+		c, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		c.Write(in)
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, c) // until the server closes
+		c.Close()
+		for i := 0; i < g.pad; i++ {
+			if g.arena[i] != canary || g.arena[len(g.arena)-1-i] != canary {
+				t.Fatalf("canary overwritten at pad offset %d", i)
+			}
+		}
+		g.mu.Lock()
+		held := g.held
+		g.mu.Unlock()
+		if held != 0 {
+			t.Fatalf("%d pins held after the server closed the connection", held)
+		}
+	})
+}
