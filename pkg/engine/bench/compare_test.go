@@ -20,7 +20,7 @@ var (
 	compareOp       = flag.String("compare.op", "read", "BenchmarkTCPvsStream: read or write")
 	compareLanes    = flag.Int("compare.lanes", 0, "BenchmarkTCPvsStream: TCP lanes per peer (0: engine default)")
 	ceilingSizes    = flag.String("compare.ceiling-sizes", "64K,256K,1M", "BenchmarkTCPvsStream: write sizes of the plain stream; the best is the ceiling")
-	compareRounds   = flag.Int("compare.rounds", 3, "BenchmarkTCPvsStream: rounds per block size, each a stream and an engine run (the median engine run is printed)")
+	compareRounds   = flag.Int("compare.rounds", 5, "BenchmarkTCPvsStream: rounds per block size, each a stream and an engine run (the median engine run is printed)")
 )
 
 // streamCeiling is the most one loopback connection carries: the best
