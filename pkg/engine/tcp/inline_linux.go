@@ -460,12 +460,7 @@ func rawRead(fd int, p []byte) (int, error) {
 	if raceEnabled {
 		return unix.Read(fd, p)
 	}
-	r, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	runtime.KeepAlive(p)
-	if e != 0 {
-		return -1, e
-	}
-	return int(r), nil
+	return rawIO(unix.SYS_READ, fd, p)
 }
 
 // rawWrite is write(2) as rawRead is read(2).
@@ -473,7 +468,12 @@ func rawWrite(fd int, p []byte) (int, error) {
 	if raceEnabled {
 		return unix.Write(fd, p)
 	}
-	r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	return rawIO(unix.SYS_WRITE, fd, p)
+}
+
+// rawIO is read(2) or write(2) (trap) on p with RawSyscall.
+func rawIO(trap uintptr, fd int, p []byte) (int, error) {
+	r, _, e := unix.RawSyscall(trap, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 	runtime.KeepAlive(p)
 	if e != 0 {
 		return -1, e
