@@ -35,8 +35,11 @@ type ServerOptions struct {
 	IdleTimeout time.Duration
 }
 
-// Server is one data listener: every accepted connection is served by its
-// own goroutine, request after request, until the peer closes it, a
+// Server is one data listener. On Linux an event loop serves clients that
+// send one request at a time (Mooncake's connection-per-request client,
+// its pooled lanes) without a goroutine per connection (inline_linux.go);
+// a connection that pipelines, and every connection elsewhere, is served
+// by its own goroutine, request after request, until the peer closes it, a
 // request is rejected, or the server is closed.
 type Server struct {
 	ln    net.Listener
