@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -17,8 +18,8 @@ import (
 
 // The inline path serves Mooncake's default client (a connection per
 // request: connect, one header, one reply, close) as an event loop does:
-// one goroutine waits on an epoll set of its own holding the listener and
-// the connections it serves, and accepts, reads the request, writes the
+// a goroutine waits on an epoll set of its own holding the listener and
+// the connections it serves (a few such loops share the listener), and accepts, reads the request, writes the
 // reply and closes the socket itself, with no goroutine, Go net.Conn or
 // netpoll registration per connection. Connections whose peer has not
 // closed yet after its reply wait in the set (as a persistent Mooncake
@@ -61,7 +62,7 @@ type inlineLoop struct {
 	stopped bool
 }
 
-// startInline runs the inline loop when the listener allows it.
+// startInline runs the inline loops when the listener allows it.
 func (s *Server) startInline() bool {
 	tl, ok := s.ln.(*net.TCPListener)
 	if !ok {
@@ -71,6 +72,53 @@ func (s *Server) startInline() bool {
 	if err != nil {
 		return false
 	}
+	var loops inlineLoops
+	for range numLoops() {
+		l, err := newInlineLoop(s, rc)
+		if err != nil {
+			break
+		}
+		loops = append(loops, l)
+	}
+	if len(loops) == 0 {
+		return false
+	}
+	s.extra = loops
+	for _, l := range loops {
+		s.wg.Add(1)
+		go l.run()
+	}
+	return true
+}
+
+// numLoops is how many event loops share the listener: one per two
+// processors, at most four (a loop keeps about one core busy with kernel
+// work at full load; the rest is left to the lanes' goroutines). An
+// arriving connection wakes one of them (EPOLLEXCLUSIVE).
+func numLoops() int {
+	if n := os.Getenv("MC_TCP_EVENT_LOOPS"); n != "" {
+		if k, err := strconv.Atoi(n); err == nil && k > 0 && k <= 64 {
+			return k
+		}
+		slog.Warn("MC_TCP_EVENT_LOOPS: want a number from 1 to 64; using the default", "value", n)
+	}
+	return max(1, min(runtime.GOMAXPROCS(0)/2, 4))
+}
+
+// inlineLoops closes every loop (Server.Close).
+type inlineLoops []*inlineLoop
+
+func (ls inlineLoops) Close() error {
+	for _, l := range ls {
+		l.Close()
+	}
+	return nil
+}
+
+// listenEvents: the listener wakes one loop per event, not all of them.
+const listenEvents = unix.EPOLLIN | unix.EPOLLEXCLUSIVE
+
+func newInlineLoop(s *Server, rc syscall.RawConn) (*inlineLoop, error) {
 	lfd := -1
 	var derr error
 	rc.Control(func(fd uintptr) {
@@ -78,33 +126,29 @@ func (s *Server) startInline() bool {
 		// Accepted sockets inherit it: no setsockopt per connection.
 		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
 	})
-	if derr != nil || lfd < 0 {
-		return false
+	if derr != nil {
+		return nil, derr
 	}
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		unix.Close(lfd)
-		return false
+		return nil, err
 	}
 	l := &inlineLoop{s: s, ep: ep, lfd: lfd, buf: make([]byte, 64<<10), st: make([]byte, 0, StatusSize),
 		waiting: make(map[int]time.Time)}
-	if err := l.ctl(unix.EPOLL_CTL_ADD, lfd, unix.EPOLLIN); err != nil {
-		unix.Close(ep)
-		unix.Close(lfd)
-		return false
+	err = l.ctl(unix.EPOLL_CTL_ADD, lfd, listenEvents)
+	if err == nil {
+		// Non-blocking, so that os.NewFile registers it with the poller:
+		// the loop parks until the set has something ready.
+		err = unix.SetNonblock(ep, true)
 	}
-	// Non-blocking, so that os.NewFile registers it with the poller: the
-	// loop parks until the set has something ready.
-	if err := unix.SetNonblock(ep, true); err != nil {
+	if err != nil {
 		unix.Close(ep)
 		unix.Close(lfd)
-		return false
+		return nil, err
 	}
 	l.epf = os.NewFile(uintptr(ep), "tcp data epoll")
-	s.extra = l
-	s.wg.Add(1)
-	go l.run()
-	return true
+	return l, nil
 }
 
 // Close ends the loop (Server.Close); the loop closes what it holds.
@@ -219,7 +263,7 @@ func (l *inlineLoop) pauseAccept(e syscall.Errno) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if !l.stopped {
-			l.ctl(unix.EPOLL_CTL_ADD, l.lfd, unix.EPOLLIN)
+			l.ctl(unix.EPOLL_CTL_ADD, l.lfd, listenEvents)
 		}
 	})
 }

@@ -1,3 +1,5 @@
+//go:build linux
+
 package tcp
 
 import (
@@ -5,6 +7,8 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +20,16 @@ import (
 // poller twice about a listener that stays ready) and initiators waited
 // for their status timeout: mc bench initiator --tcp-lanes 0 --threads 2.
 func TestQueuedConnectionsAllServed(t *testing.T) {
+	// One loop, and several sharing the listener (MC_TCP_EVENT_LOOPS).
+	for _, loops := range []string{"1", "3"} {
+		t.Run("loops="+loops, func(t *testing.T) {
+			t.Setenv("MC_TCP_EVENT_LOOPS", loops)
+			queuedAllServed(t)
+		})
+	}
+}
+
+func queuedAllServed(t *testing.T) {
 	const n = 3*64 + 5
 	g := newGuarded(0x10000, n, 64)
 	for i := range g.region() {
@@ -40,6 +54,9 @@ func TestQueuedConnectionsAllServed(t *testing.T) {
 	}
 	s := NewServer(ln, g, ServerOptions{})
 	defer s.Close()
+	if want, _ := strconv.Atoi(os.Getenv("MC_TCP_EVENT_LOOPS")); len(s.extra.(inlineLoops)) != want {
+		t.Fatalf("%d event loops, want %d", len(s.extra.(inlineLoops)), want)
+	}
 	for i, c := range conns {
 		c.SetDeadline(time.Now().Add(5 * time.Second))
 		var reply [StatusSize + 1]byte
