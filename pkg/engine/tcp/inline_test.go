@@ -5,10 +5,13 @@ package tcp
 import (
 	"bytes"
 	"encoding/binary"
+	"golang.org/x/sys/unix"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -269,4 +272,90 @@ func FuzzInlineServer(f *testing.F) {
 			t.Fatalf("%d pins held after the server closed the connection", held)
 		}
 	})
+}
+
+// Out of descriptors, accept fails: the loop warns once per failure and
+// backs off instead of spinning on a listener that stays ready, and
+// serves the connection once descriptors are free again.
+func TestAcceptFailureBacksOff(t *testing.T) {
+	var logs syncLog
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	g := newGuarded(0x10000, 4096, 64)
+	copy(g.region(), "backoff")
+	ln, err := Listen(t.Context(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(ln, g, ServerOptions{})
+	defer s.Close()
+	// The client socket exists before the limit drops; connecting needs no
+	// new descriptor, accepting does.
+	cfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(cfd)
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	// A new descriptor takes the lowest free number: with the limit at
+	// that number, none can be made.
+	probe, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := probe.Fd()
+	probe.Close()
+	low := lim
+	low.Cur = uint64(free)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer restore()
+	port := s.Addr().(*net.TCPAddr).Port
+	if err := unix.Connect(cfd, &unix.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		restore()
+		t.Fatal(err)
+	}
+	if _, err := unix.Write(cfd, AppendHeader(nil, Header{Addr: 0x10000, Size: 7, V2: true})); err != nil {
+		restore()
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), "accept failed") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // a spinning loop would log hundreds
+	restore()
+	if n := strings.Count(logs.String(), "accept failed"); n < 1 || n > 10 {
+		t.Fatalf("%d accept warnings in ~50ms, want a few:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), "too many open files") {
+		t.Fatalf("warning does not name the cause:\n%s", logs.String())
+	}
+	reply := make([]byte, StatusSize+7)
+	got := 0
+	unix.SetsockoptTimeval(cfd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5})
+	for got < len(reply) {
+		n, err := unix.Read(cfd, reply[got:])
+		if n <= 0 || err != nil {
+			t.Fatalf("reply after the limit was restored: %d bytes, %v", got, err)
+		}
+		got += n
+	}
+	if binary.LittleEndian.Uint64(reply) != StatusOK || string(reply[StatusSize:]) != "backoff" {
+		t.Fatalf("reply %q", reply)
+	}
 }
