@@ -22,6 +22,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
 	"github.com/kvcache-ops/mc/pkg/engine/handshake"
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
+	"github.com/kvcache-ops/mc/pkg/engine/tcp"
 	"github.com/kvcache-ops/mc/pkg/topo"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -39,6 +40,7 @@ type benchEngineOptions struct {
 	ClusterID       string
 	StatusTimeout   int
 	TCPLanes        int
+	TCPEventLoops   int
 	HandshakeMax    int
 	// RDMA (--protocol rdma).
 	DeviceName        string
@@ -119,7 +121,9 @@ func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 	envName(fs, "min-rpc-port", "MC_MIN_RPC_PORT")
 	envName(fs, "max-rpc-port", "MC_MAX_RPC_PORT")
 	envName(fs, "metadata-cluster-id", "MC_METADATA_CLUSTER_ID")
+	fs.IntVar(&o.TCPEventLoops, "tcp-event-loops", 0, "event loops serving the TCP data port on Linux (connection-per-request clients are served there); 0: one per two processors, at most 4")
 	envName(fs, "tcp-status-timeout-sec", "MC_TCP_STATUS_TIMEOUT_SEC")
+	envName(fs, "tcp-event-loops", "MC_TCP_EVENT_LOOPS")
 	envName(fs, "handshake-max-length", "MC_HANDSHAKE_MAX_LENGTH")
 }
 
@@ -144,6 +148,9 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 	if o.TCPLanes < 0 {
 		return engine.Config{}, fmt.Errorf("--tcp-lanes %d: want 0 (a connection per request) or more", o.TCPLanes)
 	}
+	if o.TCPEventLoops < 0 || o.TCPEventLoops > tcp.MaxEventLoops {
+		return engine.Config{}, fmt.Errorf("--tcp-event-loops %d: want 0 (the default) to %d", o.TCPEventLoops, tcp.MaxEventLoops)
+	}
 	var transports []engine.TransportFactory
 	if o.Protocol == "rdma" {
 		rc, err := o.rdmaConfig()
@@ -163,6 +170,7 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 		MinRPCPort:         o.MinRPCPort,
 		MaxRPCPort:         o.MaxRPCPort,
 		TCPLanes:           o.TCPLanes,
+		TCPEventLoops:      o.TCPEventLoops,
 		TCPPerRequest:      o.TCPLanes == 0,
 		HandshakeMaxLength: o.HandshakeMax,
 		TCPStatusTimeout:   time.Duration(o.StatusTimeout) * time.Second,

@@ -169,6 +169,8 @@ func TestBenchBadInput(t *testing.T) {
 		`--duration "-1" must be positive`:                          {"--duration", "-1"},
 		`--backend "tent" is not supported`:                         {"--backend", "tent"},
 		`--tcp-lanes -1: want 0 (a connection per request) or more`: {"--tcp-lanes", "-1"},
+		`--tcp-event-loops 65: want 0 (the default) to 64`:          {"--tcp-event-loops", "65"},
+		`--tcp-event-loops -1: want 0 (the default) to 64`:          {"--tcp-event-loops", "-1"},
 		`peer 127.0.0.1:1 unreachable`:                              {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
 		`--handshake-max-length 200000000: want 1 to`:               {"--handshake-max-length", "200000000"},
 		// Frames over the limit are refused, so a 64-byte limit cannot

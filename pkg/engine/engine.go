@@ -100,6 +100,9 @@ type Config struct {
 	TCPPerRequest bool
 	// TCPStatusTimeout is MC_TCP_STATUS_TIMEOUT_SEC (default 30 s).
 	TCPStatusTimeout time.Duration
+	// TCPEventLoops is how many event loops serve the TCP data listener
+	// (MC_TCP_EVENT_LOOPS; 0 means tcp.DefaultEventLoops).
+	TCPEventLoops int
 	// UnregisterGrace: see DefaultUnregisterGrace.
 	UnregisterGrace time.Duration
 	// Protocol is the protocol the local segment is published under; it

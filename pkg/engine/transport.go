@@ -140,7 +140,7 @@ func newTCPTransport(e *Engine) (*tcpTransport, error) {
 	}
 	t := &tcpTransport{
 		e:      e,
-		server: tcp.NewServer(ln, &e.reg, tcp.ServerOptions{}),
+		server: tcp.NewServer(ln, &e.reg, tcp.ServerOptions{EventLoops: e.cfg.TCPEventLoops}),
 		client: tcp.NewClient(tcp.ClientOptions{Lanes: e.cfg.TCPLanes, StatusTimeout: e.cfg.TCPStatusTimeout, PerRequest: e.cfg.TCPPerRequest}),
 		port:   ln.Addr().(*net.TCPAddr).Port,
 	}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -73,7 +72,8 @@ func (s *Server) startInline() bool {
 		return false
 	}
 	var loops inlineLoops
-	for range numLoops() {
+	// An arriving connection wakes one of them (EPOLLEXCLUSIVE).
+	for range s.opts.EventLoops {
 		l, err := newInlineLoop(s, rc)
 		if err != nil {
 			break
@@ -91,22 +91,10 @@ func (s *Server) startInline() bool {
 	return true
 }
 
-// numLoops is how many event loops share the listener: one per two
-// processors, at most four (a loop keeps about one core busy with kernel
-// work at full load; the rest is left to the lanes' goroutines). An
-// arriving connection wakes one of them (EPOLLEXCLUSIVE).
-func numLoops() int {
-	if n := os.Getenv("MC_TCP_EVENT_LOOPS"); n != "" {
-		if k, err := strconv.Atoi(n); err == nil && k > 0 && k <= 64 {
-			return k
-		}
-		slog.Warn("MC_TCP_EVENT_LOOPS: want a number from 1 to 64; using the default", "value", n)
-	}
-	return max(1, min(runtime.GOMAXPROCS(0)/2, 4))
-}
-
 // inlineLoops closes every loop (Server.Close).
 type inlineLoops []*inlineLoop
+
+func (ls inlineLoops) len() int { return len(ls) }
 
 func (ls inlineLoops) Close() error {
 	for _, l := range ls {

@@ -5,12 +5,12 @@ package tcp
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"golang.org/x/sys/unix"
 	"io"
 	"log/slog"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -23,16 +23,13 @@ import (
 // poller twice about a listener that stays ready) and initiators waited
 // for their status timeout: mc bench initiator --tcp-lanes 0 --threads 2.
 func TestQueuedConnectionsAllServed(t *testing.T) {
-	// One loop, and several sharing the listener (MC_TCP_EVENT_LOOPS).
-	for _, loops := range []string{"1", "3"} {
-		t.Run("loops="+loops, func(t *testing.T) {
-			t.Setenv("MC_TCP_EVENT_LOOPS", loops)
-			queuedAllServed(t)
-		})
+	// One loop, and several sharing the listener.
+	for _, loops := range []int{1, 3} {
+		t.Run(fmt.Sprintf("loops=%d", loops), func(t *testing.T) { queuedAllServed(t, loops) })
 	}
 }
 
-func queuedAllServed(t *testing.T) {
+func queuedAllServed(t *testing.T, loops int) {
 	const n = 3*64 + 5
 	g := newGuarded(0x10000, n, 64)
 	for i := range g.region() {
@@ -55,10 +52,10 @@ func queuedAllServed(t *testing.T) {
 		}
 		conns[i] = c
 	}
-	s := NewServer(ln, g, ServerOptions{})
+	s := NewServer(ln, g, ServerOptions{EventLoops: loops})
 	defer s.Close()
-	if want, _ := strconv.Atoi(os.Getenv("MC_TCP_EVENT_LOOPS")); len(s.extra.(inlineLoops)) != want {
-		t.Fatalf("%d event loops, want %d", len(s.extra.(inlineLoops)), want)
+	if n := len(s.extra.(inlineLoops)); n != loops {
+		t.Fatalf("%d event loops, want %d", n, loops)
 	}
 	for i, c := range conns {
 		c.SetDeadline(time.Now().Add(5 * time.Second))

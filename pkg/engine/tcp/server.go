@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -33,7 +34,18 @@ type ServerOptions struct {
 	// IdleTimeout bounds every read and write on a connection (refreshed
 	// as requests arrive); 0 means DefaultIdleTimeout.
 	IdleTimeout time.Duration
+	// EventLoops is how many event loops serve the listener on Linux
+	// (inline_linux.go); 0 means DefaultEventLoops.
+	EventLoops int
 }
+
+// MaxEventLoops bounds ServerOptions.EventLoops.
+const MaxEventLoops = 64
+
+// DefaultEventLoops is one event loop per two processors, at most four:
+// a loop keeps about one core busy with kernel work at full load, and the
+// rest is left to the goroutines of pipelining connections.
+func DefaultEventLoops() int { return max(1, min(runtime.GOMAXPROCS(0)/2, 4)) }
 
 // Server is one data listener. On Linux an event loop serves clients that
 // send one request at a time (Mooncake's connection-per-request client,
@@ -59,12 +71,25 @@ func NewServer(ln net.Listener, mem Memory, opts ServerOptions) *Server {
 	if opts.IdleTimeout <= 0 {
 		opts.IdleTimeout = DefaultIdleTimeout
 	}
+	if opts.EventLoops <= 0 {
+		opts.EventLoops = DefaultEventLoops()
+	}
+	opts.EventLoops = min(opts.EventLoops, MaxEventLoops)
 	s := &Server{ln: ln, mem: mem, opts: opts, conns: make(map[net.Conn]struct{})}
 	if !s.startInline() {
 		s.wg.Add(1)
 		go s.acceptLoop()
 	}
 	return s
+}
+
+// EventLoops is how many event loops serve the listener; 0 when every
+// connection gets its own goroutine (not Linux, or not a TCP listener).
+func (s *Server) EventLoops() int {
+	if ls, ok := s.extra.(interface{ len() int }); ok {
+		return ls.len()
+	}
+	return 0
 }
 
 // Addr is the listener's address.
