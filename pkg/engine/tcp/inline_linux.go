@@ -41,8 +41,8 @@ import (
 const maxEvents = 128
 
 // maxAccepts bounds the connections accepted per round, so that waiting
-// ones are served in between (a variable for tests).
-var maxAccepts = 64
+// ones are served in between.
+const maxAccepts = 64
 
 type inlineLoop struct {
 	s   *Server
@@ -232,7 +232,7 @@ func (l *inlineLoop) acceptSome() {
 		}
 		if l.serve(fd) {
 			if err := l.ctl(unix.EPOLL_CTL_ADD, fd, unix.EPOLLIN|unix.EPOLLRDHUP); err != nil {
-				l.handOver(fd, nil)
+				l.handOver(fd, handover{})
 				continue
 			}
 			l.waiting[fd] = time.Now()
@@ -294,12 +294,12 @@ func (l *inlineLoop) serve(fd int) bool {
 func (l *inlineLoop) one(fd int, data []byte) bool {
 	s := l.s
 	if len(data) < HeaderSize {
-		l.handOver(fd, data)
+		l.handOver(fd, handover{prefix: data})
 		return false
 	}
 	h, herr := DecodeHeader(data[:HeaderSize])
 	if herr != nil || h.Size == 0 || h.Write && h.Size > uint64(len(l.buf)-HeaderSize) {
-		l.handOver(fd, data) // the handler answers and logs these
+		l.handOver(fd, handover{prefix: data}) // the handler answers and logs these
 		return false
 	}
 	want := HeaderSize
@@ -307,12 +307,12 @@ func (l *inlineLoop) one(fd int, data []byte) bool {
 		want += int(h.Size)
 	}
 	if len(data) != want {
-		l.handOver(fd, data)
+		l.handOver(fd, handover{prefix: data})
 		return false
 	}
 	mem, ref, err := s.mem.Acquire(h.Addr, h.Size)
 	if err != nil {
-		l.handOver(fd, data) // rejected by the handler, as for any peer
+		l.handOver(fd, handover{prefix: data}) // rejected by the handler, as for any peer
 		return false
 	}
 	st := l.st[:0]
@@ -329,7 +329,7 @@ func (l *inlineLoop) one(fd int, data []byte) bool {
 				return false
 			}
 			if k < len(st) {
-				l.handOverReply(fd, st, nil, max(k, 0), noRef{})
+				l.handOver(fd, handover{reply: unsent(st, nil, max(k, 0))})
 				return false
 			}
 		}
@@ -343,16 +343,12 @@ func (l *inlineLoop) one(fd int, data []byte) bool {
 	}
 	if sent < len(st)+len(mem) {
 		// The socket took part of it: the handler sends the rest.
-		l.handOverReply(fd, st, mem, sent, ref)
+		l.handOver(fd, handover{reply: unsent(st, mem, sent), ref: ref})
 		return false
 	}
 	ref.Release()
 	return true
 }
-
-type noRef struct{}
-
-func (noRef) Release() {}
 
 // forget takes fd out of the waiting set's books; closing fd takes it out
 // of the set itself.
@@ -367,37 +363,31 @@ func (l *inlineLoop) release(fd int) {
 	}
 }
 
-// handOver gives fd to a per-connection handler, with prefix (copied) as
-// its first bytes.
-func (l *inlineLoop) handOver(fd int, prefix []byte) {
+// handOver gives fd to a per-connection handler: h0's prefix (copied)
+// are its first bytes, h0's reply is sent first and then unpinned.
+func (l *inlineLoop) handOver(fd int, h0 handover) {
 	l.release(fd)
 	c, err := fdConn(fd)
+	if err == nil && !l.s.track(c) {
+		err = net.ErrClosed
+	}
 	if err != nil {
-		slog.Warn("tcp data connection: hand-over failed", "err", err)
+		if h0.ref != nil {
+			h0.ref.Release()
+		}
+		if !errors.Is(err, net.ErrClosed) {
+			slog.Warn("tcp data connection: hand-over failed", "err", err)
+		}
 		return
 	}
-	if !l.s.track(c) {
-		return
-	}
-	go l.s.handle(c, append([]byte(nil), prefix...))
+	h0.prefix = append([]byte(nil), h0.prefix...)
+	go l.s.handle(c, h0)
 }
 
-// handOverReply hands fd over with a reply (st then mem) written up to
-// sent: the handler sends the rest before anything else, then unpins mem.
-func (l *inlineLoop) handOverReply(fd int, st, mem []byte, sent int, ref Ref) {
-	s := l.s
-	l.release(fd)
-	c, err := fdConn(fd)
-	if err != nil {
-		ref.Release()
-		slog.Warn("tcp data connection: hand-over failed", "err", err)
-		return
-	}
-	if !s.track(c) {
-		ref.Release()
-		return
-	}
-	var rest net.Buffers
+// unsent is what a reply of st then mem lacks after sent bytes (st is the
+// loop's scratch: copied).
+func unsent(st, mem []byte, sent int) [][]byte {
+	var rest [][]byte
 	if sent < len(st) {
 		rest = append(rest, append([]byte(nil), st[sent:]...))
 		sent = 0
@@ -407,22 +397,7 @@ func (l *inlineLoop) handOverReply(fd int, st, mem []byte, sent int, ref Ref) {
 	if len(mem) > 0 {
 		rest = append(rest, mem[sent:])
 	}
-	go func() {
-		_, err := rest.WriteTo(c)
-		ref.Release()
-		if err == nil {
-			s.handle(c, nil)
-			return
-		}
-		defer s.wg.Done()
-		c.Close()
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		if !s.isClosed() {
-			s.warnGone(c.RemoteAddr(), peerGone("write reply: %w", err))
-		}
-	}()
+	return rest
 }
 
 // gone closes fd after its initiator left in the middle of a request.

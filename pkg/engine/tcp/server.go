@@ -139,7 +139,7 @@ func (s *Server) acceptLoop() {
 		if !s.track(c) {
 			return
 		}
-		go s.handle(c, nil)
+		go s.handle(c, handover{})
 	}
 }
 
@@ -157,11 +157,11 @@ func (s *Server) track(c net.Conn) bool {
 	return true
 }
 
-// handle serves a tracked connection whose first bytes, prefix, may
-// already have been read, until it ends.
-func (s *Server) handle(c net.Conn, prefix []byte) {
+// handle serves a tracked connection, perhaps begun elsewhere, until it
+// ends.
+func (s *Server) handle(c net.Conn, h0 handover) {
 	defer s.wg.Done()
-	err := s.serve(c, prefix)
+	err := s.serve(c, h0)
 	c.Close()
 	s.mu.Lock()
 	delete(s.conns, c)
@@ -314,11 +314,20 @@ func (cs *connState) release() {
 // (nil for a clean EOF between requests). It does not close rw. A request
 // whose range is not inside one registered buffer gets the rejected status
 // (v2) and ends the connection, as Mooncake's server does.
-func (s *Server) ServeConn(rw io.ReadWriter) error { return s.serve(rw, nil) }
+func (s *Server) ServeConn(rw io.ReadWriter) error { return s.serve(rw, handover{}) }
 
-// serve is ServeConn on a connection whose first bytes, prefix, were
-// already read from it.
-func (s *Server) serve(rw io.ReadWriter, prefix []byte) error {
+// handover is what a connection brings when it was begun elsewhere (the
+// event loop): bytes already read from it, and the unsent rest of a reply
+// (its last buffer pinned by ref), sent before anything else.
+type handover struct {
+	prefix []byte
+	reply  [][]byte
+	ref    Ref
+}
+
+// serve is ServeConn on a connection begun elsewhere.
+func (s *Server) serve(rw io.ReadWriter, h0 handover) error {
+	prefix := h0.prefix
 	dl, _ := rw.(deadliner)
 	var r io.Reader = rw
 	if len(prefix) > 0 {
@@ -332,6 +341,13 @@ func (s *Server) serve(rw io.ReadWriter, prefix []byte) error {
 		cs.br.Reset(nil)
 		connStatePool.Put(cs)
 	}()
+	for i, b := range h0.reply {
+		if i == len(h0.reply)-1 {
+			cs.add(b, h0.ref) // the first flush sends it and unpins it
+		} else {
+			cs.add(b, nil)
+		}
+	}
 	var hdr [HeaderSize]byte
 	var lastDeadline time.Time
 	for {
