@@ -1,0 +1,428 @@
+package cororpc
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Request is one call as a Handler sees it. Body and Attachment belong to
+// the handler.
+type Request struct {
+	Header     RequestHeader
+	Body       []byte
+	Attachment []byte
+	RemoteAddr net.Addr
+}
+
+// Handler runs one call and returns the response body (the struct_pack
+// encoding of the result). A non-nil error becomes a coro_rpc error
+// response: an *RPCError's code and message as given, any other error
+// rpc_throw_exception (10) with the error's text, which is what coro_rpc
+// answers when a handler throws. ctx ends when the client goes away or the
+// server is closed.
+type Handler func(ctx context.Context, req *Request) ([]byte, error)
+
+// ServerOptions configure a Server. The zero value is usable.
+type ServerOptions struct {
+	// MaxMessageLen bounds body plus attachment of a request; 0 means
+	// DefaultMaxMessageLen. A larger request is read off the wire without
+	// being kept and answered with message_too_large.
+	MaxMessageLen uint32
+	// MaxInFlight bounds the calls one connection runs at once; reading
+	// from it pauses while that many are running. 0 means 256.
+	MaxInFlight int
+	// WriteTimeout bounds writing one response to a client that stopped
+	// reading; 0 means 30 s.
+	WriteTimeout time.Duration
+	// Logger receives connection errors; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Server dispatches coro_rpc requests to Handlers by function id. It serves
+// any number of listeners and handed-over connections.
+type Server struct {
+	opts ServerOptions
+	log  *slog.Logger
+	// ctx is the parent of every handler's context; cancelled by Close
+	// and by a Shutdown whose grace runs out.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	hmu      sync.RWMutex
+	handlers map[uint32]registered
+
+	mu        sync.Mutex
+	closing   bool
+	listeners map[net.Listener]struct{}
+	conns     map[*serverConn]struct{}
+	connWG    sync.WaitGroup
+}
+
+type registered struct {
+	name string
+	h    Handler
+}
+
+// NewServer returns a Server with no handlers.
+func NewServer(opts *ServerOptions) *Server {
+	s := &Server{
+		handlers:  make(map[uint32]registered),
+		listeners: make(map[net.Listener]struct{}),
+		conns:     make(map[*serverConn]struct{}),
+	}
+	if opts != nil {
+		s.opts = *opts
+	}
+	if s.opts.MaxInFlight <= 0 {
+		s.opts.MaxInFlight = 256
+	}
+	if s.opts.WriteTimeout <= 0 {
+		s.opts.WriteTimeout = defaultTimeout
+	}
+	s.log = s.opts.Logger
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s
+}
+
+// Register routes the function id of qualifiedName (see FunctionID) to h and
+// returns that id. Registering a name twice, or two names whose ids
+// collide, is an error.
+func (s *Server) Register(qualifiedName string, h Handler) (uint32, error) {
+	id := FunctionID(qualifiedName)
+	s.hmu.Lock()
+	defer s.hmu.Unlock()
+	if prev, ok := s.handlers[id]; ok {
+		return id, fmt.Errorf("register %q: function id %#08x already taken by %q", qualifiedName, id, prev.name)
+	}
+	s.handlers[id] = registered{name: qualifiedName, h: h}
+	return id, nil
+}
+
+// Serve accepts connections on ln and serves each until Close or Shutdown,
+// after which it returns an error wrapping ErrClosed. It closes ln on return.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		ln.Close()
+		return fmt.Errorf("serve %s: %w", ln.Addr(), ErrClosed)
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+		ln.Close()
+	}()
+	var delay time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if s.isClosing() {
+				return fmt.Errorf("serve %s: %w", ln.Addr(), ErrClosed)
+			}
+			var te interface{ Temporary() bool }
+			if errors.Is(err, net.ErrClosed) || !errors.As(err, &te) || !te.Temporary() {
+				return fmt.Errorf("serve %s: accept: %w", ln.Addr(), err)
+			}
+			// Out of descriptors and the like: let connections drain.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			s.log.Warn("coro_rpc: accept failed; retrying", "addr", ln.Addr(), "err", err, "in", delay)
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
+		sc, err := s.track(nc)
+		if err != nil {
+			return fmt.Errorf("serve %s: %w", ln.Addr(), err)
+		}
+		go sc.serve()
+	}
+}
+
+// ServeConn serves one connection that someone else accepted and returns
+// when it ends (nil when the client hung up or the server was closed).
+//
+// The caller may already have read the connection's first bytes, e.g. to
+// tell coro_rpc (first byte Magic, 0x15) from an HTTP/2 preface on a shared
+// port: it hands over the connection wrapped so that reads return the peeked
+// bytes first, as WithReader does with the bufio.Reader that peeked.
+// Deadlines and Close must reach the underlying connection.
+func (s *Server) ServeConn(nc net.Conn) error {
+	sc, err := s.track(nc)
+	if err != nil {
+		return fmt.Errorf("serve %s: %w", nc.RemoteAddr(), err)
+	}
+	return sc.serve()
+}
+
+// track registers a connection, or closes it if the server is closing.
+func (s *Server) track(nc net.Conn) (*serverConn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		nc.Close()
+		return nil, ErrClosed
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	sc := &serverConn{
+		s:        s,
+		nc:       nc,
+		br:       bufio.NewReaderSize(nc, 32<<10),
+		ctx:      ctx,
+		cancel:   cancel,
+		inflight: make(chan struct{}, s.opts.MaxInFlight),
+	}
+	s.conns[sc] = struct{}{}
+	s.connWG.Add(1)
+	return sc, nil
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+// Shutdown stops the server gracefully: listeners close, connections stop
+// reading new requests, calls in flight run to completion and their
+// responses are written, then connections close. If ctx ends first, handler
+// contexts are cancelled, connections are closed and ctx's error returned.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.beginClose()
+	done := make(chan struct{})
+	go func() {
+		s.connWG.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.cancel()
+		s.mu.Lock()
+		for sc := range s.conns {
+			sc.nc.Close()
+		}
+		s.mu.Unlock()
+		return fmt.Errorf("coro_rpc server shutdown: %w", ctx.Err())
+	}
+}
+
+// Close stops the server: listeners close, connections stop reading, the
+// contexts of calls in flight are cancelled and Close waits for their
+// handlers to return and their responses to be written, so clients learn
+// why their calls failed. A handler that ignores its context delays Close.
+func (s *Server) Close() error {
+	s.cancel()
+	s.beginClose()
+	s.connWG.Wait()
+	return nil
+}
+
+func (s *Server) beginClose() {
+	s.mu.Lock()
+	s.closing = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	for sc := range s.conns {
+		sc.stopReading()
+	}
+	s.mu.Unlock()
+}
+
+// serverConn is one client connection.
+type serverConn struct {
+	s        *Server
+	nc       net.Conn
+	br       *bufio.Reader
+	ctx      context.Context // parent of its handlers' contexts
+	cancel   context.CancelFunc
+	inflight chan struct{} // semaphore of running handlers
+	running  sync.WaitGroup
+	stopping atomic.Bool // reads are being interrupted on purpose
+
+	wmu    sync.Mutex
+	hdr    []byte
+	broken bool // a write failed; no more responses go out
+}
+
+func (sc *serverConn) stopReading() {
+	sc.stopping.Store(true)
+	_ = sc.nc.SetReadDeadline(longAgo)
+}
+
+func (sc *serverConn) serve() error {
+	s := sc.s
+	err := sc.readLoop()
+	if err != nil {
+		// A client that sends garbage is broken; stop working for it,
+		// though the answers of calls already running still go out.
+		sc.cancel()
+	}
+	sc.running.Wait()
+	sc.cancel()
+	sc.nc.Close()
+	s.mu.Lock()
+	delete(s.conns, sc)
+	s.mu.Unlock()
+	s.connWG.Done()
+	return err
+}
+
+// readLoop reads requests and starts their handlers until the client hangs
+// up (nil), the server stops it (nil) or the stream goes bad (the error).
+func (sc *serverConn) readLoop() error {
+	s := sc.s
+	peer := sc.nc.RemoteAddr()
+	var hb [RequestHeaderLen]byte
+	for {
+		_, err := io.ReadFull(sc.br, hb[:])
+		if err == nil {
+			err = sc.handleFrame(hb[:])
+		}
+		if err == nil {
+			continue
+		}
+		if sc.stopping.Load() || errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil
+		}
+		err = fmt.Errorf("coro_rpc connection from %s: %w", peer, err)
+		s.log.Warn("coro_rpc: closing connection", "peer", peer, "err", err)
+		return err
+	}
+}
+
+// handleFrame reads the rest of the request whose header is hb and answers
+// or dispatches it. Only errors that end the connection are returned.
+func (sc *serverConn) handleFrame(hb []byte) error {
+	s := sc.s
+	h, err := ParseRequestHeader(hb)
+	if err != nil {
+		return err
+	}
+	if err := h.Check(s.opts.MaxMessageLen); err != nil {
+		if !errors.Is(err, ErrMessageTooLarge) {
+			return err
+		}
+		// The framing is intact, so the client can be told why instead
+		// of losing every call on the connection.
+		n := int64(h.Length) + int64(h.AttachLength)
+		if _, derr := io.CopyN(io.Discard, sc.br, n); derr != nil {
+			return fmt.Errorf("skip %d-byte request seq %d: %w", n, h.Seq, derr)
+		}
+		sc.writeError(h, ErrcMessageTooLarge, err.Error())
+		return nil
+	}
+	body, attach, err := readPayload(sc.br, h.Length, h.AttachLength)
+	if err != nil {
+		return fmt.Errorf("request seq %d function %#08x: %w", h.Seq, h.FunctionID, err)
+	}
+	s.hmu.RLock()
+	reg, ok := s.handlers[h.FunctionID]
+	s.hmu.RUnlock()
+	if !ok {
+		sc.writeError(h, ErrcFunctionNotRegistered, NotRegisteredMessage)
+		return nil
+	}
+	select {
+	case sc.inflight <- struct{}{}:
+	case <-sc.ctx.Done():
+		sc.writeError(h, ErrcOperationCanceled, "server closing")
+		return nil
+	}
+	sc.running.Add(1)
+	req := &Request{Header: h, Body: body, Attachment: attach, RemoteAddr: sc.nc.RemoteAddr()}
+	go sc.run(reg, req)
+	return nil
+}
+
+func (sc *serverConn) run(reg registered, req *Request) {
+	defer func() {
+		<-sc.inflight
+		sc.running.Done()
+	}()
+	body, err := sc.call(reg, req)
+	switch {
+	case err != nil:
+		code, msg := ErrcRPCThrowException, err.Error()
+		var re *RPCError
+		if errors.As(err, &re) {
+			msg = re.Message
+			if re.Code != ErrcOK {
+				code = re.Code
+			}
+		}
+		sc.writeError(req.Header, code, msg)
+	case uint64(len(body)) > math.MaxUint32:
+		sc.writeError(req.Header, ErrcMessageTooLarge, fmt.Sprintf("body larger than 4G: %dB", len(body)))
+	default:
+		sc.write(ResponseHeader{Seq: req.Header.Seq, Length: uint32(len(body))}, body)
+	}
+}
+
+// call runs the handler, turning a panic into an error response as
+// coro_rpc turns an exception into one.
+func (sc *serverConn) call(reg registered, req *Request) (body []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			sc.s.log.Error("coro_rpc: handler panicked", "function", reg.name, "peer", req.RemoteAddr, "panic", r)
+			body, err = nil, fmt.Errorf("%s panicked: %v", reg.name, r)
+		}
+	}()
+	return reg.h(sc.ctx, req)
+}
+
+func (sc *serverConn) writeError(req RequestHeader, code Errc, msg string) {
+	body, errCode := appendErrorBody(nil, code, msg)
+	sc.write(ResponseHeader{Seq: req.Seq, ErrCode: errCode, Length: uint32(len(body))}, body)
+}
+
+// write sends one response frame. A failed write closes the connection,
+// which ends its read loop and cancels its handlers.
+func (sc *serverConn) write(h ResponseHeader, body []byte) {
+	h.Magic, h.Version = Magic, Version
+	sc.wmu.Lock()
+	defer sc.wmu.Unlock()
+	if sc.broken {
+		return
+	}
+	_ = sc.nc.SetWriteDeadline(time.Now().Add(sc.s.opts.WriteTimeout))
+	sc.hdr = h.AppendTo(sc.hdr[:0])
+	bufs := net.Buffers{sc.hdr, body}
+	if _, err := bufs.WriteTo(sc.nc); err != nil {
+		sc.broken = true
+		sc.s.log.Warn("coro_rpc: response write failed; closing connection", "peer", sc.nc.RemoteAddr(), "seq", h.Seq, "err", err)
+		sc.cancel()
+		sc.nc.Close()
+	}
+}
+
+// WithReader returns nc with its reads taken from r: typically the
+// bufio.Reader that peeked at nc's first bytes, so that a connection sniffed
+// on a shared port can be handed to Server.ServeConn with nothing lost.
+// Writes, deadlines and Close go to nc.
+func WithReader(nc net.Conn, r io.Reader) net.Conn {
+	return &readerConn{Conn: nc, r: r}
+}
+
+type readerConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }

@@ -1,0 +1,527 @@
+package cororpc
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// startServer serves s on a loopback port and closes it with the test.
+func startServer(t *testing.T, s *Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		s.Close()
+		if err := <-served; !errors.Is(err, ErrClosed) {
+			t.Errorf("Serve returned %v, want ErrClosed", err)
+		}
+	})
+	return ln.Addr().String()
+}
+
+func mustRegister(t *testing.T, s *Server, name string, h Handler) uint32 {
+	t.Helper()
+	id, err := s.Register(name, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// rawDial opens a connection the test writes frames on by hand.
+func rawDial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
+}
+
+func sendReq(t *testing.T, c net.Conn, seq, fn uint32, body []byte) {
+	t.Helper()
+	h := RequestHeader{Magic: Magic, Seq: seq, FunctionID: fn, Length: uint32(len(body))}
+	if _, err := c.Write(append(h.AppendTo(nil), body...)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func recvResp(t *testing.T, c net.Conn) (ResponseHeader, []byte) {
+	t.Helper()
+	h, body, _, err := ReadResponse(c, 0)
+	if err != nil {
+		t.Fatalf("read response: %v", err)
+	}
+	return h, body
+}
+
+// expectClosed fails unless the server closes c.
+func expectClosed(t *testing.T, c net.Conn) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := io.Copy(io.Discard, c)
+	if err != nil || n != 0 {
+		t.Fatalf("want the server to close the connection; read %d bytes, err %v", n, err)
+	}
+}
+
+// The server answers captured requests with exactly the bytes the real
+// master sent, given the same result bodies.
+func TestServerAnswersLikeCapturedMaster(t *testing.T) {
+	s := NewServer(nil)
+	next := make(chan []byte, 1)
+	registered := map[string]bool{}
+	caps := loadCaptures(t)
+	for _, c := range caps {
+		if registered[c.Call] {
+			continue
+		}
+		registered[c.Call] = true
+		mustRegister(t, s, "mooncake::WrappedMasterService::"+c.Call, func(ctx context.Context, req *Request) ([]byte, error) {
+			return <-next, nil
+		})
+	}
+	addr := startServer(t, s)
+	conn := rawDial(t, addr)
+	for _, c := range caps {
+		reqHdr, reqBody, respHdr, respBody := c.bytes(t)
+		next <- respBody
+		if _, err := conn.Write(append(reqHdr, reqBody...)); err != nil {
+			t.Fatal(err)
+		}
+		want := append(respHdr, respBody...)
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(conn, got); err != nil {
+			t.Fatalf("%s: %v", c.Call, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: server sent\n%x\nthe master sent\n%x", c.Call, got, want)
+		}
+	}
+}
+
+func TestServerUnknownFunction(t *testing.T) {
+	s := NewServer(nil)
+	known := mustRegister(t, s, "test::Known", func(ctx context.Context, req *Request) ([]byte, error) {
+		return []byte("known"), nil
+	})
+	addr := startServer(t, s)
+	conn := rawDial(t, addr)
+	sendReq(t, conn, 5, 0xdeadbeef, []byte("args"))
+	h, body := recvResp(t, conn)
+	// err_code 11 and struct_pack("the rpc function not registered"),
+	// with the type literal as the captured master's build writes it.
+	wantBody := "77facf9d" + "04" + "800c00" + "1f" + hex.EncodeToString([]byte(NotRegisteredMessage))
+	if h.Seq != 5 || h.ErrCode != 11 || hex.EncodeToString(body) != wantBody {
+		t.Fatalf("got %+v %x, want seq 5 err_code 11 body %s", h, body, wantBody)
+	}
+	// The connection goes on.
+	sendReq(t, conn, 6, known, nil)
+	if h, body := recvResp(t, conn); h.Seq != 6 || h.ErrCode != 0 || string(body) != "known" {
+		t.Fatalf("after unknown id: %+v %q", h, body)
+	}
+	// And through the Client, as an RPCError.
+	c := NewClient(addr, nil)
+	defer c.Close()
+	_, err := c.Call(context.Background(), 0xdeadbeef, nil)
+	var re *RPCError
+	if !errors.As(err, &re) || re.Code != ErrcFunctionNotRegistered || re.Message != NotRegisteredMessage || re.Function != 0xdeadbeef {
+		t.Fatalf("client got %v", err)
+	}
+}
+
+func TestServerHandlerErrors(t *testing.T) {
+	var logs logBuffer
+	s := NewServer(&ServerOptions{Logger: logs.logger()})
+	fn := mustRegister(t, s, "test::Fail", func(ctx context.Context, req *Request) ([]byte, error) {
+		switch string(req.Body) {
+		case "plain":
+			return nil, errors.New("disk on fire")
+		case "args":
+			return nil, &RPCError{Code: ErrcInvalidRPCArguments, Message: "invalid rpc arg"}
+		case "wide":
+			return nil, &RPCError{Code: 300, Message: "user code"}
+		case "255":
+			return nil, &RPCError{Code: 255, Message: "edge"}
+		case "panic":
+			panic("handler bug")
+		}
+		return []byte("ok"), nil
+	})
+	c := NewClient(startServer(t, s), nil)
+	defer c.Close()
+	for _, tc := range []struct {
+		body string
+		code Errc
+		msg  string
+	}{
+		{"plain", ErrcRPCThrowException, "disk on fire"},
+		{"args", ErrcInvalidRPCArguments, "invalid rpc arg"},
+		{"wide", 300, "user code"},
+		{"255", 255, "edge"},
+		{"panic", ErrcRPCThrowException, "test::Fail panicked: handler bug"},
+	} {
+		_, err := c.Call(context.Background(), fn, []byte(tc.body))
+		var re *RPCError
+		if !errors.As(err, &re) || re.Code != tc.code || re.Message != tc.msg {
+			t.Errorf("%s: got %v, want code %d %q", tc.body, err, tc.code, tc.msg)
+		}
+	}
+	if got, err := c.Call(context.Background(), fn, nil); err != nil || string(got) != "ok" {
+		t.Fatalf("after errors: %q %v", got, err)
+	}
+	if l := logs.lines(t, "panicked"); len(l) != 1 || l[0].Severity != 'E' {
+		t.Errorf("want one E line for the panic, got %q", logs.buf.String())
+	}
+}
+
+// Calls on one connection run at once, and each response goes out when its
+// handler finishes, not in request order.
+func TestServerConcurrentPerConnection(t *testing.T) {
+	const n = 8
+	s := NewServer(nil)
+	var arrived sync.WaitGroup
+	arrived.Add(n)
+	allIn := make(chan struct{})
+	go func() { arrived.Wait(); close(allIn) }()
+	releaseSlow := make(chan struct{})
+	barrier := mustRegister(t, s, "test::Barrier", func(ctx context.Context, req *Request) ([]byte, error) {
+		arrived.Done()
+		select {
+		case <-allIn:
+			return req.Body, nil
+		case <-time.After(5 * time.Second):
+			return nil, errors.New("handlers ran one at a time")
+		}
+	})
+	slow := mustRegister(t, s, "test::Slow", func(ctx context.Context, req *Request) ([]byte, error) {
+		<-releaseSlow
+		return []byte("slow"), nil
+	})
+	fast := mustRegister(t, s, "test::Fast", func(ctx context.Context, req *Request) ([]byte, error) {
+		return []byte("fast"), nil
+	})
+	addr := startServer(t, s)
+	c := NewClient(addr, nil)
+	defer c.Close()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			body := []byte{byte(i)}
+			if got, err := c.Call(context.Background(), barrier, body); err != nil || !bytes.Equal(got, body) {
+				t.Errorf("barrier call %d: %q %v", i, got, err)
+			}
+		})
+	}
+	wg.Wait()
+
+	conn := rawDial(t, addr)
+	sendReq(t, conn, 1, slow, nil)
+	sendReq(t, conn, 2, fast, nil)
+	if h, body := recvResp(t, conn); h.Seq != 2 || string(body) != "fast" {
+		t.Fatalf("first response %+v %q, want the fast call's", h, body)
+	}
+	close(releaseSlow)
+	if h, body := recvResp(t, conn); h.Seq != 1 || string(body) != "slow" {
+		t.Fatalf("second response %+v %q, want the slow call's", h, body)
+	}
+}
+
+// MaxInFlight bounds the handlers one connection runs; reading resumes as
+// they finish.
+func TestServerMaxInFlight(t *testing.T) {
+	var running, peak atomic.Int32
+	s := NewServer(&ServerOptions{MaxInFlight: 2})
+	fn := mustRegister(t, s, "test::Busy", func(ctx context.Context, req *Request) ([]byte, error) {
+		n := running.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+		running.Add(-1)
+		return nil, nil
+	})
+	c := NewClient(startServer(t, s), nil)
+	defer c.Close()
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			if _, err := c.Call(context.Background(), fn, nil); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if p := peak.Load(); p != 2 {
+		t.Fatalf("peak %d handlers at once, want 2", p)
+	}
+}
+
+func TestServerBadInput(t *testing.T) {
+	var logs logBuffer
+	var calls atomic.Int32
+	s := NewServer(&ServerOptions{MaxMessageLen: 1024, Logger: logs.logger()})
+	fn := mustRegister(t, s, "test::Echo", func(ctx context.Context, req *Request) ([]byte, error) {
+		calls.Add(1)
+		return req.Body, nil
+	})
+	addr := startServer(t, s)
+
+	t.Run("too large", func(t *testing.T) {
+		conn := rawDial(t, addr)
+		sendReq(t, conn, 1, fn, bytes.Repeat([]byte("x"), 2000))
+		h, body := recvResp(t, conn)
+		code, msg, err := decodeErrorBody(h.ErrCode, body)
+		if h.Seq != 1 || code != ErrcMessageTooLarge || err != nil || !strings.Contains(msg, "limit of 1024") {
+			t.Fatalf("got %+v %v %q %v", h, code, msg, err)
+		}
+		// The oversized body was skipped, so framing holds.
+		sendReq(t, conn, 2, fn, []byte("small"))
+		if h, body := recvResp(t, conn); h.Seq != 2 || string(body) != "small" {
+			t.Fatalf("after the oversized request: %+v %q", h, body)
+		}
+	})
+	t.Run("garbage magic", func(t *testing.T) {
+		conn := rawDial(t, addr)
+		conn.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+		expectClosed(t, conn)
+	})
+	t.Run("newer version", func(t *testing.T) {
+		conn := rawDial(t, addr)
+		conn.Write(RequestHeader{Magic: Magic, Version: 1, FunctionID: fn}.AppendTo(nil))
+		expectClosed(t, conn)
+	})
+	t.Run("serialize type", func(t *testing.T) {
+		conn := rawDial(t, addr)
+		conn.Write(RequestHeader{Magic: Magic, SerializeType: 1, FunctionID: fn}.AppendTo(nil))
+		expectClosed(t, conn)
+	})
+	t.Run("truncated frame", func(t *testing.T) {
+		conn := rawDial(t, addr)
+		h := RequestHeader{Magic: Magic, FunctionID: fn, Length: 100}
+		conn.Write(append(h.AppendTo(nil), "half"...))
+		conn.(*net.TCPConn).CloseWrite()
+		expectClosed(t, conn)
+	})
+	if n := calls.Load(); n != 1 {
+		t.Errorf("handler ran %d times; only the one good request should reach it", n)
+	}
+	for _, what := range []string{"bad coro_rpc magic", "unsupported coro_rpc version", "serialize_type 1", "unexpected EOF"} {
+		if l := logs.lines(t, what); len(l) != 1 || l[0].Severity != 'W' {
+			t.Errorf("want one W line about %q; log:\n%s", what, logs.buf.String())
+		}
+	}
+}
+
+// A store sharing one port between coro_rpc and HTTP/2 peeks at the first
+// byte and hands coro_rpc connections over with WithReader.
+func TestServeConnAfterPeek(t *testing.T) {
+	s := NewServer(nil)
+	fn := mustRegister(t, s, "test::Echo", func(ctx context.Context, req *Request) ([]byte, error) {
+		return req.Body, nil
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	sniffed := make(chan string, 2)
+	var served sync.WaitGroup
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			br := bufio.NewReader(nc)
+			first, err := br.Peek(1)
+			if err != nil {
+				nc.Close()
+				continue
+			}
+			if first[0] != Magic {
+				sniffed <- "other"
+				nc.Close()
+				continue
+			}
+			sniffed <- "coro_rpc"
+			served.Go(func() {
+				if err := s.ServeConn(WithReader(nc, br)); err != nil {
+					t.Errorf("ServeConn: %v", err)
+				}
+			})
+		}
+	}()
+	c := NewClient(ln.Addr().String(), nil)
+	defer c.Close()
+	if got, err := c.Call(context.Background(), fn, []byte("peeked")); err != nil || string(got) != "peeked" {
+		t.Fatalf("got %q %v", got, err)
+	}
+	h2 := rawDial(t, ln.Addr().String())
+	h2.Write([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
+	if a, b := <-sniffed, <-sniffed; a != "coro_rpc" || b != "other" {
+		t.Fatalf("sniffed %s, %s", a, b)
+	}
+	within(t, 5*time.Second, "Close", func() { s.Close() })
+	within(t, 5*time.Second, "ServeConn", served.Wait)
+}
+
+func TestServerShutdownGraceful(t *testing.T) {
+	leaks := checkGoroutines(t)
+	s := NewServer(nil)
+	started := make(chan struct{})
+	release := make(chan struct{})
+	fn := mustRegister(t, s, "test::Slow", func(ctx context.Context, req *Request) ([]byte, error) {
+		close(started)
+		<-release
+		return []byte("finished"), ctx.Err()
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	c := NewClient(addr, nil)
+	res := make(chan error, 1)
+	go func() {
+		got, err := c.Call(context.Background(), fn, nil)
+		if err == nil && string(got) != "finished" {
+			err = errors.New("wrong body " + string(got))
+		}
+		res <- err
+	}()
+	<-started
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		shut <- s.Shutdown(ctx)
+	}()
+	if err := <-served; !errors.Is(err, ErrClosed) {
+		t.Fatalf("Serve: %v", err)
+	}
+	if nc, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		nc.Close()
+		t.Fatal("listener still accepting during shutdown")
+	}
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned %v with a call in flight", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := <-res; err != nil {
+		t.Fatalf("in-flight call: %v", err)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	a, b := net.Pipe()
+	defer b.Close()
+	if err := s.ServeConn(a); !errors.Is(err, ErrClosed) {
+		t.Fatalf("ServeConn after Shutdown: %v", err)
+	}
+	c.Close()
+	leaks()
+}
+
+// Close cancels the calls in flight; their handlers' answers still reach
+// the clients, so a call fails with the reason.
+func TestServerCloseCancelsHandlers(t *testing.T) {
+	leaks := checkGoroutines(t)
+	s := NewServer(nil)
+	started := make(chan struct{})
+	fn := mustRegister(t, s, "test::Wait", func(ctx context.Context, req *Request) ([]byte, error) {
+		close(started)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	c := NewClient(ln.Addr().String(), nil)
+	res := make(chan error, 1)
+	go func() {
+		_, err := c.Call(context.Background(), fn, nil)
+		res <- err
+	}()
+	<-started
+	within(t, 5*time.Second, "Close", func() { s.Close() })
+	var re *RPCError
+	if err := <-res; !errors.As(err, &re) || re.Code != ErrcRPCThrowException || re.Message != "context canceled" {
+		t.Fatalf("in-flight call: %v", err)
+	}
+	c.Close()
+	leaks()
+}
+
+// When Shutdown's grace runs out, connections are closed under calls that
+// are still running, and their clients learn the connection was lost.
+func TestServerShutdownTimeout(t *testing.T) {
+	s := NewServer(nil)
+	started := make(chan struct{})
+	release := make(chan struct{})
+	defer close(release)
+	fn := mustRegister(t, s, "test::Stuck", func(ctx context.Context, req *Request) ([]byte, error) {
+		close(started)
+		<-release // ignores ctx
+		return nil, nil
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	c := NewClient(ln.Addr().String(), nil)
+	defer c.Close()
+	res := make(chan error, 1)
+	go func() {
+		_, err := c.Call(context.Background(), fn, nil)
+		res <- err
+	}()
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	var err2 error
+	within(t, 5*time.Second, "Shutdown", func() { err2 = s.Shutdown(ctx) })
+	if !errors.Is(err2, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown: %v", err2)
+	}
+	if err := <-res; !errors.Is(err, ErrConnectionLost) {
+		t.Fatalf("in-flight call: %v", err)
+	}
+}
+
+func TestRegisterTwice(t *testing.T) {
+	s := NewServer(nil)
+	h := func(ctx context.Context, req *Request) ([]byte, error) { return nil, nil }
+	if _, err := s.Register("a::B", h); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Register("a::B", h); err == nil || !strings.Contains(err.Error(), `"a::B"`) {
+		t.Fatalf("second Register: %v", err)
+	}
+}
