@@ -283,8 +283,32 @@ func completeEnums(c *cobra.Command) {
 	})
 }
 
-func normalizeFlag(_ *pflag.FlagSet, name string) pflag.NormalizedName {
-	return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
+// flagAliases are other tools' names for mc's flags: mooncake_client's
+// (--master_server_address, --global_segment_size, --host,
+// --device_names), so its command lines work on mc serve store. An alias
+// applies only where the flag set has the flag it stands for and has no
+// flag of the alias's own name.
+var flagAliases = map[string]string{
+	"master-server-address": "master",
+	"global-segment-size":   "segment-size",
+	"host":                  "local-hostname",
+	"device-names":          "device-name",
+}
+
+func normalizeFlag(fs *pflag.FlagSet, name string) pflag.NormalizedName {
+	name = strings.ReplaceAll(name, "_", "-")
+	if to, ok := flagAliases[name]; ok && hasFlag(fs, to) && !hasFlag(fs, name) {
+		return pflag.NormalizedName(to)
+	}
+	return pflag.NormalizedName(name)
+}
+
+// hasFlag looks name up without normalizing it (Lookup would call
+// normalizeFlag again).
+func hasFlag(fs *pflag.FlagSet, name string) bool {
+	found := false
+	fs.VisitAll(func(f *pflag.Flag) { found = found || f.Name == name })
+	return found
 }
 
 // setup runs before every command: configuration, output format, logging.

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/ha"
@@ -32,20 +33,29 @@ import (
 
 // storeDataOptions pick the transport a store process moves bytes with.
 type storeDataOptions struct {
-	Protocol      string
-	DeviceName    string
-	LocalHostname string
+	Protocol       string
+	DeviceName     string
+	LocalHostname  string
+	MetadataServer string
 }
 
 func (o *storeDataOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport for the bytes: tcp or rdma")
 	fs.StringVar(&o.DeviceName, "device-name", "", "RDMA NICs to use, comma-separated (--protocol rdma; soft NICs here)")
-	fs.StringVar(&o.LocalHostname, "local-hostname", "", "host other processes reach this one's segment or engine at (default: the bind address, else this host's name)")
+	fs.StringVar(&o.LocalHostname, "local-hostname", "", "host (or host:port, the segment name with etcd/HTTP metadata) other processes reach this one's segment or engine at (default: the bind address, else this host's name)")
+	fs.StringVar(&o.MetadataServer, "metadata-server", meta.P2PHandshake, "where transfer engines publish and find segments: P2PHANDSHAKE, http://H:P/metadata, etcd://H:P[;H:P] (Mooncake's --metadata_server)")
 	envName(fs, "device-name", "MC_DEVICE_NAME")
 }
 
 func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
-	cfg := engine.Config{Protocol: o.Protocol, BindAddress: bind, AdvertiseHost: o.LocalHostname}
+	cfg := engine.Config{Protocol: o.Protocol, BindAddress: bind, AdvertiseHost: o.LocalHostname, MetadataServer: o.MetadataServer}
+	if o.MetadataServer != "" && o.MetadataServer != meta.P2PHandshake && o.LocalHostname != "" {
+		// With a metadata server the local hostname is the segment's
+		// name there, as with Mooncake's local_hostname; peers connect to
+		// its host part.
+		cfg.LocalServerName = o.LocalHostname
+		cfg.AdvertiseHost = hostOf(o.LocalHostname)
+	}
 	switch o.Protocol {
 	case "tcp":
 		if o.DeviceName != "" {
@@ -173,7 +183,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	}
 	f := cmd.Flags()
 	o.Data.addFlags(f)
-	f.StringVar(&o.Master, "master", "", "run as a node of this master, host:port or etcd://H:P[;H:P] for HA masters (default: run a master here)")
+	f.StringVar(&o.Master, "master", "", "run as a node of this master: host:port, etcd://H:P[;H:P] for HA masters, or mooncake://H:P for a mooncake_master (default: run a master here)")
 	f.StringVar(&o.SegmentSize, "segment-size", "1G", "bytes of memory this process contributes (0: master only)")
 	f.IntVar(&o.RPCPort, "rpc-port", 50051, "master RPC port (0: use the deprecated --port)")
 	f.IntVar(&o.Port, "port", 50051, "deprecated spelling of --rpc-port")
@@ -354,8 +364,15 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	return cfg, nil
 }
 
-// checkMasterAddr accepts host:port or etcd://H:P[;H:P].
+// checkMasterAddr accepts host:port, etcd://H:P[;H:P] or
+// mooncake://H:P.
 func checkMasterAddr(s string) error {
+	if store.IsMooncakeAddress(s) {
+		if _, err := store.ParseMooncakeAddress(s); err != nil {
+			return fmt.Errorf("invalid --master: %w", err)
+		}
+		return nil
+	}
 	if store.IsEtcdAddress(s) {
 		if _, err := store.ParseEtcdAddress(s); err != nil {
 			return fmt.Errorf("invalid --master: %w", err)
@@ -363,9 +380,17 @@ func checkMasterAddr(s string) error {
 		return nil
 	}
 	if _, _, err := net.SplitHostPort(s); err != nil {
-		return fmt.Errorf("invalid --master %q: want host:port or etcd://HOST:PORT[;HOST:PORT]", s)
+		return fmt.Errorf("invalid --master %q: want host:port, etcd://HOST:PORT[;HOST:PORT] or mooncake://HOST:PORT", s)
 	}
 	return nil
+}
+
+// hostOf is the host part of host:port (or the whole string).
+func hostOf(s string) string {
+	if h, _, err := net.SplitHostPort(s); err == nil {
+		return h
+	}
+	return s
 }
 
 func (o serveStoreOptions) haConfig() (*ha.Config, error) {
@@ -474,7 +499,7 @@ type storeClientOptions struct {
 }
 
 func (o *storeClientOptions) addFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Master, "master", store.DefaultMaster, "master RPC address, host:port, or etcd://H:P[;H:P] to find the HA leader (cluster id from MC_STORE_CLUSTER_ID)")
+	fs.StringVar(&o.Master, "master", store.DefaultMaster, "master RPC address: host:port (mc's master), etcd://H:P[;H:P] to find the HA leader (cluster id from MC_STORE_CLUSTER_ID), or mooncake://H:P for a mooncake_master")
 	fs.StringVar(&o.Admin, "admin", "", "master admin HTTP API (default http://<master or leader host>:9003)")
 }
 
@@ -483,7 +508,13 @@ func (o storeClientOptions) adminURL() (string, error) {
 		return o.Admin, nil
 	}
 	addr := o.Master
-	if store.IsEtcdAddress(o.Master) {
+	if store.IsMooncakeAddress(o.Master) {
+		a, err := store.ParseMooncakeAddress(o.Master)
+		if err != nil {
+			return "", fmt.Errorf("invalid --master: %w", err)
+		}
+		addr = a
+	} else if store.IsEtcdAddress(o.Master) {
 		eps, err := store.ParseEtcdAddress(o.Master)
 		if err != nil {
 			return "", fmt.Errorf("invalid --master: %w", err)
@@ -506,7 +537,7 @@ func (o storeClientOptions) adminURL() (string, error) {
 	}
 	h, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", fmt.Errorf("invalid --master %q: want host:port or etcd://HOST:PORT[;HOST:PORT]", o.Master)
+		return "", fmt.Errorf("invalid --master %q: want host:port, etcd://HOST:PORT[;HOST:PORT] or mooncake://HOST:PORT", o.Master)
 	}
 	return "http://" + net.JoinHostPort(h, "9003"), nil
 }

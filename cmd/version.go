@@ -6,6 +6,8 @@ import (
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvcache-ops/mc/pkg/store/mooncake"
 )
 
 // Set by the Makefile through -ldflags "-X ...". A plain `go build` falls
@@ -20,11 +22,15 @@ type versionInfo struct {
 	Commit    string `json:"commit"`
 	GoVersion string `json:"go_version"`
 	Platform  string `json:"platform"`
+	// The Mooncake master wire mc speaks (mooncake:// masters, and
+	// Mooncake clients on mc serve store).
+	MooncakeCommit       string `json:"mooncake_commit"`
+	MooncakeStoreVersion string `json:"mooncake_store_version"`
 }
 
 func currentVersion() versionInfo {
 	v := versionInfo{Version: version, Commit: commit, GoVersion: runtime.Version(),
-		Platform: runtime.GOOS + "/" + runtime.GOARCH}
+		Platform: runtime.GOOS + "/" + runtime.GOARCH, MooncakeCommit: mooncake.MooncakeCommit, MooncakeStoreVersion: mooncake.StoreVersion}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		if v.Version == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
 			v.Version = bi.Main.Version
@@ -59,6 +65,6 @@ func runVersion(v versionInfo, p *printer) error {
 	if p.JSON() {
 		return p.PrintJSON(v)
 	}
-	_, err := fmt.Fprintf(p.Out, "mc %s\ncommit: %s\ngo: %s\nplatform: %s\n", v.Version, v.Commit, v.GoVersion, v.Platform)
+	_, err := fmt.Fprintf(p.Out, "mc %s\ncommit: %s\ngo: %s\nplatform: %s\nmooncake wire: store %s (Mooncake %s)\n", v.Version, v.Commit, v.GoVersion, v.Platform, v.MooncakeStoreVersion, v.MooncakeCommit)
 	return err
 }

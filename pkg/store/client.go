@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -10,16 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
-
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/store/alloc"
-	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
 
 // Defaults for Config.
@@ -68,11 +59,7 @@ type Client struct {
 	cfg     Config
 	id      UUID
 	log     *slog.Logger
-	conn    *grpc.ClientConn
-	etcd    *clientv3.Client // etcd:// masters
-	leader  *leaderResolver  // etcd:// masters
-	rpc     pb.MasterClient
-	ses     *sessions // the data path's calls
+	w       masterWire
 	eng     *engine.Engine
 	ownsEng bool
 	host    string
@@ -88,7 +75,6 @@ type Client struct {
 	segs   map[string]*engine.Segment
 
 	stop     chan struct{}
-	newView  chan struct{} // the HA leader changed: ping it now
 	stopOnce sync.Once
 	wg       sync.WaitGroup
 	mu       sync.Mutex
@@ -175,19 +161,31 @@ func (c *Client) Stats() ClientStats {
 // New connects to the master and, for a node, registers and mounts its
 // segment. The client pings the master in the background and re-mounts
 // its segment by itself when the master restarts or asks.
+//
+// Config.Master picks the wire: host:port or etcd://H:P[;H:P] is mc's own
+// master (gRPC), mooncake://HOST:PORT a Mooncake master (coro_rpc).
 func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Master == "" {
 		cfg.Master = DefaultMaster
 	}
 	var etcdEndpoints []string
-	if IsEtcdAddress(cfg.Master) {
+	var mooncakeAddr string
+	switch {
+	case IsMooncakeAddress(cfg.Master):
+		var err error
+		if mooncakeAddr, err = ParseMooncakeAddress(cfg.Master); err != nil {
+			return nil, fmt.Errorf("master address: %w", err)
+		}
+	case IsEtcdAddress(cfg.Master):
 		var err error
 		if etcdEndpoints, err = ParseEtcdAddress(cfg.Master); err != nil {
 			return nil, fmt.Errorf("master address: %w", err)
 		}
 		cfg.ClusterID = ClusterID(cfg.ClusterID)
-	} else if _, _, err := net.SplitHostPort(cfg.Master); err != nil {
-		return nil, fmt.Errorf("master address %q: want host:port or etcd://HOST:PORT[;HOST:PORT]", cfg.Master)
+	default:
+		if _, _, err := net.SplitHostPort(cfg.Master); err != nil {
+			return nil, fmt.Errorf("master address %q: want host:port, etcd://HOST:PORT[;HOST:PORT] or mooncake://HOST:PORT", cfg.Master)
+		}
 	}
 	if cfg.PingInterval <= 0 {
 		cfg.PingInterval = DefaultPingInterval
@@ -204,45 +202,12 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Replicate.ReplicaNum == 0 {
 		cfg.Replicate.ReplicaNum = 1
 	}
-	c := &Client{cfg: cfg, id: NewUUID(), log: cfg.Logger, segs: make(map[string]*engine.Segment), stop: make(chan struct{}), newView: make(chan struct{}, 1)}
-	target := cfg.Master
-	dialOpts := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMsgSize), grpc.MaxCallSendMsgSize(MaxMsgSize)),
-		grpc.WithInitialWindowSize(RPCWindow), grpc.WithInitialConnWindowSize(RPCConnWindow),
-	}
-	if etcdEndpoints != nil {
-		var err error
-		if c.leader, c.etcd, err = findLeader(ctx, etcdEndpoints, cfg); err != nil {
-			return nil, err
-		}
-		target = c.leader.Scheme() + ":///leader"
-		// HA masters fail over within the leader lease: a call waits
-		// (within RPCTimeout) for the new leader instead of failing at
-		// once on the dead one's address. A single master's outage is
-		// not expected to end soon, so there calls fail fast, and a
-		// caller (a KV-cache get) can fall back to recomputing.
-		dialOpts = append(dialOpts, grpc.WithResolvers(c.leader), grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
-	}
-	// A failover or a restarted master must not wait out gRPC's default
-	// reconnect backoff (up to 2 min): the master is dialled again within
-	// a second.
-	dialOpts = append(dialOpts, grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
-		MinConnectTimeout: time.Second,
-	}))
-	var err error
-	c.conn, err = grpc.NewClient(target, dialOpts...)
-	if err != nil {
-		c.closeLocal(ctx)
-		return nil, fmt.Errorf("master %s: %w", cfg.Master, err)
-	}
-	c.rpc = pb.NewMasterClient(c.conn)
-	c.ses = &sessions{rpc: c.rpc}
+	c := &Client{cfg: cfg, id: NewUUID(), log: cfg.Logger, segs: make(map[string]*engine.Segment), stop: make(chan struct{})}
 	fail := func(err error) (*Client, error) {
 		c.closeLocal(ctx)
 		return nil, err
 	}
+	var err error
 	c.eng = cfg.Engine
 	if c.eng == nil {
 		if c.eng, err = engine.New(ctx, cfg.EngineConfig); err != nil {
@@ -251,6 +216,15 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		c.ownsEng = true
 	}
 	c.host = hostOf(c.eng.SegmentName())
+	wc := wireConfig{id: c.id, master: cfg.Master, timeout: cfg.RPCTimeout, clusterID: cfg.ClusterID, host: c.host}
+	if mooncakeAddr != "" {
+		c.w, err = dialMooncake(mooncakeAddr, wc, c.log)
+	} else {
+		c.w, err = dialGRPC(ctx, wc, etcdEndpoints, c.log)
+	}
+	if err != nil {
+		return fail(err)
+	}
 	if c.stage, err = c.eng.RegisterMemory(ctx, cfg.StagingSize, "cpu:0", false); err != nil {
 		return fail(fmt.Errorf("staging buffer: %w", err))
 	}
@@ -259,37 +233,20 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	// Register with the master (and learn it is there) before serving.
 	if cfg.SegmentSize > 0 {
-		if err := c.mountSegment(ctx); err != nil {
-			return fail(err)
+		err = c.mountSegment(ctx)
+	} else {
+		err = c.remount(ctx)
+	}
+	if err != nil {
+		if mooncakeAddr == "" && CodeOf(err) == RPCFail && etcdEndpoints == nil && speaksMooncake(ctx, cfg.Master) {
+			err = fmt.Errorf("master %s speaks Mooncake's coro_rpc (a mooncake_master?): use --master mooncake://%s", cfg.Master, cfg.Master)
 		}
-	} else if err := c.remount(ctx); err != nil {
 		return fail(err)
 	}
 	c.masterUp = true
 	c.wg.Add(1)
 	go c.pingLoop()
-	if c.leader != nil {
-		c.wg.Add(1)
-		go c.followView(c.etcd, c.leader)
-	}
 	return c, nil
-}
-
-// findLeader connects to etcd and waits (up to the RPC timeout) for a
-// leader view.
-func findLeader(ctx context.Context, endpoints []string, cfg Config) (*leaderResolver, *clientv3.Client, error) {
-	cli, err := NewEtcdClient(endpoints)
-	if err != nil {
-		return nil, nil, fmt.Errorf("master %s: %w", cfg.Master, err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, cfg.RPCTimeout)
-	defer cancel()
-	v, err := WaitView(wctx, cli, cfg.ClusterID)
-	if err != nil {
-		cli.Close()
-		return nil, nil, fmt.Errorf("master %s: %w", cfg.Master, err)
-	}
-	return &leaderResolver{addr: DialAddr(v.Leader), ccs: make(map[*leaderConn]struct{})}, cli, nil
 }
 
 func hostOf(endpoint string) string {
@@ -349,26 +306,11 @@ const maxInt = int(^uint(0) >> 1)
 
 // remount (re-)registers this client and its segment with the master.
 func (c *Client) remount(ctx context.Context) error {
-	req := &pb.ReMountSegmentRequest{ClientId: UUIDToPB(c.id)}
-	what := "connect" // a client with no segment only registers itself
+	var segs []SegmentInfo
 	if c.segMem != nil {
-		req.Segments = []*pb.Segment{SegmentToPB(c.segInfo)}
-		what = "mount segment"
+		segs = []SegmentInfo{c.segInfo}
 	}
-	var resp *pb.ReMountSegmentResponse
-	err := c.call(ctx, what, func(ctx context.Context) (err error) {
-		resp, err = c.rpc.ReMountSegment(ctx, req, failFast)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	for _, r := range resp.Results {
-		if err := ResultFromPB(r); err != nil {
-			return fmt.Errorf("mount segment %q: %w", c.segInfo.Name, err)
-		}
-	}
-	return nil
+	return c.w.remount(ctx, segs)
 }
 
 func (c *Client) pingLoop() {
@@ -380,7 +322,7 @@ func (c *Client) pingLoop() {
 		case <-c.stop:
 			return
 		case <-t.C:
-		case <-c.newView:
+		case <-c.w.views():
 			// A new HA leader: re-mount as soon as it serves rather than
 			// at the next tick, so puts find segments again at once.
 			for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
@@ -407,11 +349,7 @@ func (c *Client) pingLoop() {
 // ping pings the master, re-mounting when asked; it reports whether the
 // master answered and this client is mounted there.
 func (c *Client) ping(ctx context.Context) bool {
-	var resp *pb.PingResponse
-	err := c.call(ctx, "ping", func(ctx context.Context) (err error) {
-		resp, err = c.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(c.id)}, failFast)
-		return err
-	})
+	resp, err := c.w.ping(ctx)
 	c.mu.Lock()
 	wasUp := c.masterUp
 	c.masterUp = err == nil
@@ -430,10 +368,10 @@ func (c *Client) ping(ctx context.Context) bool {
 		c.log.Info(fmt.Sprintf("master %s reachable again", c.cfg.Master))
 	}
 	c.mu.Lock()
-	c.view = resp.ViewVersion
+	c.view = resp.view
 	c.mu.Unlock()
-	c.evicted.deliver(resp.EvictedKeys)
-	if resp.ClientStatus == pb.ClientStatus_NEED_REMOUNT {
+	c.evicted.deliver(resp.evicted)
+	if resp.status == ClientNeedRemount {
 		if err := c.remount(ctx); err != nil {
 			c.log.Warn(fmt.Sprintf("re-mount on master %s: %v", c.cfg.Master, err))
 			return false
@@ -446,63 +384,6 @@ func (c *Client) ping(ctx context.Context) bool {
 		}
 	}
 	return true
-}
-
-// failFast exempts a call from waiting for a leader (see New): pings
-// repeat anyway and must not hold Close, which waits for the ping loop,
-// and an unmount at shutdown must not wait out a master that is gone.
-var failFast = grpc.WaitForReady(false)
-
-// call runs one RPC with the client's timeout and turns transport errors
-// into store errors (RPC_FAIL, RPC_TIMEOUT) that name the master.
-func (c *Client) call(ctx context.Context, what string, f func(context.Context) error) error {
-	return c.invoke(ctx, what, f, false)
-}
-
-// readCall is call for a read the master can answer twice with no harm
-// (replica lists, exist, query). Following HA masters, a read that the
-// dying leader dropped mid-call is asked again of the next one within
-// the same RPC timeout; a write is not, since whether it took effect is
-// unknown.
-func (c *Client) readCall(ctx context.Context, what string, f func(context.Context) error) error {
-	return c.invoke(ctx, what, f, c.leader != nil)
-}
-
-func (c *Client) invoke(ctx context.Context, what string, f func(context.Context) error, again bool) error {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
-	defer cancel()
-	err := f(ctx)
-	for again && status.Code(err) == codes.Unavailable && ctx.Err() == nil {
-		select {
-		case <-time.After(20 * time.Millisecond):
-		case <-ctx.Done():
-		}
-		err = f(ctx)
-	}
-	if err == nil {
-		return nil
-	}
-	st, ok := status.FromError(err)
-	if !ok {
-		return Errorf(RPCFail, "%s: master %s: %v", what, c.cfg.Master, err)
-	}
-	switch st.Code() {
-	case codes.DeadlineExceeded:
-		if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return Errorf(RPCTimeout, "%s: master %s: no answer within %s", what, c.cfg.Master, c.cfg.RPCTimeout)
-		}
-		return Errorf(RPCTimeout, "%s: master %s: %s", what, c.cfg.Master, st.Message())
-	case codes.Canceled:
-		return fmt.Errorf("%s: %w", what, context.Canceled)
-	case codes.Unavailable:
-		return Errorf(RPCFail, "%s: master %s unreachable: %s", what, c.cfg.Master, st.Message())
-	case codes.FailedPrecondition:
-		// An HA master that is not (or no longer) the leader.
-		return Errorf(UnavailableInCurrentMode, "%s: master %s: %s", what, c.Leader(), st.Message())
-	case codes.InvalidArgument, codes.ResourceExhausted:
-		return Errorf(InvalidParams, "%s: %s", what, st.Message())
-	}
-	return Errorf(RPCFail, "%s: master %s: %s", what, c.cfg.Master, st.Message())
 }
 
 // ID is the client's id on the master.
@@ -537,16 +418,7 @@ func (c *Client) Close(ctx context.Context) error {
 		c.wg.Wait()
 		c.evicted.close()
 		if c.segMem != nil {
-			err = c.call(ctx, "unmount segment", func(ctx context.Context) error {
-				r, err := c.rpc.GracefulUnmountSegment(ctx, &pb.UnmountSegmentRequest{ClientId: UUIDToPB(c.id), SegmentId: UUIDToPB(c.segInfo.ID)}, failFast)
-				if err == nil {
-					if e := ResultFromPB(r); e != nil && CodeOf(e) != SegmentNotFound {
-						return e
-					}
-				}
-				return err
-			})
-			if err != nil {
+			if err = c.w.unmount(ctx, c.segInfo.ID); err != nil {
 				err = fmt.Errorf("unmount segment %q: %w", c.segInfo.Name, err)
 			} else {
 				c.log.Info(fmt.Sprintf("unmounted segment %s from master %s", c.segInfo.Name, c.cfg.Master))
@@ -554,10 +426,7 @@ func (c *Client) Close(ctx context.Context) error {
 		}
 		// Leave, so the master's client count is true at once rather
 		// than after client_ttl. Best effort: the master may be gone.
-		_ = c.call(ctx, "unregister", func(ctx context.Context) error {
-			_, err := c.rpc.UnregisterClient(ctx, &pb.PingRequest{ClientId: UUIDToPB(c.id)})
-			return err
-		})
+		_ = c.w.unregister(ctx)
 		c.closeLocal(ctx)
 	})
 	return err
@@ -581,14 +450,8 @@ func (c *Client) closeLocal(ctx context.Context) {
 			}
 		}
 	}
-	if c.ses != nil {
-		c.ses.closeAll()
-	}
-	if c.conn != nil {
-		c.conn.Close()
-	}
-	if c.etcd != nil {
-		c.etcd.Close()
+	if c.w != nil {
+		c.w.close()
 	}
 }
 

@@ -3,6 +3,9 @@ package store
 import (
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/kvcache-ops/mc/pkg/store/mooncake"
 )
 
 // Code is Mooncake Store's ErrorCode: the same numbers, so logs, metrics
@@ -17,6 +20,7 @@ const (
 	SegmentAlreadyExists       Code = -102
 	ClientNotFound             Code = -103
 	NoAvailableHandle          Code = -200
+	InvalidVersion             Code = -300
 	InvalidKey                 Code = -400
 	InvalidParams              Code = -600
 	InvalidWrite               Code = -700
@@ -41,6 +45,7 @@ var codeNames = map[Code]string{
 	SegmentAlreadyExists:       "SEGMENT_ALREADY_EXISTS",
 	ClientNotFound:             "CLIENT_NOT_FOUND",
 	NoAvailableHandle:          "NO_AVAILABLE_HANDLE",
+	InvalidVersion:             "INVALID_VERSION",
 	InvalidKey:                 "INVALID_KEY",
 	InvalidParams:              "INVALID_PARAMS",
 	InvalidWrite:               "INVALID_WRITE",
@@ -62,6 +67,10 @@ var codeNames = map[Code]string{
 // when it has none.
 func (c Code) String() string {
 	if n, ok := codeNames[c]; ok {
+		return n
+	}
+	// A Mooncake master may answer codes mc's master never uses.
+	if n := mooncake.ErrorCode(c).String(); !strings.HasPrefix(n, "ERROR_CODE(") {
 		return n
 	}
 	return fmt.Sprintf("ERROR_%d", int32(c))

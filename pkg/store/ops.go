@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
-	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
 
 // Buffer is memory registered with the client's engine: PutFrom reads a
@@ -161,27 +160,18 @@ func (c *Client) Upsert(ctx context.Context, key string, value []byte, opts ...P
 
 // put runs the put protocol for the items whose errs entry is nil.
 func (c *Client) put(ctx context.Context, keys []string, src []local, rc ReplicateConfig, errs []error, upsert bool) {
-	req := &pb.BatchPutStartRequest{ClientId: UUIDToPB(c.id), Config: ConfigToPB(rc), ClientHost: c.host}
+	items := make([]putItem, 0, len(keys))
 	idx := make([]int, 0, len(keys))
 	for i, k := range keys {
 		if errs[i] == nil {
-			req.Items = append(req.Items, &pb.PutStartItem{Key: k, Length: src[i].n})
+			items = append(items, putItem{key: k, n: src[i].n})
 			idx = append(idx, i)
 		}
 	}
 	if len(idx) == 0 {
 		return
 	}
-	var table *pb.ReplicaTable
-	err := c.call(ctx, "put start", func(ctx context.Context) (err error) {
-		table, err = c.ses.PutStart(ctx, req, upsert)
-		return err
-	})
-	var lists [][]Replica
-	var listErrs []error
-	if err == nil {
-		lists, listErrs, err = replicaTableFromPB(table, len(idx))
-	}
+	lists, listErrs, err := c.w.putStart(ctx, items, rc, upsert)
 	if err != nil {
 		for _, i := range idx {
 			errs[i] = err
@@ -214,44 +204,14 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 		endIdx = append(endIdx, i)
 	}
 	if len(revoke) > 0 {
-		c.keysCall(context.WithoutCancel(ctx), "put revoke", revoke, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
-			if upsert {
-				return c.ses.BatchUpsertRevoke(ctx, r)
-			}
-			return c.ses.BatchPutRevoke(ctx, r)
-		})
+		c.w.putRevoke(context.WithoutCancel(ctx), revoke, upsert)
 	}
 	if len(end) > 0 {
-		res := c.keysCall(ctx, "put end", end, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
-			if upsert {
-				return c.ses.BatchUpsertEnd(ctx, r)
-			}
-			return c.ses.BatchPutEnd(ctx, r)
-		})
+		res := c.w.putEnd(ctx, end, upsert)
 		for j, i := range endIdx {
 			errs[i] = res[j]
 		}
 	}
-}
-
-func (c *Client) keysCall(ctx context.Context, what string, keys []string, f func(context.Context, *pb.BatchKeysRequest) (*pb.BatchResults, error)) []error {
-	out := make([]error, len(keys))
-	var resp *pb.BatchResults
-	err := c.call(ctx, what, func(ctx context.Context) (err error) {
-		resp, err = f(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
-		return err
-	})
-	if err == nil && len(resp.Results) != len(keys) {
-		err = Errorf(RPCFail, "%s: master answered %d items for %d", what, len(resp.Results), len(keys))
-	}
-	for i := range out {
-		if err != nil {
-			out[i] = err
-		} else {
-			out[i] = ResultFromPB(resp.Results[i])
-		}
-	}
-	return out
 }
 
 // Get returns the value of key. It is read into the client's staging
@@ -341,16 +301,7 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, slices []Slice
 // replicaLists asks the master where each key's replicas are (granting a
 // read lease).
 func (c *Client) replicaLists(ctx context.Context, keys []string, errs []error) [][]Replica {
-	var table *pb.ReplicaTable
-	err := c.readCall(ctx, "get", func(ctx context.Context) (err error) {
-		table, err = c.ses.GetReplicaLists(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
-		return err
-	})
-	var lists [][]Replica
-	var listErrs []error
-	if err == nil {
-		lists, listErrs, err = replicaTableFromPB(table, len(keys))
-	}
+	lists, listErrs, err := c.w.replicaLists(ctx, keys)
 	out := make([][]Replica, len(keys))
 	for i := range keys {
 		if err != nil {
@@ -541,29 +492,11 @@ func (c *Client) Exist(ctx context.Context, key string) (bool, error) {
 
 // BatchExist reports whether each key is stored.
 func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, []error) {
-	ex := make([]bool, len(keys))
-	errs := make([]error, len(keys))
 	if err := c.enter(); err != nil {
-		return ex, failAll(errs, err)
+		return make([]bool, len(keys)), failAll(make([]error, len(keys)), err)
 	}
 	defer c.leave()
-	var resp *pb.BatchExistResponse
-	err := c.readCall(ctx, "exist", func(ctx context.Context) (err error) {
-		resp, err = c.ses.BatchExistKey(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: keys})
-		return err
-	})
-	if err == nil && (len(resp.Results) != len(keys) || len(resp.Exists) != len(keys)) {
-		err = Errorf(RPCFail, "exist: master answered %d items for %d", len(resp.Results), len(keys))
-	}
-	for i := range keys {
-		if err != nil {
-			errs[i] = err
-			continue
-		}
-		errs[i] = ResultFromPB(resp.Results[i])
-		ex[i] = resp.Exists[i]
-	}
-	return ex, errs
+	return c.w.exist(ctx, keys)
 }
 
 // Remove removes key; a key being read is refused (OBJECT_HAS_LEASE)
@@ -578,9 +511,7 @@ func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []e
 		return failAll(make([]error, len(keys)), err)
 	}
 	defer c.leave()
-	return c.keysCall(ctx, "remove", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
-		return c.ses.BatchRemove(ctx, &pb.BatchRemoveRequest{ClientId: r.ClientId, Keys: r.Keys, Force: force})
-	})
+	return c.w.remove(ctx, keys, force)
 }
 
 // RemoveAll removes every stored object not being read and returns how
@@ -590,15 +521,7 @@ func (c *Client) RemoveAll(ctx context.Context) (uint64, error) {
 		return 0, err
 	}
 	defer c.leave()
-	var resp *pb.RemoveAllResponse
-	err := c.call(ctx, "remove all", func(ctx context.Context) (err error) {
-		resp, err = c.rpc.RemoveAll(ctx, &pb.RemoveAllRequest{ClientId: UUIDToPB(c.id)})
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return resp.Removed, nil
+	return c.w.removeAll(ctx)
 }
 
 // Query returns key's replicas without taking a lease (an admin read).
@@ -607,17 +530,5 @@ func (c *Client) Query(ctx context.Context, key string) ([]Replica, error) {
 		return nil, err
 	}
 	defer c.leave()
-	var resp *pb.BatchReplicaListResponse
-	err := c.readCall(ctx, "query", func(ctx context.Context) (err error) {
-		resp, err = c.rpc.BatchQuery(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(c.id), Keys: []string{key}})
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	if len(resp.Results) != 1 {
-		return nil, Errorf(RPCFail, "query: master answered %d items for 1", len(resp.Results))
-	}
-	reps, _, err := ReplicaListFromPB(resp.Results[0])
-	return reps, err
+	return c.w.query(ctx, key)
 }

@@ -187,20 +187,21 @@ func (lc *leaderConn) Close() {
 
 // followView keeps the resolver on the leader: it watches the view key and
 // re-reads it every viewReread in case a watch event was missed.
-func (c *Client) followView(cli *clientv3.Client, r *leaderResolver) {
-	defer c.wg.Done()
-	key := ViewKey(c.cfg.ClusterID)
+func (w *grpcWire) followView() {
+	defer w.wg.Done()
+	cli, r := w.etcd, w.leaderR
+	key := ViewKey(w.cfg.clusterID)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		<-c.stop
+		<-w.stop
 		cancel()
 	}()
 	reread := func() {
-		rctx, rcancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
+		rctx, rcancel := context.WithTimeout(ctx, w.cfg.timeout)
 		defer rcancel()
-		if v, ok, err := ReadView(rctx, cli, c.cfg.ClusterID); err == nil && ok {
-			c.onView(r, v)
+		if v, ok, err := ReadView(rctx, cli, w.cfg.clusterID); err == nil && ok {
+			w.onView(r, v)
 		}
 	}
 	t := time.NewTicker(viewReread)
@@ -221,7 +222,7 @@ func (c *Client) followView(cli *clientv3.Client, r *leaderResolver) {
 				}
 				for _, ev := range wr.Events {
 					if ev.Type == clientv3.EventTypePut {
-						c.onView(r, View{Leader: string(ev.Kv.Value), Version: uint64(ev.Kv.CreateRevision)})
+						w.onView(r, View{Leader: string(ev.Kv.Value), Version: uint64(ev.Kv.CreateRevision)})
 					}
 				}
 			}
@@ -233,11 +234,11 @@ func (c *Client) followView(cli *clientv3.Client, r *leaderResolver) {
 	}
 }
 
-func (c *Client) onView(r *leaderResolver, v View) {
+func (w *grpcWire) onView(r *leaderResolver, v View) {
 	if r.set(DialAddr(v.Leader)) {
-		c.log.Info(fmt.Sprintf("store master leader is now %s (view %d)", v.Leader, v.Version))
+		w.log.Info(fmt.Sprintf("store master leader is now %s (view %d)", v.Leader, v.Version))
 		select {
-		case c.newView <- struct{}{}:
+		case w.newView <- struct{}{}:
 		default:
 		}
 	}
@@ -245,9 +246,4 @@ func (c *Client) onView(r *leaderResolver, v View) {
 
 // Leader is the master address the client currently talks to (the leader
 // it follows, with an etcd:// master).
-func (c *Client) Leader() string {
-	if c.leader != nil {
-		return c.leader.current()
-	}
-	return c.cfg.Master
-}
+func (c *Client) Leader() string { return c.w.leader() }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvcache-ops/mc/pkg/cororpc"
 	"github.com/kvcache-ops/mc/pkg/store"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
@@ -22,6 +23,10 @@ import (
 type GRPCServer struct {
 	*grpc.Server
 	rpc *rpcServer
+
+	mu     sync.Mutex
+	moon   *cororpc.Server // ServeShared's coro_rpc side
+	shared net.Listener
 }
 
 // NewGRPCServer returns a gRPC server serving m's RPC API, with the
@@ -46,10 +51,11 @@ func NewGRPCServer(m *Master, gate grpc.UnaryServerInterceptor) *GRPCServer {
 	return &GRPCServer{Server: s, rpc: rs}
 }
 
-// Serve serves m's RPC API on lis until the server is stopped.
+// Serve serves m's RPC API on lis until the server is stopped: mc's gRPC
+// and Mooncake's coro_rpc on the one port (ServeShared).
 func Serve(m *Master, lis net.Listener) *GRPCServer {
 	s := NewGRPCServer(m, nil)
-	go s.Serve(lis)
+	go s.ServeShared(lis, NewMooncakeServer(m, nil, m.cfg.Logger))
 	return s
 }
 
@@ -58,6 +64,7 @@ func Serve(m *Master, lis net.Listener) *GRPCServer {
 // refused. Plain GracefulStop would wait for clients to close their idle
 // sessions, which they never do.
 func (s *GRPCServer) Shutdown(timeout time.Duration) {
+	s.shutdownShared(timeout)
 	s.rpc.drainOnce.Do(func() { close(s.rpc.drain) })
 	stopped := make(chan struct{})
 	go func() {

@@ -111,7 +111,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.SegmentSize > 0 || cfg.MasterAddr != "" {
 		target := store.DialAddr(s.RPCAddr)
-		if store.IsEtcdAddress(nodeMaster) {
+		if store.IsEtcdAddress(nodeMaster) || store.IsMooncakeAddress(nodeMaster) {
 			target = nodeMaster
 		}
 		node, err := store.New(ctx, store.Config{

@@ -1,0 +1,587 @@
+package master
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/cororpc"
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/mooncake"
+	"github.com/kvcache-ops/mc/pkg/structpack"
+)
+
+// MooncakeGate runs before every Mooncake-wire call, as the gRPC gate does
+// (HA refuses calls on a master that is not the serving leader); a non-nil
+// error fails the call with that error's code.
+type MooncakeGate func(ctx context.Context, call string) error
+
+// NewMooncakeServer returns a coro_rpc server answering Mooncake's master
+// RPC (the calls a Mooncake client, mooncake_client and vLLM/SGLang/LMCache
+// through them make) from m, with the same semantics as the gRPC API:
+// leases, pins, regions, eviction inside a failing put, and, through
+// Config.Sync, acknowledgement only after the HA op log commits.
+func NewMooncakeServer(m *Master, gate MooncakeGate, log *slog.Logger) *cororpc.Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	ms := &mooncakeServer{m: m, gate: gate, log: log, rpc: &rpcServer{m: m}}
+	srv := cororpc.NewServer(&cororpc.ServerOptions{MaxMessageLen: uint32(store.MaxMsgSize), Logger: log})
+	for name, h := range ms.handlers() {
+		if _, err := srv.Register(mooncake.Service+"::"+name, ms.wrap(name, h)); err != nil {
+			// Two handler names hashing alike is a programming error the
+			// tests catch.
+			panic(err)
+		}
+	}
+	return srv
+}
+
+type mooncakeServer struct {
+	m    *Master
+	gate MooncakeGate
+	log  *slog.Logger
+	rpc  *rpcServer // durable()
+	// warned remembers (client address, call) pairs already logged for a
+	// request this master cannot decode, so a client of another version
+	// logs once, not once per call.
+	warned sync.Map
+	nextID atomic.Uint64
+}
+
+type mooncakeHandler func(ctx context.Context, req *cororpc.Request) (any, error)
+
+// wrap decodes nothing itself: it runs the gate, the handler, and encodes
+// the handler's answer.
+func (s *mooncakeServer) wrap(name string, h mooncakeHandler) cororpc.Handler {
+	return func(ctx context.Context, req *cororpc.Request) ([]byte, error) {
+		if s.gate != nil {
+			if err := s.gate(ctx, name); err != nil {
+				return nil, &cororpc.RPCError{Code: cororpc.ErrcRPCThrowException, Message: err.Error()}
+			}
+		}
+		out, err := h(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		b, err := structpack.Marshal(out)
+		if err != nil {
+			return nil, fmt.Errorf("%s: encode answer: %w", name, err)
+		}
+		return b, nil
+	}
+}
+
+// args decodes a request's arguments; a body this master cannot decode
+// (another Mooncake version's types) is answered as coro_rpc answers
+// arguments it cannot deserialize, and logged once per client and call.
+func (s *mooncakeServer) args(name string, req *cororpc.Request, ptrs ...any) error {
+	err := structpack.UnmarshalArgs(req.Body, ptrs...)
+	if err == nil {
+		return nil
+	}
+	peer := ""
+	if req.RemoteAddr != nil {
+		peer = req.RemoteAddr.String()
+	}
+	msg := fmt.Sprintf("%s: cannot decode the arguments from %s", name, peer)
+	var he *structpack.HashMismatchError
+	if errors.As(err, &he) {
+		msg = fmt.Sprintf("%s: the client at %s speaks another Mooncake version (mc speaks store %s, Mooncake %s): %v",
+			name, peer, mooncake.StoreVersion, mooncake.MooncakeCommit[:7], err)
+	} else {
+		msg += ": " + err.Error()
+	}
+	if _, seen := s.warned.LoadOrStore(hostOf(peer)+"|"+name, true); !seen {
+		s.log.Warn(msg)
+	}
+	return &cororpc.RPCError{Code: cororpc.ErrcInvalidRPCArguments, Message: msg}
+}
+
+// msDuration converts milliseconds from the wire, saturating.
+func msDuration(ms uint64) time.Duration {
+	return time.Duration(min(ms, uint64(1<<62)/uint64(time.Millisecond))) * time.Millisecond
+}
+
+func fromUUID(u mooncake.UUID) store.UUID { return store.UUID{First: u.First, Second: u.Second} }
+func toUUID(u store.UUID) mooncake.UUID   { return mooncake.UUID{First: u.First, Second: u.Second} }
+func codeOf(err error) mooncake.ErrorCode { return mooncake.ErrorCode(store.CodeOf(err)) }
+func errVoid(err error) mooncake.ExpectVoid {
+	return mooncake.ExpectVoid{Error: codeOf(err), HasError: err != nil}
+}
+
+func segmentFrom(s mooncake.Segment) store.SegmentInfo {
+	return store.SegmentInfo{ID: fromUUID(s.ID), Name: s.Name, Base: s.Base, Size: s.Size, Endpoint: s.TEEndpoint, Protocol: s.Protocol}
+}
+
+func configFrom(c mooncake.ReplicateConfig) store.ReplicateConfig {
+	rc := store.ReplicateConfig{ReplicaNum: int(min(c.ReplicaNum, 1<<20)), PreferredSegments: c.PreferredSegments,
+		PreferLocal: c.PreferAllocInSameNode, HardPin: c.WithHardPin, SoftPin: c.SoftPinAction == mooncake.SoftPinEnable}
+	if c.PreferredSegment != "" {
+		rc.PreferredSegments = append(rc.PreferredSegments, c.PreferredSegment)
+	}
+	if rc.SoftPin && c.SoftPinTTLms.Valid {
+		rc.SoftPinTTL = msDuration(c.SoftPinTTLms.Value)
+	}
+	if rc.ReplicaNum == 0 {
+		rc.ReplicaNum = 1
+	}
+	return rc
+}
+
+// descriptors converts mc's replicas to Mooncake's memory descriptors.
+func (s *mooncakeServer) descriptors(reps []store.Replica) []mooncake.ReplicaDescriptor {
+	out := make([]mooncake.ReplicaDescriptor, len(reps))
+	for i, r := range reps {
+		st := mooncake.ReplicaProcessing
+		if r.Complete {
+			st = mooncake.ReplicaComplete
+		}
+		out[i] = mooncake.ReplicaDescriptor{
+			ID: s.nextID.Add(1),
+			Descriptor: mooncake.DescriptorVariant{Value: mooncake.MemoryDescriptor{Buffer: mooncake.BufferDescriptor{
+				Size: r.Len, BufferAddress: r.Addr, Protocol: r.Protocol, TransportEndpoint: r.Endpoint}}},
+			Status: st,
+		}
+	}
+	return out
+}
+
+func (s *mooncakeServer) list(r ReplicaResult) mooncake.ExpectList {
+	if r.Err != nil {
+		return mooncake.ExpectList{Error: codeOf(r.Err), HasError: true}
+	}
+	return mooncake.ExpectList{Value: mooncake.GetReplicaListResponse{Replicas: s.descriptors(r.Replicas), LeaseTTLms: uint64(r.LeaseTTL.Milliseconds())}}
+}
+
+func (s *mooncakeServer) descs(r ReplicaResult) mooncake.ExpectDescs {
+	if r.Err != nil {
+		return mooncake.ExpectDescs{Error: codeOf(r.Err), HasError: true}
+	}
+	return mooncake.ExpectDescs{Value: s.descriptors(r.Replicas)}
+}
+
+func voids(errs []error) []mooncake.ExpectVoid {
+	out := make([]mooncake.ExpectVoid, len(errs))
+	for i, e := range errs {
+		out[i] = errVoid(e)
+	}
+	return out
+}
+
+func batchErr(name string, n int) error {
+	if n > store.MaxBatchSize {
+		return &cororpc.RPCError{Code: cororpc.ErrcInvalidRPCArguments, Message: fmt.Sprintf("%s: batch of %d items exceeds the limit of %d", name, n, store.MaxBatchSize)}
+	}
+	return nil
+}
+
+func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
+	m := s.m
+	one := func(err error) error { return s.rpc.durable([]error{err})[0] }
+	putStart := func(name string, upsert bool) mooncakeHandler {
+		return func(_ context.Context, req *cororpc.Request) (any, error) {
+			var client mooncake.UUID
+			var key, tenant string
+			var n uint64
+			var rc mooncake.ReplicateConfig
+			if err := s.args(name, req, &client, &key, &n, &rc, &tenant); err != nil {
+				return nil, err
+			}
+			start := m.BatchPutStart
+			if upsert {
+				start = m.BatchUpsertStart
+			}
+			r := start(fromUUID(client), hostOf(addrOf(req)), []PutItem{{Key: key, Size: n}}, configFrom(rc))[0]
+			m.m.Op(opName(upsert, "batch_upsert_start", "batch_put_start"), r.Err != nil)
+			return s.descs(r), nil
+		}
+	}
+	batchPutStart := func(name string, upsert bool) mooncakeHandler {
+		return func(_ context.Context, req *cororpc.Request) (any, error) {
+			var client mooncake.UUID
+			var keys []string
+			var sizes []uint64
+			var rc mooncake.ReplicateConfig
+			var tenant string
+			if err := s.args(name, req, &client, &keys, &sizes, &rc, &tenant); err != nil {
+				return nil, err
+			}
+			if err := batchErr(name, len(keys)); err != nil {
+				return nil, err
+			}
+			if len(sizes) != len(keys) {
+				return nil, &cororpc.RPCError{Code: cororpc.ErrcInvalidRPCArguments, Message: fmt.Sprintf("%s: %d keys but %d sizes", name, len(keys), len(sizes))}
+			}
+			items := make([]PutItem, len(keys))
+			for i := range keys {
+				items[i] = PutItem{Key: keys[i], Size: sizes[i]}
+			}
+			start := m.BatchPutStart
+			if upsert {
+				start = m.BatchUpsertStart
+			}
+			rs := start(fromUUID(client), hostOf(addrOf(req)), items, configFrom(rc))
+			out := make([]mooncake.ExpectDescs, len(rs))
+			failed := false
+			for i, r := range rs {
+				out[i] = s.descs(r)
+				failed = failed || r.Err != nil
+			}
+			m.m.Op(opName(upsert, "batch_upsert_start", "batch_put_start"), failed)
+			return out, nil
+		}
+	}
+	// end and revoke: f finishes keys; single forms take an ObjectMeta
+	// (end) or a key (revoke) and a replica type, batch forms a list.
+	endOne := func(name, op string, f func(store.UUID, []string) []error) mooncakeHandler {
+		return func(_ context.Context, req *cororpc.Request) (any, error) {
+			var client mooncake.UUID
+			var meta mooncake.ObjectMeta
+			var rt mooncake.ReplicaType
+			var tenant string
+			if err := s.args(name, req, &client, &meta, &rt, &tenant); err != nil {
+				return nil, err
+			}
+			err := one(f(fromUUID(client), []string{meta.Key})[0])
+			m.m.Op(op, err != nil)
+			return errVoid(err), nil
+		}
+	}
+	revokeOne := func(name, op string, f func(store.UUID, []string) []error) mooncakeHandler {
+		return func(_ context.Context, req *cororpc.Request) (any, error) {
+			var client mooncake.UUID
+			var key, tenant string
+			var rt mooncake.ReplicaType
+			if err := s.args(name, req, &client, &key, &rt, &tenant); err != nil {
+				return nil, err
+			}
+			err := one(f(fromUUID(client), []string{key})[0])
+			m.m.Op(op, err != nil)
+			return errVoid(err), nil
+		}
+	}
+	endBatch := func(name, op string, typed bool, f func(store.UUID, []string) []error) mooncakeHandler {
+		return func(_ context.Context, req *cororpc.Request) (any, error) {
+			var client mooncake.UUID
+			var metas []mooncake.ObjectMeta
+			var rt mooncake.ReplicaType
+			var tenant string
+			ptrs := []any{&client, &metas, &rt, &tenant}
+			if !typed {
+				ptrs = []any{&client, &metas, &tenant}
+			}
+			if err := s.args(name, req, ptrs...); err != nil {
+				return nil, err
+			}
+			if err := batchErr(name, len(metas)); err != nil {
+				return nil, err
+			}
+			keys := make([]string, len(metas))
+			for i, x := range metas {
+				keys[i] = x.Key
+			}
+			errs := s.rpc.durable(f(fromUUID(client), keys))
+			m.m.Op(op, anyErr(errs))
+			return voids(errs), nil
+		}
+	}
+	revokeBatch := func(name, op string, typed bool, f func(store.UUID, []string) []error) mooncakeHandler {
+		return func(_ context.Context, req *cororpc.Request) (any, error) {
+			var client mooncake.UUID
+			var keys []string
+			var rt mooncake.ReplicaType
+			var tenant string
+			ptrs := []any{&client, &keys, &rt, &tenant}
+			if !typed {
+				ptrs = []any{&client, &keys, &tenant}
+			}
+			if err := s.args(name, req, ptrs...); err != nil {
+				return nil, err
+			}
+			if err := batchErr(name, len(keys)); err != nil {
+				return nil, err
+			}
+			errs := s.rpc.durable(f(fromUUID(client), keys))
+			m.m.Op(op, anyErr(errs))
+			return voids(errs), nil
+		}
+	}
+	return map[string]mooncakeHandler{
+		"ServiceReady": func(context.Context, *cororpc.Request) (any, error) {
+			return mooncake.ExpectString{Value: mooncake.StoreVersion}, nil
+		},
+		"GetStorageConfig": func(context.Context, *cororpc.Request) (any, error) {
+			// No disk tier here: an empty fsdir tells a client to keep
+			// offloading off, as mooncake_master without --root_fs_dir.
+			return mooncake.ExpectConfig{Value: mooncake.GetStorageConfigResponse{EnableDiskEviction: true}}, nil
+		},
+		"MountSegment": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var seg mooncake.Segment
+			var client mooncake.UUID
+			if err := s.args("MountSegment", req, &seg, &client); err != nil {
+				return nil, err
+			}
+			err := one(m.MountSegment(fromUUID(client), segmentFrom(seg)))
+			m.m.Op("mount_segment", err != nil)
+			return errVoid(err), nil
+		},
+		"ReMountSegment": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var segs []mooncake.Segment
+			var client mooncake.UUID
+			if err := s.args("ReMountSegment", req, &segs, &client); err != nil {
+				return nil, err
+			}
+			if err := batchErr("ReMountSegment", len(segs)); err != nil {
+				return nil, err
+			}
+			in := make([]store.SegmentInfo, len(segs))
+			for i, x := range segs {
+				in[i] = segmentFrom(x)
+			}
+			var err error
+			for _, e := range s.rpc.durable(m.ReMountSegment(fromUUID(client), in)) {
+				if e != nil && err == nil {
+					err = e
+				}
+			}
+			m.m.Op("remount_segment", err != nil)
+			return errVoid(err), nil
+		},
+		"UnmountSegment": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var seg, client mooncake.UUID
+			if err := s.args("UnmountSegment", req, &seg, &client); err != nil {
+				return nil, err
+			}
+			err := m.UnmountSegment(fromUUID(client), fromUUID(seg))
+			m.m.Op("unmount_segment", err != nil)
+			return errVoid(err), nil
+		},
+		"GracefulUnmountSegment": func(ctx context.Context, req *cororpc.Request) (any, error) {
+			var seg, client mooncake.UUID
+			var graceMs uint64
+			if err := s.args("GracefulUnmountSegment", req, &seg, &client, &graceMs); err != nil {
+				return nil, err
+			}
+			if graceMs > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, msDuration(graceMs))
+				defer cancel()
+			}
+			err := m.GracefulUnmountSegment(ctx, fromUUID(client), fromUUID(seg))
+			m.m.Op("unmount_segment", err != nil)
+			return errVoid(err), nil
+		},
+		"Ping": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var client mooncake.UUID
+			if err := s.args("Ping", req, &client); err != nil {
+				return nil, err
+			}
+			v, st := m.Ping(fromUUID(client))
+			// Mooncake's ping carries no eviction notices: drop them so
+			// they do not pile up for a client that never reads them.
+			m.TakeEvictedKeys(fromUUID(client))
+			m.m.Op("ping", false)
+			cs := mooncake.ClientOK
+			if st == store.ClientNeedRemount {
+				cs = mooncake.ClientNeedRemount
+			}
+			return mooncake.ExpectPing{Value: mooncake.PingResponse{ViewVersion: int64(min(v, 1<<62)), ClientStatus: cs}}, nil
+		},
+		"FetchTasks": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var client mooncake.UUID
+			var n uint64
+			if err := s.args("FetchTasks", req, &client, &n); err != nil {
+				return nil, err
+			}
+			// mc's master assigns no replica tasks to clients.
+			return mooncake.ExpectTasks{Value: []mooncake.TaskAssignment{}}, nil
+		},
+		"ExistKey": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var key, tenant string
+			if err := s.args("ExistKey", req, &key, &tenant); err != nil {
+				return nil, err
+			}
+			ex, errs := m.BatchExistKey([]string{key})
+			m.m.Op("batch_exist_key", errs[0] != nil)
+			return mooncake.ExpectBool{Value: ex[0], Error: codeOf(errs[0]), HasError: errs[0] != nil}, nil
+		},
+		"BatchExistKey": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var keys []string
+			var tenant string
+			if err := s.args("BatchExistKey", req, &keys, &tenant); err != nil {
+				return nil, err
+			}
+			if err := batchErr("BatchExistKey", len(keys)); err != nil {
+				return nil, err
+			}
+			ex, errs := m.BatchExistKey(keys)
+			out := make([]mooncake.ExpectBool, len(keys))
+			for i := range keys {
+				out[i] = mooncake.ExpectBool{Value: ex[i], Error: codeOf(errs[i]), HasError: errs[i] != nil}
+			}
+			m.m.Op("batch_exist_key", anyErr(errs))
+			return out, nil
+		},
+		"GetReplicaList": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var key, tenant string
+			if err := s.args("GetReplicaList", req, &key, &tenant); err != nil {
+				return nil, err
+			}
+			r := m.BatchGetReplicaList([]string{key})[0]
+			m.m.Op("batch_get_replica_list", r.Err != nil)
+			return s.list(r), nil
+		},
+		"BatchGetReplicaList": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var keys []string
+			var tenant string
+			if err := s.args("BatchGetReplicaList", req, &keys, &tenant); err != nil {
+				return nil, err
+			}
+			if err := batchErr("BatchGetReplicaList", len(keys)); err != nil {
+				return nil, err
+			}
+			rs := m.BatchGetReplicaList(keys)
+			out := make([]mooncake.ExpectList, len(rs))
+			failed := false
+			for i, r := range rs {
+				out[i] = s.list(r)
+				failed = failed || r.Err != nil
+			}
+			m.m.Op("batch_get_replica_list", failed)
+			return out, nil
+		},
+		"GetReplicaListByRegex": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var pattern, tenant string
+			if err := s.args("GetReplicaListByRegex", req, &pattern, &tenant); err != nil {
+				return nil, err
+			}
+			keys, err := s.matching(pattern)
+			if err != nil {
+				return mooncake.ExpectByRegex{Error: mooncake.InvalidParams, HasError: true}, nil
+			}
+			out := make(map[string][]mooncake.ReplicaDescriptor, len(keys))
+			for i, r := range m.BatchQuery(keys) {
+				if r.Err == nil {
+					out[keys[i]] = s.descriptors(r.Replicas)
+				}
+			}
+			return mooncake.ExpectByRegex{Value: out}, nil
+		},
+		"PutStart":          putStart("PutStart", false),
+		"UpsertStart":       putStart("UpsertStart", true),
+		"BatchPutStart":     batchPutStart("BatchPutStart", false),
+		"BatchUpsertStart":  batchPutStart("BatchUpsertStart", true),
+		"PutEnd":            endOne("PutEnd", "batch_put_end", m.BatchPutEnd),
+		"UpsertEnd":         endOne("UpsertEnd", "batch_upsert_end", m.BatchUpsertEnd),
+		"PutRevoke":         revokeOne("PutRevoke", "batch_put_revoke", m.BatchPutRevoke),
+		"UpsertRevoke":      revokeOne("UpsertRevoke", "batch_upsert_revoke", m.BatchUpsertRevoke),
+		"BatchPutEnd":       endBatch("BatchPutEnd", "batch_put_end", true, m.BatchPutEnd),
+		"BatchUpsertEnd":    endBatch("BatchUpsertEnd", "batch_upsert_end", false, m.BatchUpsertEnd),
+		"BatchPutRevoke":    revokeBatch("BatchPutRevoke", "batch_put_revoke", true, m.BatchPutRevoke),
+		"BatchUpsertRevoke": revokeBatch("BatchUpsertRevoke", "batch_upsert_revoke", false, m.BatchUpsertRevoke),
+		"Remove": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var key, tenant string
+			var force bool
+			if err := s.args("Remove", req, &key, &force, &tenant); err != nil {
+				return nil, err
+			}
+			err := one(m.BatchRemove([]string{key}, force)[0])
+			m.m.Op("batch_remove", err != nil)
+			return errVoid(err), nil
+		},
+		"BatchRemove": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var keys []string
+			var force bool
+			var tenant string
+			if err := s.args("BatchRemove", req, &keys, &force, &tenant); err != nil {
+				return nil, err
+			}
+			if err := batchErr("BatchRemove", len(keys)); err != nil {
+				return nil, err
+			}
+			errs := s.rpc.durable(m.BatchRemove(keys, force))
+			m.m.Op("batch_remove", anyErr(errs))
+			return voids(errs), nil
+		},
+		"RemoveAll": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var force bool
+			var tenant string
+			if err := s.args("RemoveAll", req, &force, &tenant); err != nil {
+				return nil, err
+			}
+			n := m.RemoveAll()
+			if err := one(nil); err != nil {
+				// Mooncake's RemoveAll answers a bare count: a change the
+				// op log did not take is reported as nothing removed.
+				m.m.Op("remove_all", true)
+				return int64(0), nil
+			}
+			m.m.Op("remove_all", false)
+			return int64(n), nil
+		},
+		"RemoveByRegex": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var pattern, tenant string
+			var force bool
+			if err := s.args("RemoveByRegex", req, &pattern, &force, &tenant); err != nil {
+				return nil, err
+			}
+			keys, err := s.matching(pattern)
+			if err != nil {
+				return mooncake.ExpectInt64{Error: mooncake.InvalidParams, HasError: true}, nil
+			}
+			n := int64(0)
+			for _, e := range s.rpc.durable(m.BatchRemove(keys, force)) {
+				if e == nil {
+					n++
+				}
+			}
+			return mooncake.ExpectInt64{Value: n}, nil
+		},
+	}
+}
+
+// matching lists the stored keys that match pattern (RE2 syntax; Mooncake
+// uses std::regex ECMAScript, which agrees on the common subset).
+func (s *mooncakeServer) matching(pattern string) ([]string, error) {
+	re, err := regexp.Compile(pattern)
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	s.m.Keys("", func(k string, _ uint64) bool {
+		if re.MatchString(k) {
+			keys = append(keys, k)
+		}
+		return true
+	})
+	return keys, nil
+}
+
+func addrOf(req *cororpc.Request) string {
+	if req.RemoteAddr == nil {
+		return ""
+	}
+	return req.RemoteAddr.String()
+}
+
+func opName(cond bool, a, b string) string {
+	if cond {
+		return a
+	}
+	return b
+}
+
+func anyErr(errs []error) bool {
+	for _, e := range errs {
+		if e != nil {
+			return true
+		}
+	}
+	return false
+}

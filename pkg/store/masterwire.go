@@ -1,0 +1,66 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// masterWire is a Client's conversation with its master, one
+// implementation per wire: mc's gRPC (grpcWire) and Mooncake's coro_rpc +
+// struct_pack (mooncakeWire). The Client above it owns everything else
+// (staging memory, transfers, replica order, the ping loop), so the data
+// path is the same code over either wire.
+//
+// Per-item failures come back in the item's slot; an error that sinks the
+// whole call (master unreachable, timeout) comes back as the call's error.
+// Every method bounds itself by the client's RPC timeout and returns store
+// errors (*Error) that name the master.
+type masterWire interface {
+	// remount registers the client with its segments (none for a pure
+	// client) and is also the first contact: it fails when the master is
+	// not there or speaks another version.
+	remount(ctx context.Context, segs []SegmentInfo) error
+	ping(ctx context.Context) (pingResult, error)
+	// unmount takes a segment away gracefully (reads in flight finish).
+	unmount(ctx context.Context, seg UUID) error
+	// unregister tells the master the client leaves (best effort).
+	unregister(ctx context.Context) error
+	putStart(ctx context.Context, items []putItem, rc ReplicateConfig, upsert bool) ([][]Replica, []error, error)
+	putEnd(ctx context.Context, keys []string, upsert bool) []error
+	putRevoke(ctx context.Context, keys []string, upsert bool) []error
+	// replicaLists answers where keys' complete replicas are, granting
+	// read leases.
+	replicaLists(ctx context.Context, keys []string) ([][]Replica, []error, error)
+	exist(ctx context.Context, keys []string) ([]bool, []error)
+	remove(ctx context.Context, keys []string, force bool) []error
+	removeAll(ctx context.Context) (uint64, error)
+	// query is an admin read of one key's replicas (no lease).
+	query(ctx context.Context, key string) ([]Replica, error)
+	// leader is the master address calls go to now.
+	leader() string
+	// views signals a new HA leader (nil: never).
+	views() <-chan struct{}
+	close()
+}
+
+// putItem is one key of a put start.
+type putItem struct {
+	key string
+	n   uint64
+}
+
+// pingResult is what a ping tells the client.
+type pingResult struct {
+	view    uint64
+	status  ClientStatus
+	evicted []string
+}
+
+// wireConfig is what every wire needs from the client's Config.
+type wireConfig struct {
+	id        UUID
+	master    string // as the user wrote it
+	timeout   time.Duration
+	clusterID string
+	host      string // the writer's host, for local-first placement
+}

@@ -1,0 +1,163 @@
+package store_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+)
+
+// mooncakeClient is c.client speaking Mooncake's coro_rpc to the master's
+// shared port instead of gRPC.
+func (c *cluster) mooncakeClient(segSize uint64) *store.Client {
+	c.t.Helper()
+	return c.client(segSize, func(cfg *store.Config) { cfg.Master = "mooncake://" + c.addr })
+}
+
+// TestPutGetOverMooncakeWire runs the store's verbs with nodes and a
+// client that all speak Mooncake's master RPC to mc's master, and checks
+// that gRPC clients of the same master see the same objects.
+func TestPutGetOverMooncakeWire(t *testing.T) {
+	c := startMaster(t, master.Config{})
+	c.mooncakeClient(64 << 20)
+	c.client(64 << 20) // a gRPC node beside it
+	cl := c.mooncakeClient(0)
+	grpcCl := c.client(0)
+	ctx := context.Background()
+	for _, n := range []int{1, 4096, 1 << 20, 3<<20 + 5} {
+		key := fmt.Sprintf("mc/k:%d@rank0", n)
+		v := value(n, byte(n))
+		if err := cl.Put(ctx, key, v, store.WithReplicas(2)); err != nil {
+			t.Fatalf("put %d bytes: %v", n, err)
+		}
+		got, err := cl.Get(ctx, key)
+		if err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("get %q over the Mooncake wire: %d bytes, %v", key, len(got), err)
+		}
+		got, err = grpcCl.Get(ctx, key)
+		if err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("get %q over gRPC: %d bytes, %v", key, len(got), err)
+		}
+		reps, err := cl.Query(ctx, key)
+		if err != nil || len(reps) != 2 || reps[0].Endpoint == reps[1].Endpoint {
+			t.Fatalf("query %q: %+v, %v; want 2 replicas on distinct segments", key, reps, err)
+		}
+	}
+	if ok, err := cl.Exist(ctx, "mc/k:1@rank0"); !ok || err != nil {
+		t.Fatalf("exist = %v, %v", ok, err)
+	}
+	if ok, err := cl.Exist(ctx, "nope"); ok || err != nil {
+		t.Fatalf("exist nope = %v, %v", ok, err)
+	}
+	if _, err := cl.Get(ctx, "nope"); !errors.Is(err, store.ErrObjectNotFound) {
+		t.Fatalf("get unknown key: %v, want OBJECT_NOT_FOUND", err)
+	}
+	if err := cl.Put(ctx, "mc/k:1@rank0", []byte("x")); !errors.Is(err, store.ErrObjectAlreadyExists) {
+		t.Fatalf("duplicate put: %v, want OBJECT_ALREADY_EXISTS", err)
+	}
+	if err := cl.Remove(ctx, "mc/k:1@rank0", false); !errors.Is(err, store.ErrObjectHasLease) {
+		t.Fatalf("remove while leased: %v, want OBJECT_HAS_LEASE", err)
+	}
+	if err := cl.Remove(ctx, "mc/k:1@rank0", true); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := grpcCl.Exist(ctx, "mc/k:1@rank0"); ok {
+		t.Fatal("a key removed over the Mooncake wire still exists over gRPC")
+	}
+
+	// Batch forms, one key of which fails on its own.
+	keys := []string{"b0", "b1", "b2"}
+	vals := [][]byte{value(100, 1), value(70000, 2), value(5, 3)}
+	if errs := cl.BatchPut(ctx, keys, vals); errors.Join(errs...) != nil {
+		t.Fatalf("batch put: %v", errs)
+	}
+	got, errs := cl.BatchGet(ctx, append(keys, "missing"))
+	for i := range keys {
+		if errs[i] != nil || !bytes.Equal(got[i], vals[i]) {
+			t.Fatalf("batch get %s: %v", keys[i], errs[i])
+		}
+	}
+	if !errors.Is(errs[3], store.ErrObjectNotFound) {
+		t.Fatalf("batch get of a missing key: %v", errs[3])
+	}
+	ex, errs := cl.BatchExist(ctx, []string{"b0", "zz"})
+	if !ex[0] || ex[1] || errors.Join(errs...) != nil {
+		t.Fatalf("batch exist: %v %v", ex, errs)
+	}
+	for i, v := range [][]byte{value(9, 4), value(20, 5)} {
+		if err := cl.Upsert(ctx, "u", v); err != nil {
+			t.Fatalf("upsert %d: %v", i, err)
+		}
+	}
+	if v, err := cl.Get(ctx, "u"); err != nil || !bytes.Equal(v, value(20, 5)) {
+		t.Fatalf("get after upsert: %v", err)
+	}
+	if errs := cl.BatchRemove(ctx, []string{"b0", "zz"}, true); errs[0] != nil || !errors.Is(errs[1], store.ErrObjectNotFound) {
+		t.Fatalf("batch remove: %v", errs)
+	}
+	// RemoveAll takes what no read lease holds: two fresh keys at least.
+	if errs := cl.BatchPut(ctx, []string{"f0", "f1"}, [][]byte{value(10, 1), value(10, 2)}); errors.Join(errs...) != nil {
+		t.Fatal(errs)
+	}
+	n, err := cl.RemoveAll(ctx)
+	if err != nil || n < 2 {
+		t.Fatalf("remove all: %d, %v", n, err)
+	}
+	if ex, _ := grpcCl.BatchExist(ctx, []string{"f0", "f1"}); ex[0] || ex[1] {
+		t.Fatalf("keys left after remove all: %v", ex)
+	}
+}
+
+// TestMooncakeNodeRemountsAfterMasterRestart: a node on the Mooncake wire
+// re-mounts on a restarted master by itself (Ping says NEED_REMOUNT).
+func TestMooncakeNodeRemountsAfterMasterRestart(t *testing.T) {
+	c := startMaster(t, master.Config{})
+	addr := c.addr
+	node := c.mooncakeClient(32 << 20)
+	c.stop()
+	c2 := startMasterOn(t, addr, master.Config{})
+	deadline := time.Now().Add(10 * time.Second)
+	for len(c2.m.Segments()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("node did not re-mount within 10 s (stats %+v)", node.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cl := c2.mooncakeClient(0)
+	if err := cl.Put(context.Background(), "after", value(1000, 9)); err != nil {
+		t.Fatalf("put after re-mount: %v", err)
+	}
+	if node.Stats().Remounts == 0 {
+		t.Fatal("the node counted no re-mount")
+	}
+}
+
+// TestPlainAddressOfMooncakeMaster: --master HOST:PORT naming a master
+// that only speaks Mooncake's wire is told to write mooncake://.
+func TestPlainAddressOfMooncakeMaster(t *testing.T) {
+	m, err := master.New(master.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := master.NewMooncakeServer(m, nil, nil)
+	go srv.Serve(lis)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = store.New(ctx, store.Config{Master: lis.Addr().String(), EngineConfig: engineConfig(), RPCTimeout: 2 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "mooncake://"+lis.Addr().String()) {
+		t.Fatalf("plain address of a coro_rpc master: %v; want a hint to use mooncake://", err)
+	}
+}

@@ -1,0 +1,366 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
+)
+
+// grpcWire speaks mc's own master RPC (storepb): the data path's calls on
+// pooled Session streams, the rest unary; an etcd:// master is followed
+// through the HA view.
+type grpcWire struct {
+	cfg     wireConfig
+	log     *slog.Logger
+	conn    *grpc.ClientConn
+	etcd    *clientv3.Client // etcd:// masters
+	leaderR *leaderResolver  // etcd:// masters
+	rpc     pb.MasterClient
+	ses     *sessions
+
+	newView chan struct{}
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	once    sync.Once
+}
+
+// dialGRPC prepares the connection (gRPC dials lazily; the first call
+// finds out whether the master is there).
+func dialGRPC(ctx context.Context, cfg wireConfig, etcdEndpoints []string, log *slog.Logger) (*grpcWire, error) {
+	w := &grpcWire{cfg: cfg, log: log, newView: make(chan struct{}, 1), stop: make(chan struct{})}
+	target := cfg.master
+	dialOpts := []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMsgSize), grpc.MaxCallSendMsgSize(MaxMsgSize)),
+		grpc.WithInitialWindowSize(RPCWindow), grpc.WithInitialConnWindowSize(RPCConnWindow),
+	}
+	if etcdEndpoints != nil {
+		var err error
+		if w.leaderR, w.etcd, err = findLeader(ctx, etcdEndpoints, cfg); err != nil {
+			return nil, err
+		}
+		target = w.leaderR.Scheme() + ":///leader"
+		// HA masters fail over within the leader lease: a call waits
+		// (within RPCTimeout) for the new leader instead of failing at
+		// once on the dead one's address. A single master's outage is
+		// not expected to end soon, so there calls fail fast, and a
+		// caller (a KV-cache get) can fall back to recomputing.
+		dialOpts = append(dialOpts, grpc.WithResolvers(w.leaderR), grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
+	}
+	// A failover or a restarted master must not wait out gRPC's default
+	// reconnect backoff (up to 2 min): the master is dialled again within
+	// a second.
+	dialOpts = append(dialOpts, grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+		MinConnectTimeout: time.Second,
+	}))
+	var err error
+	w.conn, err = grpc.NewClient(target, dialOpts...)
+	if err != nil {
+		w.close()
+		return nil, fmt.Errorf("master %s: %w", cfg.master, err)
+	}
+	w.rpc = pb.NewMasterClient(w.conn)
+	w.ses = &sessions{rpc: w.rpc}
+	if w.leaderR != nil {
+		w.wg.Add(1)
+		go w.followView()
+	}
+	return w, nil
+}
+
+// findLeader connects to etcd and waits (up to the RPC timeout) for a
+// leader view.
+func findLeader(ctx context.Context, endpoints []string, cfg wireConfig) (*leaderResolver, *clientv3.Client, error) {
+	cli, err := NewEtcdClient(endpoints)
+	if err != nil {
+		return nil, nil, fmt.Errorf("master %s: %w", cfg.master, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+	defer cancel()
+	v, err := WaitView(wctx, cli, cfg.clusterID)
+	if err != nil {
+		cli.Close()
+		return nil, nil, fmt.Errorf("master %s: %w", cfg.master, err)
+	}
+	return &leaderResolver{addr: DialAddr(v.Leader), ccs: make(map[*leaderConn]struct{})}, cli, nil
+}
+
+func (w *grpcWire) views() <-chan struct{} { return w.newView }
+
+func (w *grpcWire) leader() string {
+	if w.leaderR != nil {
+		return w.leaderR.current()
+	}
+	return w.cfg.master
+}
+
+func (w *grpcWire) close() {
+	w.once.Do(func() {
+		close(w.stop)
+		w.wg.Wait()
+		if w.ses != nil {
+			w.ses.closeAll()
+		}
+		if w.conn != nil {
+			w.conn.Close()
+		}
+		if w.etcd != nil {
+			w.etcd.Close()
+		}
+	})
+}
+
+// failFast exempts a call from waiting for a leader (see dialGRPC): pings
+// repeat anyway and must not hold Close, which waits for the ping loop,
+// and an unmount at shutdown must not wait out a master that is gone.
+var failFast = grpc.WaitForReady(false)
+
+// call runs one RPC with the client's timeout and turns transport errors
+// into store errors (RPC_FAIL, RPC_TIMEOUT) that name the master.
+func (w *grpcWire) call(ctx context.Context, what string, f func(context.Context) error) error {
+	return w.invoke(ctx, what, f, false)
+}
+
+// readCall is call for a read the master can answer twice with no harm
+// (replica lists, exist, query). Following HA masters, a read that the
+// dying leader dropped mid-call is asked again of the next one within
+// the same RPC timeout; a write is not, since whether it took effect is
+// unknown.
+func (w *grpcWire) readCall(ctx context.Context, what string, f func(context.Context) error) error {
+	return w.invoke(ctx, what, f, w.leaderR != nil)
+}
+
+func (w *grpcWire) invoke(ctx context.Context, what string, f func(context.Context) error, again bool) error {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.timeout)
+	defer cancel()
+	err := f(ctx)
+	for again && status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		err = f(ctx)
+	}
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return Errorf(RPCFail, "%s: master %s: %v", what, w.cfg.master, err)
+	}
+	switch st.Code() {
+	case codes.DeadlineExceeded:
+		if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return Errorf(RPCTimeout, "%s: master %s: no answer within %s", what, w.cfg.master, w.cfg.timeout)
+		}
+		return Errorf(RPCTimeout, "%s: master %s: %s", what, w.cfg.master, st.Message())
+	case codes.Canceled:
+		return fmt.Errorf("%s: %w", what, context.Canceled)
+	case codes.Unavailable:
+		return Errorf(RPCFail, "%s: master %s unreachable: %s", what, w.cfg.master, st.Message())
+	case codes.FailedPrecondition:
+		// An HA master that is not (or no longer) the leader.
+		return Errorf(UnavailableInCurrentMode, "%s: master %s: %s", what, w.leader(), st.Message())
+	case codes.InvalidArgument, codes.ResourceExhausted:
+		return Errorf(InvalidParams, "%s: %s", what, st.Message())
+	}
+	return Errorf(RPCFail, "%s: master %s: %s", what, w.cfg.master, st.Message())
+}
+
+func (w *grpcWire) remount(ctx context.Context, segs []SegmentInfo) error {
+	req := &pb.ReMountSegmentRequest{ClientId: UUIDToPB(w.cfg.id)}
+	what := "connect" // a client with no segment only registers itself
+	for _, s := range segs {
+		req.Segments = append(req.Segments, SegmentToPB(s))
+		what = "mount segment"
+	}
+	var resp *pb.ReMountSegmentResponse
+	err := w.call(ctx, what, func(ctx context.Context) (err error) {
+		resp, err = w.rpc.ReMountSegment(ctx, req, failFast)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for i, r := range resp.Results {
+		if err := ResultFromPB(r); err != nil {
+			name := ""
+			if i < len(segs) {
+				name = segs[i].Name
+			}
+			return fmt.Errorf("mount segment %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func (w *grpcWire) ping(ctx context.Context) (pingResult, error) {
+	var resp *pb.PingResponse
+	err := w.call(ctx, "ping", func(ctx context.Context) (err error) {
+		resp, err = w.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(w.cfg.id)}, failFast)
+		return err
+	})
+	if err != nil {
+		return pingResult{}, err
+	}
+	st := ClientOK
+	if resp.ClientStatus == pb.ClientStatus_NEED_REMOUNT {
+		st = ClientNeedRemount
+	}
+	return pingResult{view: resp.ViewVersion, status: st, evicted: resp.EvictedKeys}, nil
+}
+
+func (w *grpcWire) unmount(ctx context.Context, seg UUID) error {
+	return w.call(ctx, "unmount segment", func(ctx context.Context) error {
+		r, err := w.rpc.GracefulUnmountSegment(ctx, &pb.UnmountSegmentRequest{ClientId: UUIDToPB(w.cfg.id), SegmentId: UUIDToPB(seg)}, failFast)
+		if err == nil {
+			if e := ResultFromPB(r); e != nil && CodeOf(e) != SegmentNotFound {
+				return e
+			}
+		}
+		return err
+	})
+}
+
+func (w *grpcWire) unregister(ctx context.Context) error {
+	return w.call(ctx, "unregister", func(ctx context.Context) error {
+		_, err := w.rpc.UnregisterClient(ctx, &pb.PingRequest{ClientId: UUIDToPB(w.cfg.id)})
+		return err
+	})
+}
+
+func (w *grpcWire) putStart(ctx context.Context, items []putItem, rc ReplicateConfig, upsert bool) ([][]Replica, []error, error) {
+	req := &pb.BatchPutStartRequest{ClientId: UUIDToPB(w.cfg.id), Config: ConfigToPB(rc), ClientHost: w.cfg.host}
+	req.Items = make([]*pb.PutStartItem, len(items))
+	for i, it := range items {
+		req.Items[i] = &pb.PutStartItem{Key: it.key, Length: it.n}
+	}
+	var table *pb.ReplicaTable
+	err := w.call(ctx, "put start", func(ctx context.Context) (err error) {
+		table, err = w.ses.PutStart(ctx, req, upsert)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return replicaTableFromPB(table, len(items))
+}
+
+func (w *grpcWire) putEnd(ctx context.Context, keys []string, upsert bool) []error {
+	return w.keysCall(ctx, "put end", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+		if upsert {
+			return w.ses.BatchUpsertEnd(ctx, r)
+		}
+		return w.ses.BatchPutEnd(ctx, r)
+	})
+}
+
+func (w *grpcWire) putRevoke(ctx context.Context, keys []string, upsert bool) []error {
+	return w.keysCall(ctx, "put revoke", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+		if upsert {
+			return w.ses.BatchUpsertRevoke(ctx, r)
+		}
+		return w.ses.BatchPutRevoke(ctx, r)
+	})
+}
+
+func (w *grpcWire) keysCall(ctx context.Context, what string, keys []string, f func(context.Context, *pb.BatchKeysRequest) (*pb.BatchResults, error)) []error {
+	out := make([]error, len(keys))
+	var resp *pb.BatchResults
+	err := w.call(ctx, what, func(ctx context.Context) (err error) {
+		resp, err = f(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys})
+		return err
+	})
+	if err == nil && len(resp.Results) != len(keys) {
+		err = Errorf(RPCFail, "%s: master answered %d items for %d", what, len(resp.Results), len(keys))
+	}
+	for i := range out {
+		if err != nil {
+			out[i] = err
+		} else {
+			out[i] = ResultFromPB(resp.Results[i])
+		}
+	}
+	return out
+}
+
+func (w *grpcWire) replicaLists(ctx context.Context, keys []string) ([][]Replica, []error, error) {
+	var table *pb.ReplicaTable
+	err := w.readCall(ctx, "get", func(ctx context.Context) (err error) {
+		table, err = w.ses.GetReplicaLists(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys})
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return replicaTableFromPB(table, len(keys))
+}
+
+func (w *grpcWire) exist(ctx context.Context, keys []string) ([]bool, []error) {
+	ex := make([]bool, len(keys))
+	errs := make([]error, len(keys))
+	var resp *pb.BatchExistResponse
+	err := w.readCall(ctx, "exist", func(ctx context.Context) (err error) {
+		resp, err = w.ses.BatchExistKey(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys})
+		return err
+	})
+	if err == nil && (len(resp.Results) != len(keys) || len(resp.Exists) != len(keys)) {
+		err = Errorf(RPCFail, "exist: master answered %d items for %d", len(resp.Results), len(keys))
+	}
+	for i := range keys {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		errs[i] = ResultFromPB(resp.Results[i])
+		ex[i] = resp.Exists[i]
+	}
+	return ex, errs
+}
+
+func (w *grpcWire) remove(ctx context.Context, keys []string, force bool) []error {
+	return w.keysCall(ctx, "remove", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+		return w.ses.BatchRemove(ctx, &pb.BatchRemoveRequest{ClientId: r.ClientId, Keys: r.Keys, Force: force})
+	})
+}
+
+func (w *grpcWire) removeAll(ctx context.Context) (uint64, error) {
+	var resp *pb.RemoveAllResponse
+	err := w.call(ctx, "remove all", func(ctx context.Context) (err error) {
+		resp, err = w.rpc.RemoveAll(ctx, &pb.RemoveAllRequest{ClientId: UUIDToPB(w.cfg.id)})
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return resp.Removed, nil
+}
+
+func (w *grpcWire) query(ctx context.Context, key string) ([]Replica, error) {
+	var resp *pb.BatchReplicaListResponse
+	err := w.readCall(ctx, "query", func(ctx context.Context) (err error) {
+		resp, err = w.rpc.BatchQuery(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: []string{key}})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Results) != 1 {
+		return nil, Errorf(RPCFail, "query: master answered %d items for 1", len(resp.Results))
+	}
+	reps, _, err := ReplicaListFromPB(resp.Results[0])
+	return reps, err
+}

@@ -1,0 +1,349 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/cororpc"
+	"github.com/kvcache-ops/mc/pkg/store/mooncake"
+)
+
+// mooncakeWire speaks Mooncake's master RPC (coro_rpc + struct_pack) to a
+// mooncake_master, as Mooncake's own client does: ServiceReady first (the
+// versions must agree), MountSegment for a node's segment, Ping every
+// second, ReMountSegment when a ping says NEED_REMOUNT, and the batch
+// forms of the data path's calls.
+type mooncakeWire struct {
+	cfg wireConfig
+	log *slog.Logger
+	mc  *mooncake.Client
+
+	mu      sync.Mutex
+	ready   bool // ServiceReady answered with our version
+	mounted map[UUID]bool
+}
+
+// dialMooncake prepares a client of the Mooncake master at addr; the
+// first call connects.
+func dialMooncake(addr string, cfg wireConfig, log *slog.Logger) (*mooncakeWire, error) {
+	opts := &cororpc.Options{CallTimeout: cfg.timeout, DialTimeout: cfg.timeout, Logger: log}
+	return &mooncakeWire{cfg: cfg, log: log, mc: mooncake.NewClient(addr, opts), mounted: make(map[UUID]bool)}, nil
+}
+
+// speaksMooncake reports whether addr answers Mooncake's ServiceReady: a
+// plain host:port that gRPC could not talk to may be a mooncake_master.
+func speaksMooncake(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	c := mooncake.NewClient(addr, &cororpc.Options{DialTimeout: time.Second, Logger: slog.New(discardHandler{})})
+	defer c.Close()
+	_, err := c.ServiceReady(ctx)
+	var ve *mooncake.VersionError
+	return err == nil || errors.As(err, &ve)
+}
+
+type discardHandler struct{}
+
+func (discardHandler) Enabled(context.Context, slog.Level) bool  { return false }
+func (discardHandler) Handle(context.Context, slog.Record) error { return nil }
+func (h discardHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h discardHandler) WithGroup(string) slog.Handler           { return h }
+
+func (w *mooncakeWire) views() <-chan struct{} { return nil }
+func (w *mooncakeWire) leader() string         { return w.cfg.master }
+func (w *mooncakeWire) close()                 { w.mc.Close() }
+
+// err turns a call's failure into a store error that names the master:
+// Mooncake's own codes keep their code, a lost connection or a timeout is
+// RPC_FAIL or RPC_TIMEOUT as with mc's master.
+func (w *mooncakeWire) err(what string, ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	var me *mooncake.Error
+	var ve *mooncake.VersionError
+	switch {
+	case errors.As(err, &me):
+		return Errorf(Code(me.Code), "%s", what)
+	case errors.As(err, &ve):
+		return Errorf(InvalidVersion, "%s: master %s: %v", what, w.cfg.master, ve)
+	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
+		return fmt.Errorf("%s: %w", what, context.Canceled)
+	case errors.Is(err, context.DeadlineExceeded):
+		return Errorf(RPCTimeout, "%s: master %s: no answer within %s", what, w.cfg.master, w.cfg.timeout)
+	}
+	return Errorf(RPCFail, "%s: master %s: %v", what, w.cfg.master, err)
+}
+
+func (w *mooncakeWire) itemErr(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var me *mooncake.Error
+	if errors.As(err, &me) {
+		return Errorf(Code(me.Code), "%s", what)
+	}
+	return Errorf(RPCFail, "%s: %v", what, err)
+}
+
+func (w *mooncakeWire) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, w.cfg.timeout)
+}
+
+func (w *mooncakeWire) id() mooncake.UUID { return toMooncakeUUID(w.cfg.id) }
+
+func toMooncakeUUID(u UUID) mooncake.UUID { return mooncake.UUID{First: u.First, Second: u.Second} }
+
+// hello asks ServiceReady once per connection life: a master of another
+// Mooncake store version is refused here, with both versions named,
+// rather than misread later.
+func (w *mooncakeWire) hello(ctx context.Context) error {
+	w.mu.Lock()
+	ready := w.ready
+	w.mu.Unlock()
+	if ready {
+		return nil
+	}
+	v, err := w.mc.ServiceReady(ctx)
+	if err != nil {
+		return w.err("connect", ctx, err)
+	}
+	if v != mooncake.StoreVersion {
+		return Errorf(InvalidVersion, "connect: master %s is Mooncake store version %s; mc speaks %s (Mooncake %s)", w.cfg.master, v, mooncake.StoreVersion, mooncake.MooncakeCommit[:7])
+	}
+	w.mu.Lock()
+	w.ready = true
+	w.mu.Unlock()
+	return nil
+}
+
+func toMooncakeSegment(s SegmentInfo) mooncake.Segment {
+	return mooncake.Segment{ID: toMooncakeUUID(s.ID), Name: s.Name, Base: s.Base, Size: s.Size, TEEndpoint: s.Endpoint, Protocol: s.Protocol}
+}
+
+func (w *mooncakeWire) remount(ctx context.Context, segs []SegmentInfo) error {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	if err := w.hello(ctx); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	first := true
+	for _, s := range segs {
+		first = first && !w.mounted[s.ID]
+	}
+	w.mu.Unlock()
+	if first && len(segs) > 0 {
+		// A segment's first mount is MountSegment, as Mooncake's client
+		// does; ReMountSegment is the answer to NEED_REMOUNT.
+		for _, s := range segs {
+			if err := w.mc.MountSegment(ctx, toMooncakeSegment(s), w.id()); err != nil {
+				return fmt.Errorf("mount segment %q: %w", s.Name, w.err("mount segment", ctx, err))
+			}
+			w.mu.Lock()
+			w.mounted[s.ID] = true
+			w.mu.Unlock()
+		}
+		return nil
+	}
+	ms := make([]mooncake.Segment, len(segs))
+	for i, s := range segs {
+		ms[i] = toMooncakeSegment(s)
+	}
+	if err := w.mc.ReMountSegment(ctx, ms, w.id()); err != nil {
+		return w.err("re-mount segments", ctx, err)
+	}
+	return nil
+}
+
+func (w *mooncakeWire) ping(ctx context.Context) (pingResult, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	r, err := w.mc.Ping(ctx, w.id())
+	if err != nil {
+		if errors.Is(err, cororpc.ErrConnectionLost) {
+			// A restarted master may be another version: ask again.
+			w.mu.Lock()
+			w.ready = false
+			w.mu.Unlock()
+		}
+		return pingResult{}, w.err("ping", ctx, err)
+	}
+	st := ClientOK
+	if r.ClientStatus == mooncake.ClientNeedRemount {
+		st = ClientNeedRemount
+	}
+	return pingResult{view: uint64(max(r.ViewVersion, 0)), status: st}, nil
+}
+
+func (w *mooncakeWire) unmount(ctx context.Context, seg UUID) error {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	err := w.mc.UnmountSegment(ctx, toMooncakeUUID(seg), w.id())
+	var me *mooncake.Error
+	if errors.As(err, &me) && me.Code == mooncake.SegmentNotFound {
+		return nil
+	}
+	return w.err("unmount segment", ctx, err)
+}
+
+// unregister has no Mooncake counterpart: a client that stops pinging is
+// dropped after the master's client_ttl.
+func (w *mooncakeWire) unregister(context.Context) error { return nil }
+
+func toMooncakeConfig(rc ReplicateConfig) mooncake.ReplicateConfig {
+	out := mooncake.ReplicateConfig{
+		ReplicaNum: uint64(max(rc.ReplicaNum, 1)), PreferredSegments: rc.PreferredSegments,
+		PreferAllocInSameNode: rc.PreferLocal, WithHardPin: rc.HardPin,
+	}
+	if rc.SoftPin {
+		out.SoftPinAction = mooncake.SoftPinEnable
+		if rc.SoftPinTTL > 0 {
+			out.SoftPinTTLms.Value, out.SoftPinTTLms.Valid = uint64(rc.SoftPinTTL/time.Millisecond), true
+		}
+	}
+	if out.PreferredSegments == nil {
+		out.PreferredSegments = []string{}
+	}
+	out.PreferredNoFSegments = []string{}
+	return out
+}
+
+// replicasFrom keeps the memory replicas mc can move bytes to and from;
+// disk and NVMe-oF replicas are Mooncake's own business.
+func replicasFrom(ds []mooncake.ReplicaDescriptor) []Replica {
+	out := make([]Replica, 0, len(ds))
+	for _, d := range ds {
+		b, ok := d.Memory()
+		if !ok {
+			continue
+		}
+		out = append(out, Replica{Segment: b.TransportEndpoint, Endpoint: b.TransportEndpoint, Protocol: b.Protocol,
+			Addr: b.BufferAddress, Len: b.Size, Complete: d.Status == mooncake.ReplicaComplete})
+	}
+	return out
+}
+
+func (w *mooncakeWire) putStart(ctx context.Context, items []putItem, rc ReplicateConfig, upsert bool) ([][]Replica, []error, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	keys := make([]string, len(items))
+	sizes := make([]uint64, len(items))
+	for i, it := range items {
+		keys[i], sizes[i] = it.key, it.n
+	}
+	ds, errs, err := w.mc.BatchPutStart(ctx, w.id(), keys, sizes, toMooncakeConfig(rc), upsert)
+	if err != nil {
+		return nil, nil, w.err("put start", ctx, err)
+	}
+	out := make([][]Replica, len(items))
+	for i := range items {
+		if errs[i] != nil {
+			errs[i] = w.itemErr(fmt.Sprintf("put %q", keys[i]), errs[i])
+			continue
+		}
+		out[i] = replicasFrom(ds[i])
+		if len(out[i]) == 0 {
+			errs[i] = Errorf(InvalidReplica, "put %q: the master placed no memory replica", keys[i])
+		}
+	}
+	return out, errs, nil
+}
+
+func (w *mooncakeWire) keysResult(what string, keys []string, errs []error, err error, ctx context.Context) []error {
+	out := make([]error, len(keys))
+	for i := range out {
+		switch {
+		case err != nil:
+			out[i] = w.err(what, ctx, err)
+		default:
+			out[i] = w.itemErr(fmt.Sprintf("%s %q", what, keys[i]), errs[i])
+		}
+	}
+	return out
+}
+
+func (w *mooncakeWire) putEnd(ctx context.Context, keys []string, upsert bool) []error {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	errs, err := w.mc.BatchPutEnd(ctx, w.id(), keys, upsert)
+	return w.keysResult("put end", keys, errs, err, ctx)
+}
+
+func (w *mooncakeWire) putRevoke(ctx context.Context, keys []string, upsert bool) []error {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	errs, err := w.mc.BatchPutRevoke(ctx, w.id(), keys, upsert)
+	return w.keysResult("put revoke", keys, errs, err, ctx)
+}
+
+func (w *mooncakeWire) replicaLists(ctx context.Context, keys []string) ([][]Replica, []error, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	ls, errs, err := w.mc.BatchGetReplicaList(ctx, keys)
+	if err != nil {
+		return nil, nil, w.err("get", ctx, err)
+	}
+	out := make([][]Replica, len(keys))
+	for i := range keys {
+		if errs[i] != nil {
+			errs[i] = w.itemErr(fmt.Sprintf("get %q", keys[i]), errs[i])
+			continue
+		}
+		for _, r := range replicasFrom(ls[i].Replicas) {
+			if r.Complete {
+				out[i] = append(out[i], r)
+			}
+		}
+	}
+	return out, errs, nil
+}
+
+func (w *mooncakeWire) exist(ctx context.Context, keys []string) ([]bool, []error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	ex, errs, err := w.mc.BatchExistKey(ctx, keys)
+	if err != nil {
+		return make([]bool, len(keys)), w.keysResult("exist", keys, nil, err, ctx)
+	}
+	return ex, w.keysResult("exist", keys, errs, nil, ctx)
+}
+
+func (w *mooncakeWire) remove(ctx context.Context, keys []string, force bool) []error {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	errs, err := w.mc.BatchRemove(ctx, keys, force)
+	return w.keysResult("remove", keys, errs, err, ctx)
+}
+
+func (w *mooncakeWire) removeAll(ctx context.Context) (uint64, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	n, err := w.mc.RemoveAll(ctx, false)
+	if err != nil {
+		return 0, w.err("remove all", ctx, err)
+	}
+	return uint64(max(n, 0)), nil
+}
+
+// query reads one key's replicas without a lease: Mooncake registers no
+// lease-free single-key read, but its by-regex read takes none, so the
+// key goes as an anchored, quoted pattern.
+func (w *mooncakeWire) query(ctx context.Context, key string) ([]Replica, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	m, err := w.mc.GetReplicaListByRegex(ctx, "^"+regexp.QuoteMeta(key)+"$")
+	if err != nil {
+		return nil, w.err("query", ctx, err)
+	}
+	ds, ok := m[key]
+	if !ok {
+		return nil, Errorf(ObjectNotFound, "query %q", key)
+	}
+	return replicasFrom(ds), nil
+}
