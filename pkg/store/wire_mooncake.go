@@ -132,13 +132,18 @@ func (w *mooncakeWire) remount(ctx context.Context, segs []SegmentInfo) error {
 	if err := w.hello(ctx); err != nil {
 		return err
 	}
+	if len(segs) == 0 {
+		// A pure client has nothing to mount; Mooncake's master learns
+		// of it from its first put or ping.
+		return nil
+	}
 	w.mu.Lock()
 	first := true
 	for _, s := range segs {
 		first = first && !w.mounted[s.ID]
 	}
 	w.mu.Unlock()
-	if first && len(segs) > 0 {
+	if first {
 		// A segment's first mount is MountSegment, as Mooncake's client
 		// does; ReMountSegment is the answer to NEED_REMOUNT.
 		for _, s := range segs {

@@ -90,6 +90,11 @@ var shapes = map[string]struct {
 	"RemoveAll":              {[]any{false, ""}, int64(0)},
 	"UnmountSegment":         {[]any{UUID{}, UUID{}}, ExpectVoid{}},
 	"GracefulUnmountSegment": {[]any{UUID{}, UUID{}, uint64(0)}, ExpectVoid{}},
+	"GetReplicaListByRegex":  {[]any{"", ""}, ExpectByRegex{}},
+	"BatchUpsertStart":       {[]any{UUID{}, []string{}, []uint64{}, ReplicateConfig{}, ""}, []ExpectDescs{}},
+	"BatchUpsertEnd":         {[]any{UUID{}, []ObjectMeta{}, ""}, []ExpectVoid{}},
+	"BatchUpsertRevoke":      {[]any{UUID{}, []string{}, ""}, []ExpectVoid{}},
+	"FetchTasks":             {[]any{UUID{}, uint64(0)}, ExpectTasks{}},
 }
 
 // TestCapturesRoundTrip decodes every captured call this package makes
