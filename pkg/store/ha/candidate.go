@@ -459,7 +459,9 @@ func (c *Candidate) serveTerm(t *term, deadline time.Time) string {
 	m.Start()
 	go t.log.run(c.ctx)
 	t.grpc = master.NewGRPCServer(m, c.gate(t))
-	go t.grpc.Serve(c.lis.open())
+	// Mooncake's clients reach the leader on the same port, through the
+	// same gate and op log.
+	go t.grpc.ServeShared(c.lis.open(), master.NewMooncakeServer(m, c.mooncakeGate(t), c.log))
 	c.cur.Store(t)
 	c.view.Store(&store.View{Leader: c.cfg.Advertise, Version: uint64(t.rev)})
 	c.setAdmin(m)
@@ -481,6 +483,16 @@ func (c *Candidate) gate(t *term) grpc.UnaryServerInterceptor {
 			return nil, status.Error(codes.FailedPrecondition, "UNAVAILABLE_IN_CURRENT_MODE: this master is not the serving leader")
 		}
 		return h(ctx, req)
+	}
+}
+
+// mooncakeGate is gate for calls on Mooncake's wire.
+func (c *Candidate) mooncakeGate(t *term) master.MooncakeGate {
+	return func(ctx context.Context, call string) error {
+		if !c.ready.Load() || c.cur.Load() != t {
+			return fmt.Errorf("%s: UNAVAILABLE_IN_CURRENT_MODE: this master is not the serving leader", call)
+		}
+		return nil
 	}
 }
 

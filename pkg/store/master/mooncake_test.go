@@ -1,0 +1,222 @@
+package master
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvcache-ops/mc/pkg/cororpc"
+	"github.com/kvcache-ops/mc/pkg/store/mooncake"
+	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
+	"github.com/kvcache-ops/mc/pkg/structpack"
+)
+
+// logBuf collects log lines for assertions.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// rawCall sends one coro_rpc request on a new connection and reads the
+// answer.
+func rawCall(t *testing.T, addr string, fn uint32, body []byte) (cororpc.ResponseHeader, []byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h := cororpc.RequestHeader{Magic: cororpc.Magic, FunctionID: fn, Length: uint32(len(body)), Seq: 7}
+	if _, err := c.Write(append(h.AppendTo(nil), body...)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	rh, rb, _, err := cororpc.ReadResponse(c, 1<<20)
+	if err != nil {
+		t.Fatalf("read answer: %v", err)
+	}
+	return rh, rb
+}
+
+// TestSharedPortBadInput: garbage, truncated and oversized frames, an
+// unknown function id, another version's types and a client that leaves
+// mid-call are each answered or dropped alone; the gRPC side and the
+// Mooncake side keep serving, and the version mismatch is logged once per
+// client and call.
+func TestSharedPortBadInput(t *testing.T) {
+	var logs logBuf
+	m, _ := newTestMaster(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := Serve(m, lis)
+	t.Cleanup(srv.Stop)
+	addr := lis.Addr().String()
+	send := func(b []byte) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(b)
+		// Say no more is coming: the server answers or closes.
+		c.(*net.TCPConn).CloseWrite()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		io.Copy(io.Discard, c)
+		c.Close()
+	}
+	// Garbage that is neither protocol, a truncated coro_rpc header, a
+	// header announcing more than the limit, then nothing.
+	send([]byte("GET / HTTP/1.0\r\n\r\n"))
+	send([]byte{cororpc.Magic, 0, 0, 0, 1, 2})
+	big := cororpc.RequestHeader{Magic: cororpc.Magic, FunctionID: mooncake.FunctionID("Ping"), Length: 1 << 31}
+	send(big.AppendTo(nil))
+
+	// Unknown function id: coro_rpc's function_not_registered, as the
+	// real server answers.
+	rh, _ := rawCall(t, addr, 0xdeadbeef, nil)
+	if cororpc.Errc(rh.ErrCode) != cororpc.ErrcFunctionNotRegistered {
+		t.Fatalf("unknown function: err_code %d", rh.ErrCode)
+	}
+
+	// Another version's Ping argument (a struct where a pair was): the
+	// client gets invalid arguments naming the versions, twice; the log
+	// says it once.
+	type uuidV2 struct{ A, B, C uint64 }
+	body, err := structpack.MarshalArgs(uuidV2{1, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		rh, rb := rawCall(t, addr, mooncake.FunctionID("Ping"), body)
+		if cororpc.Errc(rh.ErrCode) != cororpc.ErrcInvalidRPCArguments || !bytes.Contains(rb, []byte("another Mooncake version")) {
+			t.Fatalf("another version's Ping: err_code %d, %q", rh.ErrCode, rb)
+		}
+	}
+	if n := strings.Count(logs.String(), "another Mooncake version"); n != 1 {
+		t.Fatalf("logged %d times, want once:\n%s", n, logs.String())
+	}
+
+	// A client that sends a call and leaves before the answer.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ping, _ := structpack.MarshalArgs(mooncake.UUID{First: 1, Second: 1})
+	h := cororpc.RequestHeader{Magic: cororpc.Magic, FunctionID: mooncake.FunctionID("Ping"), Length: uint32(len(ping))}
+	c.Write(append(h.AppendTo(nil), ping...))
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
+
+	// Both sides still serve.
+	_, gc, _ := grpcClient(t, addr)
+	roundTrip(t, gc, "after-bad-input")
+	mc := mooncake.NewClient(addr, nil)
+	defer mc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if v, err := mc.ServiceReady(ctx); err != nil || v != mooncake.StoreVersion {
+		t.Fatalf("ServiceReady after bad input: %q, %v", v, err)
+	}
+	if ok, err := mc.ExistKey(ctx, "after-bad-input"); err != nil || !ok {
+		t.Fatalf("ExistKey over the Mooncake wire: %v, %v", ok, err)
+	}
+}
+
+// TestSharedPortIdleConnections: thousands of connections that never send
+// a byte (10,000 where the descriptor limit allows) do not stop either
+// protocol from being served.
+func TestSharedPortIdleConnections(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := Serve(m, lis)
+	t.Cleanup(srv.Stop)
+	addr := lis.Addr().String()
+	n := 10000
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && int(rl.Cur) < 2*n+500 {
+		// Both ends of each connection live in this process.
+		n = (int(rl.Cur) - 500) / 2
+		t.Logf("descriptor limit %d: %d idle connections", rl.Cur, n)
+	}
+	if n < 1000 {
+		t.Fatalf("descriptor limit %d leaves room for %d connections; the test needs 1000 or more", rl.Cur, n)
+	}
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("idle connection %d: %v", len(conns), err)
+		}
+		conns = append(conns, c)
+	}
+	t0 := time.Now()
+	_, gc, _ := grpcClient(t, addr)
+	roundTrip(t, gc, "with-idle")
+	mc := mooncake.NewClient(addr, nil)
+	defer mc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if ok, err := mc.ExistKey(ctx, "with-idle"); err != nil || !ok {
+		t.Fatalf("ExistKey with %d idle connections: %v, %v", n, ok, err)
+	}
+	t.Logf("%d idle connections; gRPC and coro_rpc calls served in %s", n, time.Since(t0))
+}
+
+// TestMooncakeHandlersCoverClientCalls: every call Mooncake's client and
+// mooncake_client make in the captures has a handler here.
+func TestMooncakeHandlersCoverClientCalls(t *testing.T) {
+	s := &mooncakeServer{}
+	h := s.handlers()
+	for _, call := range []string{"ServiceReady", "GetStorageConfig", "MountSegment", "ReMountSegment", "UnmountSegment",
+		"GracefulUnmountSegment", "Ping", "FetchTasks", "ExistKey", "BatchExistKey", "GetReplicaList", "BatchGetReplicaList",
+		"PutStart", "BatchPutStart", "PutEnd", "BatchPutEnd", "PutRevoke", "BatchPutRevoke", "UpsertStart", "BatchUpsertStart",
+		"UpsertEnd", "BatchUpsertEnd", "UpsertRevoke", "BatchUpsertRevoke", "Remove", "BatchRemove", "RemoveAll",
+		"RemoveByRegex", "GetReplicaListByRegex"} {
+		if h[call] == nil {
+			t.Errorf("no handler for %s", call)
+		}
+	}
+}
+
+func grpcClient(t *testing.T, addr string) (*grpc.ClientConn, pb.MasterClient, string) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn, pb.NewMasterClient(conn), addr
+}
