@@ -121,6 +121,21 @@ bench-store:
 bench-coll:
 	$(GO) test ./pkg/coll -run '^$$' -bench '^BenchmarkAllReduceVsInitiator$$' -benchtime 3x -count=1
 
+# Mooncake's own master_bench against mooncake_master and against mc's
+# master (--segment-size 0), interleaved rounds, same flags; needs the
+# Mooncake build of ../shared/tools/build-mooncake.sh in MOONCAKE_BUILD
+# (skipped with a message when it is absent).
+MOONCAKE_BUILD ?= ../mooncake-build/build
+.PHONY: bench-mooncake-master
+bench-mooncake-master: build
+	scripts/bench-mooncake-master.sh $(MOONCAKE_BUILD) bin/mc
+
+# mc against the real Mooncake Store (mooncake_master, mooncake_client,
+# the Python client), one line per case; needs MOONCAKE_BUILD as above.
+.PHONY: mooncake-interop
+mooncake-interop: build
+	scripts/mooncake-interop.sh $(MOONCAKE_BUILD) bin/mc
+
 # Log parsing throughput of mc diag against `grep -c evicted` on the same
 # generated log (1 GB unless MC_DIAG_BENCH_MB says otherwise).
 bench-diag:

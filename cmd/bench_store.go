@@ -52,7 +52,8 @@ process and benchmarks them over real loopback TCP from a separate client
 engine, as mc bench initiator does with its embedded target.`,
 		Example: `  mc bench store --value-size 4K,64K,1M,16M --op get
   mc bench store --value-size 4K --batch 32 --concurrency 1,4,16,64 --plot curve.svg
-  mc bench store --master 10.0.0.1:50051 --op mix --get-ratio 0.9 --verify -o json`,
+  mc bench store --master 10.0.0.1:50051 --op mix --get-ratio 0.9 --verify -o json
+  mc bench store --master mooncake://10.0.0.1:50051 --metadata-server P2PHANDSHAKE --op put,get --batch 8`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -62,7 +63,7 @@ engine, as mc bench initiator does with its embedded target.`,
 	}
 	f := cmd.Flags()
 	o.Data.addFlags(f)
-	f.StringVar(&o.Master, "master", "", "store master host:port, or etcd://H:P[;H:P] for HA masters (default: an embedded store over loopback TCP)")
+	f.StringVar(&o.Master, "master", "", "store master host:port, etcd://H:P[;H:P] for HA masters, or mooncake://H:P for a mooncake_master (default: an embedded store over loopback TCP)")
 	f.StringVar(&o.ValueSizes, "value-size", "4K,64K,1M,16M", "value sizes, comma-separated (4K, 1M, 16M ...)")
 	f.StringVar(&o.Op, "op", "get", "put, get or mix (comma-separated to run several)")
 	f.Float64Var(&o.GetRatio, "get-ratio", 0.9, "share of gets with --op mix")

@@ -127,7 +127,16 @@ store, the Go package pkg/store) move bytes straight to and from segments.
 Default: a master on --rpc_port plus one segment of --segment-size in this
 process, ready to use. --segment-size 0: master only. --master HOST:PORT: a
 node that mounts its segment on that master, pings it every second and
-re-mounts by itself when the master restarts or asks.
+re-mounts by itself when the master restarts or asks. --master
+mooncake://HOST:PORT: the same in a Mooncake deployment, on a real
+mooncake_master (Mooncake's coro_rpc wire; mooncake_client's flag names
+work: --master_server_address, --global_segment_size "4 GB", --host,
+--metadata_server, --protocol, --device_names).
+
+The master answers both mc's gRPC and Mooncake's coro_rpc on --rpc_port
+(the first byte of a connection tells them apart), so Mooncake clients
+(vLLM, SGLang, LMCache through MooncakeDistributedStore, mooncake_client)
+can use it as their master_server_address.
 
 Without HA, a master keeps its metadata in memory: objects stored before a
 master restart are gone after it (nodes re-mount their empty segments).
@@ -161,7 +170,9 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
   mc serve store --master 10.0.0.1:50051 --segment-size 16G --local-hostname 10.0.0.2
   mc serve store --enable_ha --ha_backend_connstring etcd://10.0.0.9:2379 --segment-size 0 --rpc_address 10.0.0.1
   mc serve store --master 'etcd://10.0.0.9:2379' --segment-size 16G --local-hostname 10.0.0.2
-  mc serve store --protocol rdma --device-name soft0,soft1`,
+  mc serve store --protocol rdma --device-name soft0,soft1
+  mc serve store --master_server_address mooncake://10.0.0.1:50051 --global_segment_size "4 GB" \
+      --host 10.0.0.2 --metadata_server P2PHANDSHAKE`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)

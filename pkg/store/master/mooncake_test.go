@@ -211,7 +211,7 @@ func TestMooncakeHandlersCoverClientCalls(t *testing.T) {
 	}
 }
 
-func grpcClient(t *testing.T, addr string) (*grpc.ClientConn, pb.MasterClient, string) {
+func grpcClient(t testing.TB, addr string) (*grpc.ClientConn, pb.MasterClient, string) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

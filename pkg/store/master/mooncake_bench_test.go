@@ -1,0 +1,123 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/mooncake"
+	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
+)
+
+// BenchmarkWireBatchPut compares the two wires on one master, in the same
+// run, with master_bench's BatchPut shape: 4 clients, batches of 128 keys
+// of 4 KiB, 128 metadata-only segments of 64 GiB. It reports keys per
+// second on each wire and their ratio; the Mooncake wire's figure is what
+// Mooncake's master_bench sees of mc.
+func BenchmarkWireBatchPut(b *testing.B) {
+	m, _ := newTestMaster(b, Config{RegionSize: 64 * MiB})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := Serve(m, lis)
+	b.Cleanup(srv.Stop)
+	addr := lis.Addr().String()
+	ctx := context.Background()
+	node := mooncake.NewClient(addr, nil)
+	defer node.Close()
+	for i := range 128 {
+		seg := mooncake.Segment{ID: mooncake.UUID{First: 7, Second: uint64(i + 1)}, Name: fmt.Sprintf("seg%d", i),
+			Base: uint64(i+1) << 40, Size: 64 << 30, TEEndpoint: fmt.Sprintf("seg%d", i), Protocol: "tcp"}
+		if err := node.MountSegment(ctx, seg, mooncake.UUID{First: 7, Second: 7}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	const clients, batch = 4, 128
+	d := 3 * time.Second
+	run := func(name string, put func(c int, keys []string) int) float64 {
+		var done atomic.Int64
+		var wg sync.WaitGroup
+		end := time.Now().Add(d)
+		for c := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				keys := make([]string, batch)
+				for n := 0; time.Now().Before(end); n++ {
+					for i := range keys {
+						keys[i] = fmt.Sprintf("%s/%d/%d/%d", name, c, n, i)
+					}
+					done.Add(int64(put(c, keys)))
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(done.Load()) / d.Seconds()
+	}
+	sizes := make([]uint64, batch)
+	for i := range sizes {
+		sizes[i] = 4096
+	}
+	mcs := make([]*mooncake.Client, clients)
+	for i := range mcs {
+		mcs[i] = mooncake.NewClient(addr, nil)
+		defer mcs[i].Close()
+	}
+	_, gc, _ := grpcClient(b, addr)
+	for b.Loop() {
+		moon := run(fmt.Sprintf("moon%d", b.N), func(c int, keys []string) int {
+			id := mooncake.UUID{First: 9, Second: uint64(c + 1)}
+			_, errs, err := mcs[c].BatchPutStart(ctx, id, keys, sizes, mooncake.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{}, PreferredNoFSegments: []string{}}, false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ok := 0
+			for _, e := range errs {
+				if e == nil {
+					ok++
+				}
+			}
+			endErrs, err := mcs[c].BatchPutEnd(ctx, id, keys, false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, e := range endErrs {
+				if e != nil {
+					ok--
+				}
+			}
+			return ok
+		})
+		grpcRate := run(fmt.Sprintf("grpc%d", b.N), func(c int, keys []string) int {
+			id := store.UUIDToPB(store.UUID{First: 10, Second: uint64(c + 1)})
+			items := make([]*pb.PutStartItem, len(keys))
+			for i, k := range keys {
+				items[i] = &pb.PutStartItem{Key: k, Length: 4096}
+			}
+			if _, err := gc.BatchPutStart(ctx, &pb.BatchPutStartRequest{ClientId: id, Items: items}); err != nil {
+				b.Fatal(err)
+			}
+			r, err := gc.BatchPutEnd(ctx, &pb.BatchKeysRequest{ClientId: id, Keys: keys})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ok := 0
+			for _, x := range r.Results {
+				if x.Code == 0 {
+					ok++
+				}
+			}
+			return ok
+		})
+		b.ReportMetric(moon, "mooncake-keys/s")
+		b.ReportMetric(grpcRate, "grpc-keys/s")
+		b.ReportMetric(moon/grpcRate, "mooncake/grpc")
+	}
+}
+
