@@ -32,7 +32,11 @@ func NewMooncakeServer(m *Master, gate MooncakeGate, log *slog.Logger) *cororpc.
 	}
 	ms := &mooncakeServer{m: m, gate: gate, log: log, rpc: &rpcServer{m: m}}
 	srv := cororpc.NewServer(&cororpc.ServerOptions{MaxMessageLen: uint32(store.MaxMsgSize), Logger: log})
-	for name, h := range ms.handlers() {
+	hs := ms.handlers()
+	for name, answer := range unsupportedCalls {
+		hs[name] = ms.unsupported(name, answer)
+	}
+	for name, h := range hs {
 		if _, err := srv.Register(mooncake.Service+"::"+name, ms.wrap(name, h)); err != nil {
 			// Two handler names hashing alike is a programming error the
 			// tests catch.
@@ -402,6 +406,31 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			// mc's master assigns no replica tasks to clients.
 			return mooncake.ExpectTasks{Value: []mooncake.TaskAssignment{}}, nil
 		},
+		// Calls Mooncake's client makes in the background: answered so it
+		// logs nothing, as against a master without those features.
+		"PollRemoveAll": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var client mooncake.UUID
+			if err := s.args("PollRemoveAll", req, &client); err != nil {
+				return nil, err
+			}
+			return mooncake.ExpectBool{}, nil
+		},
+		"GetFsdir": func(context.Context, *cororpc.Request) (any, error) {
+			return mooncake.ExpectString{}, nil
+		},
+		"QuerySegmentStatusById": func(_ context.Context, req *cororpc.Request) (any, error) {
+			var id mooncake.UUID
+			if err := s.args("QuerySegmentStatusById", req, &id); err != nil {
+				return nil, err
+			}
+			for _, seg := range m.Segments() {
+				if seg.Info.ID == fromUUID(id) {
+					// Mooncake's SegmentStatus counts UNDEFINED first.
+					return mooncake.ExpectSegmentStatus{Value: mooncake.SegmentStatus(seg.Status) + 1}, nil
+				}
+			}
+			return mooncake.ExpectSegmentStatus{Error: mooncake.SegmentNotFound, HasError: true}, nil
+		},
 		"ExistKey": func(_ context.Context, req *cororpc.Request) (any, error) {
 			var key, tenant string
 			if err := s.args("ExistKey", req, &key, &tenant); err != nil {
@@ -543,6 +572,40 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			}
 			return mooncake.ExpectInt64{Value: n}, nil
 		},
+	}
+}
+
+// unsupportedCalls are Mooncake master calls for features mc's master does
+// not have (replica copy and move tasks, disk offload and promotion): each
+// is answered NOT_SUPPORTED in its own result type, so the client reads an
+// error code rather than a dropped call.
+var unsupportedCalls = map[string]any{
+	"CopyEnd": mooncake.ExpectVoid{}, "CopyRevoke": mooncake.ExpectVoid{}, "MoveEnd": mooncake.ExpectVoid{},
+	"MoveRevoke": mooncake.ExpectVoid{}, "DynamicReplicaCopyEnd": mooncake.ExpectVoid{},
+	"DynamicReplicaCopyRevoke": mooncake.ExpectVoid{}, "MarkTaskToComplete": mooncake.ExpectVoid{},
+	"NotifyOffloadSuccess": mooncake.ExpectVoid{}, "ReportSsdCapacity": mooncake.ExpectVoid{},
+	"EvictDiskReplica": mooncake.ExpectVoid{}, "MountLocalDiskSegment": mooncake.ExpectVoid{},
+	"UnmountLocalDiskSegment": mooncake.ExpectVoid{}, "NotifyPromotionSuccess": mooncake.ExpectVoid{},
+	"NotifyPromotionFailure": mooncake.ExpectVoid{}, "UnmountNoFSegment": mooncake.ExpectVoid{},
+	"MountNoFSegment": mooncake.ExpectVoid{}, "ReMountNoFSegment": mooncake.ExpectVoid{},
+	"CreateCopyTask": mooncake.ExpectUUID{}, "CreateMoveTask": mooncake.ExpectUUID{},
+	"BatchReplicaClear": mooncake.ExpectStrings{},
+}
+
+func (s *mooncakeServer) unsupported(name string, answer any) mooncakeHandler {
+	return func(_ context.Context, req *cororpc.Request) (any, error) {
+		if _, seen := s.warned.LoadOrStore("unsupported|"+name, true); !seen {
+			s.log.Warn(fmt.Sprintf("Mooncake call %s from %s: not supported by mc's master; answered NOT_SUPPORTED", name, addrOf(req)))
+		}
+		switch answer.(type) {
+		case mooncake.ExpectVoid:
+			return mooncake.ExpectVoid{Error: mooncake.NotSupported, HasError: true}, nil
+		case mooncake.ExpectUUID:
+			return mooncake.ExpectUUID{Error: mooncake.NotSupported, HasError: true}, nil
+		case mooncake.ExpectStrings:
+			return mooncake.ExpectStrings{Error: mooncake.NotSupported, HasError: true}, nil
+		}
+		return nil, fmt.Errorf("%s: no answer shape", name)
 	}
 }
 

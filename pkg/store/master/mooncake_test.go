@@ -220,3 +220,61 @@ func grpcClient(t testing.TB, addr string) (*grpc.ClientConn, pb.MasterClient, s
 	t.Cleanup(func() { conn.Close() })
 	return conn, pb.NewMasterClient(conn), addr
 }
+
+// TestMooncakeUnsupportedAndBackgroundCalls: calls for features mc's
+// master lacks answer NOT_SUPPORTED in their own type and are logged once;
+// the calls Mooncake's client makes in the background answer as a master
+// without those features does.
+func TestMooncakeUnsupportedAndBackgroundCalls(t *testing.T) {
+	var logs logBuf
+	m, _ := newTestMaster(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := Serve(m, lis)
+	t.Cleanup(srv.Stop)
+	addr := lis.Addr().String()
+	for range 2 {
+		rh, rb := rawCall(t, addr, mooncake.FunctionID("CopyEnd"), nil)
+		var r mooncake.ExpectVoid
+		if rh.ErrCode != 0 || structpack.Unmarshal(rb, &r) != nil || !r.HasError || r.Error != mooncake.NotSupported {
+			t.Fatalf("CopyEnd: err_code %d, %+v", rh.ErrCode, r)
+		}
+	}
+	if n := strings.Count(logs.String(), "CopyEnd"); n != 1 {
+		t.Fatalf("CopyEnd logged %d times:\n%s", n, logs.String())
+	}
+	body, _ := structpack.MarshalArgs(mooncake.UUID{First: 3, Second: 4})
+	_, rb := rawCall(t, addr, mooncake.FunctionID("PollRemoveAll"), body)
+	var poll mooncake.ExpectBool
+	if err := structpack.Unmarshal(rb, &poll); err != nil || poll.HasError || poll.Value {
+		t.Fatalf("PollRemoveAll: %+v, %v", poll, err)
+	}
+	mc := mooncake.NewClient(addr, nil)
+	defer mc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	seg := mooncake.Segment{ID: mooncake.UUID{First: 5, Second: 6}, Name: "n", Base: 1 << 30, Size: 64 << 20, TEEndpoint: "n", Protocol: "tcp"}
+	if err := mc.MountSegment(ctx, seg, mooncake.UUID{First: 3, Second: 4}); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[mooncake.UUID]string{seg.ID: "ok", {First: 9, Second: 9}: "not found"} {
+		body, _ := structpack.MarshalArgs(id)
+		_, rb := rawCall(t, addr, mooncake.FunctionID("QuerySegmentStatusById"), body)
+		var st mooncake.ExpectSegmentStatus
+		if err := structpack.Unmarshal(rb, &st); err != nil {
+			t.Fatal(err)
+		}
+		switch want {
+		case "ok":
+			if st.HasError || st.Value != mooncake.SegmentOK {
+				t.Fatalf("status of a mounted segment: %+v", st)
+			}
+		default:
+			if !st.HasError || st.Error != mooncake.SegmentNotFound {
+				t.Fatalf("status of an unknown segment: %+v", st)
+			}
+		}
+	}
+}

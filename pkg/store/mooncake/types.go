@@ -285,16 +285,19 @@ func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Call, e.Code) }
 
 // The expected<T, ErrorCode> shapes of the answers.
 type (
-	ExpectVoid    = structpack.ExpectedVoid[ErrorCode]
-	ExpectBool    = structpack.Expected[bool, ErrorCode]
-	ExpectString  = structpack.Expected[string, ErrorCode]
-	ExpectInt64   = structpack.Expected[int64, ErrorCode]
-	ExpectPing    = structpack.Expected[PingResponse, ErrorCode]
-	ExpectConfig  = structpack.Expected[GetStorageConfigResponse, ErrorCode]
-	ExpectList    = structpack.Expected[GetReplicaListResponse, ErrorCode]
-	ExpectDescs   = structpack.Expected[[]ReplicaDescriptor, ErrorCode]
-	ExpectByRegex = structpack.Expected[map[string][]ReplicaDescriptor, ErrorCode]
-	ExpectTasks   = structpack.Expected[[]TaskAssignment, ErrorCode]
+	ExpectVoid          = structpack.ExpectedVoid[ErrorCode]
+	ExpectBool          = structpack.Expected[bool, ErrorCode]
+	ExpectString        = structpack.Expected[string, ErrorCode]
+	ExpectInt64         = structpack.Expected[int64, ErrorCode]
+	ExpectPing          = structpack.Expected[PingResponse, ErrorCode]
+	ExpectConfig        = structpack.Expected[GetStorageConfigResponse, ErrorCode]
+	ExpectList          = structpack.Expected[GetReplicaListResponse, ErrorCode]
+	ExpectDescs         = structpack.Expected[[]ReplicaDescriptor, ErrorCode]
+	ExpectByRegex       = structpack.Expected[map[string][]ReplicaDescriptor, ErrorCode]
+	ExpectTasks         = structpack.Expected[[]TaskAssignment, ErrorCode]
+	ExpectSegmentStatus = structpack.Expected[SegmentStatus, ErrorCode]
+	ExpectUUID          = structpack.Expected[UUID, ErrorCode]
+	ExpectStrings       = structpack.Expected[[]string, ErrorCode]
 )
 
 // TaskAssignment is mooncake::TaskAssignment, a replica task the master
@@ -306,3 +309,15 @@ type TaskAssignment struct {
 	CreatedAtMs      int64
 	MaxRetryAttempts uint32
 }
+
+// SegmentStatus is mooncake::SegmentStatus (segment.h).
+type SegmentStatus int32
+
+const (
+	SegmentUndefined SegmentStatus = iota
+	SegmentOK
+	SegmentDraining
+	SegmentDrained
+	SegmentGracefullyUnmounting
+	SegmentUnmounting
+)
