@@ -72,10 +72,18 @@ run_client_cases() { # label metadata-server
 	if "$MC" store rm "$label/a:1@r0" --force "${mcf[@]}" >/dev/null && ! "$MC" store exists "$label/a:1@r0" "${mcf[@]}" >/dev/null 2>&1; then
 		pass "$label: rm"; else fail "$label: rm"; fi
 	"$MC" store rm "$label/big" --force "${mcf[@]}" >/dev/null 2>&1
-	out=$("$MC" bench store --master "$M" --metadata-server "$meta" --value-size 4K,64K --batch 8 --op put,get --verify --duration 2s -o json 2>&1)
-	if echo "$out" | python3 -c 'import json,sys; rows=json.load(sys.stdin)["results"]; assert rows and all(r["errors"]==0 and r["corrupt"]==0 and r["ops_per_sec"]>0 for r in rows), rows' 2>/dev/null; then
-		pass "$label: batch put/get (bench store --batch 8 --verify)" "$(echo "$out" | python3 -c 'import json,sys; print(" ".join("%s %s %.0f/s" % (r["value_size"], r["op"], r["ops_per_sec"]) for r in json.load(sys.stdin)["results"]))' 2>/dev/null)"
-	else fail "$label: batch put/get" "$(echo "$out" | tail -3)"; fi
+	# Puts at 4 KiB only: the 256 MB segment fills in a second at 64 KiB,
+	# and mooncake_master answers NO_AVAILABLE_HANDLE rather than evict
+	# inside a put.
+	out=$( { "$MC" bench store --master "$M" --metadata-server "$meta" --value-size 4K --batch 8 --keys 512 --op put,get --verify --duration 2s -o json &&
+		"$MC" bench store --master "$M" --metadata-server "$meta" --value-size 64K --batch 8 --keys 512 --op get --verify --duration 2s -o json; } 2>&1)
+	if echo "$out" | python3 -c 'import json,sys; d=json.JSONDecoder(); t=sys.stdin.read().strip(); rows=[]
+while t:
+    o,i=d.raw_decode(t); rows+=o["results"]; t=t[i:].strip()
+assert len(rows)==3 and all(r["errors"]==0 and r["corrupt"]==0 and r["ops_per_sec"]>0 for r in rows), rows
+print(" ".join("%s %s %.0f/s" % (r["value_size"], r["op"], r["ops_per_sec"]) for r in rows))' >"$W/bench-$label.txt" 2>&1; then
+		pass "$label: batch put/get (bench store --batch 8 --verify)" "$(cat "$W/bench-$label.txt")"
+	else fail "$label: batch put/get" "$(tail -3 "$W/bench-$label.txt")"; fi
 	kill "$cpid" 2>/dev/null; wait "$cpid" 2>/dev/null
 	sleep 1
 }
@@ -90,7 +98,9 @@ NPID=$!; PIDS+=("$NPID")
 for _ in $(seq 100); do curl -sf "$ADMIN/get_all_segments" | grep -q "$NODE_HOST" && break; sleep 0.1; done
 if curl -sf "$ADMIN/get_all_segments" | grep -q "$NODE_HOST"; then pass "mc node: mounted on mooncake_master" "$NODE_HOST"; else fail "mc node: mounted on mooncake_master" "$(tail -2 "$W/node.log")"; fi
 if [ -n "$PYSTORE" ]; then
-	out=$(PYTHONPATH=$(dirname "$PYSTORE") python3 - "$RP" "$HP" "$MC" "$M" <<'EOF' 2>&1
+	# The module links libraries of the build (libasio, ...) by name.
+	LIBS=$(find "$BUILD" -name '*.so*' -type f -printf '%h\n' | sort -u | paste -sd:)
+	out=$(LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=$(dirname "$PYSTORE") python3 - "$RP" "$HP" "$MC" "$M" <<'EOF' 2>&1
 import os, subprocess, sys
 from store import MooncakeDistributedStore
 rp, hp, mc, m = sys.argv[1:5]

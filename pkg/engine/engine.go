@@ -316,6 +316,28 @@ func (e *Engine) release(m *Memory) error {
 	return errors.Join(errs...)
 }
 
+// Republish writes this engine's RPC endpoint and segment descriptor to
+// the metadata server again: one kept in memory (Mooncake's HTTP metadata
+// server inside mooncake_master) forgets them when it restarts, and a
+// peer could no longer find this engine. Under P2PHANDSHAKE there is
+// nothing to write.
+func (e *Engine) Republish(ctx context.Context) error {
+	if !e.rpcPublished && !e.segPublished {
+		return nil
+	}
+	if e.rpcPublished {
+		_, hsPort, _ := net.SplitHostPort(e.hs.Addr())
+		port, _ := strconv.Atoi(hsPort)
+		if err := e.backend.PutRPCMeta(ctx, e.segName, meta.RPCMeta{IPOrHostName: e.advHost, RPCPort: port}); err != nil {
+			return fmt.Errorf("publish rpc meta of %q: %w", e.segName, err)
+		}
+	}
+	if e.cfg.MetadataServer == meta.P2PHandshake && e.cfg.Backend == nil {
+		return nil
+	}
+	return e.publish(ctx)
+}
+
 // Descriptor returns the descriptor this engine publishes.
 func (e *Engine) Descriptor() *meta.SegmentDesc {
 	d := &meta.SegmentDesc{Name: e.segName, Protocol: e.primary.Protocol(), Buffers: []meta.BufferDesc{}}

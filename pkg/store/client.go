@@ -379,6 +379,12 @@ func (c *Client) ping(ctx context.Context) bool {
 		c.mu.Lock()
 		c.stats.Remounts++
 		c.mu.Unlock()
+		// A master that restarted may have taken the metadata server with
+		// it (mooncake_master's built-in HTTP one): publish the segment
+		// again so peers find it.
+		if err := c.eng.Republish(ctx); err != nil {
+			c.log.Warn(fmt.Sprintf("re-publish segment %s after re-mount: %v", c.segInfo.Name, err))
+		}
 		if c.segMem != nil {
 			c.log.Info(fmt.Sprintf("re-mounted segment %s on master %s", c.segInfo.Name, c.cfg.Master))
 		}
