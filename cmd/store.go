@@ -20,7 +20,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
-	"github.com/kvcache-ops/mc/pkg/engine/bench"
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/ha"
@@ -71,33 +70,33 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 type serveStoreOptions struct {
 	Data                  storeDataOptions
 	Master                string
-	SegmentSize           string
+	SegmentSize           int64
 	RPCPort               int
 	Port                  int
 	RPCAddress            string
 	MetricsPort           int
 	NodeAdmin             bool // --metrics-port given (a node's admin HTTP is off by default)
-	LeaseTTL              string
-	SoftPinTTL            string
-	MaxSoftPinTTL         string
+	LeaseTTL              time.Duration
+	SoftPinTTL            time.Duration
+	MaxSoftPinTTL         time.Duration
 	AllowEvictSoftPinned  bool
 	EvictionRatio         float64
 	HighWatermark         float64
-	ClientTTL             int
+	ClientTTL             time.Duration
 	ClusterID             string
-	PutDiscardTimeoutSec  int
-	PutReleaseTimeoutSec  int
+	PutDiscardTimeout     time.Duration
+	PutReleaseTimeout     time.Duration
 	AllocationStrategy    string
 	RPCThreadNum          int
 	EnableMetricReporting bool
 	ConfigPath            string
-	RegionSize            string
+	RegionSize            int64
 	MaxRegionsPerInstance int
 	ExistKeyGrantLease    bool
 	EnableHA              bool
 	HABackend             string
 	EtcdEndpoints         string
-	HALeaseTTL            int
+	HALeaseTTL            time.Duration
 	HASnapshotInterval    time.Duration
 	HASnapshotRecords     int
 	EvictionPolicy        string
@@ -134,7 +133,9 @@ cluster id from MC_STORE_CLUSTER_ID (or --cluster-id for a node).
 
 mooncake_master's flags are accepted under their own names
 (--rpc_port, --default_kv_lease_ttl, --eviction_high_watermark_ratio, ...).
---default_kv_lease_ttl takes milliseconds or a unit suffix (ms, s, m, h).
+The TTL flags take milliseconds as mooncake_master does (--default_kv_lease_ttl
+10000) or a Go duration (10s); the other durations take seconds or a Go
+duration.
 --rpc_thread_num is accepted for compatibility: gRPC sizes its own workers.
 --config_path reads mooncake_master's config file (JSON or YAML, keys are
 the flag names); flags on the command line win over it.
@@ -174,32 +175,32 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	f := cmd.Flags()
 	o.Data.addFlags(f)
 	f.StringVar(&o.Master, "master", "", "run as a node of this master, host:port or etcd://H:P[;H:P] for HA masters (default: run a master here)")
-	f.StringVar(&o.SegmentSize, "segment-size", "1G", "bytes of memory this process contributes (0: master only)")
+	sizeVar(f, &o.SegmentSize, "segment-size", 1<<30, "memory this process contributes (0: master only)")
 	f.IntVar(&o.RPCPort, "rpc-port", 50051, "master RPC port (0: use the deprecated --port)")
 	f.IntVar(&o.Port, "port", 50051, "deprecated spelling of --rpc-port")
 	f.StringVar(&o.RPCAddress, "rpc-address", "0.0.0.0", "address the master listens on")
 	f.IntVar(&o.MetricsPort, "metrics-port", 9003, "admin HTTP port (/metrics, /health, ...); 0 disables it; a node (--master) serves one only when this is given")
-	f.StringVar(&o.LeaseTTL, "default-kv-lease-ttl", "10000", "read lease granted by a get: ms, or with a unit (10s)")
-	f.StringVar(&o.SoftPinTTL, "default-kv-soft-pin-ttl", "30m", "soft pin lifetime when a put asks for none (ms or with a unit)")
-	f.StringVar(&o.MaxSoftPinTTL, "max-kv-soft-pin-ttl", "24h", "longest soft pin a put may ask for (ms or with a unit)")
+	msDurationVar(f, &o.LeaseTTL, "default-kv-lease-ttl", 10*time.Second, "read lease granted by a get")
+	msDurationVar(f, &o.SoftPinTTL, "default-kv-soft-pin-ttl", 30*time.Minute, "soft pin lifetime when a put asks for none")
+	msDurationVar(f, &o.MaxSoftPinTTL, "max-kv-soft-pin-ttl", 24*time.Hour, "longest soft pin a put may ask for")
 	f.BoolVar(&o.AllowEvictSoftPinned, "allow-evict-soft-pinned-objects", true, "evict soft-pinned objects when nothing else is left")
 	f.Float64Var(&o.EvictionRatio, "eviction-ratio", master.DefaultEvictionRatio, "fraction of capacity an eviction round frees")
 	f.Float64Var(&o.HighWatermark, "eviction-high-watermark-ratio", master.DefaultHighWatermark, "used/capacity above which eviction runs")
-	f.IntVar(&o.ClientTTL, "client-ttl", 10, "seconds without a ping before a client is dropped and its segments unmounted")
+	durationVar(f, &o.ClientTTL, "client-ttl", 10*time.Second, "time without a ping before a client is dropped and its segments unmounted")
 	f.StringVar(&o.ClusterID, "cluster-id", "mooncake_cluster", "cluster id (names this store in logs and /health; the HA key prefix)")
-	f.IntVar(&o.PutDiscardTimeoutSec, "put-start-discard-timeout-sec", 30, "seconds after which a put with no PutEnd is discarded")
-	f.IntVar(&o.PutReleaseTimeoutSec, "put-start-release-timeout-sec", 600, "seconds after a discarded put's start before its space is reused")
+	durationVar(f, &o.PutDiscardTimeout, "put-start-discard-timeout-sec", 30*time.Second, "time after which a put with no PutEnd is discarded")
+	durationVar(f, &o.PutReleaseTimeout, "put-start-release-timeout-sec", 600*time.Second, "time after a discarded put's start before its space is reused")
 	f.StringVar(&o.AllocationStrategy, "allocation-strategy", master.DefaultAllocationStrategy, "placement: random, free_ratio_first or local_first")
 	f.IntVar(&o.RPCThreadNum, "rpc-thread-num", 0, "accepted for mooncake_master compatibility (gRPC sizes its own workers)")
 	f.BoolVar(&o.EnableMetricReporting, "enable-metric-reporting", false, "log a summary line every 10 s")
 	f.StringVar(&o.ConfigPath, "config-path", "", "mooncake_master config file (JSON or YAML; command-line flags win)")
-	f.StringVar(&o.RegionSize, "region-size", "64M", "piece of a segment handed to one writing client")
+	sizeVar(f, &o.RegionSize, "region-size", 64<<20, "piece of a segment handed to one writing client")
 	f.IntVar(&o.MaxRegionsPerInstance, "max-regions-per-instance", 0, "regions one client may hold (0: unlimited)")
 	f.BoolVar(&o.EnableHA, "enable-ha", false, "run as an HA master candidate: leader election and op log in etcd")
 	f.StringVar(&o.HABackend, "ha-backend-connstring", "", "etcd for HA, etcd://H:P[,H:P] (default: --etcd-endpoints)")
 	f.StringVar(&o.EtcdEndpoints, "etcd-endpoints", "", "etcd endpoints for HA, H:P[;H:P] (used when --ha-backend-connstring is empty)")
-	f.IntVar(&o.HALeaseTTL, "ha-lease-ttl", 5, "seconds of the leader lease; a leader that cannot renew it steps down")
-	f.DurationVar(&o.HASnapshotInterval, "ha-snapshot-interval", 10*time.Minute, "snapshot the HA state and compact the op log this often")
+	durationVar(f, &o.HALeaseTTL, "ha-lease-ttl", 5*time.Second, "the leader lease, whole seconds; a leader that cannot renew it steps down")
+	durationVar(f, &o.HASnapshotInterval, "ha-snapshot-interval", 10*time.Minute, "snapshot the HA state and compact the op log this often")
 	f.IntVar(&o.HASnapshotRecords, "ha-snapshot-records", 100000, "snapshot the HA state and compact the op log after this many records")
 	f.BoolVar(&o.ExistKeyGrantLease, "exist-key-grant-lease", false, "ExistKey grants a read lease as Mooncake's does (off: probes never pin objects)")
 	envName(f, "cluster-id", store.ClusterIDEnv)
@@ -255,34 +256,16 @@ func applyMasterConfigFile(fs *pflag.FlagSet, vals map[string]string) error {
 
 func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	var cfg server.Config
-	seg, err := int64(0), error(nil)
-	if strings.TrimSpace(o.SegmentSize) != "0" {
-		seg, err = bench.ParseSize(o.SegmentSize)
-	}
-	if err != nil || seg < 0 {
-		return cfg, fmt.Errorf("invalid --segment-size %q: want bytes with an optional unit (512M, 1G, 1T) or 0", o.SegmentSize)
-	}
-	region, err := bench.ParseSize(o.RegionSize)
-	if err != nil || region <= 0 {
-		return cfg, fmt.Errorf("invalid --region-size %q: want bytes with an optional unit (64M)", o.RegionSize)
-	}
-	lease, err := store.ParseTTL(o.LeaseTTL, time.Millisecond)
-	if err != nil || lease == 0 {
-		return cfg, fmt.Errorf("invalid --default-kv-lease-ttl %q: want milliseconds or a duration with ms, s, m or h", o.LeaseTTL)
-	}
-	softPin, err := store.ParseTTL(o.SoftPinTTL, time.Millisecond)
-	if err != nil {
-		return cfg, fmt.Errorf("invalid --default-kv-soft-pin-ttl: %w", err)
-	}
-	maxSoftPin, err := store.ParseTTL(o.MaxSoftPinTTL, time.Millisecond)
-	if err != nil {
-		return cfg, fmt.Errorf("invalid --max-kv-soft-pin-ttl: %w", err)
-	}
+	seg := o.SegmentSize
 	switch {
+	case o.RegionSize <= 0:
+		return cfg, fmt.Errorf("invalid --region-size %d: want more than 0 bytes", o.RegionSize)
+	case o.LeaseTTL <= 0:
+		return cfg, fmt.Errorf("invalid --default-kv-lease-ttl %s: want more than 0", o.LeaseTTL)
 	case o.ClientTTL <= 0:
-		return cfg, fmt.Errorf("invalid --client-ttl %d: want seconds > 0", o.ClientTTL)
-	case o.PutDiscardTimeoutSec <= 0:
-		return cfg, fmt.Errorf("invalid --put-start-discard-timeout-sec %d: want seconds > 0", o.PutDiscardTimeoutSec)
+		return cfg, fmt.Errorf("invalid --client-ttl %s: want more than 0", o.ClientTTL)
+	case o.PutDiscardTimeout <= 0:
+		return cfg, fmt.Errorf("invalid --put-start-discard-timeout-sec %s: want more than 0", o.PutDiscardTimeout)
 	case o.RPCThreadNum < 0:
 		return cfg, fmt.Errorf("invalid --rpc-thread-num %d", o.RPCThreadNum)
 	case o.MetricsPort < 0 || o.MetricsPort > 65535:
@@ -322,12 +305,12 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		SegmentSize: uint64(seg),
 		Engine:      ecfg,
 		Master: master.Config{
-			KVLeaseTTL: lease, DefaultSoftPinTTL: softPin, MaxSoftPinTTL: maxSoftPin,
+			KVLeaseTTL: o.LeaseTTL, DefaultSoftPinTTL: o.SoftPinTTL, MaxSoftPinTTL: o.MaxSoftPinTTL,
 			AllowEvictSoftPinned: &allowSoft, EvictionRatio: o.EvictionRatio, HighWatermark: o.HighWatermark,
-			ClientTTL:          time.Duration(o.ClientTTL) * time.Second,
-			PutDiscardTimeout:  time.Duration(o.PutDiscardTimeoutSec) * time.Second,
-			PutReleaseTimeout:  time.Duration(o.PutReleaseTimeoutSec) * time.Second,
-			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(region),
+			ClientTTL:          o.ClientTTL,
+			PutDiscardTimeout:  o.PutDiscardTimeout,
+			PutReleaseTimeout:  o.PutReleaseTimeout,
+			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(o.RegionSize),
 			MaxRegionsPerInstance: o.MaxRegionsPerInstance, ExistKeyGrantLease: o.ExistKeyGrantLease,
 			EvictionPolicy: o.EvictionPolicy,
 		},
@@ -387,15 +370,16 @@ func (o serveStoreOptions) haConfig() (*ha.Config, error) {
 		return nil, fmt.Errorf("--enable-ha needs etcd: give --ha-backend-connstring etcd://HOST:PORT or --etcd-endpoints HOST:PORT")
 	}
 	switch {
-	case o.HALeaseTTL < 2:
-		return nil, fmt.Errorf("invalid --ha-lease-ttl %d: want whole seconds, at least 2", o.HALeaseTTL)
+	case o.HALeaseTTL < 2*time.Second || o.HALeaseTTL%time.Second != 0:
+		// etcd leases count whole seconds.
+		return nil, fmt.Errorf("invalid --ha-lease-ttl %s: want whole seconds, at least 2", o.HALeaseTTL)
 	case o.HASnapshotInterval <= 0:
 		return nil, fmt.Errorf("invalid --ha-snapshot-interval %s: want a positive duration", o.HASnapshotInterval)
 	case o.HASnapshotRecords <= 0:
 		return nil, fmt.Errorf("invalid --ha-snapshot-records %d: want 1 or more", o.HASnapshotRecords)
 	}
 	return &ha.Config{
-		Endpoints: eps, ClusterID: o.ClusterID, LeaseTTL: time.Duration(o.HALeaseTTL) * time.Second,
+		Endpoints: eps, ClusterID: o.ClusterID, LeaseTTL: o.HALeaseTTL,
 		SnapshotInterval: o.HASnapshotInterval, SnapshotRecords: o.HASnapshotRecords,
 	}, nil
 }
@@ -977,7 +961,7 @@ type storeReplayOptions struct {
 	Policies   []string
 	Capacities []string
 	Online     bool
-	BlockBytes string
+	BlockBytes int64
 }
 
 // storeReplayJSON is `mc store replay -o json`; online is set with
@@ -1019,7 +1003,7 @@ to it.`,
 	f.StringSliceVar(&o.Policies, "policy", []string{"lru"}, "eviction policies to compare: "+strings.Join(policy.Names, ", "))
 	f.StringSliceVar(&o.Capacities, "capacity-blocks", []string{"inf"}, "cache sizes in blocks (inf: unbounded)")
 	f.BoolVar(&o.Online, "online", false, "drive the store at --master with the trace")
-	f.StringVar(&o.BlockBytes, "block-bytes", "64K", "--online: bytes of one block's value")
+	sizeVar(f, &o.BlockBytes, "block-bytes", 64<<10, "--online: bytes of one block's value")
 	_ = cmd.MarkFlagFilename("trace", "jsonl")
 	_ = cmd.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(policy.Names, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -1077,8 +1061,8 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 	}
 	var block int64
 	if o.Online {
-		if block, err = bench.ParseSize(o.BlockBytes); err != nil || block <= 0 {
-			return fmt.Errorf("invalid --block-bytes %q: want bytes with an optional unit (64K)", o.BlockBytes)
+		if block = o.BlockBytes; block <= 0 {
+			return fmt.Errorf("invalid --block-bytes %d: want more than 0 bytes", block)
 		}
 		if len(caps) > 1 {
 			return fmt.Errorf("--online replays one store: give at most one --capacity-blocks (its size in blocks)")
