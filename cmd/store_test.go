@@ -398,3 +398,46 @@ func TestServeStoreTwoNodesOneHost(t *testing.T) {
 		}
 	}
 }
+
+// Keys with the '/', ':' and '@' of KV-cache key schemes, and one with
+// '&', read back through every admin verb; several keys in one query go
+// through /batch_query_keys.
+func TestStoreQueryKeySchemes(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "16M")
+	m := []string{"--master", rpc, "--admin", admin}
+	keys := []string{"py/3", "model:llama@rank0/abc", "a&b c"}
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if _, errs, code := execMC(t, append([]string{"store", "put", k, src}, m...)...); code != 0 {
+			t.Fatalf("put %q: %d %q", k, code, errs)
+		}
+	}
+	for _, k := range keys {
+		if out, errs, code := execMC(t, append([]string{"store", "query", k}, m...)...); code != 0 || !strings.Contains(out, k) {
+			t.Errorf("query %q: %d %q %q", k, code, out, errs)
+		}
+		if out, errs, code := execMC(t, append([]string{"store", "ls", "--prefix", k}, m...)...); code != 0 || out != k+"\n" {
+			t.Errorf("ls --prefix %q: %d %q %q", k, code, out, errs)
+		}
+	}
+	out, errs, code := execMC(t, append(append([]string{"store", "query", "-o", "json", "missing"}, keys...), m...)...)
+	var qj struct {
+		Results []struct {
+			Key      string `json:"key"`
+			Replicas []any  `json:"replicas"`
+			Error    string `json:"error"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &qj); err != nil || code != 1 || len(qj.Results) != 4 || !strings.Contains(errs, `query "missing": OBJECT_NOT_FOUND`) {
+		t.Fatalf("query of four keys: %d %v %q %q", code, err, out, errs)
+	}
+	for i, r := range qj.Results[1:] {
+		if r.Key != keys[i] || len(r.Replicas) != 1 || r.Error != "" {
+			t.Errorf("batch query result %d: %+v", i, r)
+		}
+	}
+}
