@@ -566,6 +566,10 @@ func newStorePutCmd(p *printer) *cobra.Command {
 }
 
 func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *printer) error {
+	// Before reading the value: "-" would wait on standard input first.
+	if err := checkKeys("put", key); err != nil {
+		return err
+	}
 	if o.Replicas < 1 || o.Replicas > store.MaxReplicas {
 		return fmt.Errorf("invalid --replicas %d: want 1 to %d", o.Replicas, store.MaxReplicas)
 	}
@@ -628,11 +632,42 @@ prints the value base64-encoded in a JSON object instead.`,
 	return cmd
 }
 
+// checkKeys refuses a key the master would refuse (store.CheckKey: empty,
+// over store.MaxKeyLength bytes, a NUL byte) before anything connects or
+// reads a value, with one message for every verb:
+// store <verb>: invalid key "<key>": <why>.
+func checkKeys(verb string, keys ...string) error {
+	for i, k := range keys {
+		err := store.CheckKey(k)
+		if err == nil {
+			continue
+		}
+		var se *store.Error
+		why := err.Error()
+		if errors.As(err, &se) {
+			why = se.Msg
+		}
+		shown := strconv.Quote(k)
+		if len(k) > 64 {
+			// The whole of a 5000-byte key would bury the message.
+			shown = strconv.Quote(k[:64]) + "..."
+		}
+		if len(keys) > 1 {
+			shown += fmt.Sprintf(" (argument %d)", i+1)
+		}
+		return fmt.Errorf("store %s: invalid key %s: %s", verb, shown, why)
+	}
+	return nil
+}
+
 // outputMayBeFile marks a command whose -o takes a file name besides the
 // table|json formats (mc store get KEY -o FILE).
 const outputMayBeFile = "mc_output_may_be_file"
 
 func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer) error {
+	if err := checkKeys("get", key); err != nil {
+		return err
+	}
 	c, err := o.client(ctx)
 	if err != nil {
 		return fmt.Errorf("get %q: %w", key, err)
@@ -665,6 +700,9 @@ func newStoreExistsCmd(p *printer) *cobra.Command {
 		Short: "Exit 0 when KEY is stored, 1 when it is not (2 on error)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkKeys("exists", args[0]); err != nil {
+				return &exitError{code: 2, err: err}
+			}
 			c, err := o.client(cmd.Context())
 			if err != nil {
 				return &exitError{code: 2, err: fmt.Errorf("exists %q: %w", args[0], err)}
@@ -700,6 +738,9 @@ func newStoreRmCmd(p *printer) *cobra.Command {
 		Short: "Remove keys (refused while being read unless --force)",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkKeys("rm", args...); err != nil {
+				return err
+			}
 			c, err := o.client(cmd.Context())
 			if err != nil {
 				return fmt.Errorf("rm: %w", err)
@@ -884,6 +925,9 @@ control and non-ASCII bytes), so keys with /, : and @ are found on
 mooncake_master, whose /query_key does not decode its value.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkKeys("query", args...); err != nil {
+				return err
+			}
 			a, err := o.admin()
 			if err != nil {
 				return err

@@ -4,17 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
+	"github.com/kvcache-ops/mc/pkg/store"
 )
 
 func freePort(t *testing.T) int {
@@ -439,5 +441,61 @@ func TestStoreQueryKeySchemes(t *testing.T) {
 		if r.Key != keys[i] || len(r.Replicas) != 1 || r.Error != "" {
 			t.Errorf("batch query result %d: %+v", i, r)
 		}
+	}
+}
+
+// A key the master would refuse is refused before anything connects
+// (issue #25: mc store put "" FILE dialled the master first), with one
+// message shape for every verb.
+func TestStoreKeysCheckedBeforeConnecting(t *testing.T) {
+	isolateEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var dials atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			dials.Add(1)
+			c.Close()
+		}
+	}()
+	var reqs atomic.Int32
+	adm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { reqs.Add(1) }))
+	defer adm.Close()
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("k", store.MaxKeyLength+1)
+	m := []string{"--master", ln.Addr().String(), "--admin", adm.URL}
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"put", "", src}, 1, `store put: invalid key "": empty key`},
+		{[]string{"put", long, "-"}, 1, `store put: invalid key "` + long[:64] + `"...: key of 4097 bytes exceeds the limit of 4096`},
+		{[]string{"get", ""}, 1, `store get: invalid key "": empty key`},
+		{[]string{"get", "a\x00b"}, 1, `store get: invalid key "a\x00b": key contains a NUL byte at 1`},
+		{[]string{"exists", ""}, 2, `store exists: invalid key "": empty key`},
+		{[]string{"rm", "ok", ""}, 1, `store rm: invalid key "" (argument 2): empty key`},
+		{[]string{"query", long}, 1, `store query: invalid key "` + long[:64] + `"...: key of 4097 bytes`},
+		{[]string{"query", "ok", ""}, 1, `store query: invalid key "" (argument 2): empty key`},
+	} {
+		_, errs, code := execMC(t, append(append([]string{"store"}, c.args...), m...)...)
+		if code != c.code || !strings.HasPrefix(errs, "mc: "+c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc store %s: exit %d, stderr %q; want %d and one line starting %q", c.args[0], code, errs, c.code, "mc: "+c.want)
+		}
+	}
+	// A moment for a dial that was made to be accepted and counted.
+	time.Sleep(100 * time.Millisecond)
+	if n, r := dials.Load(), reqs.Load(); n != 0 || r != 0 {
+		t.Errorf("bad keys still reached the master: %d connections, %d admin requests", n, r)
 	}
 }
