@@ -78,7 +78,7 @@ type benchInitiatorOptions struct {
 func newBenchCmd(p *printer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "bench",
-		Short: "Transfer benchmark compatible with Mooncake's transfer_engine_bench",
+		Short: "Benchmarks: transfer engine over TCP and RDMA (transfer_engine_bench), collectives, KV-cache store",
 		Long: `mc bench measures the transfer engine between a target (which registers
 memory and serves it) and an initiator (which reads or writes it in batches),
 with transfer_engine_bench's flags and its "Test completed" line, plus IOPS,

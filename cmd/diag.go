@@ -21,7 +21,7 @@ import (
 func newDiagCmd(p *printer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "diag",
-		Short: "Diagnose transfer-engine failures from kernel counters and logs",
+		Short: "Diagnose transfer-engine failures (queue-pair leaks) from kernel counters and logs",
 		// A mistyped check must not read as healthy to cron or Nagios.
 		Annotations: map[string]string{usageExitAnnotation: "3"},
 	}

@@ -18,7 +18,7 @@ import (
 func newSimCmd(p *printer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sim",
-		Short: "Simulate schedulers on request traces",
+		Short: "Simulate Mooncake's Conductor and other schedulers on request traces",
 		Args:  cobra.NoArgs,
 	}
 	cmd.AddCommand(newSimConductorCmd(p))
