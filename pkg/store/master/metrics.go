@@ -32,6 +32,7 @@ var rpcOps = []string{
 	"batch_put_start", "batch_put_end", "batch_put_revoke", "batch_upsert_start",
 	"batch_upsert_end", "batch_upsert_revoke", "batch_get_replica_list",
 	"batch_exist_key", "batch_remove", "batch_query",
+	"get_replica_list_by_regex", "remove_by_regex",
 }
 
 func newMetrics(m *Master) *Metrics {

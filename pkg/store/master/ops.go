@@ -416,6 +416,18 @@ func (m *Master) remove(key string, force bool, now int64) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	o := sh.objects[key]
+	if err := removable(key, o, force, now); err != nil {
+		return err
+	}
+	sh.remove(key, o)
+	m.space.free(o.replicas, o.size)
+	m.emit(Change{Op: OpRemove, Key: key})
+	return nil
+}
+
+// removable says why object o under key cannot be removed now, or nil.
+// The caller holds its shard's lock.
+func removable(key string, o *Object, force bool, now int64) error {
 	switch {
 	case o == nil:
 		return store.Errorf(store.ObjectNotFound, "key %q not found", key)
@@ -424,9 +436,6 @@ func (m *Master) remove(key string, force bool, now int64) error {
 	case o.lease > now && !force:
 		return store.Errorf(store.ObjectHasLease, "key %q is being read (lease for %s more); remove with force to override", key, time.Duration(o.lease-now).Round(time.Millisecond))
 	}
-	sh.remove(key, o)
-	m.space.free(o.replicas, o.size)
-	m.emit(Change{Op: OpRemove, Key: key})
 	return nil
 }
 
