@@ -732,12 +732,37 @@ func newStoreExistsCmd(p *printer) *cobra.Command {
 
 func newStoreRmCmd(p *printer) *cobra.Command {
 	var o storeClientOptions
-	var force bool
+	var force, dryRun bool
+	var pattern string
 	cmd := &cobra.Command{
-		Use:   "rm KEY...",
-		Short: "Remove keys (refused while being read unless --force)",
-		Args:  cobra.MinimumNArgs(1),
+		Use:   "rm {KEY... | --regex RE}",
+		Short: "Remove keys, or the keys a pattern finds (refused while being read unless --force)",
+		Long: `rm removes the keys given, or with --regex RE every stored key the pattern
+finds anywhere in it (RE2 syntax, Go's regexp: ^model:llama@ for the keys
+that start so, add $ to anchor the end), in one call to the master
+(Mooncake's RemoveByRegex). A key being read holds a lease and is kept
+unless --force. --dry-run lists what would go and what would be kept,
+and removes nothing. The counts cover every match; the master lists at
+most 16384 keys of each.
+
+Exit status: 0 when every key went (or with --dry-run), 1 otherwise.`,
+		Example: `  mc store rm prefix/0001 prefix/0002
+  mc store rm --regex '^model:llama-70b@' --dry-run
+  mc store rm --regex '^model:llama-70b@' --force`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("regex") {
+				if len(args) > 0 {
+					return fmt.Errorf("store rm: give keys or --regex, not both")
+				}
+				return runStoreRmRegex(cmd.Context(), o, pattern, force, dryRun, p)
+			}
+			switch {
+			case len(args) == 0:
+				return fmt.Errorf("store rm: give the keys to remove, or --regex RE: usage: %s", cmd.UseLine())
+			case dryRun:
+				return fmt.Errorf("store rm: --dry-run goes with --regex (the keys given are what would go)")
+			}
 			if err := checkKeys("rm", args...); err != nil {
 				return err
 			}
@@ -777,17 +802,99 @@ func newStoreRmCmd(p *printer) *cobra.Command {
 	o.addFlags(cmd.Flags())
 	o.Data.addFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&force, "force", false, "remove even while a read holds a lease")
+	cmd.Flags().StringVar(&pattern, "regex", "", "remove every key this RE2 pattern finds (Go's regexp syntax, unanchored)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "with --regex: list what would be removed and kept, remove nothing")
 	return cmd
+}
+
+// storeRmRegexJSON is `mc store rm --regex RE -o json`.
+type storeRmRegexJSON struct {
+	Pattern      string         `json:"pattern"`
+	DryRun       bool           `json:"dry_run"`
+	Removed      []string       `json:"removed"`
+	RemovedCount uint64         `json:"removed_count"`
+	Refused      []storeRefused `json:"refused"`
+	RefusedCount uint64         `json:"refused_count"`
+}
+
+type storeRefused struct {
+	Key   string `json:"key"`
+	Error string `json:"error"`
+}
+
+func runStoreRmRegex(ctx context.Context, o storeClientOptions, pattern string, force, dryRun bool, p *printer) error {
+	if pattern == "" {
+		return fmt.Errorf("store rm: --regex needs a pattern ('.' finds every key)")
+	}
+	c, err := o.client(ctx)
+	if err != nil {
+		return fmt.Errorf("rm --regex: %w", err)
+	}
+	defer c.Close(context.Background())
+	rm, err := c.RemoveByRegex(ctx, pattern, force, dryRun)
+	if err != nil {
+		return fmt.Errorf("rm --regex %q: %w", pattern, err)
+	}
+	out := storeRmRegexJSON{Pattern: pattern, DryRun: dryRun, Removed: rm.Removed, RemovedCount: rm.RemovedCount,
+		Refused: make([]storeRefused, len(rm.Refused)), RefusedCount: rm.RefusedCount}
+	if out.Removed == nil {
+		out.Removed = []string{}
+	}
+	for i, k := range rm.Refused {
+		out.Refused[i] = storeRefused{k, rm.RefusedErrs[i].Error()}
+	}
+	verb, kept := "removed", "kept"
+	if dryRun {
+		verb, kept = "would remove", "would keep"
+	}
+	if p.JSON() {
+		if err := p.PrintJSON(out); err != nil {
+			return err
+		}
+	} else {
+		for _, k := range out.Removed {
+			fmt.Fprintf(p.Out, "%s %q\n", verb, k)
+		}
+		for _, r := range out.Refused {
+			fmt.Fprintf(p.Out, "%s %q: %s\n", kept, r.Key, r.Error)
+		}
+		if more := out.RemovedCount + out.RefusedCount - uint64(len(out.Removed)+len(out.Refused)); more > 0 {
+			fmt.Fprintf(p.Out, "(%d more not listed)\n", more)
+		}
+		fmt.Fprintf(p.Out, "%s %d key(s), %s %d, matching %q\n", verb, out.RemovedCount, kept, out.RefusedCount, pattern)
+	}
+	if !dryRun && out.RefusedCount > 0 {
+		hint := ""
+		if !force {
+			hint = " (--force removes keys being read)"
+		}
+		return fmt.Errorf("rm --regex %q: kept %d of %d matching key(s)%s", pattern, out.RefusedCount, out.RemovedCount+out.RefusedCount, hint)
+	}
+	return nil
 }
 
 func newStoreLsCmd(p *printer) *cobra.Command {
 	var o storeClientOptions
-	var prefix string
+	var prefix, pattern string
 	cmd := &cobra.Command{
 		Use:   "ls",
-		Short: "List stored keys (admin API)",
-		Args:  cobra.NoArgs,
+		Short: "List stored keys (admin API), or the keys a pattern finds (master RPC)",
+		Long: `ls lists the stored keys, sorted, from the admin API (so it works against
+mooncake_master too), those starting with --prefix if given. --regex RE
+asks the master's RPC (--master) instead, for the keys the RE2 pattern
+(Go's regexp syntax) finds anywhere in them, as Mooncake's
+GetReplicaListByRegex, and says how many matched on standard error (in the
+JSON output: matched); the master lists at most 16384 of them.`,
+		Example: `  mc store ls --prefix model:llama-70b@
+  mc store ls --regex '^model:llama-70b@rank[0-3]/'`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("regex") {
+				if prefix != "" {
+					return fmt.Errorf("store ls: give --prefix or --regex, not both")
+				}
+				return runStoreLsRegex(cmd.Context(), o, pattern, p)
+			}
 			a, err := o.admin()
 			if err != nil {
 				return err
@@ -809,8 +916,42 @@ func newStoreLsCmd(p *printer) *cobra.Command {
 		},
 	}
 	o.addFlags(cmd.Flags())
+	o.Data.addFlags(cmd.Flags())
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only keys starting with this")
+	cmd.Flags().StringVar(&pattern, "regex", "", "only keys this RE2 pattern finds (Go's regexp syntax, unanchored), through the master's RPC")
 	return cmd
+}
+
+func runStoreLsRegex(ctx context.Context, o storeClientOptions, pattern string, p *printer) error {
+	if pattern == "" {
+		return fmt.Errorf("store ls: --regex needs a pattern ('.' finds every key)")
+	}
+	c, err := o.client(ctx)
+	if err != nil {
+		return fmt.Errorf("ls --regex: %w", err)
+	}
+	defer c.Close(context.Background())
+	m, err := c.GetReplicaListByRegex(ctx, pattern)
+	if err != nil {
+		return fmt.Errorf("ls --regex %q: %w", pattern, err)
+	}
+	if p.JSON() {
+		keys := m.Keys
+		if keys == nil {
+			keys = []string{}
+		}
+		return p.PrintJSON(map[string]any{"pattern": pattern, "keys": keys, "matched": m.Matched})
+	}
+	for _, k := range m.Keys {
+		fmt.Fprintln(p.Out, k)
+	}
+	// On standard error, so that the listing pipes as plain ls does.
+	if m.Matched > uint64(len(m.Keys)) {
+		fmt.Fprintf(p.Err, "%d key(s) match %q; the master listed the first %d\n", m.Matched, pattern, len(m.Keys))
+	} else {
+		fmt.Fprintf(p.Err, "%d key(s) match %q\n", m.Matched, pattern)
+	}
+	return nil
 }
 
 // storeStat is `mc store stat -o json`.

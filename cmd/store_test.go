@@ -499,3 +499,71 @@ func TestStoreKeysCheckedBeforeConnecting(t *testing.T) {
 		t.Errorf("bad keys still reached the master: %d connections, %d admin requests", n, r)
 	}
 }
+
+// One model's cache cleaned up by pattern, as an operator would: look,
+// dry-run, remove, with the key being read kept until --force.
+func TestStoreRegexLsAndRm(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "16M")
+	m := []string{"--master", rpc, "--admin", admin}
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"model:llama@rank0/a", "model:llama@rank1/a", "model:qwen@rank0/a"} {
+		if _, errs, code := execMC(t, append([]string{"store", "put", k, src}, m...)...); code != 0 {
+			t.Fatalf("put %q: %q", k, errs)
+		}
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "get", "model:llama@rank1/a"}, m...)...); code != 0 {
+		t.Fatalf("get: %q", errs)
+	}
+	out, errs, code := execMC(t, append([]string{"store", "ls", "--regex", "^model:llama@"}, m...)...)
+	if code != 0 || out != "model:llama@rank0/a\nmodel:llama@rank1/a\n" || errs != "2 key(s) match \"^model:llama@\"\n" {
+		t.Fatalf("ls --regex: %d %q %q", code, out, errs)
+	}
+	out, errs, code = execMC(t, append([]string{"store", "rm", "--regex", "^model:llama@", "--dry-run"}, m...)...)
+	if code != 0 || !strings.Contains(out, "would remove \"model:llama@rank0/a\"\n") ||
+		!strings.Contains(out, "would keep \"model:llama@rank1/a\": OBJECT_HAS_LEASE") || !strings.Contains(out, "would remove 1 key(s), would keep 1") {
+		t.Fatalf("rm --regex --dry-run: %d %q %q", code, out, errs)
+	}
+	out, errs, code = execMC(t, append([]string{"store", "rm", "--regex", "^model:llama@"}, m...)...)
+	if code != 1 || !strings.Contains(out, "removed 1 key(s), kept 1") ||
+		errs != "mc: rm --regex \"^model:llama@\": kept 1 of 2 matching key(s) (--force removes keys being read)\n" {
+		t.Fatalf("rm --regex with a key being read: %d %q %q", code, out, errs)
+	}
+	out, errs, code = execMC(t, append([]string{"store", "rm", "--regex", "^model:llama@", "--force", "-o", "json"}, m...)...)
+	var rj struct {
+		Removed      []string `json:"removed"`
+		RemovedCount int      `json:"removed_count"`
+		RefusedCount int      `json:"refused_count"`
+	}
+	if err := json.Unmarshal([]byte(out), &rj); err != nil || code != 0 || rj.RemovedCount != 1 || rj.RefusedCount != 0 || rj.Removed[0] != "model:llama@rank1/a" {
+		t.Fatalf("rm --regex --force -o json: %d %q %q", code, out, errs)
+	}
+	out, _, _ = execMC(t, append([]string{"store", "ls", "--regex", "model:", "-o", "json"}, m...)...)
+	var lj struct {
+		Keys    []string `json:"keys"`
+		Matched int      `json:"matched"`
+	}
+	if err := json.Unmarshal([]byte(out), &lj); err != nil || lj.Matched != 1 || lj.Keys[0] != "model:qwen@rank0/a" {
+		t.Fatalf("ls --regex -o json after: %q", out)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"rm", "--regex", "(unclosed"}, `mc: rm --regex "(unclosed": INVALID_PARAMS: remove by regex: pattern "(unclosed": error parsing regexp`},
+		{[]string{"ls", "--regex", "a{2,1}"}, `mc: ls --regex "a{2,1}": INVALID_PARAMS`},
+		{[]string{"rm", "k", "--regex", "x"}, "mc: store rm: give keys or --regex, not both"},
+		{[]string{"rm", "k", "--dry-run"}, "mc: store rm: --dry-run goes with --regex"},
+		{[]string{"rm"}, "mc: store rm: give the keys to remove, or --regex RE"},
+		{[]string{"rm", "--regex", ""}, "mc: store rm: --regex needs a pattern"},
+		{[]string{"ls", "--regex", "x", "--prefix", "y"}, "mc: store ls: give --prefix or --regex, not both"},
+	} {
+		_, errs, code := execMC(t, append(append([]string{"store"}, c.args...), m...)...)
+		if code != 1 || !strings.HasPrefix(errs, c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc store %s: %d %q, want one line starting %q", strings.Join(c.args, " "), code, errs, c.want)
+		}
+	}
+}
