@@ -75,7 +75,7 @@ func startTarget(t *testing.T, opts ...func(*benchTargetOptions)) (segment strin
 	p := &printer{Out: &out, Err: &out, format: "table"}
 	o := benchTargetOptions{BufferSize: 64 << 20, Ready: func(tg *bench.Target) { ready <- tg.Engine.SegmentName() }}
 	o.Protocol, o.MetadataServer, o.BindAddress = "tcp", "P2PHANDSHAKE", "127.0.0.1"
-	o.MinRPCPort, o.MaxRPCPort, o.StatusTimeout, o.TCPLanes = 15000, 17000, 2, 4
+	o.MinRPCPort, o.MaxRPCPort, o.StatusTimeout, o.TCPLanes = 15000, 17000, 2*time.Second, 4
 	for _, f := range opts {
 		f(&o)
 	}

@@ -25,7 +25,7 @@ func TestBenchTargetMetrics(t *testing.T) {
 	addrc := make(chan string, 1)
 	o := benchTargetOptions{BufferSize: 16 << 20, MetricsListen: "127.0.0.1:0"}
 	o.Protocol, o.DeviceName, o.MetadataServer, o.BindAddress = "rdma", "soft0,soft1", "P2PHANDSHAKE", "127.0.0.1"
-	o.MinRPCPort, o.MaxRPCPort, o.StatusTimeout, o.TCPLanes = 15000, 17000, 2, 4
+	o.MinRPCPort, o.MaxRPCPort, o.StatusTimeout, o.TCPLanes = 15000, 17000, 2*time.Second, 4
 	o.Ready = func(*bench.Target) {
 		// Same goroutine as the writes to out: safe to read here.
 		m := regexp.MustCompile(`metrics http://(\S+)/metrics`).FindStringSubmatch(out.String())
