@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
 	"github.com/kvcache-ops/mc/pkg/store"
 )
@@ -564,6 +567,104 @@ func TestStoreRegexLsAndRm(t *testing.T) {
 		_, errs, code := execMC(t, append(append([]string{"store"}, c.args...), m...)...)
 		if code != 1 || !strings.HasPrefix(errs, c.want) || strings.Count(errs, "\n") != 1 {
 			t.Errorf("mc store %s: %d %q, want one line starting %q", strings.Join(c.args, " "), code, errs, c.want)
+		}
+	}
+}
+
+// The metrics of Mooncake's Grafana dashboard (monitoring/grafana/
+// dashboards/mooncake.json) for features mc has, with Mooncake's names
+// and types (issue #25, item 6). haOnly ones come from HA snapshots.
+var mooncakeDashboardMetrics = []struct {
+	name, typ string
+	haOnly    bool
+}{
+	{"master_batch_exist_key_items_total", "counter", false},
+	{"master_batch_get_replica_list_items_total", "counter", false},
+	{"master_batch_put_start_items_total", "counter", false},
+	{"master_batch_put_end_items_total", "counter", false},
+	{"master_exist_key_failures_total", "counter", false},
+	{"master_put_start_discarded_staging_size", "gauge", false},
+	{"master_value_size_bytes", "histogram", false},
+	{"master_attempted_evictions_mem", "counter", false},
+	{"master_successful_evictions_mem", "counter", false},
+	{"master_evicted_key_count_mem", "counter", false},
+	{"master_evicted_size_bytes_mem", "counter", false},
+	{"mem_cache_hit_nums_", "counter", false},
+	{"mem_cache_nums_", "gauge", false},
+	{"mem_cache_hit_bytes_total", "counter", false},
+	{"valid_get_nums_", "counter", false},
+	{"total_get_nums_", "counter", false},
+	{"master_remove_by_regex_requests_total", "counter", false},
+	{"master_remove_by_regex_failures_total", "counter", false},
+	{"master_snapshot_success", "counter", true},
+	{"master_snapshot_fail", "counter", true},
+	{"master_snapshot_duration_ms", "histogram", true},
+}
+
+// scrapeTypes reads a /metrics page: each family's type and its samples
+// by name (histograms by their _count).
+func scrapeTypes(t *testing.T, url string) (map[string]string, map[string]float64) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+	types, vals := map[string]string{}, map[string]float64{}
+	for name, f := range fams {
+		types[name] = strings.ToLower(f.GetType().String())
+		for _, m := range f.GetMetric() {
+			switch {
+			case m.Counter != nil:
+				vals[name] += m.Counter.GetValue()
+			case m.Gauge != nil:
+				vals[name] += m.Gauge.GetValue()
+			case m.Untyped != nil:
+				vals[name] += m.Untyped.GetValue()
+			case m.Histogram != nil:
+				vals[name] += float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return types, vals
+}
+
+// A running store exports them, and they count what happened: a put of
+// 5 bytes, two gets (one of an absent key), an exist, a regex removal.
+func TestServeStoreExportsMooncakeDashboardMetrics(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "16M")
+	m := []string{"--master", rpc, "--admin", admin}
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"put", "k", src}, {"get", "k"}, {"get", "absent"}, {"exists", "k"}, {"rm", "--regex", "^nothing-"}} {
+		execMC(t, append(append([]string{"store"}, args...), m...)...)
+	}
+	types, vals := scrapeTypes(t, admin+"/metrics")
+	for _, w := range mooncakeDashboardMetrics {
+		if w.haOnly {
+			continue
+		}
+		if types[w.name] != w.typ {
+			t.Errorf("%s: type %q, want %s", w.name, types[w.name], w.typ)
+		}
+	}
+	for name, want := range map[string]float64{
+		"total_get_nums_": 2, "valid_get_nums_": 1, "mem_cache_hit_nums_": 1, "mem_cache_hit_bytes_total": 5,
+		"mem_cache_nums_": 1, "master_value_size_bytes": 1, "master_batch_put_start_items_total": 1,
+		"master_batch_put_end_items_total": 1, "master_batch_get_replica_list_items_total": 2,
+		"master_batch_exist_key_items_total": 1, "master_exist_key_failures_total": 0,
+		"master_remove_by_regex_requests_total": 1, "master_put_start_discarded_staging_size": 0,
+	} {
+		if vals[name] != want {
+			t.Errorf("%s = %v, want %v", name, vals[name], want)
 		}
 	}
 }
