@@ -329,6 +329,13 @@ func TestServeStoreHA(t *testing.T) {
 	if role(leader) != "leader" || role(standby) != "standby" {
 		t.Fatalf("roles %q and %q, want a leader and a standby", role(adminA), role(adminB))
 	}
+	// Mooncake's snapshot metrics come from the HA candidate.
+	types, _ := scrapeTypes(t, leader+"/metrics")
+	for _, w := range mooncakeDashboardMetrics {
+		if types[w.name] != w.typ {
+			t.Errorf("HA leader: %s: type %q, want %s", w.name, types[w.name], w.typ)
+		}
+	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "v")
 	os.WriteFile(src, []byte("survives failover"), 0o644)
