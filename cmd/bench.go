@@ -70,6 +70,7 @@ type benchInitiatorOptions struct {
 	ReportPrecision int
 	Verify          bool
 	Plot            string
+	MetricsListen   string
 	// Progress forces (true) or suppresses (false) the live progress;
 	// nil means "when stdout is a terminal".
 	Progress *bool
@@ -398,6 +399,7 @@ otherwise.`,
 	fs.IntVar(&o.ReportPrecision, "report-precision", 2, "digits after the decimal point")
 	fs.BoolVar(&o.Verify, "verify", false, "check every byte: reads read back a pattern written first, writes are read back")
 	fs.StringVar(&o.Plot, "plot", "", "write the sweep as an SVG: throughput and p99 latency against block size")
+	fs.StringVar(&o.MetricsListen, "metrics-listen", "", "serve Prometheus /metrics while running (the engine's tasks and bytes; per-NIC endpoints, waiting list, QPs with --protocol rdma) on this address, e.g. 127.0.0.1:9465")
 	return c
 }
 
@@ -488,6 +490,21 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 		return err
 	}
 	defer e.Close()
+	if o.MetricsListen != "" {
+		cs := []prometheus.Collector{newEngineCollector(e)}
+		if rt, ok := e.Transport("rdma").(*rdmatransport.Transport); ok {
+			cs = append(cs, rt.Collector())
+		}
+		mctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		defer stop()
+		addr, err := serveMetrics(mctx, o.MetricsListen, cs...)
+		if err != nil {
+			return err
+		}
+		if !p.JSON() {
+			fmt.Fprintf(p.Out, "metrics http://%s/metrics\n", addr)
+		}
+	}
 
 	bc := bench.InitiatorConfig{
 		Engine: e, Segment: segment, Op: op, BatchSize: o.BatchSize, BlockSizes: sizes,

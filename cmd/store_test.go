@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -612,15 +613,23 @@ var mooncakeDashboardMetrics = []struct {
 // by name (histograms by their _count).
 func scrapeTypes(t *testing.T, url string) (map[string]string, map[string]float64) {
 	t.Helper()
-	resp, err := http.Get(url)
+	types, vals, err := tryScrape(url)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return types, vals
+}
+
+func tryScrape(url string) (map[string]string, map[string]float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		t.Fatalf("%s: %v", url, err)
+		return nil, nil, fmt.Errorf("%s: %w", url, err)
 	}
 	types, vals := map[string]string{}, map[string]float64{}
 	for name, f := range fams {
@@ -638,7 +647,7 @@ func scrapeTypes(t *testing.T, url string) (map[string]string, map[string]float6
 			}
 		}
 	}
-	return types, vals
+	return types, vals, nil
 }
 
 // A running store exports them, and they count what happened: a put of
