@@ -24,6 +24,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/engine/tcp"
 	"github.com/kvcache-ops/mc/pkg/topo"
+	"github.com/kvcache-ops/mc/pkg/units"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -38,10 +39,10 @@ type benchEngineOptions struct {
 	MinRPCPort      int
 	MaxRPCPort      int
 	ClusterID       string
-	StatusTimeout   int
+	StatusTimeout   time.Duration
 	TCPLanes        int
 	TCPEventLoops   int
-	HandshakeMax    int
+	HandshakeMax    int64
 	// RDMA (--protocol rdma).
 	DeviceName        string
 	NICPriorityMatrix string
@@ -50,7 +51,7 @@ type benchEngineOptions struct {
 
 type benchTargetOptions struct {
 	benchEngineOptions
-	BufferSize    string
+	BufferSize    int64
 	MetricsListen string
 	// Ready, when set, is called with the running target (tests).
 	Ready func(*bench.Target)
@@ -61,14 +62,15 @@ type benchInitiatorOptions struct {
 	SegmentID       string
 	Operation       string
 	BatchSize       int
-	BlockSize       string
-	BufferSize      string
-	Duration        string
+	BlockSize       []int64
+	BufferSize      int64
+	Duration        time.Duration
 	Threads         int
 	ReportUnit      string
 	ReportPrecision int
 	Verify          bool
 	Plot            string
+	MetricsListen   string
 	// Progress forces (true) or suppresses (false) the live progress;
 	// nil means "when stdout is a terminal".
 	Progress *bool
@@ -77,7 +79,7 @@ type benchInitiatorOptions struct {
 func newBenchCmd(p *printer) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "bench",
-		Short: "Transfer benchmark compatible with Mooncake's transfer_engine_bench",
+		Short: "Benchmarks: transfer engine over TCP and RDMA (transfer_engine_bench), collectives, KV-cache store",
 		Long: `mc bench measures the transfer engine between a target (which registers
 memory and serves it) and an initiator (which reads or writes it in batches),
 with transfer_engine_bench's flags and its "Test completed" line, plus IOPS,
@@ -114,9 +116,9 @@ func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 	fs.IntVar(&o.MinRPCPort, "min-rpc-port", engine.DefaultMinRPCPort, "lowest handshake (RPC) port")
 	fs.IntVar(&o.MaxRPCPort, "max-rpc-port", engine.DefaultMaxRPCPort, "highest handshake (RPC) port")
 	fs.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/")
-	fs.IntVar(&o.StatusTimeout, "tcp-status-timeout-sec", 30, "seconds to wait for a TCP status or reply before failing the tasks")
+	durationVar(fs, &o.StatusTimeout, "tcp-status-timeout-sec", 30*time.Second, "wait this long for a TCP status or reply before failing the tasks")
 	fs.IntVar(&o.TCPLanes, "tcp-lanes", engine.DefaultTCPLanes, "persistent TCP connections per peer; 0 opens a connection per request, as Mooncake's client without MC_TCP_ENABLE_CONNECTION_POOL=1")
-	fs.IntVar(&o.HandshakeMax, "handshake-max-length", handshake.DefaultMaxLength, "largest handshake frame in bytes, sent or accepted (at most 128 MiB)")
+	sizeVar(fs, &o.HandshakeMax, "handshake-max-length", handshake.DefaultMaxLength, "largest handshake frame, sent or accepted (at most 128M)")
 	envName(fs, "bind-address", "MC_TCP_BIND_ADDRESS")
 	envName(fs, "min-rpc-port", "MC_MIN_RPC_PORT")
 	envName(fs, "max-rpc-port", "MC_MAX_RPC_PORT")
@@ -137,13 +139,13 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 	}
 	// 0 (options built in code) means the handshake default.
 	if o.HandshakeMax < 0 || o.HandshakeMax > handshake.MaxMaxLength {
-		return engine.Config{}, fmt.Errorf("--handshake-max-length %d: want 1 to %d bytes", o.HandshakeMax, handshake.MaxMaxLength)
+		return engine.Config{}, fmt.Errorf("--handshake-max-length %s: want 1 to %s bytes", units.FormatSize(o.HandshakeMax), units.FormatSize(handshake.MaxMaxLength))
 	}
 	if o.Protocol != "rdma" && (o.DeviceName != "" || o.NICPriorityMatrix != "" || o.AutoDiscovery) {
 		return engine.Config{}, fmt.Errorf("--device-name, --nic-priority-matrix and --auto-discovery need --protocol rdma")
 	}
 	if o.StatusTimeout <= 0 {
-		return engine.Config{}, fmt.Errorf("--tcp-status-timeout-sec %d must be positive", o.StatusTimeout)
+		return engine.Config{}, fmt.Errorf("--tcp-status-timeout-sec %s must be positive", o.StatusTimeout)
 	}
 	if o.TCPLanes < 0 {
 		return engine.Config{}, fmt.Errorf("--tcp-lanes %d: want 0 (a connection per request) or more", o.TCPLanes)
@@ -172,8 +174,8 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 		TCPLanes:           o.TCPLanes,
 		TCPEventLoops:      o.TCPEventLoops,
 		TCPPerRequest:      o.TCPLanes == 0,
-		HandshakeMaxLength: o.HandshakeMax,
-		TCPStatusTimeout:   time.Duration(o.StatusTimeout) * time.Second,
+		HandshakeMaxLength: int(o.HandshakeMax),
+		TCPStatusTimeout:   o.StatusTimeout,
 	}, nil
 }
 
@@ -250,7 +252,7 @@ name to pass as --segment-id, and serves until SIGINT or SIGTERM.`,
 	}
 	fs := c.Flags()
 	addBenchEngineFlags(fs, &o.benchEngineOptions)
-	fs.StringVar(&o.BufferSize, "buffer-size", "1G", "bytes registered per NUMA node (K, M, G suffixes are binary)")
+	sizeVar(fs, &o.BufferSize, "buffer-size", 1<<30, "bytes registered per NUMA node")
 	fs.StringVar(&o.MetricsListen, "metrics-listen", "", "serve Prometheus /metrics (per-NIC endpoints, waiting list, QPs with --protocol rdma) on this address, e.g. 127.0.0.1:9464")
 	return c
 }
@@ -260,9 +262,9 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 	if err != nil {
 		return err
 	}
-	size, err := bench.ParseSize(o.BufferSize)
-	if err != nil {
-		return fmt.Errorf("--buffer-size: %w", err)
+	size := o.BufferSize
+	if size <= 0 {
+		return fmt.Errorf("--buffer-size %d: want more than 0 bytes", size)
 	}
 	nodes := numaNodes()
 	e, err := engine.New(ctx, cfg)
@@ -389,29 +391,16 @@ otherwise.`,
 	fs.StringVar(&o.SegmentID, "segment-id", "", "target segment name (empty: start an in-process loopback target)")
 	fs.StringVar(&o.Operation, "operation", "read", "read or write")
 	fs.IntVar(&o.BatchSize, "batch-size", 128, "requests per batch")
-	fs.StringVar(&o.BlockSize, "block-size", "65536", "bytes per request; a comma list (4K,64K,1M) runs a sweep")
-	fs.StringVar(&o.BufferSize, "buffer-size", "1G", "local buffer: raised, with a warning, to batch-size x block-size x threads when smaller")
-	fs.StringVar(&o.Duration, "duration", "10", "seconds per run (or a Go duration: 500ms, 2m)")
+	sizeListVar(fs, &o.BlockSize, "block-size", []int64{65536}, "bytes per request; a comma list (4K,64K,1M) runs a sweep")
+	sizeVar(fs, &o.BufferSize, "buffer-size", 1<<30, "local buffer: raised, with a warning, to batch-size x block-size x threads when smaller")
+	durationVar(fs, &o.Duration, "duration", 10*time.Second, "time per run")
 	fs.IntVar(&o.Threads, "threads", 12, "submitting threads")
 	fs.StringVar(&o.ReportUnit, "report-unit", "GB", "throughput unit: "+strings.Join(bench.UnitNames(), ", ")+" (another value: GB, with a warning)")
 	fs.IntVar(&o.ReportPrecision, "report-precision", 2, "digits after the decimal point")
 	fs.BoolVar(&o.Verify, "verify", false, "check every byte: reads read back a pattern written first, writes are read back")
 	fs.StringVar(&o.Plot, "plot", "", "write the sweep as an SVG: throughput and p99 latency against block size")
+	fs.StringVar(&o.MetricsListen, "metrics-listen", "", "serve Prometheus /metrics while running (the engine's tasks and bytes; per-NIC endpoints, waiting list, QPs with --protocol rdma) on this address, e.g. 127.0.0.1:9465")
 	return c
-}
-
-func parseBenchDuration(s string) (time.Duration, error) {
-	if n, err := strconv.ParseFloat(s, 64); err == nil {
-		if n <= 0 {
-			return 0, fmt.Errorf("--duration %q must be positive", s)
-		}
-		return time.Duration(n * float64(time.Second)), nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("--duration %q: want seconds (10) or a positive Go duration (500ms)", s)
-	}
-	return d, nil
 }
 
 func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer) error {
@@ -437,17 +426,20 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 	if o.ReportPrecision < 0 || o.ReportPrecision > 12 {
 		return fmt.Errorf("--report-precision %d: want 0-12", o.ReportPrecision)
 	}
-	sizes, err := bench.ParseSizeList(o.BlockSize)
-	if err != nil {
-		return fmt.Errorf("--block-size: %w", err)
+	sizes, bufSize, dur := o.BlockSize, o.BufferSize, o.Duration
+	if len(sizes) == 0 {
+		return fmt.Errorf("--block-size: give at least one size")
 	}
-	bufSize, err := bench.ParseSize(o.BufferSize)
-	if err != nil {
-		return fmt.Errorf("--buffer-size: %w", err)
+	for _, s := range sizes {
+		if s <= 0 {
+			return fmt.Errorf("--block-size %s: want sizes of more than 0 bytes", units.FormatSizes(sizes))
+		}
 	}
-	dur, err := parseBenchDuration(o.Duration)
-	if err != nil {
-		return err
+	if bufSize <= 0 {
+		return fmt.Errorf("--buffer-size %d: want more than 0 bytes", bufSize)
+	}
+	if dur <= 0 {
+		return fmt.Errorf("--duration %s: want more than 0", dur)
 	}
 	if o.Plot != "" {
 		// Before the run, not after minutes of it.
@@ -498,6 +490,21 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 		return err
 	}
 	defer e.Close()
+	if o.MetricsListen != "" {
+		cs := []prometheus.Collector{newEngineCollector(e)}
+		if rt, ok := e.Transport("rdma").(*rdmatransport.Transport); ok {
+			cs = append(cs, rt.Collector())
+		}
+		mctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		defer stop()
+		addr, err := serveMetrics(mctx, o.MetricsListen, cs...)
+		if err != nil {
+			return err
+		}
+		if !p.JSON() {
+			fmt.Fprintf(p.Out, "metrics http://%s/metrics\n", addr)
+		}
+	}
 
 	bc := bench.InitiatorConfig{
 		Engine: e, Segment: segment, Op: op, BatchSize: o.BatchSize, BlockSizes: sizes,

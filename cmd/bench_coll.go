@@ -20,20 +20,21 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
+	"github.com/kvcache-ops/mc/pkg/units"
 )
 
 type benchCollOptions struct {
 	Collective string
 	Ranks      int
-	MinBytes   string
-	MaxBytes   string
+	MinBytes   int64
+	MaxBytes   int64
 	Factor     int64
 	Iters      int
 	Warmup     int
 	Check      bool
 	KillRank   int
 	KillAfter  int
-	SlotSize   string
+	SlotSize   int64
 	Slots      int
 	Timeout    time.Duration
 	// One rank of a group (across hosts, or launched by the parent).
@@ -88,17 +89,17 @@ right), 1 otherwise.`,
 	fs := c.Flags()
 	fs.StringVar(&o.Collective, "collective", "all_reduce", "collective: "+strings.Join(collbench.Collectives, ", "))
 	fs.IntVar(&o.Ranks, "ranks", 4, "local rank processes to start")
-	fs.StringVarP(&o.MinBytes, "min-bytes", "b", "8", "smallest size (8, 1K, 4M)")
-	fs.StringVarP(&o.MaxBytes, "max-bytes", "e", "64M", "largest size")
+	sizeVarP(fs, &o.MinBytes, "min-bytes", "b", 8, "smallest size")
+	sizeVarP(fs, &o.MaxBytes, "max-bytes", "e", 64<<20, "largest size")
 	fs.Int64VarP(&o.Factor, "step-factor", "f", 2, "multiply the size by this between rows")
 	fs.IntVar(&o.Iters, "iters", 20, "timed collectives per size")
 	fs.IntVar(&o.Warmup, "warmup", 5, "untimed collectives per size before the timed ones")
 	fs.BoolVar(&o.Check, "check", false, "run one more collective per size on known data and verify every rank's result")
 	fs.IntVar(&o.KillRank, "kill-rank", -1, "failure drill: this rank exits after --kill-after collectives")
 	fs.IntVar(&o.KillAfter, "kill-after", 0, "failure drill: collectives the killed rank completes first")
-	fs.StringVar(&o.SlotSize, "slot-size", "4M", "mailbox slot size per peer (every rank must agree)")
+	sizeVar(fs, &o.SlotSize, "slot-size", 4<<20, "mailbox slot size per peer (every rank must agree)")
 	fs.IntVar(&o.Slots, "slots", 2, "mailbox slots per peer (pipelining depth)")
-	fs.DurationVar(&o.Timeout, "timeout", coll.DefaultTimeout, "a peer silent this long (its engine still up) is marked failed")
+	durationVar(fs, &o.Timeout, "timeout", coll.DefaultTimeout, "a peer silent this long (its engine still up) is marked failed")
 	fs.IntVar(&o.Rank, "rank", 0, "run as this rank of a group (with --world-size and --store)")
 	fs.IntVar(&o.WorldSize, "world-size", 0, "ranks of the group (with --rank)")
 	fs.StringVar(&o.Store, "store", "", "rendezvous: etcd host:port, etcd://..., or http://host:port/path (with --rank)")
@@ -111,16 +112,8 @@ right), 1 otherwise.`,
 }
 
 func (o benchCollOptions) sweep() (collbench.Config, error) {
-	lo, err := bench.ParseSize(o.MinBytes)
-	if err != nil {
-		return collbench.Config{}, fmt.Errorf("--min-bytes: %w", err)
-	}
-	hi, err := bench.ParseSize(o.MaxBytes)
-	if err != nil {
-		return collbench.Config{}, fmt.Errorf("--max-bytes: %w", err)
-	}
 	cfg := collbench.Config{
-		Collective: o.Collective, MinBytes: lo, MaxBytes: hi, Factor: o.Factor,
+		Collective: o.Collective, MinBytes: o.MinBytes, MaxBytes: o.MaxBytes, Factor: o.Factor,
 		Iters: o.Iters, Warmup: o.Warmup, Check: o.Check, KillRank: o.KillRank, KillAfter: o.KillAfter,
 	}
 	if err := cfg.Validate(); err != nil {
@@ -133,14 +126,10 @@ func (o benchCollOptions) sweep() (collbench.Config, error) {
 }
 
 func (o benchCollOptions) slotSize() (int, error) {
-	s, err := bench.ParseSize(o.SlotSize)
-	if err != nil {
-		return 0, fmt.Errorf("--slot-size: %w", err)
+	if s := o.SlotSize; s < 64 || s%64 != 0 || s > 1<<30 {
+		return 0, fmt.Errorf("--slot-size %s: want a multiple of 64 bytes up to 1G", units.FormatSize(s))
 	}
-	if s < 64 || s%64 != 0 || s > 1<<30 {
-		return 0, fmt.Errorf("--slot-size %s: want a multiple of 64 bytes up to 1G", o.SlotSize)
-	}
-	return int(s), nil
+	return int(o.SlotSize), nil
 }
 
 // runBenchColl launches o.Ranks local ranks and prints their merged rows.
@@ -162,10 +151,10 @@ func runBenchColl(ctx context.Context, o benchCollOptions, p *printer) error {
 		return fmt.Errorf("find this binary to start ranks: %w", err)
 	}
 	args := []string{"bench", "coll", "--emit-rows",
-		"--collective", o.Collective, "-b", o.MinBytes, "-e", o.MaxBytes, "-f", strconv.FormatInt(o.Factor, 10),
+		"--collective", o.Collective, "-b", units.FormatSize(o.MinBytes), "-e", units.FormatSize(o.MaxBytes), "-f", strconv.FormatInt(o.Factor, 10),
 		"--iters", strconv.Itoa(o.Iters), "--warmup", strconv.Itoa(o.Warmup),
 		"--kill-rank", strconv.Itoa(o.KillRank), "--kill-after", strconv.Itoa(o.KillAfter),
-		"--slot-size", o.SlotSize, "--slots", strconv.Itoa(o.Slots), "--timeout", o.Timeout.String(),
+		"--slot-size", units.FormatSize(o.SlotSize), "--slots", strconv.Itoa(o.Slots), "--timeout", o.Timeout.String(),
 		"--check=" + strconv.FormatBool(o.Check)}
 	if !p.JSON() {
 		fmt.Fprintf(p.Out, "%d ranks on loopback, rendezvous in an embedded etcd\n", o.Ranks)

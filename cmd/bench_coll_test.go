@@ -28,8 +28,8 @@ func TestBenchCollRanksAcrossInvocations(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		var out, stderr bytes.Buffer
-		o := benchCollOptions{Collective: "all_to_all", MinBytes: "8", MaxBytes: "8K", Factor: 32, Iters: 2, Warmup: 1,
-			Check: true, KillRank: -1, SlotSize: "4K", Slots: 2, Timeout: 10 * time.Second,
+		o := benchCollOptions{Collective: "all_to_all", MinBytes: 8, MaxBytes: 8 << 10, Factor: 32, Iters: 2, Warmup: 1,
+			Check: true, KillRank: -1, SlotSize: 4 << 10, Slots: 2, Timeout: 10 * time.Second,
 			Rank: 1, WorldSize: 2, Store: srv.URL + "/metadata", Group: "cmdtest", BindAddress: "127.0.0.1"}
 		errs[1] = runBenchCollRank(context.Background(), o, &printer{Out: &out, Err: &stderr, format: "table"})
 		outs[1] = out.String()

@@ -16,12 +16,13 @@ import (
 
 	ebench "github.com/kvcache-ops/mc/pkg/engine/bench"
 	sbench "github.com/kvcache-ops/mc/pkg/store/bench"
+	"github.com/kvcache-ops/mc/pkg/units"
 )
 
 type benchStoreOptions struct {
 	Data        storeDataOptions
 	Master      string
-	ValueSizes  string
+	ValueSizes  []int64
 	Op          string
 	GetRatio    float64
 	Concurrency string
@@ -29,7 +30,7 @@ type benchStoreOptions struct {
 	Duration    time.Duration
 	Keys        int
 	Verify      bool
-	SegmentSize string
+	SegmentSize int64
 	Plot        string
 	// Progress forces (true) or suppresses (false) the live line; nil
 	// means "on a terminal".
@@ -64,15 +65,15 @@ engine, as mc bench initiator does with its embedded target.`,
 	f := cmd.Flags()
 	o.Data.addFlags(f)
 	f.StringVar(&o.Master, "master", "", "store master host:port, etcd://H:P[;H:P] for HA masters, or mooncake://H:P for a mooncake_master (default: an embedded store over loopback TCP)")
-	f.StringVar(&o.ValueSizes, "value-size", "4K,64K,1M,16M", "value sizes, comma-separated (4K, 1M, 16M ...)")
+	sizeListVar(f, &o.ValueSizes, "value-size", []int64{4 << 10, 64 << 10, 1 << 20, 16 << 20}, "value sizes, comma-separated")
 	f.StringVar(&o.Op, "op", "get", "put, get or mix (comma-separated to run several)")
 	f.Float64Var(&o.GetRatio, "get-ratio", 0.9, "share of gets with --op mix")
 	f.StringVar(&o.Concurrency, "concurrency", "1", "concurrent callers, comma-separated for a curve (1,4,16,64)")
 	f.IntVar(&o.Batch, "batch", 1, "keys per call (BatchPut / BatchGet)")
-	f.DurationVar(&o.Duration, "duration", 5*time.Second, "time per row")
+	durationVar(f, &o.Duration, "duration", 5*time.Second, "time per row")
 	f.IntVar(&o.Keys, "keys", 0, "keys gets read from (0: enough to spread reads over half the store)")
 	f.BoolVar(&o.Verify, "verify", false, "check every byte of every get")
-	f.StringVar(&o.SegmentSize, "segment-size", "2G", "the embedded store's segment (without --master); it is faulted in before measuring")
+	sizeVar(f, &o.SegmentSize, "segment-size", 2<<30, "the embedded store's segment (without --master); it is faulted in before measuring")
 	f.StringVar(&o.Plot, "plot", "", "draw objects/s and p99 latency against concurrency as SVG to this file")
 	_ = cmd.RegisterFlagCompletionFunc("op", cobra.FixedCompletions(sbench.Ops, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -92,9 +93,14 @@ func parseIntList(flag, s string) ([]int, error) {
 
 func (o benchStoreOptions) config() (sbench.Config, error) {
 	var cfg sbench.Config
-	sizes, err := ebench.ParseSizeList(o.ValueSizes)
-	if err != nil {
-		return cfg, fmt.Errorf("invalid --value-size: %w", err)
+	sizes := o.ValueSizes
+	for _, s := range sizes {
+		if s <= 0 {
+			return cfg, fmt.Errorf("invalid --value-size %s: want sizes of more than 0 bytes", units.FormatSizes(sizes))
+		}
+	}
+	if len(sizes) == 0 {
+		return cfg, fmt.Errorf("invalid --value-size: give at least one size")
 	}
 	conc, err := parseIntList("concurrency", o.Concurrency)
 	if err != nil {
@@ -110,9 +116,9 @@ func (o benchStoreOptions) config() (sbench.Config, error) {
 			return cfg, fmt.Errorf("invalid --op %q: want put, get or mix", op)
 		}
 	}
-	seg, err := ebench.ParseSize(o.SegmentSize)
-	if err != nil || seg <= 0 {
-		return cfg, fmt.Errorf("invalid --segment-size %q", o.SegmentSize)
+	seg := o.SegmentSize
+	if seg <= 0 {
+		return cfg, fmt.Errorf("invalid --segment-size %d: want more than 0 bytes", seg)
 	}
 	switch {
 	case o.Batch <= 0:

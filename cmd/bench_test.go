@@ -73,9 +73,9 @@ func startTarget(t *testing.T, opts ...func(*benchTargetOptions)) (segment strin
 	done := make(chan error, 1)
 	var out bytes.Buffer
 	p := &printer{Out: &out, Err: &out, format: "table"}
-	o := benchTargetOptions{BufferSize: "64M", Ready: func(tg *bench.Target) { ready <- tg.Engine.SegmentName() }}
+	o := benchTargetOptions{BufferSize: 64 << 20, Ready: func(tg *bench.Target) { ready <- tg.Engine.SegmentName() }}
 	o.Protocol, o.MetadataServer, o.BindAddress = "tcp", "P2PHANDSHAKE", "127.0.0.1"
-	o.MinRPCPort, o.MaxRPCPort, o.StatusTimeout, o.TCPLanes = 15000, 17000, 2, 4
+	o.MinRPCPort, o.MaxRPCPort, o.StatusTimeout, o.TCPLanes = 15000, 17000, 2*time.Second, 4
 	for _, f := range opts {
 		f(&o)
 	}
@@ -161,18 +161,19 @@ func TestBenchBadInput(t *testing.T) {
 	isolateEnv(t)
 	cases := map[string][]string{
 		`--protocol "ib" is not supported: want one of: tcp, rdma`: {"--protocol", "ib"},
-		`need --protocol rdma`:                                      {"--device-name", "soft0"},
-		`--device-name: device "soft0" listed twice`:                {"--protocol", "rdma", "--device-name", "soft0,soft0"},
-		`--nic-priority-matrix: read priority matrix`:               {"--protocol", "rdma", "--nic-priority-matrix", "/nonexistent/matrix.json"},
-		`--block-size: size "0"`:                                    {"--block-size", "4K,0"},
-		`--operation "copy": want read or write`:                    {"--operation", "copy"},
-		`--duration "-1" must be positive`:                          {"--duration", "-1"},
-		`--backend "tent" is not supported`:                         {"--backend", "tent"},
-		`--tcp-lanes -1: want 0 (a connection per request) or more`: {"--tcp-lanes", "-1"},
-		`--tcp-event-loops 65: want 0 (the default) to 64`:          {"--tcp-event-loops", "65"},
-		`--tcp-event-loops -1: want 0 (the default) to 64`:          {"--tcp-event-loops", "-1"},
-		`peer 127.0.0.1:1 unreachable`:                              {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
-		`--handshake-max-length 200000000: want 1 to`:               {"--handshake-max-length", "200000000"},
+		`need --protocol rdma`:                                                                           {"--device-name", "soft0"},
+		`--device-name: device "soft0" listed twice`:                                                     {"--protocol", "rdma", "--device-name", "soft0,soft0"},
+		`--nic-priority-matrix: read priority matrix`:                                                    {"--protocol", "rdma", "--nic-priority-matrix", "/nonexistent/matrix.json"},
+		`--block-size 4K,0: want sizes of more than 0 bytes`:                                             {"--block-size", "4K,0"},
+		`--operation "copy": want read or write`:                                                         {"--operation", "copy"},
+		`invalid argument "-1" for "--duration" flag: negative; want seconds (10, 0.5) or a Go duration`: {"--duration", "-1"},
+		`--duration 0s: want more than 0`:                                                                {"--duration", "0"},
+		`--backend "tent" is not supported`:                                                              {"--backend", "tent"},
+		`--tcp-lanes -1: want 0 (a connection per request) or more`:                                      {"--tcp-lanes", "-1"},
+		`--tcp-event-loops 65: want 0 (the default) to 64`:                                               {"--tcp-event-loops", "65"},
+		`--tcp-event-loops -1: want 0 (the default) to 64`:                                               {"--tcp-event-loops", "-1"},
+		`peer 127.0.0.1:1 unreachable`:                                                                   {"--segment-id", "127.0.0.1:1", "--bind-address", "127.0.0.1"},
+		`--handshake-max-length 200000000: want 1 to`:                                                    {"--handshake-max-length", "200000000"},
 		// Frames over the limit are refused, so a 64-byte limit cannot
 		// carry a descriptor: proof the limit reaches the handshake.
 		`read Metadata reply`: {"--handshake-max-length", "64", "--bind-address", "127.0.0.1"},
@@ -223,7 +224,7 @@ func TestBenchRDMAEmbeddedVerify(t *testing.T) {
 func TestBenchRDMATargetAndInitiator(t *testing.T) {
 	isolateEnv(t)
 	seg, stop := startTarget(t, func(o *benchTargetOptions) {
-		o.Protocol, o.DeviceName, o.BufferSize = "rdma", "soft0,soft1", "16M"
+		o.Protocol, o.DeviceName, o.BufferSize = "rdma", "soft0,soft1", 16<<20
 	})
 	for _, op := range []string{"write", "read"} {
 		out, _, err := runCmd(t, "bench", "initiator", "--protocol", "rdma", "--device_name", "soft0,soft1", "--segment_id", seg,
@@ -278,7 +279,7 @@ func TestBenchTargetStopsWithMetadataServerGone(t *testing.T) {
 	}
 	ms := strings.TrimPrefix(ee.Endpoints()[0], "http://")
 	_, stop := startTarget(t, func(o *benchTargetOptions) {
-		o.MetadataServer, o.LocalServerName, o.BufferSize = ms, "node1", "1M"
+		o.MetadataServer, o.LocalServerName, o.BufferSize = ms, "node1", 1<<20
 	})
 	ee.Close()
 	start := time.Now()

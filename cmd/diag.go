@@ -21,7 +21,7 @@ import (
 func newDiagCmd(p *printer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "diag",
-		Short: "Diagnose transfer-engine failures from kernel counters and logs",
+		Short: "Diagnose transfer-engine failures (queue-pair leaks) from kernel counters and logs",
 		// A mistyped check must not read as healthy to cron or Nagios.
 		Annotations: map[string]string{usageExitAnnotation: "3"},
 	}
@@ -84,8 +84,8 @@ Exit status: 0 healthy, 1 suspect, 2 leak, 3 unknown (input unreadable).`,
 	f.IntVar(&o.MaxEPPerCtx, "max-ep-per-ctx", 0, "endpoint store size per NIC (Mooncake MC_MAX_EP_PER_CTX); 0: the peers in the logs, else assume Mooncake's default, 65536")
 	f.Int64Var(&o.MaxQP, "max-qp", 0, "the NIC's max_qp (ibv_devinfo -v), for the time left at the current growth; 0: unknown")
 	f.StringVar(&o.TEVersion, "te-version", "", "the transfer engine's Mooncake version, when the logs do not say it")
-	f.DurationVar(&o.Watch, "watch", 0, "sample live for this long, tailing the logs, then report")
-	f.DurationVar(&o.Interval, "interval", 10*time.Second, "time between live samples with --watch")
+	durationVar(f, &o.Watch, "watch", 0, "sample live for this long, tailing the logs, then report")
+	durationVar(f, &o.Interval, "interval", 10*time.Second, "time between live samples with --watch")
 	f.StringVar(&o.RDMABin, "rdma-bin", "rdma", "the iproute2 rdma binary to run when no --rdma file is given")
 	f.BoolVar(&o.PerQP, "per-qp", false, "when sampling live, list every QP ('rdma -j resource show qp'): owners and states, slower with many QPs")
 	f.IntVar(&o.Top, "top", 10, "peers listed in the table output")

@@ -62,7 +62,7 @@ func addMetaFlags(f *pflag.FlagSet, o *metaOptions, segments bool) {
 	f.StringVar(&o.MetadataServer, "metadata-server", "", "metadata server: etcd host:port[,host:port], etcd://h:p;h:p or http://host:port/path")
 	f.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/")
 	envName(f, "metadata-cluster-id", "MC_METADATA_CLUSTER_ID")
-	f.DurationVar(&o.ProbeTimeout, "probe-timeout", metascan.DefaultProbeTimeout, "bound on one segment's probe")
+	durationVar(f, &o.ProbeTimeout, "probe-timeout", metascan.DefaultProbeTimeout, "bound on one segment's probe")
 	if segments {
 		f.StringArrayVar(&o.Segments, "segment", nil, "only this segment (repeatable; required with an http:// server, which cannot list)")
 		f.IntVar(&o.ProbeConcurrency, "probe-concurrency", metascan.DefaultProbeConcurrency, "most probes in flight (one socket each)")

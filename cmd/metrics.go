@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvcache-ops/mc/pkg/engine"
 )
 
 // serveMetrics serves /metrics (Prometheus text) and /health on addr until
@@ -44,4 +46,29 @@ func serveMetrics(ctx context.Context, addr string, cs ...prometheus.Collector) 
 		_ = srv.Shutdown(sctx)
 	}()
 	return ln.Addr().String(), nil
+}
+
+// engineCollector exports an engine's task counts (engine.Stats): the
+// transfer engine's throughput and failed tasks, by operation.
+type engineCollector struct {
+	e            *engine.Engine
+	tasks, bytes *prometheus.Desc
+}
+
+func newEngineCollector(e *engine.Engine) *engineCollector {
+	return &engineCollector{e: e,
+		tasks: prometheus.NewDesc("mc_engine_tasks_total", "Transfer tasks this engine initiated that finished, by operation and status (completed, failed).", []string{"operation", "status"}, nil),
+		bytes: prometheus.NewDesc("mc_engine_transferred_bytes_total", "Bytes this engine's tasks moved, by operation (a failed task's partial bytes too).", []string{"operation"}, nil),
+	}
+}
+
+func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.tasks; ch <- c.bytes }
+
+func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.e.Stats()
+	for op, name := range map[engine.Opcode]string{engine.Read: "read", engine.Write: "write"} {
+		ch <- prometheus.MustNewConstMetric(c.tasks, prometheus.CounterValue, float64(s.Completed[op]), name, "completed")
+		ch <- prometheus.MustNewConstMetric(c.tasks, prometheus.CounterValue, float64(s.Failed[op]), name, "failed")
+		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.Bytes[op]), name)
+	}
 }

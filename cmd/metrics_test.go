@@ -23,9 +23,9 @@ func TestBenchTargetMetrics(t *testing.T) {
 	var out bytes.Buffer
 	p := &printer{Out: &out, Err: &out, format: "table"}
 	addrc := make(chan string, 1)
-	o := benchTargetOptions{BufferSize: "16M", MetricsListen: "127.0.0.1:0"}
+	o := benchTargetOptions{BufferSize: 16 << 20, MetricsListen: "127.0.0.1:0"}
 	o.Protocol, o.DeviceName, o.MetadataServer, o.BindAddress = "rdma", "soft0,soft1", "P2PHANDSHAKE", "127.0.0.1"
-	o.MinRPCPort, o.MaxRPCPort, o.StatusTimeout, o.TCPLanes = 15000, 17000, 2, 4
+	o.MinRPCPort, o.MaxRPCPort, o.StatusTimeout, o.TCPLanes = 15000, 17000, 2*time.Second, 4
 	o.Ready = func(*bench.Target) {
 		// Same goroutine as the writes to out: safe to read here.
 		m := regexp.MustCompile(`metrics http://(\S+)/metrics`).FindStringSubmatch(out.String())

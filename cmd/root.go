@@ -76,10 +76,27 @@ func newRootCmd(p *printer) *cobra.Command {
 	var g globalOptions
 	root := &cobra.Command{
 		Use:   "mc",
-		Short: "Transfer-engine toolkit and ops suite for disaggregated LLM serving",
-		Long: `mc benchmarks, inspects and diagnoses the KV-cache transfer layer of
-disaggregated LLM serving (Mooncake-compatible): transfer benchmarks over TCP,
-NIC topology discovery, metadata services and queue-pair leak diagnostics.`,
+		Short: "Toolkit for disaggregated LLM serving: transfer engine, KV-cache store, diagnostics",
+		Long: `mc is one binary for the people who run disaggregated LLM serving (prefill
+and decode on separate GPU pools, the KV cache shipped between them), built on
+its own transfer engine and compatible with Mooncake's wire formats, flags,
+metadata and admin API. It is for:
+
+  transfer benchmarks    mc bench initiator/target: over TCP and RDMA (real
+                         NICs or software ones), transfer_engine_bench's flags
+  NIC topology           mc topo: which NIC each GPU and NUMA node should use
+  KV-cache store         mc serve store (master, nodes, HA), mc store (put, get,
+                         rm, ls, stat, query, replay), mc bench store
+  collectives            mc bench coll: all-reduce and friends over the engine
+  Conductor simulator    mc sim conductor: Mooncake's scheduler on request traces
+  metadata services      mc serve metadata (etcd or HTTP), mc meta (list, probe,
+                         clean up segments)
+  QP-leak diagnostics    mc diag qp-leak: rdma counters and engine logs to a
+                         verdict
+
+Sizes read 4096, 4K, 4KiB or "4 GB" (K = 1024); durations read seconds (10)
+or Go durations (500ms, 2m). Every flag can also be set by an MC_*
+environment variable or in $XDG_CONFIG_HOME/mc/config.yaml.`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {

@@ -300,3 +300,33 @@ func TestConfigUnknownKeysAndConfExtension(t *testing.T) {
 		t.Errorf("warned about a known key (bench.block_size or output): %q", errOut)
 	}
 }
+
+// The first screen a newcomer sees says what mc is for (issue #25: the
+// store, collectives and the Conductor simulator were missing, and RDMA),
+// and every command it points at exists.
+func TestRootHelpSaysWhatMCIsFor(t *testing.T) {
+	isolateEnv(t)
+	out, _, err := runCmd(t, "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	intro, _, _ := strings.Cut(out, "Usage:")
+	for _, want := range []string{"transfer benchmarks", "TCP and RDMA", "NIC topology", "KV-cache store", "collectives",
+		"Conductor simulator", "metadata services", "QP-leak diagnostics", `"4 GB" (K = 1024)`, "seconds (10)"} {
+		if !strings.Contains(intro, want) {
+			t.Errorf("mc --help does not say %q:\n%s", want, intro)
+		}
+	}
+	_, list, _ := strings.Cut(intro, "It is for:")
+	root := newRootCmd(&printer{})
+	for _, m := range regexp.MustCompile(`mc ([a-z]+)(?: ([a-z-]+))?`).FindAllStringSubmatch(list, -1) {
+		args := []string{m[1]}
+		if m[2] != "" {
+			args = append(args, m[2])
+		}
+		c, rest, err := root.Find(args)
+		if err != nil || c == root || (len(rest) > 0 && c.HasSubCommands()) {
+			t.Errorf("mc --help names %q, which is no command (%v, rest %q)", m[0], err, rest)
+		}
+	}
+}

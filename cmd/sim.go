@@ -18,7 +18,7 @@ import (
 func newSimCmd(p *printer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sim",
-		Short: "Simulate schedulers on request traces",
+		Short: "Simulate Mooncake's Conductor and other schedulers on request traces",
 		Args:  cobra.NoArgs,
 	}
 	cmd.AddCommand(newSimConductorCmd(p))
@@ -96,8 +96,8 @@ writes per-second prefill and decode load as CSV and --plot FILE.svg draws it
 	f.IntVar(&o.Decode, "decode", 2, "decode instances")
 	f.StringVar(&o.Schedulers, "scheduler", "kvcache-centric", "random, load-balancing, cache-aware, kvcache-centric (comma list)")
 	f.StringVar(&o.Rejections, "rejection", "none", "none, early, predicted (comma list)")
-	f.DurationVar(&o.TTFTSLO, "ttft-slo", 10*time.Second, "time-to-first-token SLO")
-	f.DurationVar(&o.TBTSLO, "tbt-slo", 100*time.Millisecond, "time-between-tokens SLO")
+	durationVar(f, &o.TTFTSLO, "ttft-slo", 10*time.Second, "time-to-first-token SLO")
+	durationVar(f, &o.TBTSLO, "tbt-slo", 100*time.Millisecond, "time-between-tokens SLO")
 	f.IntVar(&o.CacheBlocks, "cache-blocks-per-instance", 20000, "prefix cache of each prefill instance, in 512-token blocks (0: unbounded)")
 	f.StringVar(&o.CachePolicy, "cache-policy", "lru", "eviction policy of the prefix caches: "+strings.Join(policy.Names, ", "))
 	f.Float64Var(&o.BalancingThreshold, "balancing-threshold", 1.5, "kvcache_balancing_threshold of Algorithm 1 (at least 1)")
@@ -105,16 +105,16 @@ writes per-second prefill and decode load as CSV and --plot FILE.svg draws it
 	f.Uint64Var(&o.Seed, "seed", 1, "seed of the random scheduler")
 	f.StringVar(&o.LoadTrace, "load-trace", "", "write per-second prefill and decode load as CSV to this file")
 	f.StringVar(&o.Plot, "plot", "", "draw the load over time as SVG to this file")
-	f.DurationVar(&o.Cost.PrefillBase, "prefill-base", def.PrefillBase, "fixed cost of a prefill")
+	durationVar(f, &o.Cost.PrefillBase, "prefill-base", def.PrefillBase, "fixed cost of a prefill")
 	f.Float64Var(&o.Cost.PrefillTokensPerSec, "prefill-tokens-per-sec", def.PrefillTokensPerSec, "prefill throughput of an instance")
 	f.Float64Var(&o.Cost.AttnSecPerToken2, "attn-sec-per-token2", def.AttnSecPerToken2, "attention cost, seconds per uncached × context token")
-	f.DurationVar(&o.Cost.DecodeBase, "decode-base", def.DecodeBase, "fixed cost of a decode step")
-	f.DurationVar(&o.Cost.DecodePerSeq, "decode-per-seq", def.DecodePerSeq, "decode step cost per sequence in the batch")
-	f.DurationVar(&o.Cost.DecodePerCtxToken, "decode-per-ctx-token", def.DecodePerCtxToken, "decode step cost per context token in the batch")
+	durationVar(f, &o.Cost.DecodeBase, "decode-base", def.DecodeBase, "fixed cost of a decode step")
+	durationVar(f, &o.Cost.DecodePerSeq, "decode-per-seq", def.DecodePerSeq, "decode step cost per sequence in the batch")
+	durationVar(f, &o.Cost.DecodePerCtxToken, "decode-per-ctx-token", def.DecodePerCtxToken, "decode step cost per context token in the batch")
 	f.IntVar(&o.Cost.DecodeKVTokens, "decode-kv-tokens", def.DecodeKVTokens, "KV cache of a decode instance, in tokens (0: unbounded)")
-	f.Int64Var(&o.Cost.BlockBytes, "block-bytes", def.BlockBytes, "KV cache bytes of one 512-token block")
+	sizeVar(f, &o.Cost.BlockBytes, "block-bytes", def.BlockBytes, "KV cache bytes of one 512-token block")
 	f.Float64Var(&o.Cost.LinkGBps, "link-gbps", def.LinkGBps, "KV transfer bandwidth between instances, GB/s")
-	f.DurationVar(&o.Cost.TransferLatency, "transfer-latency", def.TransferLatency, "fixed cost of a KV transfer")
+	durationVar(f, &o.Cost.TransferLatency, "transfer-latency", def.TransferLatency, "fixed cost of a KV transfer")
 	_ = cmd.MarkFlagFilename("trace", "jsonl")
 	_ = cmd.RegisterFlagCompletionFunc("cache-policy", cobra.FixedCompletions(policy.Names, cobra.ShellCompDirectiveNoFileComp))
 	return cmd

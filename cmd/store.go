@@ -20,7 +20,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
-	"github.com/kvcache-ops/mc/pkg/engine/bench"
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/store"
@@ -81,33 +80,33 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 type serveStoreOptions struct {
 	Data                  storeDataOptions
 	Master                string
-	SegmentSize           string
+	SegmentSize           int64
 	RPCPort               int
 	Port                  int
 	RPCAddress            string
 	MetricsPort           int
 	NodeAdmin             bool // --metrics-port given (a node's admin HTTP is off by default)
-	LeaseTTL              string
-	SoftPinTTL            string
-	MaxSoftPinTTL         string
+	LeaseTTL              time.Duration
+	SoftPinTTL            time.Duration
+	MaxSoftPinTTL         time.Duration
 	AllowEvictSoftPinned  bool
 	EvictionRatio         float64
 	HighWatermark         float64
-	ClientTTL             int
+	ClientTTL             time.Duration
 	ClusterID             string
-	PutDiscardTimeoutSec  int
-	PutReleaseTimeoutSec  int
+	PutDiscardTimeout     time.Duration
+	PutReleaseTimeout     time.Duration
 	AllocationStrategy    string
 	RPCThreadNum          int
 	EnableMetricReporting bool
 	ConfigPath            string
-	RegionSize            string
+	RegionSize            int64
 	MaxRegionsPerInstance int
 	ExistKeyGrantLease    bool
 	EnableHA              bool
 	HABackend             string
 	EtcdEndpoints         string
-	HALeaseTTL            int
+	HALeaseTTL            time.Duration
 	HASnapshotInterval    time.Duration
 	HASnapshotRecords     int
 	EvictionPolicy        string
@@ -153,7 +152,9 @@ cluster id from MC_STORE_CLUSTER_ID (or --cluster-id for a node).
 
 mooncake_master's flags are accepted under their own names
 (--rpc_port, --default_kv_lease_ttl, --eviction_high_watermark_ratio, ...).
---default_kv_lease_ttl takes milliseconds or a unit suffix (ms, s, m, h).
+The TTL flags take milliseconds as mooncake_master does (--default_kv_lease_ttl
+10000) or a Go duration (10s); the other durations take seconds or a Go
+duration.
 --rpc_thread_num is accepted for compatibility: gRPC sizes its own workers.
 --config_path reads mooncake_master's config file (JSON or YAML, keys are
 the flag names); flags on the command line win over it.
@@ -195,32 +196,32 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	f := cmd.Flags()
 	o.Data.addFlags(f)
 	f.StringVar(&o.Master, "master", "", "run as a node of this master: host:port, etcd://H:P[;H:P] for HA masters, or mooncake://H:P for a mooncake_master (default: run a master here)")
-	f.StringVar(&o.SegmentSize, "segment-size", "1G", "bytes of memory this process contributes (0: master only)")
+	sizeVar(f, &o.SegmentSize, "segment-size", 1<<30, "memory this process contributes (0: master only)")
 	f.IntVar(&o.RPCPort, "rpc-port", 50051, "master RPC port (0: use the deprecated --port)")
 	f.IntVar(&o.Port, "port", 50051, "deprecated spelling of --rpc-port")
 	f.StringVar(&o.RPCAddress, "rpc-address", "0.0.0.0", "address the master listens on")
 	f.IntVar(&o.MetricsPort, "metrics-port", 9003, "admin HTTP port (/metrics, /health, ...); 0 disables it; a node (--master) serves one only when this is given")
-	f.StringVar(&o.LeaseTTL, "default-kv-lease-ttl", "10000", "read lease granted by a get: ms, or with a unit (10s)")
-	f.StringVar(&o.SoftPinTTL, "default-kv-soft-pin-ttl", "30m", "soft pin lifetime when a put asks for none (ms or with a unit)")
-	f.StringVar(&o.MaxSoftPinTTL, "max-kv-soft-pin-ttl", "24h", "longest soft pin a put may ask for (ms or with a unit)")
+	msDurationVar(f, &o.LeaseTTL, "default-kv-lease-ttl", 10*time.Second, "read lease granted by a get")
+	msDurationVar(f, &o.SoftPinTTL, "default-kv-soft-pin-ttl", 30*time.Minute, "soft pin lifetime when a put asks for none")
+	msDurationVar(f, &o.MaxSoftPinTTL, "max-kv-soft-pin-ttl", 24*time.Hour, "longest soft pin a put may ask for")
 	f.BoolVar(&o.AllowEvictSoftPinned, "allow-evict-soft-pinned-objects", true, "evict soft-pinned objects when nothing else is left")
 	f.Float64Var(&o.EvictionRatio, "eviction-ratio", master.DefaultEvictionRatio, "fraction of capacity an eviction round frees")
 	f.Float64Var(&o.HighWatermark, "eviction-high-watermark-ratio", master.DefaultHighWatermark, "used/capacity above which eviction runs")
-	f.IntVar(&o.ClientTTL, "client-ttl", 10, "seconds without a ping before a client is dropped and its segments unmounted")
+	durationVar(f, &o.ClientTTL, "client-ttl", 10*time.Second, "time without a ping before a client is dropped and its segments unmounted")
 	f.StringVar(&o.ClusterID, "cluster-id", "mooncake_cluster", "cluster id (names this store in logs and /health; the HA key prefix)")
-	f.IntVar(&o.PutDiscardTimeoutSec, "put-start-discard-timeout-sec", 30, "seconds after which a put with no PutEnd is discarded")
-	f.IntVar(&o.PutReleaseTimeoutSec, "put-start-release-timeout-sec", 600, "seconds after a discarded put's start before its space is reused")
+	durationVar(f, &o.PutDiscardTimeout, "put-start-discard-timeout-sec", 30*time.Second, "time after which a put with no PutEnd is discarded")
+	durationVar(f, &o.PutReleaseTimeout, "put-start-release-timeout-sec", 600*time.Second, "time after a discarded put's start before its space is reused")
 	f.StringVar(&o.AllocationStrategy, "allocation-strategy", master.DefaultAllocationStrategy, "placement: random, free_ratio_first or local_first")
 	f.IntVar(&o.RPCThreadNum, "rpc-thread-num", 0, "accepted for mooncake_master compatibility (gRPC sizes its own workers)")
 	f.BoolVar(&o.EnableMetricReporting, "enable-metric-reporting", false, "log a summary line every 10 s")
 	f.StringVar(&o.ConfigPath, "config-path", "", "mooncake_master config file (JSON or YAML; command-line flags win)")
-	f.StringVar(&o.RegionSize, "region-size", "64M", "piece of a segment handed to one writing client")
+	sizeVar(f, &o.RegionSize, "region-size", 64<<20, "piece of a segment handed to one writing client")
 	f.IntVar(&o.MaxRegionsPerInstance, "max-regions-per-instance", 0, "regions one client may hold (0: unlimited)")
 	f.BoolVar(&o.EnableHA, "enable-ha", false, "run as an HA master candidate: leader election and op log in etcd")
 	f.StringVar(&o.HABackend, "ha-backend-connstring", "", "etcd for HA, etcd://H:P[,H:P] (default: --etcd-endpoints)")
 	f.StringVar(&o.EtcdEndpoints, "etcd-endpoints", "", "etcd endpoints for HA, H:P[;H:P] (used when --ha-backend-connstring is empty)")
-	f.IntVar(&o.HALeaseTTL, "ha-lease-ttl", 5, "seconds of the leader lease; a leader that cannot renew it steps down")
-	f.DurationVar(&o.HASnapshotInterval, "ha-snapshot-interval", 10*time.Minute, "snapshot the HA state and compact the op log this often")
+	durationVar(f, &o.HALeaseTTL, "ha-lease-ttl", 5*time.Second, "the leader lease, whole seconds; a leader that cannot renew it steps down")
+	durationVar(f, &o.HASnapshotInterval, "ha-snapshot-interval", 10*time.Minute, "snapshot the HA state and compact the op log this often")
 	f.IntVar(&o.HASnapshotRecords, "ha-snapshot-records", 100000, "snapshot the HA state and compact the op log after this many records")
 	f.BoolVar(&o.ExistKeyGrantLease, "exist-key-grant-lease", false, "ExistKey grants a read lease as Mooncake's does (off: probes never pin objects)")
 	envName(f, "cluster-id", store.ClusterIDEnv)
@@ -276,34 +277,16 @@ func applyMasterConfigFile(fs *pflag.FlagSet, vals map[string]string) error {
 
 func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	var cfg server.Config
-	seg, err := int64(0), error(nil)
-	if strings.TrimSpace(o.SegmentSize) != "0" {
-		seg, err = bench.ParseSize(o.SegmentSize)
-	}
-	if err != nil || seg < 0 {
-		return cfg, fmt.Errorf("invalid --segment-size %q: want bytes with an optional unit (512M, 1G, 1T) or 0", o.SegmentSize)
-	}
-	region, err := bench.ParseSize(o.RegionSize)
-	if err != nil || region <= 0 {
-		return cfg, fmt.Errorf("invalid --region-size %q: want bytes with an optional unit (64M)", o.RegionSize)
-	}
-	lease, err := store.ParseTTL(o.LeaseTTL, time.Millisecond)
-	if err != nil || lease == 0 {
-		return cfg, fmt.Errorf("invalid --default-kv-lease-ttl %q: want milliseconds or a duration with ms, s, m or h", o.LeaseTTL)
-	}
-	softPin, err := store.ParseTTL(o.SoftPinTTL, time.Millisecond)
-	if err != nil {
-		return cfg, fmt.Errorf("invalid --default-kv-soft-pin-ttl: %w", err)
-	}
-	maxSoftPin, err := store.ParseTTL(o.MaxSoftPinTTL, time.Millisecond)
-	if err != nil {
-		return cfg, fmt.Errorf("invalid --max-kv-soft-pin-ttl: %w", err)
-	}
+	seg := o.SegmentSize
 	switch {
+	case o.RegionSize <= 0:
+		return cfg, fmt.Errorf("invalid --region-size %d: want more than 0 bytes", o.RegionSize)
+	case o.LeaseTTL <= 0:
+		return cfg, fmt.Errorf("invalid --default-kv-lease-ttl %s: want more than 0", o.LeaseTTL)
 	case o.ClientTTL <= 0:
-		return cfg, fmt.Errorf("invalid --client-ttl %d: want seconds > 0", o.ClientTTL)
-	case o.PutDiscardTimeoutSec <= 0:
-		return cfg, fmt.Errorf("invalid --put-start-discard-timeout-sec %d: want seconds > 0", o.PutDiscardTimeoutSec)
+		return cfg, fmt.Errorf("invalid --client-ttl %s: want more than 0", o.ClientTTL)
+	case o.PutDiscardTimeout <= 0:
+		return cfg, fmt.Errorf("invalid --put-start-discard-timeout-sec %s: want more than 0", o.PutDiscardTimeout)
 	case o.RPCThreadNum < 0:
 		return cfg, fmt.Errorf("invalid --rpc-thread-num %d", o.RPCThreadNum)
 	case o.MetricsPort < 0 || o.MetricsPort > 65535:
@@ -343,12 +326,12 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		SegmentSize: uint64(seg),
 		Engine:      ecfg,
 		Master: master.Config{
-			KVLeaseTTL: lease, DefaultSoftPinTTL: softPin, MaxSoftPinTTL: maxSoftPin,
+			KVLeaseTTL: o.LeaseTTL, DefaultSoftPinTTL: o.SoftPinTTL, MaxSoftPinTTL: o.MaxSoftPinTTL,
 			AllowEvictSoftPinned: &allowSoft, EvictionRatio: o.EvictionRatio, HighWatermark: o.HighWatermark,
-			ClientTTL:          time.Duration(o.ClientTTL) * time.Second,
-			PutDiscardTimeout:  time.Duration(o.PutDiscardTimeoutSec) * time.Second,
-			PutReleaseTimeout:  time.Duration(o.PutReleaseTimeoutSec) * time.Second,
-			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(region),
+			ClientTTL:          o.ClientTTL,
+			PutDiscardTimeout:  o.PutDiscardTimeout,
+			PutReleaseTimeout:  o.PutReleaseTimeout,
+			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(o.RegionSize),
 			MaxRegionsPerInstance: o.MaxRegionsPerInstance, ExistKeyGrantLease: o.ExistKeyGrantLease,
 			EvictionPolicy: o.EvictionPolicy,
 		},
@@ -423,15 +406,16 @@ func (o serveStoreOptions) haConfig() (*ha.Config, error) {
 		return nil, fmt.Errorf("--enable-ha needs etcd: give --ha-backend-connstring etcd://HOST:PORT or --etcd-endpoints HOST:PORT")
 	}
 	switch {
-	case o.HALeaseTTL < 2:
-		return nil, fmt.Errorf("invalid --ha-lease-ttl %d: want whole seconds, at least 2", o.HALeaseTTL)
+	case o.HALeaseTTL < 2*time.Second || o.HALeaseTTL%time.Second != 0:
+		// etcd leases count whole seconds.
+		return nil, fmt.Errorf("invalid --ha-lease-ttl %s: want whole seconds, at least 2", o.HALeaseTTL)
 	case o.HASnapshotInterval <= 0:
 		return nil, fmt.Errorf("invalid --ha-snapshot-interval %s: want a positive duration", o.HASnapshotInterval)
 	case o.HASnapshotRecords <= 0:
 		return nil, fmt.Errorf("invalid --ha-snapshot-records %d: want 1 or more", o.HASnapshotRecords)
 	}
 	return &ha.Config{
-		Endpoints: eps, ClusterID: o.ClusterID, LeaseTTL: time.Duration(o.HALeaseTTL) * time.Second,
+		Endpoints: eps, ClusterID: o.ClusterID, LeaseTTL: o.HALeaseTTL,
 		SnapshotInterval: o.HASnapshotInterval, SnapshotRecords: o.HASnapshotRecords,
 	}, nil
 }
@@ -624,6 +608,10 @@ func newStorePutCmd(p *printer) *cobra.Command {
 }
 
 func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *printer) error {
+	// Before reading the value: "-" would wait on standard input first.
+	if err := checkKeys("put", key); err != nil {
+		return err
+	}
 	if o.Replicas < 1 || o.Replicas > store.MaxReplicas {
 		return fmt.Errorf("invalid --replicas %d: want 1 to %d", o.Replicas, store.MaxReplicas)
 	}
@@ -686,11 +674,42 @@ prints the value base64-encoded in a JSON object instead.`,
 	return cmd
 }
 
+// checkKeys refuses a key the master would refuse (store.CheckKey: empty,
+// over store.MaxKeyLength bytes, a NUL byte) before anything connects or
+// reads a value, with one message for every verb:
+// store <verb>: invalid key "<key>": <why>.
+func checkKeys(verb string, keys ...string) error {
+	for i, k := range keys {
+		err := store.CheckKey(k)
+		if err == nil {
+			continue
+		}
+		var se *store.Error
+		why := err.Error()
+		if errors.As(err, &se) {
+			why = se.Msg
+		}
+		shown := strconv.Quote(k)
+		if len(k) > 64 {
+			// The whole of a 5000-byte key would bury the message.
+			shown = strconv.Quote(k[:64]) + "..."
+		}
+		if len(keys) > 1 {
+			shown += fmt.Sprintf(" (argument %d)", i+1)
+		}
+		return fmt.Errorf("store %s: invalid key %s: %s", verb, shown, why)
+	}
+	return nil
+}
+
 // outputMayBeFile marks a command whose -o takes a file name besides the
 // table|json formats (mc store get KEY -o FILE).
 const outputMayBeFile = "mc_output_may_be_file"
 
 func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer) error {
+	if err := checkKeys("get", key); err != nil {
+		return err
+	}
 	c, err := o.client(ctx)
 	if err != nil {
 		return fmt.Errorf("get %q: %w", key, err)
@@ -723,6 +742,9 @@ func newStoreExistsCmd(p *printer) *cobra.Command {
 		Short: "Exit 0 when KEY is stored, 1 when it is not (2 on error)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkKeys("exists", args[0]); err != nil {
+				return &exitError{code: 2, err: err}
+			}
 			c, err := o.client(cmd.Context())
 			if err != nil {
 				return &exitError{code: 2, err: fmt.Errorf("exists %q: %w", args[0], err)}
@@ -752,12 +774,40 @@ func newStoreExistsCmd(p *printer) *cobra.Command {
 
 func newStoreRmCmd(p *printer) *cobra.Command {
 	var o storeClientOptions
-	var force bool
+	var force, dryRun bool
+	var pattern string
 	cmd := &cobra.Command{
-		Use:   "rm KEY...",
-		Short: "Remove keys (refused while being read unless --force)",
-		Args:  cobra.MinimumNArgs(1),
+		Use:   "rm {KEY... | --regex RE}",
+		Short: "Remove keys, or the keys a pattern finds (refused while being read unless --force)",
+		Long: `rm removes the keys given, or with --regex RE every stored key the pattern
+finds anywhere in it (RE2 syntax, Go's regexp: ^model:llama@ for the keys
+that start so, add $ to anchor the end), in one call to the master
+(Mooncake's RemoveByRegex). A key being read holds a lease and is kept
+unless --force. --dry-run lists what would go and what would be kept,
+and removes nothing. The counts cover every match; the master lists at
+most 16384 keys of each.
+
+Exit status: 0 when every key went (or with --dry-run), 1 otherwise.`,
+		Example: `  mc store rm prefix/0001 prefix/0002
+  mc store rm --regex '^model:llama-70b@' --dry-run
+  mc store rm --regex '^model:llama-70b@' --force`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("regex") {
+				if len(args) > 0 {
+					return fmt.Errorf("store rm: give keys or --regex, not both")
+				}
+				return runStoreRmRegex(cmd.Context(), o, pattern, force, dryRun, p)
+			}
+			switch {
+			case len(args) == 0:
+				return fmt.Errorf("store rm: give the keys to remove, or --regex RE: usage: %s", cmd.UseLine())
+			case dryRun:
+				return fmt.Errorf("store rm: --dry-run goes with --regex (the keys given are what would go)")
+			}
+			if err := checkKeys("rm", args...); err != nil {
+				return err
+			}
 			c, err := o.client(cmd.Context())
 			if err != nil {
 				return fmt.Errorf("rm: %w", err)
@@ -794,17 +844,99 @@ func newStoreRmCmd(p *printer) *cobra.Command {
 	o.addFlags(cmd.Flags())
 	o.Data.addFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&force, "force", false, "remove even while a read holds a lease")
+	cmd.Flags().StringVar(&pattern, "regex", "", "remove every key this RE2 pattern finds (Go's regexp syntax, unanchored)")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "with --regex: list what would be removed and kept, remove nothing")
 	return cmd
+}
+
+// storeRmRegexJSON is `mc store rm --regex RE -o json`.
+type storeRmRegexJSON struct {
+	Pattern      string         `json:"pattern"`
+	DryRun       bool           `json:"dry_run"`
+	Removed      []string       `json:"removed"`
+	RemovedCount uint64         `json:"removed_count"`
+	Refused      []storeRefused `json:"refused"`
+	RefusedCount uint64         `json:"refused_count"`
+}
+
+type storeRefused struct {
+	Key   string `json:"key"`
+	Error string `json:"error"`
+}
+
+func runStoreRmRegex(ctx context.Context, o storeClientOptions, pattern string, force, dryRun bool, p *printer) error {
+	if pattern == "" {
+		return fmt.Errorf("store rm: --regex needs a pattern ('.' finds every key)")
+	}
+	c, err := o.client(ctx)
+	if err != nil {
+		return fmt.Errorf("rm --regex: %w", err)
+	}
+	defer c.Close(context.Background())
+	rm, err := c.RemoveByRegex(ctx, pattern, force, dryRun)
+	if err != nil {
+		return fmt.Errorf("rm --regex %q: %w", pattern, err)
+	}
+	out := storeRmRegexJSON{Pattern: pattern, DryRun: dryRun, Removed: rm.Removed, RemovedCount: rm.RemovedCount,
+		Refused: make([]storeRefused, len(rm.Refused)), RefusedCount: rm.RefusedCount}
+	if out.Removed == nil {
+		out.Removed = []string{}
+	}
+	for i, k := range rm.Refused {
+		out.Refused[i] = storeRefused{k, rm.RefusedErrs[i].Error()}
+	}
+	verb, kept := "removed", "kept"
+	if dryRun {
+		verb, kept = "would remove", "would keep"
+	}
+	if p.JSON() {
+		if err := p.PrintJSON(out); err != nil {
+			return err
+		}
+	} else {
+		for _, k := range out.Removed {
+			fmt.Fprintf(p.Out, "%s %q\n", verb, k)
+		}
+		for _, r := range out.Refused {
+			fmt.Fprintf(p.Out, "%s %q: %s\n", kept, r.Key, r.Error)
+		}
+		if more := out.RemovedCount + out.RefusedCount - uint64(len(out.Removed)+len(out.Refused)); more > 0 {
+			fmt.Fprintf(p.Out, "(%d more not listed)\n", more)
+		}
+		fmt.Fprintf(p.Out, "%s %d key(s), %s %d, matching %q\n", verb, out.RemovedCount, kept, out.RefusedCount, pattern)
+	}
+	if !dryRun && out.RefusedCount > 0 {
+		hint := ""
+		if !force {
+			hint = " (--force removes keys being read)"
+		}
+		return fmt.Errorf("rm --regex %q: kept %d of %d matching key(s)%s", pattern, out.RefusedCount, out.RemovedCount+out.RefusedCount, hint)
+	}
+	return nil
 }
 
 func newStoreLsCmd(p *printer) *cobra.Command {
 	var o storeClientOptions
-	var prefix string
+	var prefix, pattern string
 	cmd := &cobra.Command{
 		Use:   "ls",
-		Short: "List stored keys (admin API)",
-		Args:  cobra.NoArgs,
+		Short: "List stored keys (admin API), or the keys a pattern finds (master RPC)",
+		Long: `ls lists the stored keys, sorted, from the admin API (so it works against
+mooncake_master too), those starting with --prefix if given. --regex RE
+asks the master's RPC (--master) instead, for the keys the RE2 pattern
+(Go's regexp syntax) finds anywhere in them, as Mooncake's
+GetReplicaListByRegex, and says how many matched on standard error (in the
+JSON output: matched); the master lists at most 16384 of them.`,
+		Example: `  mc store ls --prefix model:llama-70b@
+  mc store ls --regex '^model:llama-70b@rank[0-3]/'`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("regex") {
+				if prefix != "" {
+					return fmt.Errorf("store ls: give --prefix or --regex, not both")
+				}
+				return runStoreLsRegex(cmd.Context(), o, pattern, p)
+			}
 			a, err := o.admin()
 			if err != nil {
 				return err
@@ -826,8 +958,42 @@ func newStoreLsCmd(p *printer) *cobra.Command {
 		},
 	}
 	o.addFlags(cmd.Flags())
+	o.Data.addFlags(cmd.Flags())
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only keys starting with this")
+	cmd.Flags().StringVar(&pattern, "regex", "", "only keys this RE2 pattern finds (Go's regexp syntax, unanchored), through the master's RPC")
 	return cmd
+}
+
+func runStoreLsRegex(ctx context.Context, o storeClientOptions, pattern string, p *printer) error {
+	if pattern == "" {
+		return fmt.Errorf("store ls: --regex needs a pattern ('.' finds every key)")
+	}
+	c, err := o.client(ctx)
+	if err != nil {
+		return fmt.Errorf("ls --regex: %w", err)
+	}
+	defer c.Close(context.Background())
+	m, err := c.GetReplicaListByRegex(ctx, pattern)
+	if err != nil {
+		return fmt.Errorf("ls --regex %q: %w", pattern, err)
+	}
+	if p.JSON() {
+		keys := m.Keys
+		if keys == nil {
+			keys = []string{}
+		}
+		return p.PrintJSON(map[string]any{"pattern": pattern, "keys": keys, "matched": m.Matched})
+	}
+	for _, k := range m.Keys {
+		fmt.Fprintln(p.Out, k)
+	}
+	// On standard error, so that the listing pipes as plain ls does.
+	if m.Matched > uint64(len(m.Keys)) {
+		fmt.Fprintf(p.Err, "%d key(s) match %q; the master listed the first %d\n", m.Matched, pattern, len(m.Keys))
+	} else {
+		fmt.Fprintf(p.Err, "%d key(s) match %q\n", m.Matched, pattern)
+	}
+	return nil
 }
 
 // storeStat is `mc store stat -o json`.
@@ -933,39 +1099,98 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 func newStoreQueryCmd(p *printer) *cobra.Command {
 	var o storeClientOptions
 	cmd := &cobra.Command{
-		Use:   "query KEY",
-		Short: "Show KEY's replicas without taking a lease (admin API)",
-		Args:  cobra.ExactArgs(1),
+		Use:   "query KEY...",
+		Short: "Show keys' replicas without taking a lease (admin API)",
+		Long: `query reads a key's replicas from the admin API (/query_key), several keys'
+in one request (/batch_query_keys, which cannot carry a key with a comma).
+Keys go as they are but for what a query must escape (&, #, %, +, space,
+control and non-ASCII bytes), so keys with /, : and @ are found on
+mooncake_master, whose /query_key does not decode its value.`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkKeys("query", args...); err != nil {
+				return err
+			}
 			a, err := o.admin()
 			if err != nil {
 				return err
 			}
-			reps, err := a.QueryKey(cmd.Context(), args[0])
-			if err != nil {
-				return fmt.Errorf("query %q: %w", args[0], err)
-			}
-			type rep struct {
-				Endpoint string `json:"endpoint"`
-				Protocol string `json:"protocol"`
-				Address  string `json:"address"`
-				Size     uint64 `json:"size"`
-			}
-			out := make([]rep, len(reps))
-			rows := make([][]string, len(reps))
-			for i, r := range reps {
-				out[i] = rep{r.Endpoint, r.Protocol, fmt.Sprintf("0x%x", r.Addr), r.Size}
-				rows[i] = []string{r.Endpoint, r.Protocol, out[i].Address, strconv.FormatUint(r.Size, 10)}
-			}
-			if p.JSON() {
-				return p.PrintJSON(map[string]any{"key": args[0], "replicas": out})
-			}
-			p.Table(args[0], []string{"endpoint", "protocol", "address", "bytes"}, rows)
-			return nil
+			return runStoreQuery(cmd.Context(), a, args, p)
 		},
 	}
 	o.addFlags(cmd.Flags())
 	return cmd
+}
+
+// storeQueryReplica is a replica in `mc store query -o json`.
+type storeQueryReplica struct {
+	Endpoint string `json:"endpoint"`
+	Protocol string `json:"protocol"`
+	Address  string `json:"address"`
+	Size     uint64 `json:"size"`
+}
+
+// storeQueryResult is one key of `mc store query K1 K2 -o json`.
+type storeQueryResult struct {
+	Key      string              `json:"key"`
+	Replicas []storeQueryReplica `json:"replicas"`
+	Error    string              `json:"error,omitempty"`
+}
+
+func queryReplicas(reps []store.AdminReplica) ([]storeQueryReplica, [][]string) {
+	out := make([]storeQueryReplica, len(reps))
+	rows := make([][]string, len(reps))
+	for i, r := range reps {
+		out[i] = storeQueryReplica{r.Endpoint, r.Protocol, fmt.Sprintf("0x%x", r.Addr), r.Size}
+		rows[i] = []string{r.Endpoint, r.Protocol, out[i].Address, strconv.FormatUint(r.Size, 10)}
+	}
+	return out, rows
+}
+
+func runStoreQuery(ctx context.Context, a *store.Admin, keys []string, p *printer) error {
+	header := []string{"endpoint", "protocol", "address", "bytes"}
+	if len(keys) == 1 {
+		reps, err := a.QueryKey(ctx, keys[0])
+		if err != nil {
+			return fmt.Errorf("query %q: %w", keys[0], err)
+		}
+		out, rows := queryReplicas(reps)
+		if p.JSON() {
+			return p.PrintJSON(map[string]any{"key": keys[0], "replicas": out})
+		}
+		p.Table(keys[0], header, rows)
+		return nil
+	}
+	res, err := a.BatchQuery(ctx, keys)
+	if err != nil {
+		return fmt.Errorf("query: %w", err)
+	}
+	results := make([]storeQueryResult, len(keys))
+	var failed []error
+	for i, k := range keys {
+		r, ok := res[k]
+		switch {
+		case !ok:
+			r.Error = "no answer for this key"
+		case !r.OK && r.Error == "":
+			r.Error = "not found"
+		}
+		out, rows := queryReplicas(r.Replicas)
+		results[i] = storeQueryResult{Key: k, Replicas: out, Error: r.Error}
+		if r.Error != "" {
+			failed = append(failed, fmt.Errorf("query %q: %s", k, r.Error))
+			continue
+		}
+		if !p.JSON() {
+			p.Table(k, header, rows)
+		}
+	}
+	if p.JSON() {
+		if err := p.PrintJSON(map[string]any{"results": results}); err != nil {
+			return err
+		}
+	}
+	return errors.Join(failed...)
 }
 
 // quietLogger drops the info lines a short-lived client would print
@@ -1019,7 +1244,7 @@ type storeReplayOptions struct {
 	Policies   []string
 	Capacities []string
 	Online     bool
-	BlockBytes string
+	BlockBytes int64
 }
 
 // storeReplayJSON is `mc store replay -o json`; online is set with
@@ -1061,7 +1286,7 @@ to it.`,
 	f.StringSliceVar(&o.Policies, "policy", []string{"lru"}, "eviction policies to compare: "+strings.Join(policy.Names, ", "))
 	f.StringSliceVar(&o.Capacities, "capacity-blocks", []string{"inf"}, "cache sizes in blocks (inf: unbounded)")
 	f.BoolVar(&o.Online, "online", false, "drive the store at --master with the trace")
-	f.StringVar(&o.BlockBytes, "block-bytes", "64K", "--online: bytes of one block's value")
+	sizeVar(f, &o.BlockBytes, "block-bytes", 64<<10, "--online: bytes of one block's value")
 	_ = cmd.MarkFlagFilename("trace", "jsonl")
 	_ = cmd.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(policy.Names, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -1119,8 +1344,8 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 	}
 	var block int64
 	if o.Online {
-		if block, err = bench.ParseSize(o.BlockBytes); err != nil || block <= 0 {
-			return fmt.Errorf("invalid --block-bytes %q: want bytes with an optional unit (64K)", o.BlockBytes)
+		if block = o.BlockBytes; block <= 0 {
+			return fmt.Errorf("invalid --block-bytes %d: want more than 0 bytes", block)
 		}
 		if len(caps) > 1 {
 			return fmt.Errorf("--online replays one store: give at most one --capacity-blocks (its size in blocks)")

@@ -4,17 +4,23 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-
+	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
+	"github.com/kvcache-ops/mc/pkg/store"
 )
 
 func freePort(t *testing.T) int {
@@ -324,6 +330,13 @@ func TestServeStoreHA(t *testing.T) {
 	if role(leader) != "leader" || role(standby) != "standby" {
 		t.Fatalf("roles %q and %q, want a leader and a standby", role(adminA), role(adminB))
 	}
+	// Mooncake's snapshot metrics come from the HA candidate.
+	types, _ := scrapeTypes(t, leader+"/metrics")
+	for _, w := range mooncakeDashboardMetrics {
+		if types[w.name] != w.typ {
+			t.Errorf("HA leader: %s: type %q, want %s", w.name, types[w.name], w.typ)
+		}
+	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "v")
 	os.WriteFile(src, []byte("survives failover"), 0o644)
@@ -395,6 +408,279 @@ func TestServeStoreTwoNodesOneHost(t *testing.T) {
 	for i := range outs {
 		if strings.Contains(outs[i].String(), "admin HTTP") {
 			t.Fatalf("node %d serves admin HTTP without --metrics_port:\n%s", i, outs[i].String())
+		}
+	}
+}
+
+// Keys with the '/', ':' and '@' of KV-cache key schemes, and one with
+// '&', read back through every admin verb; several keys in one query go
+// through /batch_query_keys.
+func TestStoreQueryKeySchemes(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "16M")
+	m := []string{"--master", rpc, "--admin", admin}
+	keys := []string{"py/3", "model:llama@rank0/abc", "a&b c"}
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if _, errs, code := execMC(t, append([]string{"store", "put", k, src}, m...)...); code != 0 {
+			t.Fatalf("put %q: %d %q", k, code, errs)
+		}
+	}
+	for _, k := range keys {
+		if out, errs, code := execMC(t, append([]string{"store", "query", k}, m...)...); code != 0 || !strings.Contains(out, k) {
+			t.Errorf("query %q: %d %q %q", k, code, out, errs)
+		}
+		if out, errs, code := execMC(t, append([]string{"store", "ls", "--prefix", k}, m...)...); code != 0 || out != k+"\n" {
+			t.Errorf("ls --prefix %q: %d %q %q", k, code, out, errs)
+		}
+	}
+	out, errs, code := execMC(t, append(append([]string{"store", "query", "-o", "json", "missing"}, keys...), m...)...)
+	var qj struct {
+		Results []struct {
+			Key      string `json:"key"`
+			Replicas []any  `json:"replicas"`
+			Error    string `json:"error"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &qj); err != nil || code != 1 || len(qj.Results) != 4 || !strings.Contains(errs, `query "missing": OBJECT_NOT_FOUND`) {
+		t.Fatalf("query of four keys: %d %v %q %q", code, err, out, errs)
+	}
+	for i, r := range qj.Results[1:] {
+		if r.Key != keys[i] || len(r.Replicas) != 1 || r.Error != "" {
+			t.Errorf("batch query result %d: %+v", i, r)
+		}
+	}
+}
+
+// A key the master would refuse is refused before anything connects
+// (issue #25: mc store put "" FILE dialled the master first), with one
+// message shape for every verb.
+func TestStoreKeysCheckedBeforeConnecting(t *testing.T) {
+	isolateEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var dials atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			dials.Add(1)
+			c.Close()
+		}
+	}()
+	var reqs atomic.Int32
+	adm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { reqs.Add(1) }))
+	defer adm.Close()
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("k", store.MaxKeyLength+1)
+	m := []string{"--master", ln.Addr().String(), "--admin", adm.URL}
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"put", "", src}, 1, `store put: invalid key "": empty key`},
+		{[]string{"put", long, "-"}, 1, `store put: invalid key "` + long[:64] + `"...: key of 4097 bytes exceeds the limit of 4096`},
+		{[]string{"get", ""}, 1, `store get: invalid key "": empty key`},
+		{[]string{"get", "a\x00b"}, 1, `store get: invalid key "a\x00b": key contains a NUL byte at 1`},
+		{[]string{"exists", ""}, 2, `store exists: invalid key "": empty key`},
+		{[]string{"rm", "ok", ""}, 1, `store rm: invalid key "" (argument 2): empty key`},
+		{[]string{"query", long}, 1, `store query: invalid key "` + long[:64] + `"...: key of 4097 bytes`},
+		{[]string{"query", "ok", ""}, 1, `store query: invalid key "" (argument 2): empty key`},
+	} {
+		_, errs, code := execMC(t, append(append([]string{"store"}, c.args...), m...)...)
+		if code != c.code || !strings.HasPrefix(errs, "mc: "+c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc store %s: exit %d, stderr %q; want %d and one line starting %q", c.args[0], code, errs, c.code, "mc: "+c.want)
+		}
+	}
+	// A moment for a dial that was made to be accepted and counted.
+	time.Sleep(100 * time.Millisecond)
+	if n, r := dials.Load(), reqs.Load(); n != 0 || r != 0 {
+		t.Errorf("bad keys still reached the master: %d connections, %d admin requests", n, r)
+	}
+}
+
+// One model's cache cleaned up by pattern, as an operator would: look,
+// dry-run, remove, with the key being read kept until --force.
+func TestStoreRegexLsAndRm(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "16M")
+	m := []string{"--master", rpc, "--admin", admin}
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"model:llama@rank0/a", "model:llama@rank1/a", "model:qwen@rank0/a"} {
+		if _, errs, code := execMC(t, append([]string{"store", "put", k, src}, m...)...); code != 0 {
+			t.Fatalf("put %q: %q", k, errs)
+		}
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "get", "model:llama@rank1/a"}, m...)...); code != 0 {
+		t.Fatalf("get: %q", errs)
+	}
+	out, errs, code := execMC(t, append([]string{"store", "ls", "--regex", "^model:llama@"}, m...)...)
+	if code != 0 || out != "model:llama@rank0/a\nmodel:llama@rank1/a\n" || errs != "2 key(s) match \"^model:llama@\"\n" {
+		t.Fatalf("ls --regex: %d %q %q", code, out, errs)
+	}
+	out, errs, code = execMC(t, append([]string{"store", "rm", "--regex", "^model:llama@", "--dry-run"}, m...)...)
+	if code != 0 || !strings.Contains(out, "would remove \"model:llama@rank0/a\"\n") ||
+		!strings.Contains(out, "would keep \"model:llama@rank1/a\": OBJECT_HAS_LEASE") || !strings.Contains(out, "would remove 1 key(s), would keep 1") {
+		t.Fatalf("rm --regex --dry-run: %d %q %q", code, out, errs)
+	}
+	out, errs, code = execMC(t, append([]string{"store", "rm", "--regex", "^model:llama@"}, m...)...)
+	if code != 1 || !strings.Contains(out, "removed 1 key(s), kept 1") ||
+		errs != "mc: rm --regex \"^model:llama@\": kept 1 of 2 matching key(s) (--force removes keys being read)\n" {
+		t.Fatalf("rm --regex with a key being read: %d %q %q", code, out, errs)
+	}
+	out, errs, code = execMC(t, append([]string{"store", "rm", "--regex", "^model:llama@", "--force", "-o", "json"}, m...)...)
+	var rj struct {
+		Removed      []string `json:"removed"`
+		RemovedCount int      `json:"removed_count"`
+		RefusedCount int      `json:"refused_count"`
+	}
+	if err := json.Unmarshal([]byte(out), &rj); err != nil || code != 0 || rj.RemovedCount != 1 || rj.RefusedCount != 0 || rj.Removed[0] != "model:llama@rank1/a" {
+		t.Fatalf("rm --regex --force -o json: %d %q %q", code, out, errs)
+	}
+	out, _, _ = execMC(t, append([]string{"store", "ls", "--regex", "model:", "-o", "json"}, m...)...)
+	var lj struct {
+		Keys    []string `json:"keys"`
+		Matched int      `json:"matched"`
+	}
+	if err := json.Unmarshal([]byte(out), &lj); err != nil || lj.Matched != 1 || lj.Keys[0] != "model:qwen@rank0/a" {
+		t.Fatalf("ls --regex -o json after: %q", out)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"rm", "--regex", "(unclosed"}, `mc: rm --regex "(unclosed": INVALID_PARAMS: remove by regex: pattern "(unclosed": error parsing regexp`},
+		{[]string{"ls", "--regex", "a{2,1}"}, `mc: ls --regex "a{2,1}": INVALID_PARAMS`},
+		{[]string{"rm", "k", "--regex", "x"}, "mc: store rm: give keys or --regex, not both"},
+		{[]string{"rm", "k", "--dry-run"}, "mc: store rm: --dry-run goes with --regex"},
+		{[]string{"rm"}, "mc: store rm: give the keys to remove, or --regex RE"},
+		{[]string{"rm", "--regex", ""}, "mc: store rm: --regex needs a pattern"},
+		{[]string{"ls", "--regex", "x", "--prefix", "y"}, "mc: store ls: give --prefix or --regex, not both"},
+	} {
+		_, errs, code := execMC(t, append(append([]string{"store"}, c.args...), m...)...)
+		if code != 1 || !strings.HasPrefix(errs, c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc store %s: %d %q, want one line starting %q", strings.Join(c.args, " "), code, errs, c.want)
+		}
+	}
+}
+
+// The metrics of Mooncake's Grafana dashboard (monitoring/grafana/
+// dashboards/mooncake.json) for features mc has, with Mooncake's names
+// and types (issue #25, item 6). haOnly ones come from HA snapshots.
+var mooncakeDashboardMetrics = []struct {
+	name, typ string
+	haOnly    bool
+}{
+	{"master_batch_exist_key_items_total", "counter", false},
+	{"master_batch_get_replica_list_items_total", "counter", false},
+	{"master_batch_put_start_items_total", "counter", false},
+	{"master_batch_put_end_items_total", "counter", false},
+	{"master_exist_key_failures_total", "counter", false},
+	{"master_put_start_discarded_staging_size", "gauge", false},
+	{"master_value_size_bytes", "histogram", false},
+	{"master_attempted_evictions_mem", "counter", false},
+	{"master_successful_evictions_mem", "counter", false},
+	{"master_evicted_key_count_mem", "counter", false},
+	{"master_evicted_size_bytes_mem", "counter", false},
+	{"mem_cache_hit_nums_", "counter", false},
+	{"mem_cache_nums_", "gauge", false},
+	{"mem_cache_hit_bytes_total", "counter", false},
+	{"valid_get_nums_", "counter", false},
+	{"total_get_nums_", "counter", false},
+	{"master_remove_by_regex_requests_total", "counter", false},
+	{"master_remove_by_regex_failures_total", "counter", false},
+	{"master_snapshot_success", "counter", true},
+	{"master_snapshot_fail", "counter", true},
+	{"master_snapshot_duration_ms", "histogram", true},
+}
+
+// scrapeTypes reads a /metrics page: each family's type and its samples
+// by name (histograms by their _count).
+func scrapeTypes(t *testing.T, url string) (map[string]string, map[string]float64) {
+	t.Helper()
+	types, vals, err := tryScrape(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return types, vals
+}
+
+func tryScrape(url string) (map[string]string, map[string]float64, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", url, err)
+	}
+	types, vals := map[string]string{}, map[string]float64{}
+	for name, f := range fams {
+		types[name] = strings.ToLower(f.GetType().String())
+		for _, m := range f.GetMetric() {
+			switch {
+			case m.Counter != nil:
+				vals[name] += m.Counter.GetValue()
+			case m.Gauge != nil:
+				vals[name] += m.Gauge.GetValue()
+			case m.Untyped != nil:
+				vals[name] += m.Untyped.GetValue()
+			case m.Histogram != nil:
+				vals[name] += float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return types, vals, nil
+}
+
+// A running store exports them, and they count what happened: a put of
+// 5 bytes, two gets (one of an absent key), an exist, a regex removal.
+func TestServeStoreExportsMooncakeDashboardMetrics(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "16M")
+	m := []string{"--master", rpc, "--admin", admin}
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"put", "k", src}, {"get", "k"}, {"get", "absent"}, {"exists", "k"}, {"rm", "--regex", "^nothing-"}} {
+		execMC(t, append(append([]string{"store"}, args...), m...)...)
+	}
+	types, vals := scrapeTypes(t, admin+"/metrics")
+	for _, w := range mooncakeDashboardMetrics {
+		if w.haOnly {
+			continue
+		}
+		if types[w.name] != w.typ {
+			t.Errorf("%s: type %q, want %s", w.name, types[w.name], w.typ)
+		}
+	}
+	for name, want := range map[string]float64{
+		"total_get_nums_": 2, "valid_get_nums_": 1, "mem_cache_hit_nums_": 1, "mem_cache_hit_bytes_total": 5,
+		"mem_cache_nums_": 1, "master_value_size_bytes": 1, "master_batch_put_start_items_total": 1,
+		"master_batch_put_end_items_total": 1, "master_batch_get_replica_list_items_total": 2,
+		"master_batch_exist_key_items_total": 1, "master_exist_key_failures_total": 0,
+		"master_remove_by_regex_requests_total": 1, "master_put_start_discarded_staging_size": 0,
+	} {
+		if vals[name] != want {
+			t.Errorf("%s = %v, want %v", name, vals[name], want)
 		}
 	}
 }

@@ -110,13 +110,15 @@ func (t *Task) Complete(err error) {
 		t.local.Release()
 		t.local = nil
 	}
+	b := t.batch
 	if err != nil {
+		b.e.tasks.finish(t.req.Op, false, t.moved.Load())
 		t.err = err
 		t.status.Store(uint32(Failed))
 	} else {
+		b.e.tasks.finish(t.req.Op, true, t.req.Length)
 		t.status.Store(uint32(Completed))
 	}
-	b := t.batch
 	if b.pending.Add(-1) == 0 {
 		select {
 		case b.idle <- struct{}{}:

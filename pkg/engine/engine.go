@@ -137,6 +137,8 @@ type Engine struct {
 	// What the metadata backend holds of this engine, so that shutdown
 	// withdraws only that (under pubMu).
 	segPublished, rpcPublished bool
+
+	tasks taskCounters // Stats
 }
 
 // New starts an engine: the handshake listener, the metadata backend, the

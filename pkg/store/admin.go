@@ -81,7 +81,7 @@ func adminError(where string, code int, body []byte) error {
 
 // Keys lists the stored keys with the given prefix, sorted.
 func (a *Admin) Keys(ctx context.Context, prefix string) ([]string, error) {
-	b, err := a.getOK(ctx, "/get_all_keys?prefix="+url.QueryEscape(prefix))
+	b, err := a.getOK(ctx, "/get_all_keys?prefix="+queryValue(prefix))
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +135,7 @@ type AdminReplica struct {
 
 // QueryKey reads /query_key: the key's replicas, no lease.
 func (a *Admin) QueryKey(ctx context.Context, key string) ([]AdminReplica, error) {
-	b, code, err := a.get(ctx, "/query_key?key="+url.QueryEscape(key))
+	b, code, err := a.get(ctx, "/query_key?key="+queryValue(key))
 	if err != nil {
 		return nil, err
 	}
@@ -150,6 +150,63 @@ func (a *Admin) QueryKey(ctx context.Context, key string) ([]AdminReplica, error
 		return nil, fmt.Errorf("admin API %s/query_key: %w", a.base, err)
 	}
 	return d.Data, nil
+}
+
+// AdminKeyResult is one key of /batch_query_keys.
+type AdminKeyResult struct {
+	OK       bool           `json:"ok"`
+	Replicas []AdminReplica `json:"values"`
+	Error    string         `json:"error"` // Mooncake's code name, OBJECT_NOT_FOUND
+}
+
+// BatchQuery reads /batch_query_keys: each key's replicas, no lease, by
+// key. The server splits the list at commas after decoding it, so a key
+// with a comma cannot be asked this way (QueryKey can).
+func (a *Admin) BatchQuery(ctx context.Context, keys []string) (map[string]AdminKeyResult, error) {
+	if len(keys) == 0 {
+		return map[string]AdminKeyResult{}, nil
+	}
+	vals := make([]string, len(keys))
+	for i, k := range keys {
+		if strings.Contains(k, ",") {
+			return nil, fmt.Errorf("batch query of key %q: /batch_query_keys splits keys at commas; query it alone", k)
+		}
+		vals[i] = queryValue(k)
+	}
+	b, err := a.getOK(ctx, "/batch_query_keys?keys="+strings.Join(vals, ","))
+	if err != nil {
+		return nil, err
+	}
+	var d struct {
+		Data map[string]AdminKeyResult `json:"data"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("admin API %s/batch_query_keys: %w", a.base, err)
+	}
+	return d.Data, nil
+}
+
+// queryValue escapes s as a query value as little as it must: '&', '#',
+// '%', '+', space, control and non-ASCII bytes. mooncake_master's HTTP
+// server does not decode /query_key's value, so a key escaped beyond
+// that (url.QueryEscape's py%2F3 for py/3) is looked up as written and not
+// found; the '/', ':' and '@' of KV-cache key schemes (model names, ranks,
+// hashes) go as they are, and mc's own admin server reads both forms.
+func queryValue(s string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c <= ' ' || c >= 0x7f || c == '&' || c == '#' || c == '%' || c == '+':
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // LeaderInfo is /leader.

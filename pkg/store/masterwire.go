@@ -36,6 +36,8 @@ type masterWire interface {
 	removeAll(ctx context.Context) (uint64, error)
 	// query is an admin read of one key's replicas (no lease).
 	query(ctx context.Context, key string) ([]Replica, error)
+	replicaListByRegex(ctx context.Context, pattern string) (RegexMatch, error)
+	removeByRegex(ctx context.Context, pattern string, force, dryRun bool) (RegexRemoval, error)
 	// leader is the master address calls go to now.
 	leader() string
 	// views signals a new HA leader (nil: never).

@@ -102,6 +102,22 @@ func TestPutGetOverMooncakeWire(t *testing.T) {
 	if errs := cl.BatchRemove(ctx, []string{"b0", "zz"}, true); errs[0] != nil || !errors.Is(errs[1], store.ErrObjectNotFound) {
 		t.Fatalf("batch remove: %v", errs)
 	}
+	// By pattern: listed without a lease, removed (leased keys kept).
+	if errs := cl.BatchPut(ctx, []string{"model:a@r0/1", "model:a@r1/2", "model:b@r0/3"}, [][]byte{value(10, 1), value(10, 2), value(10, 3)}); errors.Join(errs...) != nil {
+		t.Fatal(errs)
+	}
+	match, err := cl.GetReplicaListByRegex(ctx, "^model:a@")
+	if err != nil || match.Matched != 2 || len(match.Keys) != 2 || match.Keys[0] != "model:a@r0/1" || len(match.Replicas[1]) != 1 {
+		t.Fatalf("list by regex: %+v, %v", match, err)
+	}
+	rm, err := cl.RemoveByRegex(ctx, "^model:a@", false, false)
+	if err != nil || rm.RemovedCount != 2 {
+		t.Fatalf("remove by regex: %+v, %v", rm, err)
+	}
+	if ex, _ := grpcCl.BatchExist(ctx, []string{"model:a@r0/1", "model:b@r0/3"}); ex[0] || !ex[1] {
+		t.Fatalf("after remove by regex: %v", ex)
+	}
+
 	// RemoveAll takes what no read lease holds: two fresh keys at least.
 	if errs := cl.BatchPut(ctx, []string{"f0", "f1"}, [][]byte{value(10, 1), value(10, 2)}); errors.Join(errs...) != nil {
 		t.Fatal(errs)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -351,4 +352,49 @@ func (w *mooncakeWire) query(ctx context.Context, key string) ([]Replica, error)
 		return nil, Errorf(ObjectNotFound, "query %q", key)
 	}
 	return replicasFrom(ds), nil
+}
+
+// replicaListByRegex: Mooncake's answer is a map of every match; it is
+// listed in key order, at most MaxBatchSize keys, as mc's master does.
+// The pattern is the master's regex dialect (std::regex ECMAScript on
+// mooncake_master, RE2 on mc's).
+func (w *mooncakeWire) replicaListByRegex(ctx context.Context, pattern string) (RegexMatch, error) {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	m, err := w.mc.GetReplicaListByRegex(ctx, pattern)
+	if err != nil {
+		return RegexMatch{}, w.err("get replica list by regex", ctx, err)
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := RegexMatch{Matched: uint64(len(keys))}
+	out.Keys = keys[:min(len(keys), MaxBatchSize)]
+	out.Replicas = make([][]Replica, len(out.Keys))
+	for i, k := range out.Keys {
+		out.Replicas[i] = replicasFrom(m[k])
+	}
+	return out, nil
+}
+
+// removeByRegex: Mooncake's RemoveByRegex answers a count only, and has
+// no dry run; a dry run lists the matches (which of them a lease would
+// keep, only the real removal can tell).
+func (w *mooncakeWire) removeByRegex(ctx context.Context, pattern string, force, dryRun bool) (RegexRemoval, error) {
+	if dryRun {
+		m, err := w.replicaListByRegex(ctx, pattern)
+		if err != nil {
+			return RegexRemoval{}, err
+		}
+		return RegexRemoval{Removed: m.Keys, RemovedCount: m.Matched}, nil
+	}
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	n, err := w.mc.RemoveByRegex(ctx, pattern, force)
+	if err != nil {
+		return RegexRemoval{}, w.err("remove by regex", ctx, err)
+	}
+	return RegexRemoval{RemovedCount: uint64(max(n, 0))}, nil
 }

@@ -15,13 +15,14 @@ func TestParseSize(t *testing.T) {
 	good := map[string]int64{
 		"4096": 4096, "4K": 4096, "4k": 4096, "64K": 65536, "1M": 1 << 20, "1G": 1 << 30,
 		"2GiB": 2 << 30, "16KB": 16 << 10, " 8K ": 8192, "1T": 1 << 40, "2TiB": 2 << 40,
+		"4 GB": 4 << 30, "1.5M": 3 << 19, "1P": 1 << 50,
 	}
 	for in, want := range good {
 		if got, err := ParseSize(in); err != nil || got != want {
 			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "0", "-1", "K", "1P", "1.5M", "abc", "99999999999999G", "9999999T"} {
+	for _, in := range []string{"", "0", "-1", "K", "0.1K", "1X", "abc", "99999999999999G", "9999999T"} {
 		if _, err := ParseSize(in); err == nil {
 			t.Errorf("ParseSize(%q) accepted", in)
 		}

@@ -2,77 +2,42 @@ package bench
 
 import (
 	"fmt"
-	"math"
-	"strconv"
 	"strings"
+
+	// Aliased: units below is the list of report units.
+	sizeunits "github.com/kvcache-ops/mc/pkg/units"
 )
 
-// ParseSize parses a byte count: a decimal number with an optional binary
-// suffix K, M or G (case-insensitive, optional trailing "B" or "iB"):
-// 4K = 4096, 1M = 1048576, 1G = 1073741824.
+// ParseSize parses a positive byte count in the forms every mc flag takes
+// (pkg/units: 4096, 4K, 4KiB, "4 GB"; K = 1024).
 func ParseSize(s string) (int64, error) {
-	t := strings.TrimSpace(s)
-	u := strings.ToUpper(t)
-	u = strings.TrimSuffix(u, "IB")
-	u = strings.TrimSuffix(u, "B")
-	mult := int64(1)
-	if u != "" {
-		switch u[len(u)-1] {
-		case 'K':
-			mult = 1 << 10
-		case 'M':
-			mult = 1 << 20
-		case 'G':
-			mult = 1 << 30
-		case 'T':
-			mult = 1 << 40 // store segments of hosts with TBs of memory
-		}
-		if mult > 1 {
-			u = u[:len(u)-1]
-		}
+	n, err := sizeunits.ParseSize(s)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: %w", s, err)
 	}
-	n, err := strconv.ParseInt(u, 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("size %q: want a positive number with an optional K, M, G or T suffix (binary: 4K = 4096)", s)
+	if n == 0 {
+		return 0, fmt.Errorf("size %q: want more than 0 bytes", s)
 	}
-	if n > math.MaxInt64/mult {
-		return 0, fmt.Errorf("size %q: too large", s)
-	}
-	return n * mult, nil
+	return n, nil
 }
 
-// ParseSizeList parses a comma-separated list of sizes ("4K,64K,1M").
+// ParseSizeList parses a comma-separated list of positive sizes ("4K,64K,1M").
 func ParseSizeList(s string) ([]int64, error) {
-	var out []int64
-	for _, f := range strings.Split(s, ",") {
-		if strings.TrimSpace(f) == "" {
-			continue
-		}
-		n, err := ParseSize(f)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, n)
+	out, err := sizeunits.ParseSizeList(s)
+	if err != nil {
+		return nil, fmt.Errorf("size list %q: %w", s, err)
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("size list %q is empty", s)
+	for _, n := range out {
+		if n == 0 {
+			return nil, fmt.Errorf("size list %q: want sizes of more than 0 bytes", s)
+		}
 	}
 	return out, nil
 }
 
 // FormatSize renders a byte count with the largest binary suffix that
 // divides it (65536 -> "64K").
-func FormatSize(n int64) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%dG", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%dM", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%dK", n>>10)
-	}
-	return strconv.FormatInt(n, 10)
-}
+func FormatSize(n int64) string { return sizeunits.FormatSize(n) }
 
 // Unit is a throughput report unit, as Mooncake's --report_unit.
 type Unit struct {

@@ -96,7 +96,11 @@ type Candidate struct {
 	terms     atomic.Uint64
 	commits   atomic.Uint64
 	snapshots atomic.Uint64
-	metrics   []prometheus.Collector
+	// Mooncake's snapshot metrics: master_snapshot_success and _fail,
+	// master_snapshot_duration_ms.
+	snapOK, snapFail atomic.Uint64
+	snapDur          prometheus.Histogram
+	metrics          []prometheus.Collector
 
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -682,6 +686,9 @@ func (c *Candidate) watchLog(ctx context.Context, rev int64) {
 }
 
 func (c *Candidate) newMetrics() []prometheus.Collector {
+	// Mooncake's buckets, in milliseconds.
+	c.snapDur = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "master_snapshot_duration_ms", Help: "time to write an HA snapshot, ms (failed ones too)",
+		Buckets: []float64{0, 500, 1000, 5000, 10000, 30000, 60000, 120000, 180000, 240000, 300000}})
 	g := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
@@ -714,6 +721,9 @@ func (c *Candidate) newMetrics() []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mc_store_ha_leader_terms_total", Help: "times this master won the election"}, u(&c.terms)),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mc_store_ha_oplog_commits_total", Help: "op log batches this master committed"}, u(&c.commits)),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mc_store_ha_snapshots_total", Help: "snapshots this master wrote"}, u(&c.snapshots)),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "master_snapshot_success", Help: "HA snapshots written"}, u(&c.snapOK)),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "master_snapshot_fail", Help: "HA snapshots that failed"}, u(&c.snapFail)),
+		c.snapDur,
 	}
 }
 

@@ -499,6 +499,14 @@ func TestStandbyFarBehind(t *testing.T) {
 	if !strings.Contains(body, "mc_store_ha_snapshots_total 5") && !strings.Contains(body, "mc_store_ha_snapshots_total 6") {
 		t.Errorf("leader /metrics: want 5 or 6 snapshots after ~650 records at 100 per snapshot:\n%s", grepLines(body, "mc_store_ha_"))
 	}
+	// Mooncake's names for the same snapshots (its dashboard's panel).
+	for _, n := range []string{"5", "6"} {
+		if strings.Contains(body, "mc_store_ha_snapshots_total "+n) &&
+			(!strings.Contains(body, "master_snapshot_success "+n) || !strings.Contains(body, "master_snapshot_duration_ms_count "+n) ||
+				!strings.Contains(body, "master_snapshot_fail 0")) {
+			t.Errorf("leader /metrics: Mooncake's snapshot metrics disagree with %s snapshots:\n%s", n, grepLines(body, "snapshot"))
+		}
+	}
 	// Roles and the view, per store.md.
 	if code, s := getText(t, "http://"+a.AdminAddr+"/role"); code != 200 || s != "leader" {
 		t.Errorf("leader /role = %d %q", code, s)

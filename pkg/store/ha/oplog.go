@@ -251,7 +251,16 @@ func (l *committer) run(ctx context.Context) {
 // snapshot writes the committed state as chunks, then atomically (fenced)
 // points the snapshot key at them and deletes the log it covers and the
 // previous snapshot. Commits wait meanwhile: the state must not move.
-func (c *Candidate) snapshot(ctx context.Context, fence clientv3.Cmp) error {
+func (c *Candidate) snapshot(ctx context.Context, fence clientv3.Cmp) (err error) {
+	start := time.Now()
+	defer func() {
+		c.snapDur.Observe(float64(time.Since(start).Milliseconds()))
+		if err != nil {
+			c.snapFail.Add(1)
+		} else {
+			c.snapOK.Add(1)
+		}
+	}()
 	c.stateMu.Lock()
 	b, err := c.st.encode()
 	seq := c.st.Seq

@@ -132,7 +132,7 @@ func (a *admin) leader(w http.ResponseWriter, _ *http.Request) {
 
 func (a *admin) allKeys(w http.ResponseWriter, r *http.Request) {
 	var b strings.Builder
-	a.m.Keys(r.URL.Query().Get("prefix"), func(k string, _ uint64) bool {
+	a.m.Keys(queryParam(r, "prefix", false), func(k string, _ uint64) bool {
 		b.WriteString(k)
 		b.WriteByte('\n')
 		return true
@@ -192,7 +192,7 @@ func (a *admin) segmentsDetail(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (a *admin) querySegment(w http.ResponseWriter, r *http.Request) {
-	name := r.URL.Query().Get("segment")
+	name := queryParam(r, "segment", false)
 	if name == "" {
 		writeErr(w, http.StatusBadRequest, store.Errorf(store.InvalidParams, "missing ?segment=NAME"))
 		return
@@ -223,7 +223,7 @@ func bufferDescs(reps []store.Replica) []BufferDesc {
 }
 
 func (a *admin) queryKey(w http.ResponseWriter, r *http.Request) {
-	key := r.URL.Query().Get("key")
+	key := queryParam(r, "key", false)
 	res := a.m.BatchQuery([]string{key})[0]
 	if res.Err != nil {
 		writeErr(w, http.StatusNotFound, res.Err)
@@ -240,7 +240,7 @@ type KeyResult struct {
 }
 
 func (a *admin) batchQueryKeys(w http.ResponseWriter, r *http.Request) {
-	raw := r.URL.Query().Get("keys")
+	raw := queryParam(r, "keys", true)
 	if raw == "" {
 		writeJSON(w, http.StatusBadRequest, map[string]any{"success": false, "error": "no keys given: use ?keys=key1,key2,..."})
 		return
@@ -280,4 +280,60 @@ func (a *admin) removeAll(w http.ResponseWriter, _ *http.Request) {
 	n := a.m.RemoveAll()
 	a.m.m.Op("remove_all", false)
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "removed": n})
+}
+
+// queryParam is the value of the query parameter name, read so that the
+// raw form mooncake_master's clients send (curl '/query_key?key=py/3',
+// keys with '+', ';' or a lone '%' as they are) and the percent-encoded
+// form (key=py%2F3) both find the key. mooncake_master reads /query_key's
+// value without decoding it and decodes /batch_query_keys' (with '+' as a
+// space); mc decodes every valid %XX escape, keeps anything else as sent,
+// and reads '+' as a space only where mooncake_master does (plusIsSpace):
+// elsewhere a client encodes a space as %20, as RFC 3986 has it.
+// Go's url.ParseQuery would turn a raw '+' into a space and drop a pair
+// with ';' or a bad escape, so a key stored as "ab+cd" or "50%off" could
+// not be read back raw.
+func queryParam(r *http.Request, name string, plusIsSpace bool) string {
+	for pair := range strings.SplitSeq(r.URL.RawQuery, "&") {
+		k, v, _ := strings.Cut(pair, "=")
+		if unescapeQuery(k, true) == name {
+			return unescapeQuery(v, plusIsSpace)
+		}
+	}
+	return ""
+}
+
+// unescapeQuery decodes the valid %XX escapes of s, and '+' to a space
+// when plusIsSpace; everything else stays as it is.
+func unescapeQuery(s string, plusIsSpace bool) string {
+	if !strings.ContainsRune(s, '%') && !(plusIsSpace && strings.ContainsRune(s, '+')) {
+		return s
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]):
+			b = append(b, unhex(s[i+1])<<4|unhex(s[i+2]))
+			i += 2
+		case c == '+' && plusIsSpace:
+			b = append(b, ' ')
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(b)
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
 }

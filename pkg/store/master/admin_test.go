@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -318,4 +319,63 @@ func TestAdminMetrics(t *testing.T) {
 			t.Errorf("/metrics lacks %q", strings.TrimSpace(want))
 		}
 	}
+}
+
+// Keys as KV-cache key schemes write them (model names, ranks, hashes,
+// base64) read back through the admin API both as mooncake_master's
+// clients send them (raw, curl '/query_key?key=py/3') and
+// percent-encoded (key=py%2F3), on every endpoint that takes a key.
+func TestAdminKeysRawAndPercentEncoded(t *testing.T) {
+	f := newAdminFixture(t, nil)
+	mount(t, f.m, "node-a", "seg-a", "127.0.0.1", 0x10000, 64*MiB)
+	keys := []string{"py/3", "model:llama@rank0/abc", "ab+cd/ef==", "50%off", "a;b", "a&b c#d", "键/0"}
+	for _, k := range keys {
+		put(t, f.m, "w", k, 100)
+	}
+	for _, k := range keys {
+		// Percent-encoded as RFC 3986 has it: a space is %20, as in
+		// /query_key '+' is itself, as mooncake_master reads it.
+		forms := map[string]string{"percent-encoded": strings.ReplaceAll(url.QueryEscape(k), "+", "%20"), "minimal": strings.NewReplacer("&", "%26", "#", "%23", "%", "%25", "+", "%2B", " ", "%20").Replace(k)}
+		if !strings.ContainsAny(k, "&# ") { // what a raw query cannot carry
+			forms["raw"] = k
+		}
+		for form, v := range forms {
+			if q := f.getJSON("GET", "/query_key?key="+v, 200); len(q["data"].([]any)) != 1 {
+				t.Errorf("/query_key %s %q: %v", form, v, q)
+			}
+			if got := f.text("/get_all_keys?prefix=" + v); got != k+"\n" {
+				t.Errorf("/get_all_keys?prefix= %s %q: %q, want %q", form, v, got, k)
+			}
+		}
+	}
+	// batch_query_keys decodes as mooncake_master's does ('+' is a
+	// space there), then splits at commas.
+	raw := "py/3,model:llama@rank0/abc,50%off,a;b"
+	for _, v := range []string{raw, url.QueryEscape(raw), url.QueryEscape("ab+cd/ef==") + "," + url.QueryEscape("a&b c#d")} {
+		bq := f.getJSON("GET", "/batch_query_keys?keys="+v, 200)
+		for k, r := range bq["data"].(map[string]any) {
+			if r.(map[string]any)["ok"] != true {
+				t.Errorf("/batch_query_keys?keys=%s: %q not found: %v", v, k, bq)
+			}
+		}
+	}
+}
+
+// FuzzUnescapeQuery: any query value decodes without panic, and a key
+// percent-encoded (RFC 3986, as url.QueryEscape with %20 for a space)
+// decodes back to itself in either '+' mode.
+func FuzzUnescapeQuery(f *testing.F) {
+	for _, s := range []string{"py/3", "py%2F3", "50%off", "%", "%4", "%zz", "a+b", "键", "a;b&c=d"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		unescapeQuery(s, false)
+		unescapeQuery(s, true)
+		enc := strings.ReplaceAll(url.QueryEscape(s), "+", "%20")
+		for _, plus := range []bool{false, true} {
+			if got := unescapeQuery(enc, plus); got != s {
+				t.Fatalf("unescapeQuery(%q, %v) = %q, want %q", enc, plus, got, s)
+			}
+		}
+	})
 }

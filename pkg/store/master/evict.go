@@ -154,7 +154,7 @@ func (m *Master) Evict(target uint64) uint64 {
 // evictRound frees at least need bytes of the objects in (nil: all) in
 // policy order, soft-pinned ones in a second pass when allowed.
 func (m *Master) evictRound(phase string, need uint64, in func(*Object) bool) (uint64, blockers) {
-	m.m.evictAttempts.Inc()
+	m.m.evictAttempts.Add(1)
 	var freed, keys uint64
 	var blocked blockers
 	for pass := 0; pass < 2 && freed < need; pass++ {
@@ -185,7 +185,7 @@ func (m *Master) countEvicted(phase string, keys, bytes uint64) {
 	if keys == 0 {
 		return
 	}
-	m.m.evictSuccess.Inc()
+	m.m.evictSuccess.Add(1)
 	m.m.evictedKeys.Add(keys)
 	m.m.evictedBytes.Add(bytes)
 	m.m.phaseKeys.WithLabelValues(phase).Add(float64(keys))

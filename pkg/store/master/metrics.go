@@ -13,11 +13,19 @@ type Metrics struct {
 
 	putStart, putStartFail             prometheus.Counter
 	getReplicaList, getReplicaListFail prometheus.Counter
-	existKey, remove, removeFail       prometheus.Counter
+	existKey, existKeyFail             prometheus.Counter
+	remove, removeFail                 prometheus.Counter
 	allocFailures                      prometheus.Counter
 	putDiscards, putReleases           prometheus.Counter
-	evictAttempts, evictSuccess        prometheus.Counter
+	evictAttempts, evictSuccess        atomic.Uint64
 	evictedKeys, evictedBytes          atomic.Uint64
+	// Mooncake's reads of GetReplicaList: every key asked (total_get_nums_),
+	// those answered with a replica (valid_get_nums_; every replica of
+	// mc's pool is in memory, so also mem_cache_hit_nums_) and their bytes.
+	totalGets, validGets, memHitBytes prometheus.Counter
+	memHits                           prometheus.Counter
+	valueSize                         prometheus.Histogram
+	items                             map[string]prometheus.Counter
 	// per eviction phase (watermark, own_regions, other_regions)
 	phaseRounds, phaseKeys, phaseBytes *prometheus.CounterVec
 	ops                                map[string][2]prometheus.Counter
@@ -32,11 +40,12 @@ var rpcOps = []string{
 	"batch_put_start", "batch_put_end", "batch_put_revoke", "batch_upsert_start",
 	"batch_upsert_end", "batch_upsert_revoke", "batch_get_replica_list",
 	"batch_exist_key", "batch_remove", "batch_query",
+	"get_replica_list_by_regex", "remove_by_regex",
 }
 
 func newMetrics(m *Master) *Metrics {
 	r := prometheus.NewRegistry()
-	x := &Metrics{Registry: r, ops: make(map[string][2]prometheus.Counter)}
+	x := &Metrics{Registry: r, ops: make(map[string][2]prometheus.Counter), items: make(map[string]prometheus.Counter)}
 	counter := func(name, help string) prometheus.Counter {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 		r.MustRegister(c)
@@ -50,13 +59,37 @@ func newMetrics(m *Master) *Metrics {
 	x.getReplicaList = counter("master_get_replica_list_requests_total", "GetReplicaList items")
 	x.getReplicaListFail = counter("master_get_replica_list_failures_total", "GetReplicaList items that failed")
 	x.existKey = counter("master_exist_key_requests_total", "ExistKey items")
+	x.existKeyFail = counter("master_exist_key_failures_total", "ExistKey items that failed (an invalid key)")
 	x.remove = counter("master_remove_requests_total", "Remove items")
 	x.removeFail = counter("master_remove_failures_total", "Remove items that failed")
 	x.allocFailures = counter("master_put_start_alloc_failures_total", "PutStart items refused for lack of space")
 	x.putDiscards = counter("master_put_start_discard_cnt", "puts discarded for want of a PutEnd within the discard timeout")
 	x.putReleases = counter("master_put_start_release_cnt", "discarded puts whose space was released after the release timeout")
-	x.evictAttempts = counter("master_attempted_evictions_total", "eviction rounds started")
-	x.evictSuccess = counter("master_successful_evictions_total", "eviction rounds that evicted something")
+	counterOf := func(name, help string, v *atomic.Uint64) {
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) }))
+	}
+	// mc's pool is memory only: Mooncake's _mem series (memory tier) are
+	// the same rounds, keys and bytes as the totals.
+	for _, sfx := range []string{"_total", "_mem"} {
+		counterOf("master_attempted_evictions"+sfx, "eviction rounds started", &x.evictAttempts)
+		counterOf("master_successful_evictions"+sfx, "eviction rounds that evicted something", &x.evictSuccess)
+	}
+	counterOf("master_evicted_key_count_mem", "objects evicted from memory", &x.evictedKeys)
+	counterOf("master_evicted_size_bytes_mem", "bytes evicted from memory (replica bytes)", &x.evictedBytes)
+	x.totalGets = counter("total_get_nums_", "GetReplicaList keys asked")
+	x.validGets = counter("valid_get_nums_", "GetReplicaList keys answered with at least one complete replica")
+	x.memHits = counter("mem_cache_hit_nums_", "GetReplicaList keys answered from the memory pool")
+	x.memHitBytes = counter("mem_cache_hit_bytes_total", "bytes of the objects GetReplicaList answered from the memory pool")
+	gauge("mem_cache_nums_", "objects in the memory pool", func() float64 { return float64(m.KeyCount()) })
+	gauge("master_put_start_discarded_staging_size", "bytes of memory replicas of discarded puts not yet released", func() float64 {
+		return float64(m.pend.discardedBytes())
+	})
+	x.valueSize = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "master_value_size_bytes", Help: "sizes of the objects put",
+		Buckets: []float64{4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}})
+	r.MustRegister(x.valueSize)
+	for _, op := range batchItemOps {
+		x.items[op] = counter("master_"+op+"_items_total", "items in "+op+" requests")
+	}
 	vec := func(name, help string) *prometheus.CounterVec {
 		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"phase"})
 		r.MustRegister(v)
@@ -85,6 +118,17 @@ func newMetrics(m *Master) *Metrics {
 	gauge("master_soft_pin_key_count", "objects with a soft pin (live or expired)", func() float64 { return float64(m.softPinnedCount()) })
 	r.MustRegister(&segmentCollector{m: m})
 	return x
+}
+
+// batchItemOps are the batch operations whose items are counted as
+// master_<op>_items_total, as Mooncake's.
+var batchItemOps = []string{"batch_exist_key", "batch_get_replica_list", "batch_put_start", "batch_put_end"}
+
+// Items counts the n items of one batch operation.
+func (x *Metrics) Items(op string, n int) {
+	if c, ok := x.items[op]; ok {
+		c.Add(float64(n))
+	}
 }
 
 // Op counts one operation and whether it failed.

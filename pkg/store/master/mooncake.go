@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -490,12 +489,15 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := s.args("GetReplicaListByRegex", req, &pattern, &tenant); err != nil {
 				return nil, err
 			}
-			keys, err := s.matching(pattern)
+			// Mooncake answers every match in one map; the same cap as
+			// the gRPC form keeps the answer within a message.
+			keys, res, _, err := m.GetReplicaListByRegex(pattern, regexListLimit)
+			m.m.Op("get_replica_list_by_regex", err != nil)
 			if err != nil {
-				return mooncake.ExpectByRegex{Error: mooncake.InvalidParams, HasError: true}, nil
+				return mooncake.ExpectByRegex{Error: codeOf(err), HasError: true}, nil
 			}
 			out := make(map[string][]mooncake.ReplicaDescriptor, len(keys))
-			for i, r := range m.BatchQuery(keys) {
+			for i, r := range res {
 				if r.Err == nil {
 					out[keys[i]] = s.descriptors(r.Replicas)
 				}
@@ -560,17 +562,18 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := s.args("RemoveByRegex", req, &pattern, &force, &tenant); err != nil {
 				return nil, err
 			}
-			keys, err := s.matching(pattern)
+			rm, err := m.RemoveByRegex(pattern, force, false)
 			if err != nil {
-				return mooncake.ExpectInt64{Error: mooncake.InvalidParams, HasError: true}, nil
+				m.m.Op("remove_by_regex", true)
+				return mooncake.ExpectInt64{Error: codeOf(err), HasError: true}, nil
 			}
-			n := int64(0)
-			for _, e := range s.rpc.durable(m.BatchRemove(keys, force)) {
-				if e == nil {
-					n++
-				}
+			n := len(rm.Removed)
+			if n > 0 && one(nil) != nil {
+				// Not in the HA op log: as with gRPC, reported undone.
+				n = 0
 			}
-			return mooncake.ExpectInt64{Value: n}, nil
+			m.m.Op("remove_by_regex", n < len(rm.Removed))
+			return mooncake.ExpectInt64{Value: int64(n)}, nil
 		},
 	}
 }
@@ -607,23 +610,6 @@ func (s *mooncakeServer) unsupported(name string, answer any) mooncakeHandler {
 		}
 		return nil, fmt.Errorf("%s: no answer shape", name)
 	}
-}
-
-// matching lists the stored keys that match pattern (RE2 syntax; Mooncake
-// uses std::regex ECMAScript, which agrees on the common subset).
-func (s *mooncakeServer) matching(pattern string) ([]string, error) {
-	re, err := regexp.Compile(pattern)
-	if err != nil {
-		return nil, err
-	}
-	var keys []string
-	s.m.Keys("", func(k string, _ uint64) bool {
-		if re.MatchString(k) {
-			keys = append(keys, k)
-		}
-		return true
-	})
-	return keys, nil
 }
 
 func addrOf(req *cororpc.Request) string {

@@ -120,4 +120,3 @@ func BenchmarkWireBatchPut(b *testing.B) {
 		b.ReportMetric(moon/grpcRate, "mooncake/grpc")
 	}
 }
-

@@ -208,6 +208,20 @@ func (p *pending) addRelease(at int64, size uint64, r []replicaRef) {
 	p.mu.Unlock()
 }
 
+// discardedBytes is the replica bytes of discarded puts (and abandoned
+// upserts) whose space waits for the release timeout.
+func (p *pending) discardedBytes() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n uint64
+	for _, r := range p.releases {
+		if !r.leased {
+			n += r.size * uint64(len(r.replicas))
+		}
+	}
+	return n
+}
+
 // addLeased holds an old version's replicas until the lease of the
 // reader still moving its bytes ends.
 func (p *pending) addLeased(until int64, size uint64, r []replicaRef) {

@@ -67,8 +67,10 @@ func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, 
 		out[i] = m.putStart(client, host, it, cfg)
 	}
 	m.evictForPuts(client, host, items, cfg, out)
-	for _, r := range out {
-		if r.Err != nil {
+	for i, r := range out {
+		if r.Err == nil {
+			m.m.valueSize.Observe(float64(items[i].Size))
+		} else {
 			m.m.putStartFail.Inc()
 			if store.CodeOf(r.Err) == store.NoAvailableHandle {
 				m.m.allocFailures.Inc()
@@ -336,6 +338,7 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 	for i, k := range keys {
 		if lease {
 			m.m.getReplicaList.Inc()
+			m.m.totalGets.Inc()
 		}
 		if err := store.CheckKey(k); err != nil {
 			out[i].Err = err
@@ -357,6 +360,9 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 				o.lease = max(o.lease, now+ttl.Nanoseconds())
 				sh.touch(o, i)
 				out[i].LeaseTTL = ttl
+				m.m.validGets.Inc()
+				m.m.memHits.Inc()
+				m.m.memHitBytes.Add(float64(o.size))
 			}
 		}
 		sh.mu.Unlock()
@@ -377,6 +383,7 @@ func (m *Master) BatchExistKey(keys []string) ([]bool, []error) {
 		m.m.existKey.Inc()
 		if err := store.CheckKey(k); err != nil {
 			errs[i] = err
+			m.m.existKeyFail.Inc()
 			continue
 		}
 		sh := m.shardOf(k)
@@ -416,6 +423,18 @@ func (m *Master) remove(key string, force bool, now int64) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	o := sh.objects[key]
+	if err := removable(key, o, force, now); err != nil {
+		return err
+	}
+	sh.remove(key, o)
+	m.space.free(o.replicas, o.size)
+	m.emit(Change{Op: OpRemove, Key: key})
+	return nil
+}
+
+// removable says why object o under key cannot be removed now, or nil.
+// The caller holds its shard's lock.
+func removable(key string, o *Object, force bool, now int64) error {
 	switch {
 	case o == nil:
 		return store.Errorf(store.ObjectNotFound, "key %q not found", key)
@@ -424,9 +443,6 @@ func (m *Master) remove(key string, force bool, now int64) error {
 	case o.lease > now && !force:
 		return store.Errorf(store.ObjectHasLease, "key %q is being read (lease for %s more); remove with force to override", key, time.Duration(o.lease-now).Round(time.Millisecond))
 	}
-	sh.remove(key, o)
-	m.space.free(o.replicas, o.size)
-	m.emit(Change{Op: OpRemove, Key: key})
 	return nil
 }
 

@@ -146,7 +146,7 @@ type regionTally struct {
 // need. It walks every object twice (to weigh the regions, then to evict
 // the chosen ones' objects): the last resort costs O(objects).
 func (m *Master) evictOtherRegions(client store.UUID, need uint64) (uint64, blockers) {
-	m.m.evictAttempts.Inc()
+	m.m.evictAttempts.Add(1)
 	sw := &sweep{now: m.now(), allowSoft: *m.cfg.AllowEvictSoftPinned}
 	tally := make(map[*region]*regionTally)
 	for i := range m.shards {

@@ -379,6 +379,7 @@ func replicaCall[T any](s *rpcServer, name string, n int, run func() []ReplicaRe
 	}
 	out, failed := form(run())
 	s.m.m.Op(name, failed)
+	s.m.m.Items(name, n)
 	return out, nil
 }
 
@@ -484,6 +485,7 @@ func (s *rpcServer) keysOp(name string, r *pb.BatchKeysRequest, f func(store.UUI
 	}
 	res, failed := results(s.durable(f(store.UUIDFromPB(r.ClientId), r.Keys)))
 	s.m.m.Op(name, failed)
+	s.m.m.Items(name, len(r.Keys))
 	return res, nil
 }
 
@@ -510,6 +512,7 @@ func (s *rpcServer) BatchExistKey(_ context.Context, r *pb.BatchKeysRequest) (*p
 	exists, errs := s.m.BatchExistKey(r.Keys)
 	res, failed := results(errs)
 	s.m.m.Op("batch_exist_key", failed)
+	s.m.m.Items("batch_exist_key", len(r.Keys))
 	return &pb.BatchExistResponse{Results: res.Results, Exists: exists}, nil
 }
 

@@ -1795,6 +1795,270 @@ func (x *RemoveAllResponse) GetRemoved() uint64 {
 	return 0
 }
 
+type RegexRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Pattern       string                 `protobuf:"bytes,2,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegexRequest) Reset() {
+	*x = RegexRequest{}
+	mi := &file_store_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegexRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegexRequest) ProtoMessage() {}
+
+func (x *RegexRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_store_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegexRequest.ProtoReflect.Descriptor instead.
+func (*RegexRequest) Descriptor() ([]byte, []int) {
+	return file_store_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *RegexRequest) GetClientId() *UUID {
+	if x != nil {
+		return x.ClientId
+	}
+	return nil
+}
+
+func (x *RegexRequest) GetPattern() string {
+	if x != nil {
+		return x.Pattern
+	}
+	return ""
+}
+
+// Keys come sorted; at most MaxBatchSize of them are listed, matched
+// counts them all.
+type RegexReplicaListResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []string               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	Results       []*ReplicaList         `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	Matched       uint64                 `protobuf:"varint,3,opt,name=matched,proto3" json:"matched,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegexReplicaListResponse) Reset() {
+	*x = RegexReplicaListResponse{}
+	mi := &file_store_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegexReplicaListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegexReplicaListResponse) ProtoMessage() {}
+
+func (x *RegexReplicaListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_store_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegexReplicaListResponse.ProtoReflect.Descriptor instead.
+func (*RegexReplicaListResponse) Descriptor() ([]byte, []int) {
+	return file_store_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *RegexReplicaListResponse) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *RegexReplicaListResponse) GetResults() []*ReplicaList {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *RegexReplicaListResponse) GetMatched() uint64 {
+	if x != nil {
+		return x.Matched
+	}
+	return 0
+}
+
+type RemoveByRegexRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Pattern  string                 `protobuf:"bytes,2,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	// force removes keys being read (leased), as BatchRemove's force.
+	Force bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	// dry_run removes nothing and answers what would go and what not.
+	DryRun        bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveByRegexRequest) Reset() {
+	*x = RemoveByRegexRequest{}
+	mi := &file_store_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveByRegexRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveByRegexRequest) ProtoMessage() {}
+
+func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_store_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
+func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
+	return file_store_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RemoveByRegexRequest) GetClientId() *UUID {
+	if x != nil {
+		return x.ClientId
+	}
+	return nil
+}
+
+func (x *RemoveByRegexRequest) GetPattern() string {
+	if x != nil {
+		return x.Pattern
+	}
+	return ""
+}
+
+func (x *RemoveByRegexRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *RemoveByRegexRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// removed: keys removed (with dry_run, that would be); refused: keys
+// matched but kept, each with refused_results saying why
+// (OBJECT_HAS_LEASE...). Both are sorted and listed up to MaxBatchSize
+// keys; the counts cover them all.
+type RemoveByRegexResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Removed        []string               `protobuf:"bytes,1,rep,name=removed,proto3" json:"removed,omitempty"`
+	RemovedCount   uint64                 `protobuf:"varint,2,opt,name=removed_count,json=removedCount,proto3" json:"removed_count,omitempty"`
+	Refused        []string               `protobuf:"bytes,3,rep,name=refused,proto3" json:"refused,omitempty"`
+	RefusedResults []*Result              `protobuf:"bytes,4,rep,name=refused_results,json=refusedResults,proto3" json:"refused_results,omitempty"`
+	RefusedCount   uint64                 `protobuf:"varint,5,opt,name=refused_count,json=refusedCount,proto3" json:"refused_count,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RemoveByRegexResponse) Reset() {
+	*x = RemoveByRegexResponse{}
+	mi := &file_store_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveByRegexResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveByRegexResponse) ProtoMessage() {}
+
+func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_store_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveByRegexResponse.ProtoReflect.Descriptor instead.
+func (*RemoveByRegexResponse) Descriptor() ([]byte, []int) {
+	return file_store_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RemoveByRegexResponse) GetRemoved() []string {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+func (x *RemoveByRegexResponse) GetRemovedCount() uint64 {
+	if x != nil {
+		return x.RemovedCount
+	}
+	return 0
+}
+
+func (x *RemoveByRegexResponse) GetRefused() []string {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
+func (x *RemoveByRegexResponse) GetRefusedResults() []*Result {
+	if x != nil {
+		return x.RefusedResults
+	}
+	return nil
+}
+
+func (x *RemoveByRegexResponse) GetRefusedCount() uint64 {
+	if x != nil {
+		return x.RefusedCount
+	}
+	return 0
+}
+
 type ReplicaTable_SegmentRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SegmentName   string                 `protobuf:"bytes,1,opt,name=segment_name,json=segmentName,proto3" json:"segment_name,omitempty"`
@@ -1806,7 +2070,7 @@ type ReplicaTable_SegmentRef struct {
 
 func (x *ReplicaTable_SegmentRef) Reset() {
 	*x = ReplicaTable_SegmentRef{}
-	mi := &file_store_proto_msgTypes[25]
+	mi := &file_store_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +2082,7 @@ func (x *ReplicaTable_SegmentRef) String() string {
 func (*ReplicaTable_SegmentRef) ProtoMessage() {}
 
 func (x *ReplicaTable_SegmentRef) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[25]
+	mi := &file_store_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2244,25 @@ const file_store_proto_rawDesc = "" +
 	"\x10RemoveAllRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\"-\n" +
 	"\x11RemoveAllResponse\x12\x18\n" +
-	"\aremoved\x18\x01 \x01(\x04R\aremoved*E\n" +
+	"\aremoved\x18\x01 \x01(\x04R\aremoved\"X\n" +
+	"\fRegexRequest\x12.\n" +
+	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x18\n" +
+	"\apattern\x18\x02 \x01(\tR\apattern\"|\n" +
+	"\x18RegexReplicaListResponse\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\x122\n" +
+	"\aresults\x18\x02 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\x12\x18\n" +
+	"\amatched\x18\x03 \x01(\x04R\amatched\"\x8f\x01\n" +
+	"\x14RemoveByRegexRequest\x12.\n" +
+	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x18\n" +
+	"\apattern\x18\x02 \x01(\tR\apattern\x12\x14\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"\xd3\x01\n" +
+	"\x15RemoveByRegexResponse\x12\x18\n" +
+	"\aremoved\x18\x01 \x03(\tR\aremoved\x12#\n" +
+	"\rremoved_count\x18\x02 \x01(\x04R\fremovedCount\x12\x18\n" +
+	"\arefused\x18\x03 \x03(\tR\arefused\x12<\n" +
+	"\x0frefused_results\x18\x04 \x03(\v2\x13.mc.store.v1.ResultR\x0erefusedResults\x12#\n" +
+	"\rrefused_count\x18\x05 \x01(\x04R\frefusedCount*E\n" +
 	"\fClientStatus\x12\x1b\n" +
 	"\x17CLIENT_STATUS_UNDEFINED\x10\x00\x12\x06\n" +
 	"\x02OK\x10\x01\x12\x10\n" +
@@ -1989,7 +2271,7 @@ const file_store_proto_rawDesc = "" +
 	"\x18REPLICA_STATUS_UNDEFINED\x10\x00\x12\x0e\n" +
 	"\n" +
 	"PROCESSING\x10\x01\x12\f\n" +
-	"\bCOMPLETE\x10\x022\x8e\v\n" +
+	"\bCOMPLETE\x10\x022\xc1\f\n" +
 	"\x06Master\x12;\n" +
 	"\x04Ping\x12\x18.mc.store.v1.PingRequest\x1a\x19.mc.store.v1.PingResponse\x12E\n" +
 	"\fMountSegment\x12 .mc.store.v1.MountSegmentRequest\x1a\x13.mc.store.v1.Result\x12Y\n" +
@@ -2008,7 +2290,9 @@ const file_store_proto_rawDesc = "" +
 	"\vBatchRemove\x12\x1f.mc.store.v1.BatchRemoveRequest\x1a\x19.mc.store.v1.BatchResults\x12J\n" +
 	"\tRemoveAll\x12\x1d.mc.store.v1.RemoveAllRequest\x1a\x1e.mc.store.v1.RemoveAllResponse\x12R\n" +
 	"\n" +
-	"BatchQuery\x12\x1d.mc.store.v1.BatchKeysRequest\x1a%.mc.store.v1.BatchReplicaListResponse\x12H\n" +
+	"BatchQuery\x12\x1d.mc.store.v1.BatchKeysRequest\x1a%.mc.store.v1.BatchReplicaListResponse\x12Y\n" +
+	"\x15GetReplicaListByRegex\x12\x19.mc.store.v1.RegexRequest\x1a%.mc.store.v1.RegexReplicaListResponse\x12V\n" +
+	"\rRemoveByRegex\x12!.mc.store.v1.RemoveByRegexRequest\x1a\".mc.store.v1.RemoveByRegexResponse\x12H\n" +
 	"\aSession\x12\x1b.mc.store.v1.SessionRequest\x1a\x1c.mc.store.v1.SessionResponse(\x010\x01B-Z+github.com/kvcache-ops/mc/pkg/store/storepbb\x06proto3"
 
 var (
@@ -2024,7 +2308,7 @@ func file_store_proto_rawDescGZIP() []byte {
 }
 
 var file_store_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_store_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_store_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_store_proto_goTypes = []any{
 	(ClientStatus)(0),                // 0: mc.store.v1.ClientStatus
 	(ReplicaStatus)(0),               // 1: mc.store.v1.ReplicaStatus
@@ -2053,7 +2337,11 @@ var file_store_proto_goTypes = []any{
 	(*BatchRemoveRequest)(nil),       // 24: mc.store.v1.BatchRemoveRequest
 	(*RemoveAllRequest)(nil),         // 25: mc.store.v1.RemoveAllRequest
 	(*RemoveAllResponse)(nil),        // 26: mc.store.v1.RemoveAllResponse
-	(*ReplicaTable_SegmentRef)(nil),  // 27: mc.store.v1.ReplicaTable.SegmentRef
+	(*RegexRequest)(nil),             // 27: mc.store.v1.RegexRequest
+	(*RegexReplicaListResponse)(nil), // 28: mc.store.v1.RegexReplicaListResponse
+	(*RemoveByRegexRequest)(nil),     // 29: mc.store.v1.RemoveByRegexRequest
+	(*RemoveByRegexResponse)(nil),    // 30: mc.store.v1.RemoveByRegexResponse
+	(*ReplicaTable_SegmentRef)(nil),  // 31: mc.store.v1.ReplicaTable.SegmentRef
 }
 var file_store_proto_depIdxs = []int32{
 	17, // 0: mc.store.v1.SessionRequest.put_start:type_name -> mc.store.v1.BatchPutStartRequest
@@ -2068,7 +2356,7 @@ var file_store_proto_depIdxs = []int32{
 	4,  // 9: mc.store.v1.SessionResponse.replica_table:type_name -> mc.store.v1.ReplicaTable
 	7,  // 10: mc.store.v1.SessionResponse.results:type_name -> mc.store.v1.BatchResults
 	23, // 11: mc.store.v1.SessionResponse.exist:type_name -> mc.store.v1.BatchExistResponse
-	27, // 12: mc.store.v1.ReplicaTable.segments:type_name -> mc.store.v1.ReplicaTable.SegmentRef
+	31, // 12: mc.store.v1.ReplicaTable.segments:type_name -> mc.store.v1.ReplicaTable.SegmentRef
 	1,  // 13: mc.store.v1.ReplicaTable.status:type_name -> mc.store.v1.ReplicaStatus
 	6,  // 14: mc.store.v1.BatchResults.results:type_name -> mc.store.v1.Result
 	5,  // 15: mc.store.v1.Segment.id:type_name -> mc.store.v1.UUID
@@ -2092,47 +2380,55 @@ var file_store_proto_depIdxs = []int32{
 	6,  // 33: mc.store.v1.BatchExistResponse.results:type_name -> mc.store.v1.Result
 	5,  // 34: mc.store.v1.BatchRemoveRequest.client_id:type_name -> mc.store.v1.UUID
 	5,  // 35: mc.store.v1.RemoveAllRequest.client_id:type_name -> mc.store.v1.UUID
-	9,  // 36: mc.store.v1.Master.Ping:input_type -> mc.store.v1.PingRequest
-	11, // 37: mc.store.v1.Master.MountSegment:input_type -> mc.store.v1.MountSegmentRequest
-	12, // 38: mc.store.v1.Master.ReMountSegment:input_type -> mc.store.v1.ReMountSegmentRequest
-	14, // 39: mc.store.v1.Master.UnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
-	14, // 40: mc.store.v1.Master.GracefulUnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
-	9,  // 41: mc.store.v1.Master.UnregisterClient:input_type -> mc.store.v1.PingRequest
-	17, // 42: mc.store.v1.Master.BatchPutStart:input_type -> mc.store.v1.BatchPutStartRequest
-	21, // 43: mc.store.v1.Master.BatchPutEnd:input_type -> mc.store.v1.BatchKeysRequest
-	21, // 44: mc.store.v1.Master.BatchPutRevoke:input_type -> mc.store.v1.BatchKeysRequest
-	17, // 45: mc.store.v1.Master.BatchUpsertStart:input_type -> mc.store.v1.BatchPutStartRequest
-	21, // 46: mc.store.v1.Master.BatchUpsertEnd:input_type -> mc.store.v1.BatchKeysRequest
-	21, // 47: mc.store.v1.Master.BatchUpsertRevoke:input_type -> mc.store.v1.BatchKeysRequest
-	21, // 48: mc.store.v1.Master.BatchGetReplicaList:input_type -> mc.store.v1.BatchKeysRequest
-	21, // 49: mc.store.v1.Master.BatchExistKey:input_type -> mc.store.v1.BatchKeysRequest
-	24, // 50: mc.store.v1.Master.BatchRemove:input_type -> mc.store.v1.BatchRemoveRequest
-	25, // 51: mc.store.v1.Master.RemoveAll:input_type -> mc.store.v1.RemoveAllRequest
-	21, // 52: mc.store.v1.Master.BatchQuery:input_type -> mc.store.v1.BatchKeysRequest
-	2,  // 53: mc.store.v1.Master.Session:input_type -> mc.store.v1.SessionRequest
-	10, // 54: mc.store.v1.Master.Ping:output_type -> mc.store.v1.PingResponse
-	6,  // 55: mc.store.v1.Master.MountSegment:output_type -> mc.store.v1.Result
-	13, // 56: mc.store.v1.Master.ReMountSegment:output_type -> mc.store.v1.ReMountSegmentResponse
-	6,  // 57: mc.store.v1.Master.UnmountSegment:output_type -> mc.store.v1.Result
-	6,  // 58: mc.store.v1.Master.GracefulUnmountSegment:output_type -> mc.store.v1.Result
-	6,  // 59: mc.store.v1.Master.UnregisterClient:output_type -> mc.store.v1.Result
-	20, // 60: mc.store.v1.Master.BatchPutStart:output_type -> mc.store.v1.BatchPutStartResponse
-	7,  // 61: mc.store.v1.Master.BatchPutEnd:output_type -> mc.store.v1.BatchResults
-	7,  // 62: mc.store.v1.Master.BatchPutRevoke:output_type -> mc.store.v1.BatchResults
-	20, // 63: mc.store.v1.Master.BatchUpsertStart:output_type -> mc.store.v1.BatchPutStartResponse
-	7,  // 64: mc.store.v1.Master.BatchUpsertEnd:output_type -> mc.store.v1.BatchResults
-	7,  // 65: mc.store.v1.Master.BatchUpsertRevoke:output_type -> mc.store.v1.BatchResults
-	22, // 66: mc.store.v1.Master.BatchGetReplicaList:output_type -> mc.store.v1.BatchReplicaListResponse
-	23, // 67: mc.store.v1.Master.BatchExistKey:output_type -> mc.store.v1.BatchExistResponse
-	7,  // 68: mc.store.v1.Master.BatchRemove:output_type -> mc.store.v1.BatchResults
-	26, // 69: mc.store.v1.Master.RemoveAll:output_type -> mc.store.v1.RemoveAllResponse
-	22, // 70: mc.store.v1.Master.BatchQuery:output_type -> mc.store.v1.BatchReplicaListResponse
-	3,  // 71: mc.store.v1.Master.Session:output_type -> mc.store.v1.SessionResponse
-	54, // [54:72] is the sub-list for method output_type
-	36, // [36:54] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	5,  // 36: mc.store.v1.RegexRequest.client_id:type_name -> mc.store.v1.UUID
+	19, // 37: mc.store.v1.RegexReplicaListResponse.results:type_name -> mc.store.v1.ReplicaList
+	5,  // 38: mc.store.v1.RemoveByRegexRequest.client_id:type_name -> mc.store.v1.UUID
+	6,  // 39: mc.store.v1.RemoveByRegexResponse.refused_results:type_name -> mc.store.v1.Result
+	9,  // 40: mc.store.v1.Master.Ping:input_type -> mc.store.v1.PingRequest
+	11, // 41: mc.store.v1.Master.MountSegment:input_type -> mc.store.v1.MountSegmentRequest
+	12, // 42: mc.store.v1.Master.ReMountSegment:input_type -> mc.store.v1.ReMountSegmentRequest
+	14, // 43: mc.store.v1.Master.UnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
+	14, // 44: mc.store.v1.Master.GracefulUnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
+	9,  // 45: mc.store.v1.Master.UnregisterClient:input_type -> mc.store.v1.PingRequest
+	17, // 46: mc.store.v1.Master.BatchPutStart:input_type -> mc.store.v1.BatchPutStartRequest
+	21, // 47: mc.store.v1.Master.BatchPutEnd:input_type -> mc.store.v1.BatchKeysRequest
+	21, // 48: mc.store.v1.Master.BatchPutRevoke:input_type -> mc.store.v1.BatchKeysRequest
+	17, // 49: mc.store.v1.Master.BatchUpsertStart:input_type -> mc.store.v1.BatchPutStartRequest
+	21, // 50: mc.store.v1.Master.BatchUpsertEnd:input_type -> mc.store.v1.BatchKeysRequest
+	21, // 51: mc.store.v1.Master.BatchUpsertRevoke:input_type -> mc.store.v1.BatchKeysRequest
+	21, // 52: mc.store.v1.Master.BatchGetReplicaList:input_type -> mc.store.v1.BatchKeysRequest
+	21, // 53: mc.store.v1.Master.BatchExistKey:input_type -> mc.store.v1.BatchKeysRequest
+	24, // 54: mc.store.v1.Master.BatchRemove:input_type -> mc.store.v1.BatchRemoveRequest
+	25, // 55: mc.store.v1.Master.RemoveAll:input_type -> mc.store.v1.RemoveAllRequest
+	21, // 56: mc.store.v1.Master.BatchQuery:input_type -> mc.store.v1.BatchKeysRequest
+	27, // 57: mc.store.v1.Master.GetReplicaListByRegex:input_type -> mc.store.v1.RegexRequest
+	29, // 58: mc.store.v1.Master.RemoveByRegex:input_type -> mc.store.v1.RemoveByRegexRequest
+	2,  // 59: mc.store.v1.Master.Session:input_type -> mc.store.v1.SessionRequest
+	10, // 60: mc.store.v1.Master.Ping:output_type -> mc.store.v1.PingResponse
+	6,  // 61: mc.store.v1.Master.MountSegment:output_type -> mc.store.v1.Result
+	13, // 62: mc.store.v1.Master.ReMountSegment:output_type -> mc.store.v1.ReMountSegmentResponse
+	6,  // 63: mc.store.v1.Master.UnmountSegment:output_type -> mc.store.v1.Result
+	6,  // 64: mc.store.v1.Master.GracefulUnmountSegment:output_type -> mc.store.v1.Result
+	6,  // 65: mc.store.v1.Master.UnregisterClient:output_type -> mc.store.v1.Result
+	20, // 66: mc.store.v1.Master.BatchPutStart:output_type -> mc.store.v1.BatchPutStartResponse
+	7,  // 67: mc.store.v1.Master.BatchPutEnd:output_type -> mc.store.v1.BatchResults
+	7,  // 68: mc.store.v1.Master.BatchPutRevoke:output_type -> mc.store.v1.BatchResults
+	20, // 69: mc.store.v1.Master.BatchUpsertStart:output_type -> mc.store.v1.BatchPutStartResponse
+	7,  // 70: mc.store.v1.Master.BatchUpsertEnd:output_type -> mc.store.v1.BatchResults
+	7,  // 71: mc.store.v1.Master.BatchUpsertRevoke:output_type -> mc.store.v1.BatchResults
+	22, // 72: mc.store.v1.Master.BatchGetReplicaList:output_type -> mc.store.v1.BatchReplicaListResponse
+	23, // 73: mc.store.v1.Master.BatchExistKey:output_type -> mc.store.v1.BatchExistResponse
+	7,  // 74: mc.store.v1.Master.BatchRemove:output_type -> mc.store.v1.BatchResults
+	26, // 75: mc.store.v1.Master.RemoveAll:output_type -> mc.store.v1.RemoveAllResponse
+	22, // 76: mc.store.v1.Master.BatchQuery:output_type -> mc.store.v1.BatchReplicaListResponse
+	28, // 77: mc.store.v1.Master.GetReplicaListByRegex:output_type -> mc.store.v1.RegexReplicaListResponse
+	30, // 78: mc.store.v1.Master.RemoveByRegex:output_type -> mc.store.v1.RemoveByRegexResponse
+	3,  // 79: mc.store.v1.Master.Session:output_type -> mc.store.v1.SessionResponse
+	60, // [60:80] is the sub-list for method output_type
+	40, // [40:60] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_store_proto_init() }
@@ -2162,7 +2458,7 @@ func file_store_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_store_proto_rawDesc), len(file_store_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   26,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -41,6 +41,8 @@ const (
 	Master_BatchRemove_FullMethodName            = "/mc.store.v1.Master/BatchRemove"
 	Master_RemoveAll_FullMethodName              = "/mc.store.v1.Master/RemoveAll"
 	Master_BatchQuery_FullMethodName             = "/mc.store.v1.Master/BatchQuery"
+	Master_GetReplicaListByRegex_FullMethodName  = "/mc.store.v1.Master/GetReplicaListByRegex"
+	Master_RemoveByRegex_FullMethodName          = "/mc.store.v1.Master/RemoveByRegex"
 	Master_Session_FullMethodName                = "/mc.store.v1.Master/Session"
 )
 
@@ -67,6 +69,12 @@ type MasterClient interface {
 	RemoveAll(ctx context.Context, in *RemoveAllRequest, opts ...grpc.CallOption) (*RemoveAllResponse, error)
 	// BatchQuery is an admin read: replicas without a lease.
 	BatchQuery(ctx context.Context, in *BatchKeysRequest, opts ...grpc.CallOption) (*BatchReplicaListResponse, error)
+	// The stored keys an RE2 pattern (Go's regexp) finds, anywhere in the
+	// key as Mooncake's std::regex_search: GetReplicaListByRegex lists them
+	// with their replicas (an admin read: no lease, unlike Mooncake's),
+	// RemoveByRegex removes them as BatchRemove would each.
+	GetReplicaListByRegex(ctx context.Context, in *RegexRequest, opts ...grpc.CallOption) (*RegexReplicaListResponse, error)
+	RemoveByRegex(ctx context.Context, in *RemoveByRegexRequest, opts ...grpc.CallOption) (*RemoveByRegexResponse, error)
 	// Session carries the data path's calls (the Batch* calls above but
 	// BatchQuery and RemoveAll) as messages on one long-lived stream: a call
 	// costs one DATA frame each way instead of a new HTTP/2 stream with
@@ -254,6 +262,26 @@ func (c *masterClient) BatchQuery(ctx context.Context, in *BatchKeysRequest, opt
 	return out, nil
 }
 
+func (c *masterClient) GetReplicaListByRegex(ctx context.Context, in *RegexRequest, opts ...grpc.CallOption) (*RegexReplicaListResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegexReplicaListResponse)
+	err := c.cc.Invoke(ctx, Master_GetReplicaListByRegex_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *masterClient) RemoveByRegex(ctx context.Context, in *RemoveByRegexRequest, opts ...grpc.CallOption) (*RemoveByRegexResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveByRegexResponse)
+	err := c.cc.Invoke(ctx, Master_RemoveByRegex_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *masterClient) Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Master_ServiceDesc.Streams[0], Master_Session_FullMethodName, cOpts...)
@@ -290,6 +318,12 @@ type MasterServer interface {
 	RemoveAll(context.Context, *RemoveAllRequest) (*RemoveAllResponse, error)
 	// BatchQuery is an admin read: replicas without a lease.
 	BatchQuery(context.Context, *BatchKeysRequest) (*BatchReplicaListResponse, error)
+	// The stored keys an RE2 pattern (Go's regexp) finds, anywhere in the
+	// key as Mooncake's std::regex_search: GetReplicaListByRegex lists them
+	// with their replicas (an admin read: no lease, unlike Mooncake's),
+	// RemoveByRegex removes them as BatchRemove would each.
+	GetReplicaListByRegex(context.Context, *RegexRequest) (*RegexReplicaListResponse, error)
+	RemoveByRegex(context.Context, *RemoveByRegexRequest) (*RemoveByRegexResponse, error)
 	// Session carries the data path's calls (the Batch* calls above but
 	// BatchQuery and RemoveAll) as messages on one long-lived stream: a call
 	// costs one DATA frame each way instead of a new HTTP/2 stream with
@@ -357,6 +391,12 @@ func (UnimplementedMasterServer) RemoveAll(context.Context, *RemoveAllRequest) (
 }
 func (UnimplementedMasterServer) BatchQuery(context.Context, *BatchKeysRequest) (*BatchReplicaListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method BatchQuery not implemented")
+}
+func (UnimplementedMasterServer) GetReplicaListByRegex(context.Context, *RegexRequest) (*RegexReplicaListResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetReplicaListByRegex not implemented")
+}
+func (UnimplementedMasterServer) RemoveByRegex(context.Context, *RemoveByRegexRequest) (*RemoveByRegexResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveByRegex not implemented")
 }
 func (UnimplementedMasterServer) Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error {
 	return status.Error(codes.Unimplemented, "method Session not implemented")
@@ -688,6 +728,42 @@ func _Master_BatchQuery_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_GetReplicaListByRegex_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegexRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).GetReplicaListByRegex(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_GetReplicaListByRegex_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).GetReplicaListByRegex(ctx, req.(*RegexRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Master_RemoveByRegex_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveByRegexRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).RemoveByRegex(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_RemoveByRegex_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).RemoveByRegex(ctx, req.(*RemoveByRegexRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Master_Session_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(MasterServer).Session(&grpc.GenericServerStream[SessionRequest, SessionResponse]{ServerStream: stream})
 }
@@ -769,6 +845,14 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "BatchQuery",
 			Handler:    _Master_BatchQuery_Handler,
+		},
+		{
+			MethodName: "GetReplicaListByRegex",
+			Handler:    _Master_GetReplicaListByRegex_Handler,
+		},
+		{
+			MethodName: "RemoveByRegex",
+			Handler:    _Master_RemoveByRegex_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
