@@ -134,8 +134,66 @@ if "$MC" store put after/restart "$W/v4k" --master "$M" --metadata-server "http:
 	"$MC" store get after/restart --master "$M" --metadata-server "http://127.0.0.1:$HP/metadata" | cmp -s - "$W/v4k"; then
 	pass "master restarted: put + get on the re-mounted mc node"; else fail "master restarted: put + get"; fi
 
+# ---- Mooncake's clients against mc serve store (mc's master on the wire)
 kill -TERM "$NPID"; wait "$NPID" 2>/dev/null
 sleep 1
 if curl -sf "$ADMIN/get_all_segments" | grep -q "$NODE_HOST"; then fail "mc node: SIGTERM unmounts its segment"; else pass "mc node: SIGTERM unmounts its segment"; fi
+kill "$MPID"; wait "$MPID" 2>/dev/null
+XP=$(port); XA=$(port)
+# A 64 MiB pool beside the clients' own segments: the Python client's
+# last 192 MiB of puts only fit by eviction.
+"$MC" serve store --rpc_port "$XP" --metrics_port "$XA" --segment-size "64 MB" --local-hostname 127.0.0.1 \
+	--metadata_server P2PHANDSHAKE >"$W/mc-master.log" 2>&1 &
+XPID=$!; PIDS+=("$XPID"); wait_port "$XP"
+if [ -n "$CLIENT" ]; then
+	cport=$(port)
+	"$CLIENT" --master_server_address "127.0.0.1:$XP" --host 127.0.0.1 --port "$cport" --global_segment_size "128 MB" \
+		--metadata_server P2PHANDSHAKE --protocol tcp >"$W/client-on-mc.log" 2>&1 &
+	PIDS+=("$!")
+	segs() { curl -sf "http://127.0.0.1:$XA/get_all_segments" | tr -cs '0-9.:A-Za-z_-' '\n' | grep -c ':'; }
+	for _ in $(seq 100); do [ "$(segs)" -ge 2 ] && break; sleep 0.1; done
+	if [ "$(segs)" -ge 2 ]; then pass "mooncake_client on mc serve store: segment mounted"
+	else fail "mooncake_client on mc serve store: mount" "$(curl -s "http://127.0.0.1:$XA/get_all_segments")"; fi
+	head -c 3000000 /dev/urandom >"$W/v3m"
+	ok=1
+	for i in 1 2 3; do
+		# Two replicas: one on mc's segment, one on mooncake_client's.
+		"$MC" store put "onmc/$i" "$W/v3m" --replicas 2 --master "127.0.0.1:$XP" >/dev/null 2>&1 || ok=0
+		"$MC" store get "onmc/$i" --master "127.0.0.1:$XP" | cmp -s - "$W/v3m" || ok=0
+		n=$("$MC" store query "onmc/$i" --master "127.0.0.1:$XP" --admin "http://127.0.0.1:$XA" -o json | python3 -c 'import json,sys; d=json.load(sys.stdin); d=d[0] if isinstance(d,list) else d; print(len({r["endpoint"] for r in d["replicas"]}))' 2>/dev/null)
+		[ "${n:-0}" = 2 ] || ok=0
+	done
+	if [ $ok = 1 ]; then pass "mc client put/get through mc's master, a replica on each kind of node"
+	else fail "mc client with a mooncake_client segment in mc's pool"; fi
+fi
+if [ -n "$PYSTORE" ]; then
+	out=$(LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=$(dirname "$PYSTORE") python3 - "$XP" <<'EOF' 2>&1
+import os, sys
+from store import MooncakeDistributedStore
+xp = sys.argv[1]
+s = MooncakeDistributedStore()
+assert s.setup("127.0.0.1", "P2PHANDSHAKE", 32 << 20, 16 << 20, "tcp", "", "127.0.0.1:%s" % xp) == 0, "setup"
+v = os.urandom(1 << 20)
+assert s.put("pyc/a", v) == 0, "put"
+assert s.get("pyc/a") == v, "get"
+assert s.is_exist("pyc/a") == 1 and s.is_exist("pyc/none") == 0, "exist"
+keys = ["pyc/b%d" % i for i in range(8)]
+vals = [os.urandom(4096 * (i + 1)) for i in range(8)]
+assert s.put_batch(keys, vals) == 0, "put_batch"
+assert s.get_batch(keys) == vals, "get_batch"
+assert s.batch_is_exist(keys + ["pyc/none"]) == [1] * 8 + [0], "batch_is_exist"
+assert s.put("pyc/c", v) == 0 and s.remove("pyc/c") == 0 and s.is_exist("pyc/c") == 0, "remove"
+print("basic ok")
+# 256 MiB into the 224 MiB pool: every put succeeds, mc evicts inside it.
+failed = [i for i in range(256) if s.put("pyc/fill%d" % i, os.urandom(1 << 20)) != 0]
+assert not failed, "%d puts failed in a full store: %s" % (len(failed), failed[:5])
+s.close()
+print("full ok")
+EOF
+)
+	case $out in *"basic ok"*) pass "Python client on mc serve store: put/get/batch/exist/remove, byte-exact";; *) fail "Python client on mc serve store" "$(echo "$out" | grep -v '^[IWE]20' | tail -2)";; esac
+	case $out in *"full ok"*) pass "Python client on mc serve store: 256 MiB into a full pool, all puts succeed";; *) fail "Python client: puts into a full pool" "$(echo "$out" | grep -v '^[IWE]20' | tail -1)";; esac
+fi
+kill "$XPID"; wait "$XPID" 2>/dev/null
 echo "logs in $W; $fails failed"
 exit "$fails"

@@ -26,9 +26,11 @@ type capture struct {
 	ResponseBody   string `json:"response_body"`
 }
 
-func readCaptures(t testing.TB) []capture {
+func readCaptures(t testing.TB) []capture { return readCaptureFiles(t, "testdata/captures-*.jsonl") }
+
+func readCaptureFiles(t testing.TB, glob string) []capture {
 	t.Helper()
-	files, err := filepath.Glob("testdata/captures-*.jsonl")
+	files, err := filepath.Glob(glob)
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no captures in testdata: %v", err)
 	}
@@ -173,4 +175,33 @@ func TestCapturedMountSegment(t *testing.T) {
 		return
 	}
 	t.Fatal("no MountSegment capture")
+}
+
+// TestCapturedPythonPut pins the ReplicateConfig mirror by values: the
+// real Python client's PutStart of a 1 MiB "py/a".
+func TestCapturedPythonPut(t *testing.T) {
+	for _, c := range readCaptureFiles(t, "testdata/captures-python_client.jsonl") {
+		if c.Call != "PutStart" {
+			continue
+		}
+		var client UUID
+		var key, tenant string
+		var n uint64
+		var rc ReplicateConfig
+		if err := structpack.UnmarshalArgs(unhex(t, c.RequestBody), &client, &key, &n, &rc, &tenant); err != nil {
+			t.Fatal(err)
+		}
+		if key != "py/a" || n != 1<<20 || tenant != DefaultTenant || rc.ReplicaNum != 1 || rc.WithHardPin || rc.SoftPinAction != SoftPinPreserve {
+			t.Fatalf("PutStart(%q, %d, %+v, %q)", key, n, rc, tenant)
+		}
+		var r ExpectDescs
+		if err := structpack.Unmarshal(unhex(t, c.ResponseBody), &r); err != nil || r.HasError || len(r.Value) != 1 {
+			t.Fatalf("answer %+v, %v", r, err)
+		}
+		if b, ok := r.Value[0].Memory(); !ok || b.Size != 1<<20 || b.Protocol != "tcp" || b.TransportEndpoint == "" {
+			t.Fatalf("descriptor %+v", r.Value[0])
+		}
+		return
+	}
+	t.Fatal("no PutStart capture")
 }
