@@ -60,6 +60,20 @@ func rawCall(t *testing.T, addr string, fn uint32, body []byte) (cororpc.Respons
 	return rh, rb
 }
 
+// serveShared serves a test master's gRPC and Mooncake wires on a loopback
+// port.
+func serveShared(t testing.TB, log *slog.Logger) string {
+	t.Helper()
+	m, _ := newTestMaster(t, Config{Logger: log})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := Serve(m, lis)
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String()
+}
+
 // TestSharedPortBadInput: garbage, truncated and oversized frames, an
 // unknown function id, another version's types and a client that leaves
 // mid-call are each answered or dropped alone; the gRPC side and the
@@ -67,14 +81,7 @@ func rawCall(t *testing.T, addr string, fn uint32, body []byte) (cororpc.Respons
 // client and call.
 func TestSharedPortBadInput(t *testing.T) {
 	var logs logBuf
-	m, _ := newTestMaster(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := Serve(m, lis)
-	t.Cleanup(srv.Stop)
-	addr := lis.Addr().String()
+	addr := serveShared(t, slog.New(slog.NewTextHandler(&logs, nil)))
 	send := func(b []byte) {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -151,14 +158,7 @@ func TestSharedPortBadInput(t *testing.T) {
 // a byte (10,000 where the descriptor limit allows) do not stop either
 // protocol from being served.
 func TestSharedPortIdleConnections(t *testing.T) {
-	m, _ := newTestMaster(t, Config{})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := Serve(m, lis)
-	t.Cleanup(srv.Stop)
-	addr := lis.Addr().String()
+	addr := serveShared(t, nil)
 	n := 10000
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err == nil && int(rl.Cur) < 2*n+500 {
@@ -227,14 +227,7 @@ func grpcClient(t testing.TB, addr string) (*grpc.ClientConn, pb.MasterClient, s
 // without those features does.
 func TestMooncakeUnsupportedAndBackgroundCalls(t *testing.T) {
 	var logs logBuf
-	m, _ := newTestMaster(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := Serve(m, lis)
-	t.Cleanup(srv.Stop)
-	addr := lis.Addr().String()
+	addr := serveShared(t, slog.New(slog.NewTextHandler(&logs, nil)))
 	for range 2 {
 		rh, rb := rawCall(t, addr, mooncake.FunctionID("CopyEnd"), nil)
 		var r mooncake.ExpectVoid
