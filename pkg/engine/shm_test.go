@@ -382,9 +382,22 @@ func TestSHMSegmentCloseUnmapsAfterCopies(t *testing.T) {
 	if n := mapped(); n != base+1 {
 		t.Fatalf("%d region mappings after opening the segment, want %d", n, base+1)
 	}
+	// A second handle on the same peer shares the mapping; it goes with
+	// the last handle.
+	seg3, err := init.OpenSegment(ctx, target.SegmentName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := mapped(); n != base+1 {
+		t.Fatalf("%d region mappings with two handles open, want %d (shared)", n, base+1)
+	}
 	seg2.Close()
+	if err := init.Transfer(ctx, engine.Request{Op: engine.Read, Source: lm.Addr(), Segment: seg3, Target: tm.Addr(), Length: 4 << 20}); err != nil {
+		t.Fatalf("read through the handle left open: %v", err)
+	}
+	seg3.Close()
 	if n := mapped(); n != base {
-		t.Fatalf("%d region mappings after closing the segment, want %d", n, base)
+		t.Fatalf("%d region mappings after closing both handles, want %d", n, base)
 	}
 	if _, err := init.OpenSegment(ctx, target.SegmentName()); err != nil {
 		t.Fatal(err)

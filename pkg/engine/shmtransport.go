@@ -38,9 +38,12 @@ const shmMinPerCore = 256 << 10
 
 // shmTransport is the same-host transport: this engine's remote buffers
 // are memfd regions (package shm) advertised in the descriptor's mc_shm,
-// and a segment of a same-host peer is mapped once per Segment and
-// served by memcpy in the submitting goroutine and helpers, one per core
-// the batch can use.
+// and a segment of a same-host peer is mapped and served by memcpy in the
+// submitting goroutine and helpers, one per core the batch can use. A
+// peer's regions are mapped once per engine and shared by every Segment
+// open on them: a fresh mapping costs a page-table entry per page on
+// first touch, which a store client reopening a segment after a failure,
+// or a collective after a membership change, should not pay again.
 type shmTransport struct {
 	e      *Engine
 	self   shm.Identity
@@ -48,8 +51,23 @@ type shmTransport struct {
 	nextID atomic.Uint64
 
 	mu     sync.Mutex
+	peers  map[shm.Token]*shmPeer
 	routes map[*shmRoute]struct{}
 	closed bool
+}
+
+// shmPeer is one attached peer engine and its regions mapped here, shared
+// by the routes open on it (under shmTransport.mu) and released with the
+// last.
+type shmPeer struct {
+	p    *shm.Peer
+	refs int
+	maps map[uint64]*shmMapping // by region id
+}
+
+type shmMapping struct {
+	m    *shm.Mapping
+	refs int
 }
 
 func newSHMTransport(e *Engine) (*shmTransport, error) {
@@ -65,6 +83,7 @@ func newSHMTransport(e *Engine) (*shmTransport, error) {
 		e:      e,
 		self:   self,
 		local:  shm.Local{ProcFS: e.cfg.ProcFS, BootID: self.BootID, UID: self.UID},
+		peers:  make(map[shm.Token]*shmPeer),
 		routes: make(map[*shmRoute]struct{}),
 	}, nil
 }
@@ -108,24 +127,73 @@ func (t *shmTransport) Dial(_ context.Context, s SegmentInfo) (Route, error) {
 	if err != nil {
 		return nil, err
 	}
-	refs := make([]shm.BufferRef, len(d.Buffers))
-	for i, b := range d.Buffers {
-		refs[i] = shm.BufferRef{Addr: b.Addr, Length: b.Length, FD: d.SHM.Buffers[i].FD, ID: d.SHM.Buffers[i].ID}
-	}
-	peer, err := shm.Open(t.local, shm.Identity{BootID: d.SHM.BootID, Token: tok, PID: d.SHM.PID, UID: d.SHM.UID}, refs)
-	if err != nil {
-		return nil, err
-	}
-	r := &shmRoute{t: t, name: s.Name, peer: peer, maps: slices.Clone(peer.Mappings())}
-	slices.SortFunc(r.maps, func(a, b *shm.Mapping) int { return cmpU64(a.Ref().Addr, b.Ref().Addr) })
+	id := shm.Identity{BootID: d.SHM.BootID, Token: tok, PID: d.SHM.PID, UID: d.SHM.UID}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		peer.Close()
 		return nil, ErrEngineClosed
 	}
+	sp := t.peers[tok]
+	if sp != nil && (sp.p.Identity() != id || sp.p.Exited()) {
+		// Gone, or not the process the descriptor names now: routes
+		// still holding it keep it until they close.
+		delete(t.peers, tok)
+		sp = nil
+	}
+	if sp == nil {
+		p, err := shm.Attach(t.local, id)
+		if err != nil {
+			return nil, err
+		}
+		sp = &shmPeer{p: p, maps: make(map[uint64]*shmMapping)}
+		t.peers[tok] = sp
+	}
+	sp.refs++
+	r := &shmRoute{t: t, name: s.Name, peer: sp}
+	for i, b := range d.Buffers {
+		ref := shm.BufferRef{Addr: b.Addr, Length: b.Length, FD: d.SHM.Buffers[i].FD, ID: d.SHM.Buffers[i].ID}
+		sm := sp.maps[ref.ID]
+		if sm != nil && (sm.m.Ref() != ref || !sm.m.Live()) {
+			delete(sp.maps, ref.ID) // retired (or described otherwise): map afresh, which says why
+			sm = nil
+		}
+		if sm == nil {
+			m, err := sp.p.Map(ref)
+			if err != nil {
+				t.releaseLocked(r)
+				return nil, err
+			}
+			sm = &shmMapping{m: m}
+			sp.maps[ref.ID] = sm
+		}
+		sm.refs++
+		r.maps = append(r.maps, sm)
+	}
+	slices.SortFunc(r.maps, func(a, b *shmMapping) int { return cmpU64(a.m.Ref().Addr, b.m.Ref().Addr) })
 	t.routes[r] = struct{}{}
 	return r, nil
+}
+
+// releaseLocked drops r's references: a mapping no route uses is
+// unmapped, a peer no route uses is let go. r's copies must have ended.
+func (t *shmTransport) releaseLocked(r *shmRoute) {
+	sp := r.peer
+	for _, sm := range r.maps {
+		if sm.refs--; sm.refs == 0 {
+			sm.m.Close()
+			if id := sm.m.Ref().ID; sp.maps[id] == sm {
+				delete(sp.maps, id)
+			}
+		}
+	}
+	r.maps = nil
+	if sp.refs--; sp.refs == 0 {
+		sp.p.Close()
+		if tok := sp.p.Identity().Token; t.peers[tok] == sp {
+			delete(t.peers, tok)
+		}
+	}
+	delete(t.routes, r)
 }
 
 // Close unmaps every open segment's memory (after copies in flight end).
@@ -144,15 +212,16 @@ func (t *shmTransport) Close() error {
 	return errors.Join(errs...)
 }
 
-// shmRoute is one Segment's mapping of a peer.
+// shmRoute is one Segment's view of a peer's mapped regions.
 type shmRoute struct {
 	t    *shmTransport
 	name string
-	peer *shm.Peer
-	maps []*shm.Mapping // by address
+	peer *shmPeer
+	maps []*shmMapping // by address; fixed once dialled
 
 	// mu is held shared by every Submit for the whole copy, and
-	// exclusively by Close to unmap: no copy ever touches unmapped memory.
+	// exclusively by Close before it lets the mappings go: no copy ever
+	// touches unmapped memory.
 	mu     sync.RWMutex
 	closed bool
 }
@@ -165,8 +234,8 @@ type shmCopy struct {
 }
 
 func (r *shmRoute) find(addr, n uint64) *shm.Mapping {
-	i, _ := slices.BinarySearchFunc(r.maps, addr, func(m *shm.Mapping, a uint64) int {
-		if m.Ref().Addr <= a {
+	i, _ := slices.BinarySearchFunc(r.maps, addr, func(m *shmMapping, a uint64) int {
+		if m.m.Ref().Addr <= a {
 			return -1
 		}
 		return 1
@@ -174,7 +243,7 @@ func (r *shmRoute) find(addr, n uint64) *shm.Mapping {
 	if i == 0 {
 		return nil
 	}
-	m := r.maps[i-1]
+	m := r.maps[i-1].m
 	off := addr - m.Ref().Addr
 	if off > m.Ref().Length || n > m.Ref().Length-off {
 		return nil
@@ -195,7 +264,7 @@ func (r *shmRoute) Submit(tasks []*Task) {
 		}
 		return
 	}
-	if r.peer.Exited() {
+	if r.peer.p.Exited() {
 		r.failExited(tasks)
 		return
 	}
@@ -217,7 +286,7 @@ func (r *shmRoute) Submit(tasks []*Task) {
 		total += int(n)
 	}
 	copyAll(jobs, total)
-	exited := r.peer.Exited()
+	exited := r.peer.p.Exited()
 	for _, j := range jobs {
 		switch {
 		case exited:
@@ -231,7 +300,7 @@ func (r *shmRoute) Submit(tasks []*Task) {
 }
 
 func (r *shmRoute) exitedError() error {
-	return fmt.Errorf("segment %q (pid %d): %w", r.name, r.peer.Identity().PID, shm.ErrPeerExited)
+	return fmt.Errorf("segment %q (pid %d): %w", r.name, r.peer.p.Identity().PID, shm.ErrPeerExited)
 }
 
 func (r *shmRoute) retiredError(m *shm.Mapping) error {
@@ -287,7 +356,7 @@ func copyRange(jobs []shmCopy, lo, hi int) {
 	}
 }
 
-// Close unmaps the peer's memory once no copy uses it.
+// Close lets the peer's memory go once no copy of this route uses it.
 func (r *shmRoute) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -295,10 +364,9 @@ func (r *shmRoute) Close() error {
 		return nil
 	}
 	r.closed = true
-	err := r.peer.Close()
 	r.mu.Unlock()
 	r.t.mu.Lock()
-	delete(r.t.routes, r)
+	r.t.releaseLocked(r)
 	r.t.mu.Unlock()
-	return err
+	return nil
 }

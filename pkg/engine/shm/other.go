@@ -26,11 +26,12 @@ type Peer struct{}
 
 type Mapping struct{}
 
-func Open(local Local, peer Identity, bufs []BufferRef) (*Peer, error) { return nil, ErrUnsupported }
-func (p *Peer) Identity() Identity                                     { return Identity{} }
-func (p *Peer) Mappings() []*Mapping                                   { return nil }
-func (p *Peer) Exited() bool                                           { return true }
-func (p *Peer) Close() error                                           { return nil }
-func (m *Mapping) Bytes() []byte                                       { return nil }
-func (m *Mapping) Ref() BufferRef                                      { return BufferRef{} }
-func (m *Mapping) Live() bool                                          { return false }
+func Attach(local Local, peer Identity) (*Peer, error) { return nil, ErrUnsupported }
+func (p *Peer) Map(b BufferRef) (*Mapping, error)      { return nil, ErrUnsupported }
+func (p *Peer) Identity() Identity                     { return Identity{} }
+func (p *Peer) Exited() bool                           { return true }
+func (p *Peer) Close() error                           { return nil }
+func (m *Mapping) Bytes() []byte                       { return nil }
+func (m *Mapping) Ref() BufferRef                      { return BufferRef{} }
+func (m *Mapping) Live() bool                          { return false }
+func (m *Mapping) Close() error                        { return nil }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,16 +19,19 @@ type Local struct {
 	UID    int
 }
 
-// Peer is another engine's memory mapped into this process. Its methods
-// are safe for concurrent use; Close must come after every use of the
-// mappings.
+// Peer is another engine's process, attached: its identity checked and a
+// pidfd held. Its methods are safe for concurrent use.
 type Peer struct {
 	id    Identity
-	pidfd int
-	maps  []*Mapping
+	local Local
+
+	mu     sync.RWMutex // Close must not close the pidfd under a poll
+	pidfd  int
+	closed bool
 }
 
-// Mapping is one of the peer's regions as mapped here.
+// Mapping is one of the peer's regions mapped into this process. Close
+// it after its last use.
 type Mapping struct {
 	ref  BufferRef
 	all  []byte // header page and data, one mapping
@@ -44,11 +48,21 @@ func (m *Mapping) Ref() BufferRef { return m.ref }
 // Live reports whether the owner has not unregistered the region.
 func (m *Mapping) Live() bool { return m.hdr.state() == stateLive }
 
-// Open maps bufs of the engine identified by peer. It refuses a peer on
-// another host (ErrOtherHost), of another user (ErrOtherUser), and any
-// file that is not what the descriptor says (ErrUnmappable, or
-// ErrRetired for a region already unregistered).
-func Open(local Local, peer Identity, bufs []BufferRef) (*Peer, error) {
+// Close unmaps the region.
+func (m *Mapping) Close() error {
+	if m.all == nil {
+		return nil
+	}
+	err := unix.Munmap(m.all)
+	m.all, m.hdr, m.data = nil, nil, nil
+	return err
+}
+
+// Attach checks that the engine identified by peer may be mapped from
+// here and holds its process: it refuses a peer on another host
+// (ErrOtherHost) or of another user (ErrOtherUser), and a process that
+// cannot be found (ErrUnmappable).
+func Attach(local Local, peer Identity) (*Peer, error) {
 	if local.ProcFS == "" {
 		local.ProcFS = DefaultProcFS
 	}
@@ -65,23 +79,25 @@ func Open(local Local, peer Identity, bufs []BufferRef) (*Peer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: process %d: %v", ErrUnmappable, peer.PID, err)
 	}
-	p := &Peer{id: peer, pidfd: pidfd}
-	for _, b := range bufs {
-		m, err := mapRegion(local, peer, b)
-		if err != nil {
-			p.Close()
-			return nil, err
-		}
-		p.maps = append(p.maps, m)
+	return &Peer{id: peer, local: local, pidfd: pidfd}, nil
+}
+
+// Map maps one region of the peer, checking the file is the region b
+// names (ErrUnmappable; ErrOtherUser for a file of another user;
+// ErrRetired for a region already unregistered).
+func (p *Peer) Map(b BufferRef) (*Mapping, error) {
+	m, err := mapRegion(p.local, p.id, b)
+	if err != nil {
+		return nil, err
 	}
-	// The pidfd was opened before the files: if the process it names is
+	// The pidfd was opened before the file: if the process it names is
 	// still alive now, /proc/<pid> was that process all along (a pid is
 	// not reused while its process lives).
 	if p.Exited() {
-		p.Close()
-		return nil, fmt.Errorf("%w: process %d exited while its memory was being mapped", ErrUnmappable, peer.PID)
+		m.Close()
+		return nil, fmt.Errorf("%w: process %d exited while its memory was being mapped", ErrUnmappable, p.id.PID)
 	}
-	return p, nil
+	return m, nil
 }
 
 func mapRegion(local Local, peer Identity, b BufferRef) (*Mapping, error) {
@@ -147,15 +163,18 @@ func mapRegion(local Local, peer Identity, b BufferRef) (*Mapping, error) {
 	return m, nil
 }
 
-// Identity is the peer's identity as given to Open.
+// Identity is the peer's identity as given to Attach.
 func (p *Peer) Identity() Identity { return p.id }
 
-// Mappings are the mapped regions, in the order Open was given them.
-func (p *Peer) Mappings() []*Mapping { return p.maps }
-
 // Exited reports whether the peer process has exited (its pidfd is
-// readable). A copy that ended while it was alive landed in its memory.
+// readable), or the Peer is closed. A copy that ended while the process
+// was alive landed in its memory.
 func (p *Peer) Exited() bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return true
+	}
 	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
 	for {
 		n, err := unix.Poll(fds, 0)
@@ -166,16 +185,14 @@ func (p *Peer) Exited() bool {
 	}
 }
 
-// Close unmaps every region and closes the pidfd. It is idempotent.
+// Close releases the pidfd; mappings are closed on their own. It is
+// idempotent.
 func (p *Peer) Close() error {
-	var errs []error
-	for _, m := range p.maps {
-		errs = append(errs, unix.Munmap(m.all))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
 	}
-	p.maps = nil
-	if p.pidfd >= 0 {
-		errs = append(errs, unix.Close(p.pidfd))
-		p.pidfd = -1
-	}
-	return errors.Join(errs...)
+	p.closed = true
+	return unix.Close(p.pidfd)
 }

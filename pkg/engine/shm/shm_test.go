@@ -70,6 +70,27 @@ func newRegion(t *testing.T, size int, id uint64) (*Region, Token) {
 	return r, tok
 }
 
+// open attaches to peer and maps bufs, closing everything at the end of
+// the test.
+func open(t *testing.T, local Local, peer Identity, bufs ...BufferRef) ([]*Mapping, *Peer, error) {
+	t.Helper()
+	p, err := Attach(local, peer)
+	if err != nil {
+		return nil, nil, err
+	}
+	t.Cleanup(func() { p.Close() })
+	var ms []*Mapping
+	for _, b := range bufs {
+		m, err := p.Map(b)
+		if err != nil {
+			return nil, nil, err
+		}
+		t.Cleanup(func() { m.Close() })
+		ms = append(ms, m)
+	}
+	return ms, p, nil
+}
+
 func ref(r *Region) BufferRef {
 	return BufferRef{Addr: addrOf(r.Bytes()), Length: uint64(len(r.Bytes())), FD: r.FD(), ID: r.ID()}
 }
@@ -80,12 +101,11 @@ func TestRegionMapsBothWaysAtOddSize(t *testing.T) {
 		r.Bytes()[i] = byte(i * 7)
 	}
 	local, id := self(t, tok)
-	p, err := Open(local, id, []BufferRef{ref(r)})
+	ms, p, err := open(t, local, id, ref(r))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
-	m := p.Mappings()[0]
+	m := ms[0]
 	if len(m.Bytes()) != 12345 {
 		t.Fatalf("mapping of %d bytes, want 12345", len(m.Bytes()))
 	}
@@ -132,13 +152,13 @@ func TestOpenRefusesAnotherUser(t *testing.T) {
 	other := local.UID + 1000
 
 	// The descriptor says so.
-	_, err := Open(Local{BootID: local.BootID, UID: other}, id, []BufferRef{ref(r)})
+	_, _, err := open(t, Local{BootID: local.BootID, UID: other}, id, ref(r))
 	if !errors.Is(err, ErrOtherUser) || !strings.Contains(err.Error(), fmt.Sprintf("runs as uid %d, this engine as uid %d", id.UID, other)) {
 		t.Fatalf("peer of uid %d opened by uid %d: %v, want ErrOtherUser naming both", id.UID, other, err)
 	}
 	// The descriptor lies: the file's owner is checked.
 	id.UID = other
-	_, err = Open(Local{BootID: local.BootID, UID: other}, id, []BufferRef{ref(r)})
+	_, _, err = open(t, Local{BootID: local.BootID, UID: other}, id, ref(r))
 	if !errors.Is(err, ErrOtherUser) || !strings.Contains(err.Error(), fmt.Sprintf("owned by uid %d, this engine runs as uid %d", local.UID, other)) {
 		t.Fatalf("file of uid %d opened by uid %d: %v, want ErrOtherUser naming both", local.UID, other, err)
 	}
@@ -148,7 +168,7 @@ func TestOpenRefusesAnotherHost(t *testing.T) {
 	r, tok := newRegion(t, 4096, 1)
 	local, id := self(t, tok)
 	id.BootID = "00000000-0000-4000-8000-000000000000"
-	_, err := Open(local, id, []BufferRef{ref(r)})
+	_, _, err := open(t, local, id, ref(r))
 	if !errors.Is(err, ErrOtherHost) {
 		t.Fatalf("%v, want ErrOtherHost", err)
 	}
@@ -178,7 +198,7 @@ func TestOpenChecksTheFileIsTheDescribedRegion(t *testing.T) {
 		"closed fd":   {id, func(b BufferRef) BufferRef { b.FD = 99999; return b }, "open"},
 	}
 	for name, c := range cases {
-		_, err := Open(local, c.id, []BufferRef{c.ref(ref(r))})
+		_, _, err := open(t, local, c.id, c.ref(ref(r)))
 		if !errors.Is(err, ErrUnmappable) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want ErrUnmappable saying %q", name, err, c.want)
 		}
@@ -188,7 +208,7 @@ func TestOpenChecksTheFileIsTheDescribedRegion(t *testing.T) {
 	}
 	b := ref(r)
 	b.FD = int(plain.Fd())
-	if _, err := Open(local, id, []BufferRef{b}); !errors.Is(err, ErrUnmappable) || !strings.Contains(err.Error(), "want 0600") {
+	if _, _, err := open(t, local, id, b); !errors.Is(err, ErrUnmappable) || !strings.Contains(err.Error(), "want 0600") {
 		t.Errorf("a 0644 file: %v, want a refusal naming the mode", err)
 	}
 }
@@ -197,18 +217,17 @@ func TestRetiredRegionFailsAndStaysMapped(t *testing.T) {
 	r, tok := newRegion(t, 3*4096+1, 2)
 	copy(r.Bytes(), "kept")
 	local, id := self(t, tok)
-	p, err := Open(local, id, []BufferRef{ref(r)})
+	ms, _, err := open(t, local, id, ref(r))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
-	m := p.Mappings()[0]
+	m := ms[0]
 	rf := ref(r)
 	r.Retire()
 	if m.Live() {
 		t.Fatal("mapping still live after the owner retired the region")
 	}
-	if _, err := Open(local, id, []BufferRef{rf}); !errors.Is(err, ErrRetired) {
+	if _, _, err := open(t, local, id, rf); !errors.Is(err, ErrRetired) {
 		t.Fatalf("opening a retired region: %v, want ErrRetired", err)
 	}
 	r.Revive()
@@ -292,12 +311,11 @@ func TestPeerInAnotherProcessExits(t *testing.T) {
 	}
 	local, id := self(t, tok)
 	id.PID = pid
-	p, err := Open(local, id, []BufferRef{{Addr: addr, Length: 10007, FD: fd, ID: 7}})
+	ms, p, err := open(t, local, id, BufferRef{Addr: addr, Length: 10007, FD: fd, ID: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
-	m := p.Mappings()[0]
+	m := ms[0]
 	for i, c := range m.Bytes() {
 		if c != byte(i*13) {
 			t.Fatalf("byte %d: %d, want %d", i, c, byte(i*13))
