@@ -115,7 +115,8 @@ type Config struct {
 	// engine's remote buffers become mappable by same-host peers of its
 	// user, and same-host segments are reached through shared memory
 	// (auto: when possible, else by their descriptor's protocol; shm: or
-	// not at all, ErrNoSHM).
+	// not at all, ErrNoSHM). Engine.Config reports the protocol published,
+	// as peers (and a store's master) must be told a descriptor protocol.
 	Protocol string
 	// ProcFS is where procfs is mounted (default /proc): the boot id that
 	// identifies the host and /proc/<pid>/fd of same-host peers are read
@@ -146,6 +147,7 @@ type Engine struct {
 	transports map[string]Transport
 	primary    Transport     // publishes the local segment (Config.Protocol)
 	shm        *shmTransport // with ProtocolAuto or ProtocolSHM
+	sameHost   string        // ProtocolAuto, ProtocolSHM or ""
 
 	pubMu sync.Mutex // serialises descriptor publication
 	// What the metadata backend holds of this engine, so that shutdown
@@ -249,6 +251,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	case "":
 		proto = meta.ProtocolTCP
 	case ProtocolAuto, ProtocolSHM:
+		e.sameHost = proto
 		if e.shm, err = newSHMTransport(e); err != nil {
 			if proto == ProtocolSHM {
 				e.shutdown(ctx)
@@ -267,6 +270,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		e.shutdown(ctx)
 		return nil, fmt.Errorf("start engine: protocol %q has no transport", proto)
 	}
+	e.cfg.Protocol = proto
 
 	if cfg.MetadataServer != meta.P2PHandshake || cfg.Backend != nil {
 		port, _ := strconv.Atoi(hsPort)
@@ -291,7 +295,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 			return meta.EncodeSegment(d)
 		})
 	}
-	slog.Debug("engine started", "segment", e.segName, "protocol", proto, "handshake", e.hs.Addr(), "metadata", cfg.MetadataServer)
+	slog.Debug("engine started", "segment", e.segName, "protocol", proto, "same_host", e.shm != nil, "handshake", e.hs.Addr(), "metadata", cfg.MetadataServer)
 	return e, nil
 }
 
@@ -502,7 +506,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error)
 			s.index()
 			return s, nil
 		}
-		if e.cfg.Protocol == ProtocolSHM {
+		if e.sameHost == ProtocolSHM {
 			return nil, fmt.Errorf("open segment %q: %w: %w", name, ErrNoSHM, err)
 		}
 		slog.Debug("segment not reachable through shared memory: using its descriptor's protocol", "segment", name, "protocol", d.Protocol, "err", err)

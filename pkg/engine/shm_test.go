@@ -151,6 +151,13 @@ func TestSHMDescriptorAdvertisesTheHostAndBuffers(t *testing.T) {
 	if d.Protocol != meta.ProtocolTCP || d.TCPDataPort == 0 {
 		t.Fatalf("auto engine publishes %q port %d, want tcp beside shm", d.Protocol, d.TCPDataPort)
 	}
+	// What a store node tells its master: the published protocol.
+	if p := target.Config().Protocol; p != meta.ProtocolTCP {
+		t.Fatalf("Config().Protocol of an auto engine = %q, want the published tcp", p)
+	}
+	if target.Transport(engine.ProtocolSHM) == nil {
+		t.Fatal("auto engine has no shm transport")
+	}
 	boot, _ := shm.BootID("")
 	if d.SHM == nil || d.SHM.BootID != boot || d.SHM.PID != os.Getpid() || d.SHM.UID != os.Geteuid() || len(d.SHM.Token) != 32 {
 		t.Fatalf("mc_shm = %+v, want this host (%s), pid %d, uid %d and a token", d.SHM, boot, os.Getpid(), os.Geteuid())
