@@ -106,6 +106,15 @@ bench-tcp:
 	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkTCPvsStream$$' -benchtime 1x -count=1 -compare.duration 5s -compare.op write
 	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkAcceptPath$$' -benchtime 1x -count=1 -compare.duration 5s
 
+# The same-host transport (--protocol shm, the target in another process)
+# against an in-process memcpy of the same 1 MiB blocks, read and write,
+# 1 and 2 threads, with loopback TCP to the same target beside it, in one
+# run; five interleaved rounds per case, medians printed (11 to 13
+# minutes on 2 cores, most of it touching fresh buffers).
+.PHONY: bench-shm
+bench-shm:
+	$(GO) test ./pkg/engine/bench -run '^$$' -bench '^BenchmarkSHMvsMemcpy$$' -benchtime 1x -count=1 -compare.duration 3s -compare.rounds 5
+
 # The store against the transfer engine alone and against Redis, in one
 # run on loopback (Redis is started by the benchmark on a free port), 16
 # clients on every side: 4K gets batched 32 deep, 1M and 16M gets, 1M

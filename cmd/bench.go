@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -88,7 +89,10 @@ batch latency percentiles, failed tasks and optional byte verification.
 Without --segment-id, mc bench initiator starts a target in the same process
 and benchmarks it over real loopback TCP, or with --protocol rdma over
 RDMA NICs: the software NICs (soft provider) named by --device-name when
-the host has no RDMA hardware, the target getting its own set. Slicing,
+the host has no RDMA hardware, the target getting its own set. With
+--protocol auto or shm, a target registers memfd-backed buffers that an
+initiator of the same user on the same host maps and copies with memcpy
+(shm); auto uses tcp for any other target, shm refuses it. Slicing,
 retries and queue pairs follow Mooncake's MC_* variables (MC_SLICE_SIZE,
 MC_RETRY_CNT, MC_NUM_QP_PER_EP, ...); MC_RDMA_PROVIDER picks soft, ibverbs
 or auto.
@@ -104,8 +108,16 @@ carries on (a --buffer-size too small, an unknown --report-unit) so does mc.`,
 	return c
 }
 
+// benchProtocols are --protocol's values: Mooncake's two, and the
+// same-host transport (auto: for peers on this host; shm: only).
+var benchProtocols = []string{"tcp", "rdma", engine.ProtocolAuto, engine.ProtocolSHM}
+
+func completeBenchProtocol(c *cobra.Command) {
+	_ = c.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions(benchProtocols, cobra.ShellCompDirectiveNoFileComp))
+}
+
 func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
-	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport protocol: tcp or rdma")
+	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport protocol: tcp, rdma, auto (shared memory with same-host peers, else tcp) or shm (shared memory only)")
 	fs.StringVar(&o.Backend, "backend", "classic", "transfer engine backend: classic (Mooncake's default, and the only one mc has)")
 	fs.StringVar(&o.DeviceName, "device-name", "", "rdma: comma list of NICs to use (default all; with the soft provider, the soft NICs to create)")
 	fs.StringVar(&o.NICPriorityMatrix, "nic-priority-matrix", "", "rdma: NIC priority matrix file (Mooncake's JSON)")
@@ -130,8 +142,8 @@ func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 }
 
 func (o benchEngineOptions) config() (engine.Config, error) {
-	if o.Protocol != "tcp" && o.Protocol != "rdma" {
-		return engine.Config{}, fmt.Errorf("--protocol %q is not supported: want one of: tcp, rdma", o.Protocol)
+	if !slices.Contains(benchProtocols, o.Protocol) {
+		return engine.Config{}, fmt.Errorf("--protocol %q is not supported: want one of: %s", o.Protocol, strings.Join(benchProtocols, ", "))
 	}
 	// "" is options built in code.
 	if o.Backend != "" && o.Backend != "classic" {
@@ -242,7 +254,8 @@ filled with the pattern mc bench initiator --verify checks, prints the
 name to pass as --segment-id, and serves until SIGINT or SIGTERM.`,
 		Example: `  mc bench target --buffer-size 1G
   mc bench target --metadata-server 10.0.0.1:2379 --local-server-name node1
-  mc bench target --protocol rdma --device_name soft0,soft1 --nic_priority_matrix matrix.json`,
+  mc bench target --protocol rdma --device_name soft0,soft1 --nic_priority_matrix matrix.json
+  mc bench target --protocol auto     # same-host initiators map the buffers (--protocol auto|shm)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -254,6 +267,7 @@ name to pass as --segment-id, and serves until SIGINT or SIGTERM.`,
 	addBenchEngineFlags(fs, &o.benchEngineOptions)
 	sizeVar(fs, &o.BufferSize, "buffer-size", 1<<30, "bytes registered per NUMA node")
 	fs.StringVar(&o.MetricsListen, "metrics-listen", "", "serve Prometheus /metrics (per-NIC endpoints, waiting list, QPs with --protocol rdma) on this address, e.g. 127.0.0.1:9464")
+	completeBenchProtocol(c)
 	return c
 }
 
@@ -312,11 +326,15 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 		fmt.Fprintf(p.Out, "segment_id %s (protocol %s, metadata %s, %d x %s: %s)\n",
 			e.SegmentName(), o.Protocol, cfg.MetadataServer, len(t.Buffers), bench.FormatSize(size), strings.Join(locs, ","))
 		hint := ""
-		if o.Protocol == "rdma" {
+		switch o.Protocol {
+		case "rdma":
 			hint = " --protocol rdma"
 			if o.DeviceName != "" {
 				hint += " --device_name " + o.DeviceName
 			}
+		case engine.ProtocolAuto, engine.ProtocolSHM:
+			// Same-host initiators map the buffers; others use tcp.
+			hint = " --protocol auto"
 		}
 		fmt.Fprintf(p.Out, "run: mc bench initiator --segment_id %s --metadata_server %s%s\n", e.SegmentName(), cfg.MetadataServer, hint)
 		if metricsAddr != "" {
@@ -378,7 +396,8 @@ otherwise.`,
   mc bench initiator --segment_id 10.0.0.2:15123 --operation write --threads 1
   mc bench initiator --block_size 4K,64K,1M --batch_size 128 --threads 1 --verify
   mc bench initiator --threads 1 --block_size 4K,16K,64K,256K,1M --plot sweep.svg
-  mc bench initiator --protocol rdma --device_name soft0,soft1 --threads 1 --verify`,
+  mc bench initiator --protocol rdma --device_name soft0,soft1 --threads 1 --verify
+  mc bench initiator --protocol shm --threads 1 --block_size 1M   # shared memory, embedded target`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -400,6 +419,7 @@ otherwise.`,
 	fs.BoolVar(&o.Verify, "verify", false, "check every byte: reads read back a pattern written first, writes are read back")
 	fs.StringVar(&o.Plot, "plot", "", "write the sweep as an SVG: throughput and p99 latency against block size")
 	fs.StringVar(&o.MetricsListen, "metrics-listen", "", "serve Prometheus /metrics while running (the engine's tasks and bytes; per-NIC endpoints, waiting list, QPs with --protocol rdma) on this address, e.g. 127.0.0.1:9465")
+	completeBenchProtocol(c)
 	return c
 }
 
@@ -482,7 +502,11 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 		cfg.BindAddress = "127.0.0.1"
 		cfg.MetadataServer = "P2PHANDSHAKE"
 		if !p.JSON() {
-			fmt.Fprintf(p.Out, "embedded target %s (loopback %s, %s)\n", segment, o.Protocol, bench.FormatSize(need))
+			how := "loopback " + o.Protocol
+			if o.Protocol == engine.ProtocolAuto || o.Protocol == engine.ProtocolSHM {
+				how = "same process, memfd-backed"
+			}
+			fmt.Fprintf(p.Out, "embedded target %s (%s, %s)\n", segment, how, bench.FormatSize(need))
 		}
 	}
 	e, err := engine.New(ctx, cfg)
@@ -596,6 +620,7 @@ type benchJSONResult struct {
 	LatencyP999Us float64 `json:"latency_p999_us"`
 	FailedTasks   uint64  `json:"failed_tasks"`
 	Verified      bool    `json:"verified"`
+	Transport     string  `json:"transport"`
 	Error         string  `json:"error,omitempty"`
 }
 
@@ -609,7 +634,7 @@ func printBenchResults(p *printer, segment string, unit bench.Unit, prec int, rs
 				DurationSec: r.Duration.Seconds(), BatchCount: r.BatchCount, Bytes: r.Bytes,
 				Throughput: unit.Per(r.BytesPerSec), ReportUnit: unit.Name, BytesPerSec: r.BytesPerSec, IOPS: r.IOPS,
 				LatencyP50Us: us(r.LatencyP50), LatencyP99Us: us(r.LatencyP99), LatencyP999Us: us(r.LatencyP999),
-				FailedTasks: r.FailedTasks, Verified: r.Verified && r.Err == nil,
+				FailedTasks: r.FailedTasks, Verified: r.Verified && r.Err == nil, Transport: r.Transport,
 			}
 			if r.Err != nil {
 				j.Error = r.Err.Error()
@@ -639,10 +664,10 @@ func printBenchResults(p *printer, segment string, unit bench.Unit, prec int, rs
 			bench.FormatSize(r.BlockSize), r.Operation, strconv.Itoa(r.Threads), strconv.Itoa(r.BatchSize),
 			fmt.Sprintf("%.*f", prec, unit.Per(r.BytesPerSec)), fmt.Sprintf("%.0f", r.IOPS),
 			u50.format(r.LatencyP50), u99.format(r.LatencyP99), u999.format(r.LatencyP999),
-			strconv.FormatUint(r.FailedTasks, 10), verified,
+			strconv.FormatUint(r.FailedTasks, 10), verified, r.Transport,
 		})
 	}
-	p.Table("", []string{"block", "op", "threads", "batch", unit.Name + "/s", "IOPS", u50.header("p50"), u99.header("p99"), u999.header("p99.9"), "failed", "verified"}, rows)
+	p.Table("", []string{"block", "op", "threads", "batch", unit.Name + "/s", "IOPS", u50.header("p50"), u99.header("p99"), u999.header("p99.9"), "failed", "verified", "transport"}, rows)
 	return nil
 }
 

@@ -157,10 +157,54 @@ func TestBenchKilledTargetExitsNonZero(t *testing.T) {
 	}
 }
 
+// The same-host transport: an embedded target, and `mc bench target
+// --protocol auto`, mapped by `--protocol shm`; the output names the
+// transport. (A target in another process: pkg/engine's and
+// pkg/engine/bench's tests re-exec the test binary as one.)
+func TestBenchInitiatorSHM(t *testing.T) {
+	isolateEnv(t)
+	type result struct {
+		Transport string `json:"transport"`
+		Verified  bool   `json:"verified"`
+		Batches   uint64 `json:"batch_count"`
+	}
+	var got struct {
+		Results []result `json:"results"`
+	}
+	out, _, err := runCmd(t, "bench", "initiator", "--protocol", "shm", "--duration", "200ms", "--threads", "2",
+		"--batch_size", "16", "--block_size", "64K", "--verify", "-o", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got.Results) != 1 {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if r := got.Results[0]; r.Transport != "shm" || !r.Verified || r.Batches == 0 {
+		t.Fatalf("embedded --protocol shm: %+v", r)
+	}
+
+	seg, _ := startTarget(t, func(o *benchTargetOptions) { o.Protocol = "auto" })
+	for proto, want := range map[string]string{"shm": "shm", "auto": "shm", "tcp": "tcp"} {
+		out, _, err := runCmd(t, "bench", "initiator", "--segment_id", seg, "--bind-address", "127.0.0.1", "--protocol", proto,
+			"--duration", "200ms", "--threads", "1", "--batch_size", "8", "--block_size", "1M", "--operation", "write", "--verify")
+		if err != nil {
+			t.Fatalf("--protocol %s: %v\n%s", proto, err, out)
+		}
+		if !strings.Contains(out, "│ transport │") || !strings.Contains(out, "│ "+want+" ") {
+			t.Fatalf("--protocol %s against an auto target: the transport column does not say %s:\n%s", proto, want, out)
+		}
+	}
+	tcpSeg, _ := startTarget(t)
+	_, _, err = runCmd(t, "bench", "initiator", "--segment_id", tcpSeg, "--bind-address", "127.0.0.1", "--protocol", "shm", "--duration", "100ms")
+	if err == nil || !strings.Contains(err.Error(), "not reachable through shared memory") || !strings.Contains(err.Error(), "advertises no shared memory") {
+		t.Fatalf("--protocol shm against a tcp target: %v", err)
+	}
+}
+
 func TestBenchBadInput(t *testing.T) {
 	isolateEnv(t)
 	cases := map[string][]string{
-		`--protocol "ib" is not supported: want one of: tcp, rdma`: {"--protocol", "ib"},
+		`--protocol "ib" is not supported: want one of: tcp, rdma, auto, shm`: {"--protocol", "ib"},
 		`need --protocol rdma`:                                                                           {"--device-name", "soft0"},
 		`--device-name: device "soft0" listed twice`:                                                     {"--protocol", "rdma", "--device-name", "soft0,soft0"},
 		`--nic-priority-matrix: read priority matrix`:                                                    {"--protocol", "rdma", "--nic-priority-matrix", "/nonexistent/matrix.json"},

@@ -39,7 +39,7 @@ type storeDataOptions struct {
 }
 
 func (o *storeDataOptions) addFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport for the bytes: tcp or rdma")
+	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport for the bytes: tcp, rdma, auto (shared memory with same-host nodes and clients, else tcp) or shm (shared memory only)")
 	fs.StringVar(&o.DeviceName, "device-name", "", "RDMA NICs to use, comma-separated (--protocol rdma; soft NICs here)")
 	fs.StringVar(&o.LocalHostname, "local-hostname", "", "host (or host:port, the segment name with etcd/HTTP metadata) other processes reach this one's segment or engine at (default: the bind address, else this host's name)")
 	fs.StringVar(&o.MetadataServer, "metadata-server", meta.P2PHandshake, "where transfer engines publish and find segments: P2PHANDSHAKE, http://H:P/metadata, etcd://H:P[;H:P] (Mooncake's --metadata_server)")
@@ -56,7 +56,9 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 		cfg.AdvertiseHost = hostOf(o.LocalHostname)
 	}
 	switch o.Protocol {
-	case "tcp":
+	case "tcp", engine.ProtocolAuto, engine.ProtocolSHM:
+		// auto|shm: a node's segment is mappable by same-host clients,
+		// and a client maps a same-host node's segment (package shm).
 		if o.DeviceName != "" {
 			return cfg, fmt.Errorf("--device-name needs --protocol rdma")
 		}
@@ -70,7 +72,7 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 		}
 		cfg.Transports = append(cfg.Transports, rdmatransport.Factory(rc))
 	default:
-		return cfg, fmt.Errorf("--protocol %q is not supported: want tcp or rdma", o.Protocol)
+		return cfg, fmt.Errorf("--protocol %q is not supported: want tcp, rdma, auto or shm", o.Protocol)
 	}
 	return cfg, nil
 }
@@ -228,7 +230,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	f.StringVar(&o.EvictionPolicy, "eviction-policy", master.DefaultEvictionPolicy, "eviction order: "+strings.Join(master.EvictionPolicies, ", ")+" (none: never evict; a put into a full store fails)")
 	_ = cmd.RegisterFlagCompletionFunc("eviction-policy", cobra.FixedCompletions(master.EvictionPolicies, cobra.ShellCompDirectiveNoFileComp))
 	_ = f.MarkHidden("port")
-	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"tcp", "rdma"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions(benchProtocols, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("allocation-strategy", cobra.FixedCompletions(master.Strategies, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }

@@ -10,7 +10,10 @@
 // transport); "tcp" by Mooncake's TCP data protocol (package tcp) over
 // persistent, pipelined lanes. Other protocols (RDMA) plug in through
 // Config.Transports: a Transport, optionally a MemoryRegistrar, and the
-// handshake server for connection setup.
+// handshake server for connection setup. With Config.Protocol "auto" or
+// "shm", remote buffers are memfd regions (package shm) advertised in the
+// descriptor, and a segment on the same host is mapped and served by
+// memcpy (the shm transport) instead of its descriptor's protocol.
 //
 // Main types: Engine, Memory, Segment, Batch, Request, TaskStatus.
 package engine
@@ -107,7 +110,18 @@ type Config struct {
 	UnregisterGrace time.Duration
 	// Protocol is the protocol the local segment is published under; it
 	// must be served by one of the engine's transports. Default "tcp".
+	// ProtocolAuto and ProtocolSHM publish under rdma when an rdma
+	// transport is given, else tcp, and add the same-host transport: this
+	// engine's remote buffers become mappable by same-host peers of its
+	// user, and same-host segments are reached through shared memory
+	// (auto: when possible, else by their descriptor's protocol; shm: or
+	// not at all, ErrNoSHM). Engine.Config reports the protocol published,
+	// as peers (and a store's master) must be told a descriptor protocol.
 	Protocol string
+	// ProcFS is where procfs is mounted (default /proc): the boot id that
+	// identifies the host and /proc/<pid>/fd of same-host peers are read
+	// under it. Tests point it at a tree with another boot id.
+	ProcFS string
 	// Transports are started after the built-in tcp transport (the RDMA
 	// transport plugs in here). A transport for a protocol already present
 	// replaces it.
@@ -131,7 +145,9 @@ type Engine struct {
 
 	local      *localTransport
 	transports map[string]Transport
-	primary    Transport // publishes the local segment (Config.Protocol)
+	primary    Transport     // publishes the local segment (Config.Protocol)
+	shm        *shmTransport // with ProtocolAuto or ProtocolSHM
+	sameHost   string        // ProtocolAuto, ProtocolSHM or ""
 
 	pubMu sync.Mutex // serialises descriptor publication
 	// What the metadata backend holds of this engine, so that shutdown
@@ -233,13 +249,30 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 		e.transports[tr.Protocol()] = tr
 	}
 	proto := cfg.Protocol
-	if proto == "" {
+	switch proto {
+	case "":
 		proto = meta.ProtocolTCP
+	case ProtocolAuto, ProtocolSHM:
+		e.sameHost = proto
+		if e.shm, err = newSHMTransport(e); err != nil {
+			if proto == ProtocolSHM {
+				e.shutdown(ctx)
+				return nil, fmt.Errorf("start engine: protocol shm: %w", err)
+			}
+			slog.Warn("same-host transport unavailable: every segment goes through its descriptor's protocol", "err", err)
+		} else {
+			e.transports[ProtocolSHM] = e.shm
+		}
+		proto = meta.ProtocolTCP
+		if e.transports[meta.ProtocolRDMA] != nil {
+			proto = meta.ProtocolRDMA
+		}
 	}
 	if e.primary = e.transports[proto]; e.primary == nil {
 		e.shutdown(ctx)
 		return nil, fmt.Errorf("start engine: protocol %q has no transport", proto)
 	}
+	e.cfg.Protocol = proto
 
 	if cfg.MetadataServer != meta.P2PHandshake || cfg.Backend != nil {
 		port, _ := strconv.Atoi(hsPort)
@@ -264,7 +297,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 			return meta.EncodeSegment(d)
 		})
 	}
-	slog.Debug("engine started", "segment", e.segName, "protocol", proto, "handshake", e.hs.Addr(), "metadata", cfg.MetadataServer)
+	slog.Debug("engine started", "segment", e.segName, "protocol", proto, "same_host", e.shm != nil, "handshake", e.hs.Addr(), "metadata", cfg.MetadataServer)
 	return e, nil
 }
 
@@ -349,6 +382,9 @@ func (e *Engine) Descriptor() *meta.SegmentDesc {
 			d.Buffers = append(d.Buffers, e.primary.DescribeBuffer(m))
 		}
 	}
+	if e.shm != nil {
+		e.shm.Describe(d)
+	}
 	return d
 }
 
@@ -403,7 +439,13 @@ func (e *Engine) RegisterMemory(ctx context.Context, size int, location string, 
 	if location == "" {
 		location = "cpu:0"
 	}
-	m, err := allocate(size, location, remote)
+	var m *Memory
+	var err error
+	if remote && e.shm != nil {
+		m, err = allocateShared(e.shm, size, location)
+	} else {
+		m, err = allocate(size, location, remote)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -441,7 +483,11 @@ func (e *Engine) UnregisterMemory(ctx context.Context, m *Memory) error {
 	if !e.reg.remove(m) {
 		return fmt.Errorf("unregister memory at 0x%x: not registered", m.addr)
 	}
+	// Same-host peers copy without asking: they see the buffer retired
+	// from now on, as tcp requests find it gone from the registry.
+	m.retireShared()
 	if err := m.retire(e.cfg.UnregisterGrace); err != nil {
+		m.reviveShared()
 		e.reg.add(m)
 		return fmt.Errorf("unregister memory at 0x%x: %w", m.addr, err)
 	}
@@ -465,7 +511,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error)
 		return nil, ErrEngineClosed
 	}
 	if name == e.segName || name == e.cfg.LocalServerName {
-		return &Segment{name: name, route: e.local, localSeg: true, e: e}, nil
+		return &Segment{name: name, route: e.local, localSeg: true, via: ProtocolLocal, e: e}, nil
 	}
 	start := time.Now()
 	d, err := e.backend.GetSegment(ctx, name)
@@ -475,6 +521,19 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error)
 			return nil, &notFoundError{name: name, err: err}
 		}
 		return nil, fmt.Errorf("open segment %q: %w", name, err)
+	}
+	if e.shm != nil {
+		r, err := e.shm.Dial(ctx, SegmentInfo{Name: name, Desc: d})
+		if err == nil {
+			slog.Debug("segment opened", "segment", name, "protocol", ProtocolSHM, "pid", d.SHM.PID, "buffers", len(d.Buffers))
+			s := &Segment{name: name, desc: d, route: r, via: ProtocolSHM, e: e}
+			s.index()
+			return s, nil
+		}
+		if e.sameHost == ProtocolSHM {
+			return nil, fmt.Errorf("open segment %q: %w: %w", name, ErrNoSHM, err)
+		}
+		slog.Debug("segment not reachable through shared memory: using its descriptor's protocol", "segment", name, "protocol", d.Protocol, "err", err)
 	}
 	tr := e.transports[d.Protocol]
 	if tr == nil {
@@ -490,7 +549,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error)
 		return nil, fmt.Errorf("open segment %q: %w", name, err)
 	}
 	slog.Debug("segment opened", "segment", name, "protocol", d.Protocol, "buffers", len(d.Buffers), "tcp_data_port", d.TCPDataPort)
-	s := &Segment{name: name, desc: d, route: r, e: e}
+	s := &Segment{name: name, desc: d, route: r, via: d.Protocol, e: e}
 	s.index()
 	return s, nil
 }
@@ -523,6 +582,11 @@ func (e *Engine) shutdown(ctx context.Context) error {
 		errs = append(errs, e.withdraw(ctx), e.backend.Close())
 	}
 	errs = append(errs, e.hs.Close())
+	// Same-host peers stop first: they copy without going through any
+	// transport closed above.
+	for _, m := range e.reg.list() {
+		m.retireShared()
+	}
 	for _, m := range e.reg.list() {
 		e.reg.remove(m)
 		if err := m.retire(e.cfg.UnregisterGrace); err != nil {

@@ -12,17 +12,20 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvcache-ops/mc/pkg/engine/shm"
 	"github.com/kvcache-ops/mc/pkg/engine/tcp"
 )
 
-// Memory is a registered buffer. Its bytes come from an anonymous mmap, so
-// its address is stable for its whole life and can travel on the wire as a
-// Mooncake target address.
+// Memory is a registered buffer. Its bytes come from an anonymous mmap (or,
+// for a remote buffer of an engine with the same-host transport, a memfd
+// region), so its address is stable for its whole life and can travel on
+// the wire as a Mooncake target address.
 type Memory struct {
 	addr     uint64
 	b        []byte
 	location string
 	remote   bool
+	region   *shm.Region // memfd backing, when same-host peers may map it
 
 	// refs counts transfers using the buffer; -1 means unregistered.
 	// Acquire fails once it is -1, so the unmap can never race a copy.
@@ -192,7 +195,45 @@ func (m *Memory) retire(grace time.Duration) error {
 	return nil
 }
 
-func (m *Memory) unmap() error { return unix.Munmap(m.b) }
+// allocateShared backs a remote buffer with a memfd region of t.
+func allocateShared(t *shmTransport, size int, location string) (*Memory, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("register memory: size %d must be positive", size)
+	}
+	r, err := t.newRegion(size)
+	if err != nil {
+		return nil, fmt.Errorf("register memory: %w", err)
+	}
+	b := r.Bytes()
+	return &Memory{
+		addr:     uint64(uintptr(unsafe.Pointer(&b[0]))),
+		b:        b,
+		location: location,
+		remote:   true,
+		region:   r,
+	}, nil
+}
+
+func (m *Memory) unmap() error {
+	if m.region != nil {
+		return m.region.Close()
+	}
+	return unix.Munmap(m.b)
+}
+
+// retireShared makes same-host peers' copies into m fail from now on.
+func (m *Memory) retireShared() {
+	if m.region != nil {
+		m.region.Retire()
+	}
+}
+
+// reviveShared undoes retireShared for memory that stays registered.
+func (m *Memory) reviveShared() {
+	if m.region != nil {
+		m.region.Revive()
+	}
+}
 
 // Populate faults every page of m in (MADV_POPULATE_WRITE), asking for
 // transparent huge pages first. It never changes m's contents, so it may

@@ -49,6 +49,7 @@ type Segment struct {
 	desc     *meta.SegmentDesc
 	route    Route
 	localSeg bool
+	via      string // the protocol that moves the bytes
 	e        *Engine
 	closed   atomic.Bool
 	ranges   []meta.BufferDesc // desc.Buffers sorted by address
@@ -66,11 +67,19 @@ func (s *Segment) Descriptor() *meta.SegmentDesc {
 	return s.desc
 }
 
+// Transport is the protocol that moves the segment's bytes: "local" (this
+// engine's own segment, a memcpy), "shm" (a same-host peer's memory,
+// mapped), or the descriptor's "tcp" or "rdma".
+func (s *Segment) Transport() string { return s.via }
+
 // Close closes the handle; later requests on it fail with ErrSegmentClosed.
-// Connections are shared per peer and stay for other handles.
+// Connections are shared per peer and stay for other handles; a shm
+// mapping is the handle's own and is unmapped once copies in flight end.
 func (s *Segment) Close() error {
-	s.closed.Store(true)
-	return nil
+	if s.closed.Swap(true) {
+		return nil
+	}
+	return s.route.Close()
 }
 
 func (s *Segment) index() {

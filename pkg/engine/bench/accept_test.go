@@ -20,6 +20,10 @@ import (
 // BenchmarkAcceptPath), so the target's CPU time is its own process's.
 const childTargetEnv = "MC_BENCH_CHILD_TARGET_BYTES"
 
+// childProtocolEnv is the child target's engine protocol (auto for the
+// same-host benchmark; tcp when empty).
+const childProtocolEnv = "MC_BENCH_CHILD_PROTOCOL"
+
 func TestMain(m *testing.M) {
 	if v := os.Getenv(childTargetEnv); v != "" {
 		os.Exit(runChildTarget(v))
@@ -35,7 +39,7 @@ func runChildTarget(size string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	t, err := StartLoopbackTarget(context.Background(), engine.Config{}, n)
+	t, err := StartLoopbackTarget(context.Background(), engine.Config{Protocol: os.Getenv(childProtocolEnv)}, n)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -63,8 +67,13 @@ type childTarget struct {
 
 func startChildTarget(tb testing.TB, size int64) *childTarget {
 	tb.Helper()
+	return startChildTargetProtocol(tb, size, "")
+}
+
+func startChildTargetProtocol(tb testing.TB, size int64, protocol string) *childTarget {
+	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childTargetEnv+"="+strconv.FormatInt(size, 10))
+	cmd.Env = append(os.Environ(), childTargetEnv+"="+strconv.FormatInt(size, 10), childProtocolEnv+"="+protocol)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

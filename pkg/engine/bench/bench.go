@@ -168,7 +168,10 @@ type Result struct {
 	LatencyP999 time.Duration `json:"-"`
 	FailedTasks uint64        `json:"failed_tasks"`
 	Verified    bool          `json:"verified"`
-	Err         error         `json:"-"`
+	// Transport moved the bytes: "tcp", "rdma", "shm" (a same-host
+	// target's memory, mapped) or "local" (the initiator's own segment).
+	Transport string `json:"transport"`
+	Err       error  `json:"-"`
 }
 
 // ErrFailedTasks is matched when a run ended because tasks failed.
@@ -257,6 +260,7 @@ func Run(ctx context.Context, cfg InitiatorConfig) ([]Result, error) {
 	var out []Result
 	for _, bs := range cfg.BlockSizes {
 		r := runOne(ctx, cfg, seg, places, bs)
+		r.Transport = seg.Transport()
 		out = append(out, r)
 		if r.Err != nil {
 			return out, r.Err

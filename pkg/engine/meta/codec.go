@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvcache-ops/mc/pkg/engine/shm"
 	"github.com/kvcache-ops/mc/pkg/topo"
 )
 
@@ -70,6 +71,7 @@ func EncodeSegment(d *SegmentDesc) ([]byte, error) {
 		TCPProtoVersion: d.TCPProtoVersion,
 		Devices:         d.Devices,
 		Buffers:         d.Buffers,
+		SHM:             d.SHM,
 	}
 	if w.Timestamp == "" {
 		w.Timestamp = Timestamp(time.Now())
@@ -99,6 +101,7 @@ type segmentWire struct {
 	Devices         []DeviceDesc `json:"devices,omitempty"`
 	Buffers         []BufferDesc `json:"buffers"`
 	PriorityMatrix  *topo.Matrix `json:"priority_matrix,omitempty"`
+	SHM             *SHMDesc     `json:"mc_shm,omitempty"`
 }
 
 // rawSegment distinguishes absent fields from zero values while decoding.
@@ -199,6 +202,43 @@ func Validate(d *SegmentDesc) error {
 			if len(buf.Lkey) != len(d.Devices) {
 				return bad(f+".lkey", "has %d keys, want %d (one per device)", len(buf.Lkey), len(d.Devices))
 			}
+		}
+	}
+	if d.SHM != nil {
+		return validateSHM(d, bad)
+	}
+	return nil
+}
+
+// validateSHM checks mc_shm: a peer maps exactly the buffers listed, so
+// every buffer has its entry, in order.
+func validateSHM(d *SegmentDesc, bad func(field, format string, a ...any) error) error {
+	s := d.SHM
+	if !shm.ValidBootID(s.BootID) {
+		return bad("mc_shm.boot_id", "%q is not a boot id (a lower-case UUID)", s.BootID)
+	}
+	if _, err := shm.ParseToken(s.Token); err != nil {
+		return bad("mc_shm.token", "%v", err)
+	}
+	if s.PID < 1 {
+		return bad("mc_shm.pid", "%d is not a process id", s.PID)
+	}
+	if s.UID < 0 {
+		return bad("mc_shm.uid", "%d is negative", s.UID)
+	}
+	if len(s.Buffers) != len(d.Buffers) {
+		return bad("mc_shm.buffers", "has %d entries, want %d (one per buffer)", len(s.Buffers), len(d.Buffers))
+	}
+	for i, b := range s.Buffers {
+		f := fmt.Sprintf("mc_shm.buffers[%d]", i)
+		if b.Addr != d.Buffers[i].Addr {
+			return bad(f+".addr", "%#x is not buffers[%d].addr %#x", b.Addr, i, d.Buffers[i].Addr)
+		}
+		if b.FD < 0 {
+			return bad(f+".fd", "%d is negative", b.FD)
+		}
+		if b.ID == 0 {
+			return bad(f+".id", "is 0")
 		}
 	}
 	return nil

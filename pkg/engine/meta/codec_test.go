@@ -97,6 +97,38 @@ func TestDecodeRDMAExample(t *testing.T) {
 	}
 }
 
+func TestDecodeSHMExample(t *testing.T) {
+	in := readExample(t, "tcp_shm_segment.json")
+	d, err := DecodeSegment(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &SHMDesc{BootID: "3f1c2a9e-0b7d-4c55-9e7a-1d2b3c4d5e6f", Token: "8c1f0e2d3b4a59687766554433221100", PID: 4242, UID: 1000,
+		Buffers: []SHMBufferDesc{{Addr: 140230512345088, FD: 12, ID: 1}, {Addr: 140231586086912, FD: 13, ID: 2}}}
+	if !reflect.DeepEqual(d.SHM, want) {
+		t.Fatalf("mc_shm decoded %+v\nwant %+v", d.SHM, want)
+	}
+	out, err := EncodeSegment(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := generic(t, out)
+	if w := generic(t, in); !reflect.DeepEqual(g, w) {
+		t.Fatalf("re-encoded fields differ:\n got %s\nwant %s", out, in)
+	}
+	// What a Mooncake peer reads (every key but mc_shm) is the plain tcp
+	// descriptor: protocol, port and buffers untouched.
+	delete(g, "mc_shm")
+	if w := generic(t, readExample(t, "tcp_segment.json")); !reflect.DeepEqual(g, w) {
+		t.Fatalf("without mc_shm the descriptor is not the tcp one:\n got %v\nwant %v", g, w)
+	}
+	// An engine without shm writes no mc_shm key at all.
+	d.SHM = nil
+	if out, _ := EncodeSegment(d); bytes.Contains(out, []byte("mc_shm")) {
+		t.Fatalf("mc_shm written without shm: %s", out)
+	}
+}
+
 func TestDecodeDefaultsAndUnknownFields(t *testing.T) {
 	in := `{"name":"n","protocol":"tcp","tcp_data_port":1,"buffers":[{"name":"n","addr":1,"length":1,"shm_name":"x"}],"rdma_server_name":"r","future":{"a":[1,2]}}`
 	d, err := DecodeSegment([]byte(in))
@@ -116,6 +148,7 @@ func TestDecodeDefaultsAndUnknownFields(t *testing.T) {
 func TestDecodeRejects(t *testing.T) {
 	tcp := string(readExample(t, "tcp_segment.json"))
 	rdma := string(readExample(t, "rdma_segment.json"))
+	tshm := string(readExample(t, "tcp_shm_segment.json"))
 	cases := []struct {
 		name, in, want string
 	}{
@@ -139,6 +172,14 @@ func TestDecodeRejects(t *testing.T) {
 		{"rkey over u32", strings.Replace(rdma, `4294967295`, `4294967296`, 1), `rkey`},
 		{"not json", `{"name":`, `segment descriptor: is not valid descriptor JSON`},
 		{"array", `[]`, `segment descriptor: is not valid descriptor JSON`},
+		{"shm boot id", strings.Replace(tshm, `"boot_id":"3f1c2a9e-0b7d-4c55-9e7a-1d2b3c4d5e6f"`, `"boot_id":"node1"`, 1), `segment "node1": mc_shm.boot_id "node1" is not a boot id`},
+		{"shm token", strings.Replace(tshm, `"token":"8c1f0e2d3b4a59687766554433221100"`, `"token":"8c1f"`, 1), `segment "node1": mc_shm.token token "8c1f": want 32 hex digits`},
+		{"shm pid", strings.Replace(tshm, `"pid":4242`, `"pid":0`, 1), `segment "node1": mc_shm.pid 0 is not a process id`},
+		{"shm uid", strings.Replace(tshm, `"uid":1000`, `"uid":-1`, 1), `segment "node1": mc_shm.uid -1 is negative`},
+		{"shm buffer count", strings.Replace(tshm, `,{"addr":140231586086912,"fd":13,"id":2}`, ``, 1), `segment "node1": mc_shm.buffers has 1 entries, want 2 (one per buffer)`},
+		{"shm buffer addr", strings.Replace(tshm, `"addr":140231586086912,"fd":13`, `"addr":140231586086913,"fd":13`, 1), `segment "node1": mc_shm.buffers[1].addr 0x7f8a35e00001 is not buffers[1].addr 0x7f8a35e00000`},
+		{"shm buffer fd", strings.Replace(tshm, `"fd":13`, `"fd":-1`, 1), `segment "node1": mc_shm.buffers[1].fd -1 is negative`},
+		{"shm buffer id", strings.Replace(tshm, `"id":1}`, `"id":0}`, 1), `segment "node1": mc_shm.buffers[0].id is 0`},
 		{"matrix entry", strings.Replace(rdma, `"cpu:1":[["mlx5_1"],[]]`, `"cpu:1":[["mlx5_1"]]`, 1), `want exactly two lists`},
 	}
 	for _, c := range cases {

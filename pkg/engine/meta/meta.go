@@ -43,6 +43,31 @@ type SegmentDesc struct {
 	Devices         []DeviceDesc `json:"devices,omitempty"`
 	Buffers         []BufferDesc `json:"buffers"`
 	PriorityMatrix  topo.Matrix  `json:"priority_matrix,omitempty"`
+	// SHM is mc's same-host extension (key "mc_shm"), present when the
+	// engine's memory can be mapped by a peer on its host. Mooncake's
+	// decoders read only the keys they know, so its peers use the
+	// descriptor as the tcp or rdma one it also is.
+	SHM *SHMDesc `json:"mc_shm,omitempty"`
+}
+
+// SHMDesc says how a process on the same host maps a segment's buffers
+// (package shm): the host (kernel boot id), the engine (a random token
+// also written in every buffer's header), the owner process and user,
+// and per buffer (in Buffers order) the memfd's descriptor number in the
+// owner and the region id.
+type SHMDesc struct {
+	BootID  string          `json:"boot_id"`
+	Token   string          `json:"token"`
+	PID     int             `json:"pid"`
+	UID     int             `json:"uid"`
+	Buffers []SHMBufferDesc `json:"buffers"`
+}
+
+// SHMBufferDesc is one buffer of an SHMDesc.
+type SHMBufferDesc struct {
+	Addr uint64 `json:"addr"`
+	FD   int    `json:"fd"`
+	ID   uint64 `json:"id"`
 }
 
 // RPCMeta is where a server's handshake (RPC) listener can be reached.
