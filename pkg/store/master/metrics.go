@@ -60,7 +60,7 @@ func newMetrics(m *Master) *Metrics {
 	vec := func(name, help string) *prometheus.CounterVec {
 		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"phase"})
 		r.MustRegister(v)
-		for _, p := range []string{phaseWatermark, phaseOwnRegions, phaseOtherRegions} {
+		for _, p := range []string{phaseWatermark, phaseOwnRegions, phaseOtherRegions, phaseOffload, phaseStage} {
 			v.WithLabelValues(p)
 		}
 		return v
@@ -84,6 +84,7 @@ func newMetrics(m *Master) *Metrics {
 	gauge("master_active_clients", "clients the master knows", func() float64 { return float64(m.ActiveClients()) })
 	gauge("master_soft_pin_key_count", "objects with a soft pin (live or expired)", func() float64 { return float64(m.softPinnedCount()) })
 	r.MustRegister(&segmentCollector{m: m})
+	registerTierMetrics(m, r)
 	return x
 }
 
