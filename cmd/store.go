@@ -111,6 +111,10 @@ type serveStoreOptions struct {
 	HASnapshotInterval    time.Duration
 	HASnapshotRecords     int
 	EvictionPolicy        string
+	SSDDir                string
+	SSDSize               string
+	EnableOffload         bool
+	PromoteAfter          int
 	ready                 func(*server.Server) // tests
 }
 
@@ -130,7 +134,16 @@ node that mounts its segment on that master, pings it every second and
 re-mounts by itself when the master restarts or asks.
 
 Without HA, a master keeps its metadata in memory: objects stored before a
-master restart are gone after it (nodes re-mount their empty segments).
+master restart are gone after it (nodes re-mount their empty segments),
+except those on a node's disk tier.
+
+--ssd-dir DIR (Mooncake: --enable_offload with $MOONCAKE_OFFLOAD_FILE_STORAGE_PATH)
+gives the node's segment a disk tier of --ssd-size bytes: an object evicted
+from the segment is written to that disk first (no network: the bytes are
+local) and stays readable; a get of it is served through the segment, and
+its --promote-after-th read brings it back into DRAM. The tier survives a
+restart of the node (same --ssd-dir) or of the master; one node per
+directory (a lock).
 
 --enable_ha runs a master candidate: masters elect a leader through etcd
 (--ha_backend_connstring etcd://H:P[,H:P], else --etcd_endpoints) on the key
@@ -161,6 +174,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
   mc serve store --master 10.0.0.1:50051 --segment-size 16G --local-hostname 10.0.0.2
   mc serve store --enable_ha --ha_backend_connstring etcd://10.0.0.9:2379 --segment-size 0 --rpc_address 10.0.0.1
   mc serve store --master 'etcd://10.0.0.9:2379' --segment-size 16G --local-hostname 10.0.0.2
+  mc serve store --master 10.0.0.1:50051 --segment-size 16G --ssd-dir /nvme/mc --ssd-size 1T
   mc serve store --protocol rdma --device-name soft0,soft1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -215,6 +229,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	envName(f, "cluster-id", store.ClusterIDEnv)
 	f.StringVar(&o.EvictionPolicy, "eviction-policy", master.DefaultEvictionPolicy, "eviction order: "+strings.Join(master.EvictionPolicies, ", ")+" (none: never evict; a put into a full store fails)")
 	_ = cmd.RegisterFlagCompletionFunc("eviction-policy", cobra.FixedCompletions(master.EvictionPolicies, cobra.ShellCompDirectiveNoFileComp))
+	addTierFlags(f, &o)
 	_ = f.MarkHidden("port")
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"tcp", "rdma"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("allocation-strategy", cobra.FixedCompletions(master.Strategies, cobra.ShellCompDirectiveNoFileComp))
@@ -324,8 +339,20 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
+	tierCfg, err := o.tierConfig(seg)
+	if err != nil {
+		return cfg, err
+	}
+	if o.PromoteAfter < 0 {
+		return cfg, fmt.Errorf("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
+	}
+	promote := o.PromoteAfter
+	if promote == 0 {
+		promote = -1 // master.Config: negative is never
+	}
 	allowSoft := o.AllowEvictSoftPinned
 	cfg = server.Config{
+		Tier:        tierCfg,
 		MasterAddr:  o.Master,
 		ClusterID:   o.ClusterID,
 		RPCAddress:  net.JoinHostPort(o.RPCAddress, strconv.Itoa(port)),
@@ -339,7 +366,7 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 			PutReleaseTimeout:  time.Duration(o.PutReleaseTimeoutSec) * time.Second,
 			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(region),
 			MaxRegionsPerInstance: o.MaxRegionsPerInstance, ExistKeyGrantLease: o.ExistKeyGrantLease,
-			EvictionPolicy: o.EvictionPolicy,
+			EvictionPolicy: o.EvictionPolicy, PromoteAfter: promote,
 		},
 		MetricReporting: o.EnableMetricReporting,
 	}

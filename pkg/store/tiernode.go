@@ -17,7 +17,7 @@ import (
 type TierConfig struct {
 	// Dir holds the tier's data files (it must exist and be writable).
 	Dir string
-	// Capacity bounds the bytes on disk.
+	// Capacity bounds the bytes on disk (0: tier.DefaultCapacity).
 	Capacity uint64
 	// IOConcurrency bounds the disk reads in flight (tier's default 4).
 	IOConcurrency int
@@ -66,27 +66,54 @@ type TierStats struct {
 // segment, talking to an mc master) and attaches it to the master in
 // the background, re-attaching after a master restart or failover.
 func StartTier(ctx context.Context, c *Client, cfg TierConfig) (*TierNode, error) {
-	if c.segMem == nil {
-		return nil, errors.New("a disk tier needs a segment of this node's (a segment size > 0)")
+	n, err := OpenTier(cfg)
+	if err != nil {
+		return nil, err
 	}
-	if _, ok := c.w.(*grpcWire); !ok {
-		return nil, fmt.Errorf("a disk tier needs an mc master; %s is not one", c.cfg.Master)
+	if err := n.Attach(c); err != nil {
+		n.Close()
+		return nil, err
 	}
+	return n, nil
+}
+
+// OpenTier opens a disk tier (locking its directory, scanning its files)
+// to be attached to a node later: `mc serve store` opens it before it
+// starts anything else, so a bad --ssd-dir fails at once.
+func OpenTier(cfg TierConfig) (*TierNode, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 32
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = c.log
+		cfg.Logger = slog.Default()
 	}
-	n := &TierNode{c: c, log: cfg.Logger, mem: c.segMem.Bytes(), base: c.segInfo.Base,
-		sem: make(chan struct{}, cfg.Workers), stop: make(chan struct{}), stopped: make(chan struct{})}
+	if cfg.Capacity == 0 {
+		// A directory that cannot be measured fails in Open, naming why.
+		cfg.Capacity, _ = tier.DefaultCapacity(cfg.Dir)
+	}
+	n := &TierNode{log: cfg.Logger, sem: make(chan struct{}, cfg.Workers), stop: make(chan struct{}), stopped: make(chan struct{})}
 	t, err := tier.Open(tier.Config{Dir: cfg.Dir, Capacity: cfg.Capacity, IOConcurrency: cfg.IOConcurrency, Logger: cfg.Logger, OnEvict: n.onEvict})
 	if err != nil {
 		return nil, err
 	}
 	n.t = t
-	go n.run()
 	return n, nil
+}
+
+// Attach attaches the tier to node c and keeps it attached until Close.
+func (n *TierNode) Attach(c *Client) error {
+	if c.segMem == nil {
+		return errors.New("a disk tier needs a segment of this node's (a segment size > 0)")
+	}
+	if _, ok := c.w.(*grpcWire); !ok {
+		return fmt.Errorf("a disk tier needs an mc master; %s is not one", c.cfg.Master)
+	}
+	if n.c != nil {
+		return errors.New("disk tier already attached")
+	}
+	n.c, n.mem, n.base = c, c.segMem.Bytes(), c.segInfo.Base
+	go n.run()
+	return nil
 }
 
 // Tier is the node's disk tier.
@@ -102,7 +129,9 @@ func (n *TierNode) Stats() TierStats {
 // on disk for the next start).
 func (n *TierNode) Close() error {
 	n.once.Do(func() { close(n.stop) })
-	<-n.stopped
+	if n.c != nil {
+		<-n.stopped
+	}
 	return n.t.Close()
 }
 

@@ -180,9 +180,6 @@ func Open(cfg Config) (*Tier, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("disk tier: no directory given")
 	}
-	if cfg.Capacity == 0 {
-		return nil, fmt.Errorf("disk tier %q: capacity 0", cfg.Dir)
-	}
 	if cfg.MaxFileBytes == 0 {
 		cfg.MaxFileBytes = DefaultMaxFileBytes
 	}
@@ -211,6 +208,8 @@ func Open(cfg Config) (*Tier, error) {
 		return nil, fmt.Errorf("disk tier %q: %w", cfg.Dir, err)
 	case !st.IsDir():
 		return nil, fmt.Errorf("disk tier %q: not a directory", cfg.Dir)
+	case cfg.Capacity == 0:
+		return nil, fmt.Errorf("disk tier %q: capacity 0", cfg.Dir)
 	}
 	if err := t.takeLock(); err != nil {
 		return nil, err
@@ -423,4 +422,15 @@ func (t *Tier) Close() error {
 		err = cerr
 	}
 	return err
+}
+
+// DefaultCapacity is the capacity for a tier in dir when none is given:
+// 90% of what its filesystem has available now, leaving room for the
+// filesystem's own needs and whatever else lives there.
+func DefaultCapacity(dir string) (uint64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("disk tier %q: %w", dir, err)
+	}
+	return uint64(st.Bavail) * uint64(st.Bsize) / 10 * 9, nil
 }

@@ -1,0 +1,64 @@
+package cmd
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+)
+
+// Mooncake's real client takes its offload directory and size from the
+// environment once --enable_offload is given.
+const (
+	mooncakeOffloadPathEnv = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"
+	mooncakeOffloadSizeEnv = "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES"
+	mooncakeOffloadPath    = "/data/file_storage"
+)
+
+func addTierFlags(f *pflag.FlagSet, o *serveStoreOptions) {
+	f.StringVar(&o.SSDDir, "ssd-dir", "", "give this node's segment a disk tier in this existing directory: objects evicted from DRAM are offloaded there and read back from it")
+	f.StringVar(&o.SSDSize, "ssd-size", "", "capacity of the disk tier, e.g. 200G (default: 90% of the space available in --ssd-dir at start)")
+	f.BoolVar(&o.EnableOffload, "enable-offload", false, "Mooncake's spelling of a disk tier: in $"+mooncakeOffloadPathEnv+" (default "+mooncakeOffloadPath+"), of $"+mooncakeOffloadSizeEnv+" bytes (default as --ssd-size)")
+	f.IntVar(&o.PromoteAfter, "promote-after", master.DefaultPromoteAfter, "master: the disk read on which an object is promoted back into DRAM (0: never; earlier reads are staged for the read only)")
+}
+
+// tierConfig is the node's disk tier from --ssd-dir / --enable-offload,
+// nil without one.
+func (o serveStoreOptions) tierConfig(segSize int64) (*store.TierConfig, error) {
+	dir, size := o.SSDDir, o.SSDSize
+	if o.EnableOffload {
+		if dir == "" {
+			if dir = os.Getenv(mooncakeOffloadPathEnv); dir == "" {
+				dir = mooncakeOffloadPath
+			}
+		}
+		if size == "" {
+			size = os.Getenv(mooncakeOffloadSizeEnv)
+		}
+	}
+	if dir == "" {
+		if size != "" {
+			return nil, fmt.Errorf("--ssd-size %s without --ssd-dir: give the disk tier a directory", size)
+		}
+		return nil, nil
+	}
+	switch {
+	case segSize == 0:
+		return nil, fmt.Errorf("--ssd-dir %s needs a segment to offload from: give --segment-size", dir)
+	case store.IsMooncakeAddress(o.Master):
+		return nil, fmt.Errorf("--ssd-dir needs an mc master; --master %s is a mooncake_master", o.Master)
+	}
+	cfg := &store.TierConfig{Dir: dir}
+	if size != "" {
+		n, err := bench.ParseSize(size)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("invalid --ssd-size %q: want bytes with an optional unit (200G, 2T)", size)
+		}
+		cfg.Capacity = uint64(n)
+	}
+	return cfg, nil
+}
