@@ -162,6 +162,20 @@ func (t *tiers) seeVersion(v uint64) {
 	}
 }
 
+// placeholder returns the tier known by id, making an offline one for a
+// tier that replicas were restored onto (an HA failover): it is given up
+// on like a node that left, unless its node attaches within the grace.
+func (t *tiers) placeholder(id string, now int64) *tierNode {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := t.byID[id]
+	if n == nil {
+		n = &tierNode{id: id, offSince: now}
+		t.byID[id] = n
+	}
+	return n
+}
+
 // onlineFor returns the online tier of the node owning seg, if any.
 func (t *tiers) onlineFor(seg *segment) *tierNode {
 	if seg.live != nil {
