@@ -857,12 +857,17 @@ type storeStat struct {
 	Evictions     int64                 `json:"evictions"`
 	// EvictionAttempts counts eviction rounds (master_attempted_evictions_total);
 	// EvictionPhases splits the evicted keys by phase: watermark (the
-	// background loop), own_regions and other_regions (inside puts).
+	// background loop), own_regions and other_regions (inside puts),
+	// offload (written to a node's disk tier first, by any of them).
 	EvictionAttempts int64            `json:"eviction_attempts"`
 	EvictionPhases   map[string]int64 `json:"evicted_keys_by_phase"`
 	Clients          int64            `json:"active_clients"`
 	Role             string           `json:"role"`
 	Leader           store.LeaderInfo `json:"leader"`
+	// DiskTiers are the nodes' disk tiers (mc masters; empty without
+	// any), DiskTier the master's counters for them.
+	DiskTiers []store.AdminTier      `json:"disk_tiers"`
+	DiskTier  *store.AdminTierTotals `json:"disk_tier,omitempty"`
 }
 
 func newStoreStatCmd(p *printer) *cobra.Command {
@@ -902,7 +907,7 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	s.Evictions = int64(m["master_successful_evictions_total"])
 	s.EvictionAttempts = int64(m["master_attempted_evictions_total"])
 	s.EvictionPhases = map[string]int64{}
-	for _, phase := range []string{"watermark", "own_regions", "other_regions"} {
+	for _, phase := range []string{"watermark", "own_regions", "other_regions", "offload"} {
 		if v, ok := m[`master_eviction_keys_total{phase="`+phase+`"}`]; ok {
 			s.EvictionPhases[phase] = int64(v)
 		}
@@ -915,6 +920,12 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	// Mooncake masters without HA may lack these; they are optional.
 	s.Role, _ = a.Role(ctx)
 	s.Leader, _ = a.Leader(ctx)
+	s.DiskTiers = []store.AdminTier{}
+	if tiers, totals, ok, err := a.Tiers(ctx); err != nil {
+		return fmt.Errorf("stat: %w", err)
+	} else if ok {
+		s.DiskTiers, s.DiskTier = tiers, &totals
+	}
 	if p.JSON() {
 		return p.PrintJSON(s)
 	}
@@ -937,12 +948,13 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 		{"evicted keys", strconv.FormatInt(s.EvictedKeys, 10)},
 		{"evicted bytes", humanBytes(uint64(s.EvictedBytes))},
 		{"eviction rounds (attempted / evicting)", fmt.Sprintf("%d / %d", s.EvictionAttempts, s.Evictions)},
-		{"evicted keys by phase", fmt.Sprintf("watermark %d, own regions %d, other regions %d",
-			s.EvictionPhases["watermark"], s.EvictionPhases["own_regions"], s.EvictionPhases["other_regions"])},
+		{"evicted keys by phase", fmt.Sprintf("watermark %d, own regions %d, other regions %d, offloaded to disk %d",
+			s.EvictionPhases["watermark"], s.EvictionPhases["own_regions"], s.EvictionPhases["other_regions"], s.EvictionPhases["offload"])},
 		{"clients", strconv.FormatInt(s.Clients, 10)},
 		{"role", s.Role},
 		{"leader", leader},
 	})
+	printDiskTiers(p, s)
 	return nil
 }
 
@@ -957,7 +969,7 @@ func newStoreQueryCmd(p *printer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			reps, err := a.QueryKey(cmd.Context(), args[0])
+			reps, disk, err := a.QueryKeyReplicas(cmd.Context(), args[0])
 			if err != nil {
 				return fmt.Errorf("query %q: %w", args[0], err)
 			}
@@ -968,13 +980,25 @@ func newStoreQueryCmd(p *printer) *cobra.Command {
 				Size     uint64 `json:"size"`
 			}
 			out := make([]rep, len(reps))
-			rows := make([][]string, len(reps))
+			rows := make([][]string, len(reps), len(reps)+len(disk))
 			for i, r := range reps {
 				out[i] = rep{r.Endpoint, r.Protocol, fmt.Sprintf("0x%x", r.Addr), r.Size}
 				rows[i] = []string{r.Endpoint, r.Protocol, out[i].Address, strconv.FormatUint(r.Size, 10)}
 			}
+			// A replica on a node's disk tier: read through that node's
+			// segment when a get needs it.
+			for _, d := range disk {
+				where := fmt.Sprintf("disk tier %s, version %d", d.TierID, d.Version)
+				if !d.Connected {
+					where += " (node away)"
+				}
+				rows = append(rows, []string{d.Endpoint, "local_disk", where, strconv.FormatUint(d.Size, 10)})
+			}
 			if p.JSON() {
-				return p.PrintJSON(map[string]any{"key": args[0], "replicas": out})
+				if disk == nil {
+					disk = []store.AdminDiskReplica{}
+				}
+				return p.PrintJSON(map[string]any{"key": args[0], "replicas": out, "disk_replicas": disk})
 			}
 			p.Table(args[0], []string{"endpoint", "protocol", "address", "bytes"}, rows)
 			return nil

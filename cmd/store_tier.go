@@ -3,6 +3,7 @@ package cmd
 import (
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/spf13/pflag"
 
@@ -61,4 +62,31 @@ func (o serveStoreOptions) tierConfig(segSize int64) (*store.TierConfig, error) 
 		cfg.Capacity = uint64(n)
 	}
 	return cfg, nil
+}
+
+// printDiskTiers is `mc store stat`'s part for the nodes' disk tiers.
+func printDiskTiers(p *printer, s storeStat) {
+	if len(s.DiskTiers) == 0 {
+		return
+	}
+	rows := make([][]string, 0, len(s.DiskTiers))
+	for _, t := range s.DiskTiers {
+		state := "connected"
+		if !t.Connected {
+			state = "away"
+		}
+		rows = append(rows, []string{t.Segment, state, humanBytes(t.Used), humanBytes(t.Capacity), strconv.FormatUint(t.Records, 10),
+			strconv.Itoa(t.DiskReplicas), strconv.FormatUint(t.Offloads, 10), strconv.FormatUint(t.Promotions, 10),
+			strconv.FormatUint(t.DiskHits, 10), t.Dir})
+	}
+	p.Table("disk tiers", []string{"segment", "state", "used", "capacity", "records", "disk replicas", "offloads", "promotions", "disk hits", "dir"}, rows)
+	if c := s.DiskTier; c != nil {
+		p.Table("", []string{"disk tier", "value"}, [][]string{
+			{"offloads (refused: disk full / failed)", fmt.Sprintf("%d (%d / %d), %s", c.Offloads, c.OffloadFull, c.OffloadFailed, humanBytes(c.OffloadBytes))},
+			{"gets served from DRAM / from disk", fmt.Sprintf("%d / %d", c.MemHits, c.DiskHits)},
+			{"promotions", strconv.FormatUint(c.Promotions, 10)},
+			{"disk replicas evicted by their tier", strconv.FormatUint(c.DiskEvicted, 10)},
+			{"disk reads failed (replica dropped)", strconv.FormatUint(c.LoadFailures, 10)},
+		})
+	}
 }

@@ -3,6 +3,7 @@ package cmd
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -89,7 +90,64 @@ func TestServeStoreSSD(t *testing.T) {
 	if got, _ := os.ReadFile(out); !bytes.Equal(got, val(0)) {
 		t.Fatal("mc store get of an object on disk: wrong bytes")
 	}
-	resp, err := http.Get(admin + "/metrics")
+	// Visible: the query shows the disk replica, stat each node's tier.
+	q, errs, code := execMC(t, "store", "query", "blk/03", "-o", "json", "--master", rpc, "--admin", admin)
+	var qj struct {
+		Replicas []any `json:"replicas"`
+		Disk     []struct {
+			Size     uint64 `json:"object_size"`
+			Endpoint string `json:"transport_endpoint"`
+			Version  uint64 `json:"version"`
+		} `json:"disk_replicas"`
+	}
+	if code != 0 || json.Unmarshal([]byte(q), &qj) != nil || len(qj.Replicas) != 0 || len(qj.Disk) != 1 || qj.Disk[0].Size != 1_050_000 || qj.Disk[0].Version == 0 || qj.Disk[0].Endpoint == "" {
+		t.Fatalf("mc store query of a disk object: %d %q %q", code, q, errs)
+	}
+	if q, _, _ := execMC(t, "store", "query", "blk/03", "--master", rpc, "--admin", admin); !strings.Contains(q, "local_disk") {
+		t.Fatalf("mc store query table lacks the disk replica:\n%s", q)
+	}
+	st, errs, code := execMC(t, "store", "stat", "-o", "json", "--master", rpc, "--admin", admin)
+	var sj struct {
+		Tiers []struct {
+			Used      uint64 `json:"used_bytes"`
+			Capacity  uint64 `json:"capacity_bytes"`
+			Records   uint64 `json:"records"`
+			Offloads  uint64 `json:"offloads"`
+			DiskHits  uint64 `json:"disk_hits"`
+			Connected bool   `json:"connected"`
+		} `json:"disk_tiers"`
+		Totals struct {
+			Offloads uint64 `json:"offloads"`
+		} `json:"disk_tier"`
+	}
+	if code != 0 || json.Unmarshal([]byte(st), &sj) != nil || len(sj.Tiers) != 1 {
+		t.Fatalf("mc store stat: %d %q %q", code, st, errs)
+	}
+	if tr := sj.Tiers[0]; !tr.Connected || tr.Capacity != 256<<20 || tr.Used == 0 || tr.Records == 0 || tr.Offloads == 0 || tr.DiskHits != 1 || sj.Totals.Offloads != tr.Offloads {
+		t.Fatalf("mc store stat disk tier: %+v, totals %+v", tr, sj.Totals)
+	}
+	if st, _, _ := execMC(t, "store", "stat", "--master", rpc, "--admin", admin); !strings.Contains(st, "DISK TIERS") && !strings.Contains(st, "disk tiers") {
+		t.Fatalf("mc store stat table lacks the disk tiers:\n%s", st)
+	}
+	resp, err := http.Get(admin + "/batch_query_keys?keys=blk/03,blk/39")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bj struct {
+		Data map[string]struct {
+			Values []any `json:"values"`
+			Disk   []any `json:"local_disk_values"`
+		} `json:"data"`
+	}
+	json.NewDecoder(resp.Body).Decode(&bj)
+	resp.Body.Close()
+	if d := bj.Data["blk/03"]; len(d.Values) != 0 || len(d.Disk) != 1 {
+		t.Fatalf("/batch_query_keys blk/03: %+v, want one local_disk_values entry", d)
+	}
+	if d := bj.Data["blk/39"]; len(d.Values) != 1 || len(d.Disk) != 0 {
+		t.Fatalf("/batch_query_keys blk/39 (in DRAM): %+v", d)
+	}
+	resp, err = http.Get(admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,10 @@ type PutItem struct {
 type ReplicaResult struct {
 	Replicas []store.Replica
 	LeaseTTL time.Duration // granted read lease (GetReplicaList)
-	Err      error
+	// Disk is the object's replica on a node's disk tier (BatchQuery
+	// only; a get is answered with DRAM replicas, staging the object).
+	Disk *DiskReplica
+	Err  error
 }
 
 // useCounter stamps Object.lastUse.
@@ -447,6 +450,8 @@ func (m *Master) lookupOne(k string, depth int, lease bool, now int64, descs *[]
 			sh.touch(o, depth)
 			m.readLocked(sh, o, depth)
 			r.LeaseTTL = m.cfg.KVLeaseTTL
+		} else if o.onDisk() {
+			r.Disk = m.diskReplicaLocked(o)
 		}
 	}
 	return r, nil

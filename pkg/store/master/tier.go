@@ -90,6 +90,8 @@ type tierNode struct {
 	// gen counts attachments, so a stale stream's end does not take a
 	// newer one offline.
 	gen uint64
+	// What the master did with this tier (mc store stat).
+	nOffloads, nOffloadFull, nDiskHits, nPromotions atomic.Uint64
 }
 
 // tierOp is one OFFLOAD or LOAD in flight.
@@ -351,6 +353,7 @@ func (m *Master) offloadDone(n *tierNode, op *tierOp, err error) {
 	if err != nil {
 		if store.CodeOf(err) == store.NoAvailableHandle {
 			m.tiers.offloadFull.Add(1)
+			n.nOffloadFull.Add(1)
 		} else {
 			m.tiers.offloadFailed.Add(1)
 		}
@@ -368,6 +371,7 @@ func (m *Master) offloadDone(n *tierNode, op *tierOp, err error) {
 	bytes := o.size * uint64(len(o.replicas))
 	m.freeMemoryLocked(o)
 	m.tiers.offloads.Add(1)
+	n.nOffloads.Add(1)
 	m.tiers.offloadBytes.Add(o.size)
 	m.countEvicted(phaseOffload, 1, bytes)
 	m.emit(Change{Op: OpDiskOnly, Key: o.key, Size: o.size, Version: o.tier.version, Tier: n.id})
@@ -454,11 +458,17 @@ func (m *Master) readLocked(sh *shard, o *Object, depth int) {
 	}
 	m.tiers.diskHits.Add(1)
 	m.tiers.diskHitBytes.Add(o.size)
+	if o.tier.node != nil {
+		o.tier.node.nDiskHits.Add(1)
+	}
 	o.tier.reads++
 	if p := m.cfg.PromoteAfter; p > 0 && int(o.tier.reads) >= p {
 		o.tier.staged, o.tier.reads = false, 0
 		sh.track(o, depth)
 		m.tiers.promotions.Add(1)
+		if o.tier.node != nil {
+			o.tier.node.nPromotions.Add(1)
+		}
 		if o.onDisk() {
 			m.emit(Change{Op: OpPromote, Key: o.key, Size: o.size, Replicas: o.descriptors(true), Version: o.tier.version, Tier: o.tier.node.id})
 		}
@@ -834,6 +844,38 @@ type TierStatus struct {
 	Direct   bool
 	// Replicas counts objects whose disk replica is on this tier.
 	Replicas int
+	// Offloads, OffloadFull, DiskHits and Promotions count what the
+	// master did with this tier since it first attached.
+	Offloads, OffloadFull, DiskHits, Promotions uint64
+}
+
+// DiskReplica is an object's replica on a node's disk tier, as the admin
+// API shows it (Mooncake's LOCAL_DISK replica: the node's client id and
+// transfer endpoint).
+type DiskReplica struct {
+	Tier     string
+	Segment  string
+	Client   store.UUID
+	Endpoint string
+	Size     uint64
+	Version  uint64
+	Online   bool
+}
+
+// diskReplicaLocked describes o's disk replica (shard locked; o on disk).
+func (m *Master) diskReplicaLocked(o *Object) *DiskReplica {
+	n := o.tier.node
+	d := &DiskReplica{Tier: n.id, Size: o.size, Version: o.tier.version}
+	n.mu.Lock()
+	d.Segment, d.Client, d.Online = n.segName, n.client, n.online
+	segID := n.segID
+	n.mu.Unlock()
+	m.space.mu.Lock()
+	if seg := m.space.segs[segID]; seg != nil {
+		d.Endpoint = seg.info.Endpoint
+	}
+	m.space.mu.Unlock()
+	return d
 }
 
 // TierTotals are the master's disk-tier counters.
@@ -877,7 +919,8 @@ func (m *Master) tierNodes() []TierStatus {
 	for _, n := range nodes {
 		n.mu.Lock()
 		st := n.stats
-		ts := TierStatus{ID: n.id, Segment: n.segName, Client: n.client, Online: n.online}
+		ts := TierStatus{ID: n.id, Segment: n.segName, Client: n.client, Online: n.online,
+			Offloads: n.nOffloads.Load(), OffloadFull: n.nOffloadFull.Load(), DiskHits: n.nDiskHits.Load(), Promotions: n.nPromotions.Load()}
 		if st != nil {
 			ts.Capacity, ts.Used, ts.Records, ts.Files, ts.Dir, ts.Direct = st.GetCapacity(), st.GetUsed(), st.GetRecords(), st.GetFiles(), st.GetDir(), st.GetDirect()
 		}
