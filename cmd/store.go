@@ -112,6 +112,10 @@ type serveStoreOptions struct {
 	HASnapshotInterval    time.Duration
 	HASnapshotRecords     int
 	EvictionPolicy        string
+	SSDDir                string
+	SSDSize               int64
+	EnableOffload         bool
+	PromoteAfter          int
 	ready                 func(*server.Server) // tests
 }
 
@@ -140,7 +144,16 @@ The master answers both mc's gRPC and Mooncake's coro_rpc on --rpc_port
 can use it as their master_server_address.
 
 Without HA, a master keeps its metadata in memory: objects stored before a
-master restart are gone after it (nodes re-mount their empty segments).
+master restart are gone after it (nodes re-mount their empty segments),
+except those on a node's disk tier.
+
+--ssd-dir DIR (Mooncake: --enable_offload with $MOONCAKE_OFFLOAD_FILE_STORAGE_PATH)
+gives the node's segment a disk tier of --ssd-size bytes: an object evicted
+from the segment is written to that disk first (no network: the bytes are
+local) and stays readable; a get of it is served through the segment, and
+its --promote-after-th read brings it back into DRAM. The tier survives a
+restart of the node (same --ssd-dir) or of the master; one node per
+directory (a lock).
 
 --enable_ha runs a master candidate: masters elect a leader through etcd
 (--ha_backend_connstring etcd://H:P[,H:P], else --etcd_endpoints) on the key
@@ -173,6 +186,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
   mc serve store --master 10.0.0.1:50051 --segment-size 16G --local-hostname 10.0.0.2
   mc serve store --enable_ha --ha_backend_connstring etcd://10.0.0.9:2379 --segment-size 0 --rpc_address 10.0.0.1
   mc serve store --master 'etcd://10.0.0.9:2379' --segment-size 16G --local-hostname 10.0.0.2
+  mc serve store --master 10.0.0.1:50051 --segment-size 16G --ssd-dir /nvme/mc --ssd-size 1T
   mc serve store --protocol rdma --device-name soft0,soft1
   mc serve store --master_server_address mooncake://10.0.0.1:50051 --global_segment_size "4 GB" \
       --host 10.0.0.2 --metadata_server P2PHANDSHAKE`,
@@ -229,6 +243,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	envName(f, "cluster-id", store.ClusterIDEnv)
 	f.StringVar(&o.EvictionPolicy, "eviction-policy", master.DefaultEvictionPolicy, "eviction order: "+strings.Join(master.EvictionPolicies, ", ")+" (none: never evict; a put into a full store fails)")
 	_ = cmd.RegisterFlagCompletionFunc("eviction-policy", cobra.FixedCompletions(master.EvictionPolicies, cobra.ShellCompDirectiveNoFileComp))
+	addTierFlags(f, &o)
 	_ = f.MarkHidden("port")
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions(benchProtocols, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("allocation-strategy", cobra.FixedCompletions(master.Strategies, cobra.ShellCompDirectiveNoFileComp))
@@ -320,8 +335,20 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
+	tierCfg, err := o.tierConfig(seg)
+	if err != nil {
+		return cfg, err
+	}
+	if o.PromoteAfter < 0 {
+		return cfg, fmt.Errorf("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
+	}
+	promote := o.PromoteAfter
+	if promote == 0 {
+		promote = -1 // master.Config: negative is never
+	}
 	allowSoft := o.AllowEvictSoftPinned
 	cfg = server.Config{
+		Tier:        tierCfg,
 		MasterAddr:  o.Master,
 		ClusterID:   o.ClusterID,
 		RPCAddress:  net.JoinHostPort(o.RPCAddress, strconv.Itoa(port)),
@@ -335,7 +362,7 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 			PutReleaseTimeout:  o.PutReleaseTimeout,
 			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(o.RegionSize),
 			MaxRegionsPerInstance: o.MaxRegionsPerInstance, ExistKeyGrantLease: o.ExistKeyGrantLease,
-			EvictionPolicy: o.EvictionPolicy,
+			EvictionPolicy: o.EvictionPolicy, PromoteAfter: promote,
 		},
 		MetricReporting: o.EnableMetricReporting,
 	}
@@ -1009,12 +1036,17 @@ type storeStat struct {
 	Evictions     int64                 `json:"evictions"`
 	// EvictionAttempts counts eviction rounds (master_attempted_evictions_total);
 	// EvictionPhases splits the evicted keys by phase: watermark (the
-	// background loop), own_regions and other_regions (inside puts).
+	// background loop), own_regions and other_regions (inside puts),
+	// offload (written to a node's disk tier first, by any of them).
 	EvictionAttempts int64            `json:"eviction_attempts"`
 	EvictionPhases   map[string]int64 `json:"evicted_keys_by_phase"`
 	Clients          int64            `json:"active_clients"`
 	Role             string           `json:"role"`
 	Leader           store.LeaderInfo `json:"leader"`
+	// DiskTiers are the nodes' disk tiers (mc masters; empty without
+	// any), DiskTier the master's counters for them.
+	DiskTiers []store.AdminTier      `json:"disk_tiers"`
+	DiskTier  *store.AdminTierTotals `json:"disk_tier,omitempty"`
 }
 
 func newStoreStatCmd(p *printer) *cobra.Command {
@@ -1054,7 +1086,7 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	s.Evictions = int64(m["master_successful_evictions_total"])
 	s.EvictionAttempts = int64(m["master_attempted_evictions_total"])
 	s.EvictionPhases = map[string]int64{}
-	for _, phase := range []string{"watermark", "own_regions", "other_regions"} {
+	for _, phase := range []string{"watermark", "own_regions", "other_regions", "offload"} {
 		if v, ok := m[`master_eviction_keys_total{phase="`+phase+`"}`]; ok {
 			s.EvictionPhases[phase] = int64(v)
 		}
@@ -1067,6 +1099,12 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	// Mooncake masters without HA may lack these; they are optional.
 	s.Role, _ = a.Role(ctx)
 	s.Leader, _ = a.Leader(ctx)
+	s.DiskTiers = []store.AdminTier{}
+	if tiers, totals, ok, err := a.Tiers(ctx); err != nil {
+		return fmt.Errorf("stat: %w", err)
+	} else if ok {
+		s.DiskTiers, s.DiskTier = tiers, &totals
+	}
 	if p.JSON() {
 		return p.PrintJSON(s)
 	}
@@ -1089,12 +1127,13 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 		{"evicted keys", strconv.FormatInt(s.EvictedKeys, 10)},
 		{"evicted bytes", humanBytes(uint64(s.EvictedBytes))},
 		{"eviction rounds (attempted / evicting)", fmt.Sprintf("%d / %d", s.EvictionAttempts, s.Evictions)},
-		{"evicted keys by phase", fmt.Sprintf("watermark %d, own regions %d, other regions %d",
-			s.EvictionPhases["watermark"], s.EvictionPhases["own_regions"], s.EvictionPhases["other_regions"])},
+		{"evicted keys by phase", fmt.Sprintf("watermark %d, own regions %d, other regions %d, offloaded to disk %d",
+			s.EvictionPhases["watermark"], s.EvictionPhases["own_regions"], s.EvictionPhases["other_regions"], s.EvictionPhases["offload"])},
 		{"clients", strconv.FormatInt(s.Clients, 10)},
 		{"role", s.Role},
 		{"leader", leader},
 	})
+	printDiskTiers(p, s)
 	return nil
 }
 
@@ -1152,13 +1191,25 @@ func queryReplicas(reps []store.AdminReplica) ([]storeQueryReplica, [][]string) 
 func runStoreQuery(ctx context.Context, a *store.Admin, keys []string, p *printer) error {
 	header := []string{"endpoint", "protocol", "address", "bytes"}
 	if len(keys) == 1 {
-		reps, err := a.QueryKey(ctx, keys[0])
+		reps, disk, err := a.QueryKeyReplicas(ctx, keys[0])
 		if err != nil {
 			return fmt.Errorf("query %q: %w", keys[0], err)
 		}
 		out, rows := queryReplicas(reps)
+		// A replica on a node's disk tier: read through that node's
+		// segment when a get needs it.
+		for _, d := range disk {
+			where := fmt.Sprintf("disk tier %s, version %d", d.TierID, d.Version)
+			if !d.Connected {
+				where += " (node away)"
+			}
+			rows = append(rows, []string{d.Endpoint, "local_disk", where, strconv.FormatUint(d.Size, 10)})
+		}
 		if p.JSON() {
-			return p.PrintJSON(map[string]any{"key": keys[0], "replicas": out})
+			if disk == nil {
+				disk = []store.AdminDiskReplica{}
+			}
+			return p.PrintJSON(map[string]any{"key": keys[0], "replicas": out, "disk_replicas": disk})
 		}
 		p.Table(keys[0], header, rows)
 		return nil

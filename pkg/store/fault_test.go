@@ -44,6 +44,13 @@ func runChildNode(addr string) {
 		fmt.Println("ERR", err)
 		os.Exit(1)
 	}
+	// With a disk tier (tier_test.go's SIGKILL tests).
+	if dir := os.Getenv("MC_STORE_TEST_TIER_DIR"); dir != "" {
+		if _, err := store.StartTier(context.Background(), c, store.TierConfig{Dir: dir, Capacity: 256 << 20}); err != nil {
+			fmt.Println("ERR", err)
+			os.Exit(1)
+		}
+	}
 	seg, _ := c.Segment()
 	fmt.Println("SEGMENT", seg.Name)
 	select {}
@@ -51,10 +58,10 @@ func runChildNode(addr string) {
 
 // startChildNode runs a node in a separate process and returns it and
 // its segment name.
-func startChildNode(t *testing.T, masterAddr string) (*exec.Cmd, string) {
+func startChildNode(t *testing.T, masterAddr string, env ...string) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "MC_STORE_TEST_NODE="+masterAddr)
+	cmd.Env = append(append(os.Environ(), "MC_STORE_TEST_NODE="+masterAddr), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,10 @@ type record struct {
 	SoftPin int64              `json:"sp,omitempty"` // unix nanos
 	HardPin bool               `json:"hp,omitempty"`
 	Segment *store.SegmentInfo `json:"g,omitempty"`
+	// Ver and Tier: an object's disk replica (disk_only, promote): the
+	// version it was offloaded as and the node tier holding it.
+	Ver  uint64 `json:"v,omitempty"`
+	Tier string `json:"t,omitempty"`
 }
 
 // rep is where one replica is: segment name and address. The segment's
@@ -37,7 +41,7 @@ func recordOf(c master.Change) record {
 	case master.OpMount, master.OpUnmount:
 		seg := c.Segment
 		r.Segment = &seg
-	case master.OpPutEnd:
+	case master.OpPutEnd, master.OpPromote:
 		r.Size, r.HardPin = c.Size, c.HardPin
 		if !c.SoftPin.IsZero() {
 			r.SoftPin = c.SoftPin.UnixNano()
@@ -46,6 +50,9 @@ func recordOf(c master.Change) record {
 		for i, x := range c.Replicas {
 			r.Reps[i] = rep{Seg: x.Segment, Addr: x.Addr}
 		}
+		r.Ver, r.Tier = c.Version, c.Tier
+	case master.OpDiskOnly:
+		r.Size, r.Ver, r.Tier = c.Size, c.Version, c.Tier
 	}
 	return r
 }
@@ -78,6 +85,9 @@ type object struct {
 	SoftPin int64  `json:"sp,omitempty"`
 	HardPin bool   `json:"hp,omitempty"`
 	Seq     uint64 `json:"s"` // record that put it: newer wins an overlap
+	// DiskTier and DiskVer: its replica on a node's disk tier, if any.
+	DiskTier string `json:"dt,omitempty"`
+	DiskVer  uint64 `json:"dv,omitempty"`
 }
 
 // state is the metadata the op log describes up to Seq: what a standby
@@ -120,7 +130,7 @@ func (s *state) apply(r record) {
 					kept = append(kept, x)
 				}
 			}
-			if o.Reps = kept; len(kept) == 0 {
+			if o.Reps = kept; len(kept) == 0 && o.DiskTier == "" {
 				delete(s.Objects, k)
 			}
 		}
@@ -128,6 +138,22 @@ func (s *state) apply(r record) {
 		s.Objects[r.Key] = &object{Size: r.Size, Reps: append([]rep(nil), r.Reps...), SoftPin: r.SoftPin, HardPin: r.HardPin, Seq: r.Seq}
 	case "remove", "evict", "discard":
 		delete(s.Objects, r.Key)
+	case "disk_only":
+		// Its DRAM replicas are gone (freed, maybe reused): only the
+		// disk replica is left.
+		o := s.Objects[r.Key]
+		if o == nil {
+			o = &object{Size: r.Size}
+			s.Objects[r.Key] = o
+		}
+		o.Reps, o.Seq, o.DiskTier, o.DiskVer = nil, r.Seq, r.Tier, r.Ver
+	case "promote":
+		o := s.Objects[r.Key]
+		if o == nil {
+			o = &object{Size: r.Size}
+			s.Objects[r.Key] = o
+		}
+		o.Reps, o.Seq, o.DiskTier, o.DiskVer = append([]rep(nil), r.Reps...), r.Seq, r.Tier, r.Ver
 	}
 }
 
@@ -184,7 +210,7 @@ func (s *state) restored() (objs []master.RestoredObject, dropped int) {
 			dropped++
 			continue
 		}
-		ro := master.RestoredObject{Key: k, Size: o.Size, HardPin: o.HardPin}
+		ro := master.RestoredObject{Key: k, Size: o.Size, HardPin: o.HardPin, DiskTier: o.DiskTier, DiskVersion: o.DiskVer}
 		if o.SoftPin != 0 {
 			ro.SoftPin = time.Unix(0, o.SoftPin)
 		}
@@ -195,7 +221,7 @@ func (s *state) restored() (objs []master.RestoredObject, dropped int) {
 			}
 			ro.Replicas = append(ro.Replicas, master.RestoredReplica{Segment: seg, Addr: x.Addr})
 		}
-		if len(ro.Replicas) == 0 {
+		if len(ro.Replicas) == 0 && ro.DiskTier == "" {
 			dropped++
 			continue
 		}

@@ -93,3 +93,49 @@ func FuzzApplyBatch(f *testing.F) {
 		}
 	})
 }
+
+// Disk replicas in the op log: an offload leaves the object with only its
+// disk replica (its DRAM range may be reused: it must not be restored), a
+// promotion gives it DRAM replicas again, and an unmount of its node's
+// segment keeps an object that still has its disk copy.
+func TestApplyDiskReplicas(t *testing.T) {
+	s := newState()
+	for _, r := range []record{
+		{Seq: 1, Op: "mount", Segment: seg("a", 1)},
+		{Seq: 2, Op: "put_end", Key: "off", Size: 0x100, Reps: []rep{{"a", 0x1000}}},
+		{Seq: 3, Op: "put_end", Key: "prom", Size: 0x100, Reps: []rep{{"a", 0x1100}}},
+		{Seq: 4, Op: "disk_only", Key: "off", Size: 0x100, Ver: 7, Tier: "t1"},
+		{Seq: 5, Op: "disk_only", Key: "prom", Size: 0x100, Ver: 8, Tier: "t1"},
+		{Seq: 6, Op: "put_end", Key: "reuse", Size: 0x100, Reps: []rep{{"a", 0x1000}}},
+		{Seq: 7, Op: "promote", Key: "prom", Size: 0x100, Reps: []rep{{"a", 0x2000}}, Ver: 8, Tier: "t1"},
+	} {
+		s.apply(r)
+	}
+	objs, dropped := s.restored()
+	got := map[string]master.RestoredObject{}
+	for _, o := range objs {
+		got[o.Key] = o
+	}
+	if dropped != 0 || len(objs) != 3 {
+		t.Fatalf("restored %+v, %d dropped", objs, dropped)
+	}
+	if o := got["off"]; len(o.Replicas) != 0 || o.DiskTier != "t1" || o.DiskVersion != 7 {
+		t.Fatalf("offloaded object restored as %+v: want only its disk replica", o)
+	}
+	if o := got["prom"]; len(o.Replicas) != 1 || o.Replicas[0].Addr != 0x2000 || o.DiskTier != "t1" || o.DiskVersion != 8 {
+		t.Fatalf("promoted object restored as %+v", o)
+	}
+	if o := got["reuse"]; len(o.Replicas) != 1 || o.Replicas[0].Addr != 0x1000 {
+		t.Fatalf("object in the freed range restored as %+v", o)
+	}
+	s.apply(record{Seq: 8, Op: "unmount", Segment: seg("a", 1)})
+	objs, _ = s.restored()
+	if len(objs) != 2 {
+		t.Fatalf("after the unmount: %+v; want the two with disk replicas", objs)
+	}
+	for _, o := range objs {
+		if len(o.Replicas) != 0 || o.DiskTier != "t1" {
+			t.Fatalf("after the unmount: %+v", o)
+		}
+	}
+}

@@ -53,6 +53,7 @@ func NewAdminHandler(m *Master, o AdminOptions) http.Handler {
 	mux.HandleFunc("GET /batch_query_keys", a.serving(a.batchQueryKeys))
 	mux.HandleFunc("GET /api/v1/segments/status", a.serving(a.segmentsStatus))
 	mux.HandleFunc("POST /api/v1/remove_all", a.serving(a.removeAll))
+	mux.HandleFunc("GET /api/v1/tiers", a.serving(a.tiers))
 	return mux
 }
 
@@ -229,14 +230,23 @@ func (a *admin) queryKey(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusNotFound, res.Err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"success": true, "data": bufferDescs(res.Replicas)})
+	out := map[string]any{"success": true, "data": bufferDescs(res.Replicas)}
+	if res.Disk != nil {
+		// Mooncake's /query_key lists memory replicas only; the disk one
+		// goes beside them, in /batch_query_keys' shape.
+		out["local_disk_values"] = localDiskDescs(res.Disk)
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // KeyResult is one key of /batch_query_keys.
 type KeyResult struct {
 	OK     bool         `json:"ok"`
 	Values []BufferDesc `json:"values,omitempty"`
-	Error  string       `json:"error,omitempty"`
+	// LocalDiskValues is the replica on a node's disk tier (Mooncake's
+	// LOCAL_DISK replicas).
+	LocalDiskValues []LocalDiskDesc `json:"local_disk_values,omitempty"`
+	Error           string          `json:"error,omitempty"`
 }
 
 func (a *admin) batchQueryKeys(w http.ResponseWriter, r *http.Request) {
@@ -255,7 +265,7 @@ func (a *admin) batchQueryKeys(w http.ResponseWriter, r *http.Request) {
 		if res.Err != nil {
 			data[keys[i]] = KeyResult{Error: store.CodeOf(res.Err).String()}
 		} else {
-			data[keys[i]] = KeyResult{OK: true, Values: bufferDescs(res.Replicas)}
+			data[keys[i]] = KeyResult{OK: true, Values: bufferDescs(res.Replicas), LocalDiskValues: localDiskDescs(res.Disk)}
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "data": data})

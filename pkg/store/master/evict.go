@@ -73,6 +73,8 @@ const (
 	phaseWatermark    = "watermark"     // the background loop
 	phaseOwnRegions   = "own_regions"   // phase 1: the writer's own regions
 	phaseOtherRegions = "other_regions" // phase 3: whole regions of others
+	phaseOffload      = "offload"       // an offload to a disk tier landed (or failed)
+	phaseStage        = "stage"         // room for a read of a disk object, on its node
 )
 
 // sweep is one eviction round's view: which objects it may take, and
@@ -111,7 +113,7 @@ func (sw *sweep) take(o *Object) bool {
 	switch {
 	case o.hardPin:
 		sw.blocked.hardPinned++
-	case o.state != stateComplete || o.upsert != nil:
+	case o.state != stateComplete || o.upsert != nil || o.busyOnTier():
 		sw.blocked.writing++
 	case o.lease > sw.now:
 		sw.blocked.leased++
@@ -132,7 +134,9 @@ func (sw *sweep) take(o *Object) bool {
 // Hard-pinned objects never go. It returns the bytes freed.
 func (m *Master) EvictIfNeeded() uint64 {
 	capacity := m.space.capacity.Load()
-	used := m.space.used.Load()
+	// Replicas being offloaded are as good as free: counting them again
+	// would offload more every round until the first writes land.
+	used := m.space.used.Load() - uint64(max(m.tiers.inflight.Load(), 0))
 	if capacity == 0 || !m.evicting() {
 		return 0
 	}
@@ -147,37 +151,45 @@ func (m *Master) EvictIfNeeded() uint64 {
 // Evict frees at least target bytes of evictable objects when it can, and
 // returns the bytes freed.
 func (m *Master) Evict(target uint64) uint64 {
-	freed, _ := m.evictRound(phaseWatermark, target, nil)
+	freed, _, _ := m.evictRound(phaseWatermark, target, nil)
 	return freed
 }
 
 // evictRound frees at least need bytes of the objects in (nil: all) in
-// policy order, soft-pinned ones in a second pass when allowed.
-func (m *Master) evictRound(phase string, need uint64, in func(*Object) bool) (uint64, blockers) {
+// policy order, soft-pinned ones in a second pass when allowed. It
+// returns the bytes freed now and those being offloaded to disk (free
+// once the writes land).
+func (m *Master) evictRound(phase string, need uint64, in func(*Object) bool) (freed, later uint64, blocked blockers) {
 	m.m.evictAttempts.Add(1)
-	var freed, keys uint64
-	var blocked blockers
-	for pass := 0; pass < 2 && freed < need; pass++ {
+	var keys, offloads uint64
+	for pass := 0; pass < 2 && freed+later < need; pass++ {
 		sw := &sweep{now: m.now(), allowSoft: pass == 1, in: in}
 		if sw.allowSoft && !*m.cfg.AllowEvictSoftPinned {
 			break
 		}
-		for i, quota := range m.evictQuotas(need-freed, sw) {
+		for i, quota := range m.evictQuotas(need-freed-later, sw) {
 			if quota > 0 {
-				f, k := m.evictShard(&m.shards[i], quota, sw)
+				f, l, k, o := m.evictShard(&m.shards[i], quota, sw)
 				freed += f
+				later += l
 				keys += k
+				offloads += o
 			}
 		}
 		if pass == 0 || !blocked.any() {
 			blocked = sw.blocked
 		}
 	}
+	// Offloaded objects are counted when their offload lands.
 	m.countEvicted(phase, keys, freed)
-	if keys > 0 && phase == phaseWatermark {
-		m.log.Info(fmt.Sprintf("evicted %d objects, %s (target %s)", keys, fmtBytes(freed), fmtBytes(need)))
+	if keys+offloads > 0 && phase == phaseWatermark {
+		if offloads > 0 {
+			m.log.Info(fmt.Sprintf("evicted %d objects (%s) and started offloading %d (%s) to disk (target %s)", keys, fmtBytes(freed), offloads, fmtBytes(later), fmtBytes(need)))
+		} else {
+			m.log.Info(fmt.Sprintf("evicted %d objects, %s (target %s)", keys, fmtBytes(freed), fmtBytes(need)))
+		}
 	}
-	return freed, blocked
+	return freed, later, blocked
 }
 
 func (m *Master) countEvicted(phase string, keys, bytes uint64) {
@@ -245,26 +257,38 @@ func (m *Master) evictQuotas(need uint64, sw *sweep) []uint64 {
 	return quotas
 }
 
-func (m *Master) evictShard(sh *shard, quota uint64, sw *sweep) (freed, keys uint64) {
+// evictShard evicts quota bytes of sh's first victims and returns the
+// bytes freed now and the objects they were, and the bytes and objects
+// to be freed when their offload to disk lands.
+func (m *Master) evictShard(sh *shard, quota uint64, sw *sweep) (freed, later, keys, offloads uint64) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	var victims []*Object
+	var chosen uint64
 	quiet := *sw // the blockers were counted by evictQuotas
 	sh.policy.Victims(func(e *policy.Entry[*Object]) bool {
-		if freed >= quota {
+		if chosen >= quota {
 			return false
 		}
 		o := e.V
 		if (sw.in == nil || sw.in(o)) && quiet.take(o) {
 			victims = append(victims, o)
-			freed += o.size * uint64(len(o.replicas))
+			chosen += o.size * uint64(len(o.replicas))
 		}
 		return true
 	})
 	for _, o := range victims {
-		m.evictLocked(sh, o)
+		f, l := m.evictVictimLocked(sh, o)
+		freed += f
+		later += l
+		switch {
+		case f > 0:
+			keys++
+		case l > 0:
+			offloads++
+		}
 	}
-	return freed, uint64(len(victims))
+	return freed, later, keys, offloads
 }
 
 // evictLocked removes o (its shard locked) and frees its space; the
@@ -272,5 +296,6 @@ func (m *Master) evictShard(sh *shard, quota uint64, sw *sweep) (freed, keys uin
 func (m *Master) evictLocked(sh *shard, o *Object) {
 	sh.remove(o.key, o)
 	m.space.freeEvicted(o.key, o.replicas, o.size)
+	m.dropDiskLocked(o)
 	m.emit(Change{Op: OpEvict, Key: o.key})
 }

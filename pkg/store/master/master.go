@@ -96,6 +96,11 @@ type Config struct {
 	Now func() time.Time
 	// EvictionInterval is the watermark loop's period (default 10 ms).
 	EvictionInterval time.Duration
+	// PromoteAfter is the disk read on which an object whose only copy
+	// is on a node's disk tier is promoted back into DRAM (0: the
+	// default, 2; negative: never): earlier reads get a staging copy
+	// freed when their lease ends.
+	PromoteAfter int
 	// GracefulUnmountWait bounds how long a graceful unmount waits for
 	// leased reads (default 2 s, at most the lease TTL): a read moves its
 	// bytes in milliseconds, the lease is only its upper bound.
@@ -137,6 +142,9 @@ func (c *Config) setDefaults() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.PromoteAfter == 0 {
+		c.PromoteAfter = DefaultPromoteAfter
+	}
 	if c.EvictionPolicy == "" {
 		c.EvictionPolicy = DefaultEvictionPolicy
 	}
@@ -176,10 +184,16 @@ const (
 	OpRemove
 	OpEvict
 	OpDiscard
+	// OpDiskOnly: the object's only copy is now its disk replica (an
+	// offload landed, its DRAM copy was evicted, or a node reported it).
+	OpDiskOnly
+	// OpPromote: a disk object is back in DRAM (Replicas), its disk
+	// replica kept.
+	OpPromote
 )
 
 func (o ChangeOp) String() string {
-	return [...]string{"", "mount", "unmount", "put_end", "remove", "evict", "discard"}[o]
+	return [...]string{"", "mount", "unmount", "put_end", "remove", "evict", "discard", "disk_only", "promote"}[o]
 }
 
 // Change is one metadata change, as the OnChange hook sees it.
@@ -192,6 +206,10 @@ type Change struct {
 	HardPin  bool
 	Segment  store.SegmentInfo // mount / unmount
 	Client   store.UUID
+	// Version and Tier: the disk replica (disk_only, promote): the
+	// object version and the id of the node's disk tier holding it.
+	Version uint64
+	Tier    string
 }
 
 // Master is the store's metadata service. Its methods are safe for
@@ -203,6 +221,7 @@ type Master struct {
 	shards []shard
 	space  space
 	pend   pending
+	tiers  tiers
 	// evictMu serializes allocation-failure eviction (evictForPuts).
 	evictMu sync.Mutex
 	m       *Metrics
@@ -242,6 +261,7 @@ func New(cfg Config) (*Master, error) {
 		m.shards[i].policy, _ = newShardPolicy(cfg.EvictionPolicy)
 	}
 	m.space.init(&m.cfg)
+	m.tiers.init()
 	return m, nil
 }
 
@@ -410,7 +430,14 @@ func (m *Master) finishUnmount(seg *segment) {
 				continue
 			}
 			dropped++
-			if o.dropSegment(seg) == 0 {
+			if o.dropSegment(seg) == 0 && o.onDisk() {
+				// Its disk replica lives on (on this node's disk: it
+				// comes back if the node does).
+				if o.ent.In() {
+					sh.policy.Remove(&o.ent)
+				}
+				o.tier.staged = false
+			} else if len(o.replicas) == 0 {
 				lost++
 				sh.remove(key, o)
 				if o.upsert != nil {
@@ -511,6 +538,8 @@ func (m *Master) Maintain() {
 	}
 	m.discardStale(now)
 	m.releaseDue(now)
+	m.expireStaged(now)
+	m.giveUpTiers(now)
 	for _, ph := range m.space.staleRestored(now - m.restoredMountGrace().Nanoseconds()) {
 		m.log.Warn(fmt.Sprintf("restored segment %s (%s) was not re-mounted within %s: dropping its replicas", ph.info.Name, ph.info.ID, m.restoredMountGrace()))
 		m.finishUnmount(ph)

@@ -19,13 +19,11 @@ type Metrics struct {
 	putDiscards, putReleases           prometheus.Counter
 	evictAttempts, evictSuccess        atomic.Uint64
 	evictedKeys, evictedBytes          atomic.Uint64
-	// Mooncake's reads of GetReplicaList: every key asked (total_get_nums_),
-	// those answered with a replica (valid_get_nums_; every replica of
-	// mc's pool is in memory, so also mem_cache_hit_nums_) and their bytes.
-	totalGets, validGets, memHitBytes prometheus.Counter
-	memHits                           prometheus.Counter
-	valueSize                         prometheus.Histogram
-	items                             map[string]prometheus.Counter
+	// Mooncake's reads of GetReplicaList: every key asked (total_get_nums_)
+	// and those answered with a replica (valid_get_nums_).
+	totalGets, validGets prometheus.Counter
+	valueSize            prometheus.Histogram
+	items                map[string]prometheus.Counter
 	// per eviction phase (watermark, own_regions, other_regions)
 	phaseRounds, phaseKeys, phaseBytes *prometheus.CounterVec
 	ops                                map[string][2]prometheus.Counter
@@ -78,8 +76,8 @@ func newMetrics(m *Master) *Metrics {
 	counterOf("master_evicted_size_bytes_mem", "bytes evicted from memory (replica bytes)", &x.evictedBytes)
 	x.totalGets = counter("total_get_nums_", "GetReplicaList keys asked")
 	x.validGets = counter("valid_get_nums_", "GetReplicaList keys answered with at least one complete replica")
-	x.memHits = counter("mem_cache_hit_nums_", "GetReplicaList keys answered from the memory pool")
-	x.memHitBytes = counter("mem_cache_hit_bytes_total", "bytes of the objects GetReplicaList answered from the memory pool")
+	// mem_cache_hit_nums_ and mem_cache_hit_bytes_total are the tier's
+	// (registerTierMetrics), beside their file_cache_* twins.
 	gauge("mem_cache_nums_", "objects in the memory pool", func() float64 { return float64(m.KeyCount()) })
 	gauge("master_put_start_discarded_staging_size", "bytes of memory replicas of discarded puts not yet released", func() float64 {
 		return float64(m.pend.discardedBytes())
@@ -93,7 +91,7 @@ func newMetrics(m *Master) *Metrics {
 	vec := func(name, help string) *prometheus.CounterVec {
 		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"phase"})
 		r.MustRegister(v)
-		for _, p := range []string{phaseWatermark, phaseOwnRegions, phaseOtherRegions} {
+		for _, p := range []string{phaseWatermark, phaseOwnRegions, phaseOtherRegions, phaseOffload, phaseStage} {
 			v.WithLabelValues(p)
 		}
 		return v
@@ -117,6 +115,7 @@ func newMetrics(m *Master) *Metrics {
 	gauge("master_active_clients", "clients the master knows", func() float64 { return float64(m.ActiveClients()) })
 	gauge("master_soft_pin_key_count", "objects with a soft pin (live or expired)", func() float64 { return float64(m.softPinnedCount()) })
 	r.MustRegister(&segmentCollector{m: m})
+	registerTierMetrics(m, r)
 	return x
 }
 

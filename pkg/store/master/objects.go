@@ -40,6 +40,8 @@ type Object struct {
 	// it, so a round takes the policy's first objects of the whole master,
 	// not of each shard.
 	lastUse uint64
+	// tier is its disk-tier state, nil for an object never offloaded.
+	tier *objTier
 }
 
 type replicaRef struct {

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"errors"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -18,7 +19,10 @@ type PutItem struct {
 type ReplicaResult struct {
 	Replicas []store.Replica
 	LeaseTTL time.Duration // granted read lease (GetReplicaList)
-	Err      error
+	// Disk is the object's replica on a node's disk tier (BatchQuery
+	// only; a get is answered with DRAM replicas, staging the object).
+	Disk *DiskReplica
+	Err  error
 }
 
 // useCounter stamps Object.lastUse.
@@ -152,6 +156,9 @@ func (m *Master) putEnd(client store.UUID, key string, depth int) error {
 			m.space.free(old, o.size)
 		}
 		o.size = sizeOf(o)
+		// A new version: the disk copy of the old one goes.
+		m.dropDiskLocked(o)
+		o.tier = nil
 	case o.state == stateComplete:
 		return store.Errorf(store.InvalidWrite, "key %q is already complete", key)
 	}
@@ -265,6 +272,8 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		return ReplicaResult{Err: store.Errorf(store.ObjectAlreadyExists, "key %q is being upserted by another writer", it.Key)}
 	case o.lease > now:
 		return ReplicaResult{Err: store.Errorf(store.ObjectHasLease, "key %q is being read (lease for %s more)", it.Key, time.Duration(o.lease-now).Round(time.Millisecond))}
+	case o.busyOnTier():
+		return ReplicaResult{Err: store.Errorf(store.ObjectHasLease, "key %q is being moved to or from a disk tier; retry", it.Key)}
 	}
 	if o.upsert != nil { // abandoned resize
 		m.pend.addRelease(o.putStart+m.cfg.PutReleaseTimeout.Nanoseconds(), o.upsertSize, *o.upsert)
@@ -272,7 +281,10 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 	}
 	pin := m.softPinExpiry(cfg, now)
 	o.putStart, o.writer = now, client
-	if it.Size == o.size {
+	if it.Size == o.size && len(o.replicas) > 0 {
+		// Rewritten in place: a disk copy would be of the old version.
+		m.dropDiskLocked(o)
+		o.tier = nil
 		sh.remove(it.Key, o)
 		sh.objects[it.Key] = o
 		o.softPin, o.hardPin = pin, cfg.HardPin
@@ -334,50 +346,123 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 	// each result is a full slice of its own part of it.
 	descs := make([]store.Replica, 0, len(keys))
 	now := m.now()
-	ttl := m.cfg.KVLeaseTTL
-	// Counted per call, not per key: each counter is an atomic shared by
-	// every caller, and a batch of 128 keys paid 5 of them per key.
-	var hits, failed int
-	var hitBytes uint64
-	for i, k := range keys {
-		if err := store.CheckKey(k); err != nil {
-			out[i].Err = err
-			failed++
-			continue
-		}
-		sh := m.shardOf(k)
-		sh.mu.Lock()
-		o := sh.objects[k]
-		switch {
-		case o == nil:
-			out[i].Err = store.Errorf(store.ObjectNotFound, "key %q not found", k)
-			failed++
-		case o.state != stateComplete:
-			out[i].Err = store.Errorf(store.ReplicaIsNotReady, "key %q is still being written", k)
-			failed++
-		default:
-			n := len(descs)
-			descs = o.appendDescriptors(descs, true)
-			out[i].Replicas = descs[n:len(descs):len(descs)]
-			if lease {
-				o.lease = max(o.lease, now+ttl.Nanoseconds())
-				sh.touch(o, i)
-				out[i].LeaseTTL = ttl
-				hits++
-				hitBytes += o.size
-			}
-		}
-		sh.mu.Unlock()
-	}
+	var loads []*tierOp
+	var loadIdx []int
 	if lease {
 		m.m.getReplicaList.Add(float64(len(keys)))
-		m.m.totalGets.Add(float64(len(keys)))
-		m.m.validGets.Add(float64(hits))
-		m.m.memHits.Add(float64(hits))
-		m.m.memHitBytes.Add(float64(hitBytes))
+	}
+	for i, k := range keys {
+		var load *tierOp
+		out[i], load = m.lookupOne(k, i, lease, now, &descs)
+		if load != nil {
+			loads = append(loads, load)
+			loadIdx = append(loadIdx, i)
+		}
+	}
+	// Objects whose only copy is on a node's disk with no room on that
+	// node to stage them: make room, then try again (the room may come
+	// from offloads, which take a moment to land).
+	var room []int
+	for i := range out {
+		var nr *noStagingRoom
+		if errors.As(out[i].Err, &nr) {
+			m.makeRoomOn(nr.seg, nr.size)
+			room = append(room, i)
+		}
+	}
+	for wait, deadline := time.Millisecond, time.Now().Add(stageRetry); len(room) > 0 && time.Now().Before(deadline); wait = min(2*wait, 50*time.Millisecond) {
+		time.Sleep(wait)
+		left := room[:0]
+		for _, i := range room {
+			var load *tierOp
+			out[i], load = m.lookupOne(keys[i], i, lease, m.now(), &descs)
+			var nr *noStagingRoom
+			switch {
+			case load != nil:
+				loads = append(loads, load)
+				loadIdx = append(loadIdx, i)
+			case errors.As(out[i].Err, &nr):
+				left = append(left, i)
+			}
+		}
+		room = left
+	}
+	if len(loads) > 0 {
+		// That node is reading them into its segment; they are
+		// answered once there.
+		waitLoads(loads, loadWait)
+		for j, op := range loads {
+			i := loadIdx[j]
+			select {
+			case <-op.done:
+			default:
+				out[i].Err = store.Errorf(store.RPCTimeout, "key %q: its disk copy did not load within %s", keys[i], loadWait)
+				continue
+			}
+			if op.err != nil {
+				out[i].Err = op.err
+				continue
+			}
+			var again *tierOp
+			if out[i], again = m.lookupOne(keys[i], i, lease, m.now(), &descs); again != nil {
+				out[i].Err = store.Errorf(store.ObjectNotFound, "key %q: its staging copy went before it could be read", keys[i])
+			}
+		}
+	}
+	if lease {
+		// Counted once per call: each counter is an atomic every caller
+		// shares. Memory and disk hits are the tier's (readLocked).
+		var failed int
+		for _, r := range out {
+			if r.Err != nil {
+				failed++
+			}
+		}
 		m.m.getReplicaListFail.Add(float64(failed))
+		m.m.totalGets.Add(float64(len(keys)))
+		m.m.validGets.Add(float64(len(keys) - failed))
 	}
 	return out
+}
+
+// lookupOne answers one key; with a lease, an object whose only copy is
+// on disk starts loading (or joins the load under way) and the load is
+// returned instead of an answer.
+func (m *Master) lookupOne(k string, depth int, lease bool, now int64, descs *[]store.Replica) (ReplicaResult, *tierOp) {
+	var r ReplicaResult
+	if err := store.CheckKey(k); err != nil {
+		r.Err = err
+		return r, nil
+	}
+	sh := m.shardOf(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o := sh.objects[k]
+	switch {
+	case o == nil:
+		r.Err = store.Errorf(store.ObjectNotFound, "key %q not found", k)
+	case o.state != stateComplete:
+		r.Err = store.Errorf(store.ReplicaIsNotReady, "key %q is still being written", k)
+	case lease && len(o.replicas) == 0 && o.onDisk():
+		op, err := m.stageLocked(o)
+		if err != nil {
+			r.Err = err
+		}
+		return r, op
+	default:
+		n := len(*descs)
+		*descs = o.appendDescriptors(*descs, true)
+		r.Replicas = (*descs)[n:len(*descs):len(*descs)]
+		if lease {
+			o.lease = max(o.lease, now+m.cfg.KVLeaseTTL.Nanoseconds())
+			sh.touch(o, depth)
+			m.readLocked(sh, o, depth)
+			r.LeaseTTL = m.cfg.KVLeaseTTL
+		} else if o.onDisk() {
+			r.Disk = m.diskReplicaLocked(o)
+		}
+	}
+	return r, nil
 }
 
 // BatchExistKey reports whether each key is complete. It grants a lease
@@ -434,7 +519,7 @@ func (m *Master) remove(key string, force bool, now int64) error {
 		return err
 	}
 	sh.remove(key, o)
-	m.space.free(o.replicas, o.size)
+	m.releaseLocked(o)
 	m.emit(Change{Op: OpRemove, Key: key})
 	return nil
 }
@@ -464,7 +549,7 @@ func (m *Master) RemoveAll() int {
 		for k, o := range sh.objects {
 			if o.state == stateComplete && o.upsert == nil && o.lease <= now {
 				sh.remove(k, o)
-				m.space.free(o.replicas, o.size)
+				m.releaseLocked(o)
 				m.emit(Change{Op: OpRemove, Key: k})
 				n++
 			}

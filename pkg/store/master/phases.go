@@ -72,7 +72,7 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 		return
 	}
 	var blocked blockers
-	var total uint64
+	var total, offloading uint64
 	stuck := 0
 	// Several rounds: space freed in bytes may still be too fragmented for
 	// the retry, another writer may take it first, and writers evicting
@@ -81,7 +81,7 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 		var freed uint64
 		blocked = blockers{}
 		if own := m.space.ownRegions(client); len(own) > 0 {
-			f, b := m.evictRound(phaseOwnRegions, need, func(o *Object) bool {
+			f, l, b := m.evictRound(phaseOwnRegions, need, func(o *Object) bool {
 				for _, r := range o.replicas {
 					if _, ok := own[r.reg]; ok {
 						return true
@@ -90,13 +90,15 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 				return false
 			})
 			freed, blocked = freed+f, b
+			offloading += l
 			if f > 0 {
 				retry()
 			}
 		}
-		if len(idx) > 0 {
-			f, b := m.evictOtherRegions(client, need)
+		if len(idx) > 0 && offloading < need {
+			f, l, b := m.evictOtherRegions(client, need-min(need, offloading))
 			freed = freed + f
+			offloading += l
 			if b.any() {
 				blocked = b
 			}
@@ -116,12 +118,19 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 		} else if stuck++; stuck == 3 {
 			break
 		}
+		if len(idx) > 0 && offloading >= need {
+			// The room is coming, once the disk writes land: a put does
+			// not wait for them, nor evict more meanwhile.
+			break
+		}
 	}
 	if len(idx) == 0 {
 		return
 	}
 	for _, i := range idx {
 		switch {
+		case offloading > 0:
+			out[i].Err = store.Errorf(store.NoAvailableHandle, "key %q: no room for %d bytes yet: %s of DRAM is being offloaded to disk; retry (%v)", items[i].Key, items[i].Size, fmtBytes(offloading), out[i].Err)
 		case blocked.any():
 			out[i].Err = store.Errorf(store.NoAvailableHandle, "key %q: no room for %d bytes and nothing evictable is left: %s (%v)", items[i].Key, items[i].Size, blocked, out[i].Err)
 		case total > 0:
@@ -145,7 +154,7 @@ type regionTally struct {
 // than client's, lowest reference count first, until their bytes cover
 // need. It walks every object twice (to weigh the regions, then to evict
 // the chosen ones' objects): the last resort costs O(objects).
-func (m *Master) evictOtherRegions(client store.UUID, need uint64) (uint64, blockers) {
+func (m *Master) evictOtherRegions(client store.UUID, need uint64) (freed, later uint64, blocked blockers) {
 	m.m.evictAttempts.Add(1)
 	sw := &sweep{now: m.now(), allowSoft: *m.cfg.AllowEvictSoftPinned}
 	tally := make(map[*region]*regionTally)
@@ -184,9 +193,9 @@ func (m *Master) evictOtherRegions(client store.UUID, need uint64) (uint64, bloc
 	chosen, owners := m.space.pickRegions(client, tally, need)
 	if len(chosen) == 0 {
 		m.countEvicted(phaseOtherRegions, 0, 0)
-		return 0, sw.blocked
+		return 0, 0, sw.blocked
 	}
-	var freed, keys uint64
+	var keys uint64
 	quiet := &sweep{now: m.now(), allowSoft: sw.allowSoft}
 	for i := range m.shards {
 		sh := &m.shards[i]
@@ -195,15 +204,18 @@ func (m *Master) evictOtherRegions(client store.UUID, need uint64) (uint64, bloc
 			if !slices.ContainsFunc(o.replicas, func(r replicaRef) bool { return chosen[r.reg] }) || !quiet.take(o) {
 				continue
 			}
-			freed += o.size * uint64(len(o.replicas))
-			keys++
-			m.evictLocked(sh, o)
+			f, l := m.evictVictimLocked(sh, o)
+			if f > 0 {
+				keys++
+			}
+			freed += f
+			later += l
 		}
 		sh.mu.Unlock()
 	}
 	m.countEvicted(phaseOtherRegions, keys, freed)
-	m.log.Info(fmt.Sprintf("put of %s by client %s: took %d regions from %d other instances, evicted %d objects (%s)", fmtBytes(need), client, len(chosen), owners, keys, fmtBytes(freed)))
-	return freed, sw.blocked
+	m.log.Info(fmt.Sprintf("put of %s by client %s: took %d regions from %d other instances, evicted %d objects (%s), %s being offloaded to disk", fmtBytes(need), client, len(chosen), owners, keys, fmtBytes(freed), fmtBytes(later)))
+	return freed, later, sw.blocked
 }
 
 // pickRegions chooses whole regions to free for client, at least need

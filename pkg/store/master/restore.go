@@ -16,6 +16,11 @@ type RestoredObject struct {
 	Replicas []RestoredReplica
 	SoftPin  time.Time
 	HardPin  bool
+	// DiskTier and DiskVersion name its replica on a node's disk tier
+	// (none when DiskTier is ""): it is readable once that node's tier
+	// attaches and reports the record at that version.
+	DiskTier    string
+	DiskVersion uint64
 }
 
 // RestoredReplica is where one copy of a restored object lives.
@@ -42,7 +47,14 @@ func (m *Master) Restore(objs []RestoredObject) error {
 		if ro.Size == 0 {
 			return store.Errorf(store.InvalidReplica, "restore %q: size 0", ro.Key)
 		}
+		if len(ro.Replicas) == 0 && ro.DiskTier == "" {
+			return store.Errorf(store.InvalidReplica, "restore %q: no replica", ro.Key)
+		}
 		o := &Object{key: ro.Key, size: ro.Size, state: stateComplete, hardPin: ro.HardPin}
+		if ro.DiskTier != "" {
+			o.tier = &objTier{node: m.tiers.placeholder(ro.DiskTier, m.now()), version: ro.DiskVersion}
+			m.tiers.seeVersion(ro.DiskVersion)
+		}
 		if !ro.SoftPin.IsZero() {
 			o.softPin = ro.SoftPin.UnixNano()
 		}
@@ -102,7 +114,9 @@ func (m *Master) Restore(objs []RestoredObject) error {
 			}
 		}
 		sh.objects[o.key] = o
-		sh.track(o, 0)
+		if len(o.replicas) > 0 {
+			sh.track(o, 0)
+		}
 		sh.keys++
 		if o.softPin != 0 {
 			sh.softPinned++

@@ -48,6 +48,7 @@ func NewGRPCServer(m *Master, gate grpc.UnaryServerInterceptor) *GRPCServer {
 	}
 	s := grpc.NewServer(opts...)
 	pb.RegisterMasterServer(s, rs)
+	pb.RegisterTierServer(s, newTierServer(m, gate))
 	return &GRPCServer{Server: s, rpc: rs}
 }
 

@@ -45,7 +45,10 @@ type Config struct {
 	// SegmentSize > 0 contributes a segment of that size (with a master:
 	// in the same process, reached by memcpy from local clients).
 	SegmentSize uint64
-	Engine      engine.Config
+	// Tier, when set, gives the node's segment a disk tier (--ssd-dir):
+	// objects evicted from it are offloaded there.
+	Tier   *store.TierConfig
+	Engine engine.Config
 	// MetricReporting logs the master's summary line every
 	// ReportInterval (Mooncake's --enable_metric_reporting).
 	MetricReporting bool
@@ -56,10 +59,11 @@ type Config struct {
 
 // Server is a running master and/or node.
 type Server struct {
-	Master    *master.Master // nil for a node or an HA candidate
-	Candidate *ha.Candidate  // an HA master candidate
-	Node      *store.Client  // nil for a master only
-	RPCAddr   string         // the master's RPC address (this one, or the one the node uses)
+	Master    *master.Master  // nil for a node or an HA candidate
+	Candidate *ha.Candidate   // an HA master candidate
+	Node      *store.Client   // nil for a master only
+	Tier      *store.TierNode // the node's disk tier, if any
+	RPCAddr   string          // the master's RPC address (this one, or the one the node uses)
 	AdminAddr string
 	log       *slog.Logger
 	grpc      *master.GRPCServer
@@ -77,6 +81,27 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.Master.Logger = cfg.Logger
 	}
 	s := &Server{log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
+	if cfg.Tier != nil {
+		// First: a bad --ssd-dir fails before anything listens.
+		if cfg.SegmentSize == 0 {
+			return nil, errors.New("a disk tier needs a segment: give a segment size with the SSD directory")
+		}
+		tc := *cfg.Tier
+		if tc.Logger == nil {
+			tc.Logger = cfg.Logger
+		}
+		t, err := store.OpenTier(tc)
+		if err != nil {
+			return nil, err
+		}
+		s.Tier = t
+	}
+	fail := func(err error) (*Server, error) {
+		if s.Tier != nil {
+			s.Tier.Close()
+		}
+		return nil, err
+	}
 	var adminHandler http.Handler
 	nodeMaster := cfg.MasterAddr
 	switch {
@@ -85,7 +110,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		hc.Master, hc.RPCAddress, hc.AdminAddress, hc.Logger = cfg.Master, cfg.RPCAddress, cfg.AdminAddress, cfg.Logger
 		c, err := ha.Start(ctx, hc)
 		if err != nil {
-			return nil, err
+			return fail(err)
 		}
 		s.Candidate, s.RPCAddr, s.AdminAddr = c, c.RPCAddr, c.AdminAddr
 		cfg.AdminAddress = "" // the candidate serves it
@@ -95,11 +120,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	case cfg.MasterAddr == "":
 		m, err := master.New(cfg.Master)
 		if err != nil {
-			return nil, err
+			return fail(err)
 		}
 		lis, err := net.Listen("tcp", cfg.RPCAddress)
 		if err != nil {
-			return nil, fmt.Errorf("master RPC listener: %w", err)
+			return fail(fmt.Errorf("master RPC listener: %w", err))
 		}
 		m.Start()
 		s.Master, s.RPCAddr = m, lis.Addr().String()
@@ -120,14 +145,23 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		})
 		if err != nil {
 			s.shutdownMaster()
-			return nil, fmt.Errorf("node: %w", err)
+			return fail(fmt.Errorf("node: %w", err))
 		}
 		s.Node = node
+		if s.Tier != nil {
+			if err := s.Tier.Attach(node); err != nil {
+				node.Close(ctx)
+				s.shutdownMaster()
+				return fail(fmt.Errorf("disk tier: %w", err))
+			}
+			ts := s.Tier.Stats()
+			s.log.Info(fmt.Sprintf("disk tier %s under this node's segment: %d records, %d of %d bytes used, O_DIRECT %v", ts.Dir, ts.Records, ts.Used, ts.Capacity, ts.Direct))
+		}
 		if seg, ok := node.Segment(); ok {
 			s.log.Info(fmt.Sprintf("segment %s: %d bytes at 0x%x, reached at %s over %s", seg.Name, seg.Size, seg.Base, seg.Endpoint, seg.Protocol))
 		}
 		if adminHandler == nil {
-			adminHandler = nodeHandler(node, target)
+			adminHandler = nodeHandler(node, s.Tier, target)
 		}
 	}
 	// report closes s.done, which Close waits for: it runs before
@@ -182,6 +216,13 @@ func (s *Server) Close(ctx context.Context) error {
 	default:
 		close(s.stop)
 	}
+	if s.Tier != nil {
+		// Detach first: the master stops sending offloads, and what is
+		// on disk stays for the next start.
+		if err := s.Tier.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("disk tier: %w", err))
+		}
+	}
 	if s.Node != nil {
 		if err := s.Node.Close(ctx); err != nil {
 			errs = append(errs, err)
@@ -210,7 +251,7 @@ func (s *Server) shutdownMaster() {
 }
 
 // nodeHandler serves a node's own /metrics and /health.
-func nodeHandler(c *store.Client, masterAddr string) http.Handler {
+func nodeHandler(c *store.Client, t *store.TierNode, masterAddr string) http.Handler {
 	reg := prometheus.NewRegistry()
 	seg, _ := c.Segment()
 	gauge := func(name, help string, f func() float64) {
@@ -226,6 +267,9 @@ func nodeHandler(c *store.Client, masterAddr string) http.Handler {
 	gauge("mc_store_node_pings_total", "pings sent to the master", func() float64 { return float64(c.Stats().Pings) })
 	gauge("mc_store_node_ping_failures_total", "pings that failed", func() float64 { return float64(c.Stats().PingFailures) })
 	gauge("mc_store_node_remounts_total", "re-mounts after the master asked (restart, drop)", func() float64 { return float64(c.Stats().Remounts) })
+	if t != nil {
+		registerTierGauges(reg, seg.Name, t)
+	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
@@ -235,10 +279,14 @@ func nodeHandler(c *store.Client, masterAddr string) http.Handler {
 			status = "master_unreachable"
 		}
 		w.Header().Set("Content-Type", "application/json; charset=utf-8")
-		_ = json.NewEncoder(w).Encode(map[string]any{
+		h := map[string]any{
 			"status": status, "role": "node", "master": masterAddr, "master_reachable": st.MasterUp,
 			"segment": seg.Name, "segment_bytes": seg.Size, "view_version": c.ViewVersion(),
-		})
+		}
+		if t != nil {
+			h["disk_tier"] = tierHealth(t)
+		}
+		_ = json.NewEncoder(w).Encode(h)
 	})
 	return mux
 }

@@ -1,0 +1,93 @@
+package cmd
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/spf13/pflag"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+	"github.com/kvcache-ops/mc/pkg/units"
+)
+
+// Mooncake's real client takes its offload directory and size from the
+// environment once --enable_offload is given.
+const (
+	mooncakeOffloadPathEnv = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"
+	mooncakeOffloadSizeEnv = "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES"
+	mooncakeOffloadPath    = "/data/file_storage"
+)
+
+func addTierFlags(f *pflag.FlagSet, o *serveStoreOptions) {
+	f.StringVar(&o.SSDDir, "ssd-dir", "", "give this node's segment a disk tier in this existing directory: objects evicted from DRAM are offloaded there and read back from it")
+	sizeVar(f, &o.SSDSize, "ssd-size", 0, "capacity of the disk tier, e.g. 200G (0: 90% of the space available in --ssd-dir at start)")
+	f.BoolVar(&o.EnableOffload, "enable-offload", false, "Mooncake's spelling of a disk tier: in $"+mooncakeOffloadPathEnv+" (default "+mooncakeOffloadPath+"), of $"+mooncakeOffloadSizeEnv+" bytes (default as --ssd-size)")
+	f.IntVar(&o.PromoteAfter, "promote-after", master.DefaultPromoteAfter, "master: the disk read on which an object is promoted back into DRAM (0: never; earlier reads are staged for the read only)")
+}
+
+// tierConfig is the node's disk tier from --ssd-dir / --enable-offload,
+// nil without one.
+func (o serveStoreOptions) tierConfig(segSize int64) (*store.TierConfig, error) {
+	dir, size := o.SSDDir, o.SSDSize
+	if o.EnableOffload {
+		if dir == "" {
+			if dir = os.Getenv(mooncakeOffloadPathEnv); dir == "" {
+				dir = mooncakeOffloadPath
+			}
+		}
+		if env := os.Getenv(mooncakeOffloadSizeEnv); size == 0 && env != "" {
+			n, err := units.ParseSize(env)
+			if err != nil || n <= 0 {
+				return nil, fmt.Errorf("invalid $%s %q: want bytes with an optional unit (200G, 2T)", mooncakeOffloadSizeEnv, env)
+			}
+			size = n
+		}
+	}
+	if dir == "" {
+		if size != 0 {
+			return nil, fmt.Errorf("--ssd-size %d without --ssd-dir: give the disk tier a directory", size)
+		}
+		return nil, nil
+	}
+	switch {
+	case segSize == 0:
+		return nil, fmt.Errorf("--ssd-dir %s needs a segment to offload from: give --segment-size", dir)
+	case store.IsMooncakeAddress(o.Master):
+		return nil, fmt.Errorf("--ssd-dir needs an mc master; --master %s is a mooncake_master", o.Master)
+	}
+	cfg := &store.TierConfig{Dir: dir}
+	if size < 0 {
+		return nil, fmt.Errorf("invalid --ssd-size %d: want bytes", size)
+	}
+	cfg.Capacity = uint64(size)
+	return cfg, nil
+}
+
+// printDiskTiers is `mc store stat`'s part for the nodes' disk tiers.
+func printDiskTiers(p *printer, s storeStat) {
+	if len(s.DiskTiers) == 0 {
+		return
+	}
+	rows := make([][]string, 0, len(s.DiskTiers))
+	for _, t := range s.DiskTiers {
+		state := "connected"
+		if !t.Connected {
+			state = "away"
+		}
+		rows = append(rows, []string{t.Segment, state, humanBytes(t.Used), humanBytes(t.Capacity), strconv.FormatUint(t.Records, 10),
+			strconv.Itoa(t.DiskReplicas), strconv.FormatUint(t.Offloads, 10), strconv.FormatUint(t.Promotions, 10),
+			strconv.FormatUint(t.DiskHits, 10), t.Dir})
+	}
+	p.Table("disk tiers", []string{"segment", "state", "used", "capacity", "records", "disk replicas", "offloads", "promotions", "disk hits", "dir"}, rows)
+	if c := s.DiskTier; c != nil {
+		p.Table("", []string{"disk tier", "value"}, [][]string{
+			{"offloads (refused: disk full / failed)", fmt.Sprintf("%d (%d / %d), %s", c.Offloads, c.OffloadFull, c.OffloadFailed, humanBytes(c.OffloadBytes))},
+			{"gets served from DRAM / from disk", fmt.Sprintf("%d / %d", c.MemHits, c.DiskHits)},
+			{"promotions", strconv.FormatUint(c.Promotions, 10)},
+			{"disk replicas evicted by their tier", strconv.FormatUint(c.DiskEvicted, 10)},
+			{"disk reads failed (replica dropped)", strconv.FormatUint(c.LoadFailures, 10)},
+		})
+	}
+}

@@ -1,0 +1,1011 @@
+package master
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The disk tier, master side (store.md "Disk tier"). A node with an SSD
+// tier holds a Tier.Attach stream (tierNode); through it the master
+//
+//   - offloads: eviction that picks an object with a replica on such a
+//     node sends OFFLOAD (the node writes the bytes from its own segment
+//     to disk: no network) and frees the DRAM range only when the node
+//     says the record is durable (offloadDone); meanwhile the object is
+//     out of the eviction order and still readable from DRAM;
+//   - reads: a get of an object whose only copy is on disk allocates a
+//     range in that node's segment, sends LOAD (the node reads the record
+//     into it, checksum verified) and hands the range out as an ordinary
+//     memory replica, so clients need no notion of disk. The staged copy
+//     lives as long as the read lease, then its range is freed, unless
+//     the object is promoted: on its PromoteAfter-th disk read the copy
+//     stays as a DRAM replica in the eviction order. The disk record stays
+//     until the node's tier evicts it (its file), so evicting a promoted
+//     object from DRAM again costs no write;
+//   - drops: a removed, re-put or replaced object's record is dropped.
+//
+// An object has at most one disk replica, identified by the node's tier
+// id and the object version given at its first offload; a restarted node
+// reports its records in its hello and versions decide which come back
+// (attach).
+
+// DefaultPromoteAfter is Config.PromoteAfter's default.
+const DefaultPromoteAfter = 2
+
+// tierCmdQueue bounds the commands waiting for a node's stream: a node
+// that far behind gets no more offloads (its victims stay in DRAM).
+const tierCmdQueue = 4096
+
+// objTier is an object's disk-tier state (nil until it first matters, to
+// keep Object small).
+type objTier struct {
+	node    *tierNode // holder of the disk replica; nil: none
+	version uint64    // given at the first offload; 0: none yet
+	// reads counts disk reads since the object was last promoted.
+	reads      uint32
+	offloading bool // its replicas are being written to disk
+	// staged: the memory replicas are a staging copy of the disk record,
+	// freed when the read lease ends (unless promoted).
+	staged  bool
+	loading *tierOp // a LOAD into staging memory under way
+}
+
+func (o *Object) onDisk() bool { return o.tier != nil && o.tier.node != nil }
+
+// busyOnTier: the object's replicas are being written to or read from
+// disk, so they may not be freed or rewritten now.
+func (o *Object) busyOnTier() bool {
+	return o.tier != nil && (o.tier.offloading || o.tier.loading != nil)
+}
+
+// tierNode is one node's disk tier as the master knows it. It outlives
+// its stream: while the node is away its disk replicas are kept (not
+// readable) for the restored-mount grace, and removals are remembered as
+// tombstones so a returning node's stale records are dropped.
+type tierNode struct {
+	id string // the tier's directory id, stable across restarts
+
+	mu         sync.Mutex
+	online     bool
+	client     store.UUID
+	segID      store.UUID
+	segName    string
+	send       chan *pb.TierCommand
+	pending    map[uint64]*tierOp
+	offSince   int64             // unix nanos the node went away
+	tombstones map[string]uint64 // key -> version removed while away
+	stats      *pb.TierStats
+	// gen counts attachments, so a stale stream's end does not take a
+	// newer one offline.
+	gen uint64
+	// What the master did with this tier (mc store stat).
+	nOffloads, nOffloadFull, nDiskHits, nPromotions atomic.Uint64
+}
+
+// tierOp is one OFFLOAD or LOAD in flight.
+type tierOp struct {
+	id      uint64
+	kind    pb.TierCommand_Kind
+	key     string
+	version uint64
+	obj     *Object
+	refs    []replicaRef // the ranges the node reads (offload) or writes (load)
+	size    uint64
+	done    chan struct{} // closed when err is set
+	err     error
+}
+
+// tiers is the master's registry of disk tiers.
+type tiers struct {
+	mu     sync.Mutex
+	byID   map[string]*tierNode
+	bySeg  map[store.UUID]*tierNode // online nodes by their segment
+	nextOp atomic.Uint64
+	// inflight is the bytes of DRAM replicas being offloaded: the
+	// watermark loop counts them as free already, or it would pick more
+	// victims every round until the first offloads land.
+	inflight atomic.Int64
+	// lastVersion is the last object version handed out.
+	lastVersion atomic.Uint64
+
+	stagedMu sync.Mutex
+	staged   []stagedCopy
+
+	// counters (mc_store_tier_*, and Mooncake's names where they exist)
+	offloads, offloadBytes, offloadFull, offloadFailed atomic.Uint64
+	diskHits, memHits, promotions, loadFailures        atomic.Uint64
+	diskHitBytes, memHitBytes                          atomic.Uint64
+	diskEvicted                                        atomic.Uint64
+}
+
+// stagedCopy is a staging copy to free when its object's lease ends.
+type stagedCopy struct {
+	key string
+	obj *Object
+	at  int64
+}
+
+func (t *tiers) init() {
+	t.byID = make(map[string]*tierNode)
+	t.bySeg = make(map[store.UUID]*tierNode)
+}
+
+// nextVersion hands out object versions: increasing, and above any time
+// stamp of an earlier master run, so a version never repeats across
+// restarts (a restarted master adopts the versions nodes report).
+func (t *tiers) nextVersion(now int64) uint64 {
+	for {
+		last := t.lastVersion.Load()
+		v := max(last+1, uint64(now))
+		if t.lastVersion.CompareAndSwap(last, v) {
+			return v
+		}
+	}
+}
+
+func (t *tiers) seeVersion(v uint64) {
+	for {
+		last := t.lastVersion.Load()
+		if v <= last || t.lastVersion.CompareAndSwap(last, v) {
+			return
+		}
+	}
+}
+
+// placeholder returns the tier known by id, making an offline one for a
+// tier that replicas were restored onto (an HA failover): it is given up
+// on like a node that left, unless its node attaches within the grace.
+func (t *tiers) placeholder(id string, now int64) *tierNode {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := t.byID[id]
+	if n == nil {
+		n = &tierNode{id: id, offSince: now}
+		t.byID[id] = n
+	}
+	return n
+}
+
+// onlineFor returns the online tier of the node owning seg, if any.
+func (t *tiers) onlineFor(seg *segment) *tierNode {
+	if seg.live != nil {
+		seg = seg.live
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.bySeg[seg.info.ID]
+}
+
+func (t *tiers) any() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.byID) > 0
+}
+
+// enqueue hands cmd to n's stream; false when n is away or too far
+// behind.
+func (n *tierNode) enqueue(cmd *pb.TierCommand, op *tierOp) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.online {
+		return false
+	}
+	select {
+	case n.send <- cmd:
+	default:
+		return false
+	}
+	if op != nil {
+		n.pending[op.id] = op
+	}
+	return true
+}
+
+// ---- eviction: offload instead of drop ----
+
+// evictVictimLocked takes o (its shard locked, evictable) out of DRAM and
+// returns the bytes freed now and the bytes that will be free once an
+// offload lands:
+//   - a copy already on disk (promoted, or staged): its DRAM replicas go;
+//   - a replica on a node with a disk tier: that node writes it to disk,
+//     and the replicas are freed when it is durable (offloadDone);
+//   - otherwise the object is dropped, as without a disk tier.
+func (m *Master) evictVictimLocked(sh *shard, o *Object) (freed, later uint64) {
+	n := o.size * uint64(len(o.replicas))
+	if o.onDisk() {
+		m.dropMemoryLocked(sh, o)
+		return n, 0
+	}
+	for _, r := range o.replicas {
+		node := m.tiers.onlineFor(r.reg.seg)
+		if node == nil {
+			continue
+		}
+		if o.tier == nil {
+			o.tier = &objTier{}
+		}
+		if o.tier.version == 0 {
+			o.tier.version = m.tiers.nextVersion(m.now())
+		}
+		// The op keeps its own list of the ranges: an unmount may
+		// compact o.replicas meanwhile.
+		op := &tierOp{id: m.tiers.nextOp.Add(1), kind: pb.TierCommand_OFFLOAD, key: o.key, version: o.tier.version,
+			obj: o, refs: slices.Clone(o.replicas), size: o.size, done: make(chan struct{})}
+		cmd := &pb.TierCommand{Op: op.id, Kind: op.kind, Key: o.key, Version: op.version, Addr: r.addr, Size: o.size}
+		if !node.enqueue(cmd, op) {
+			// The node is away or far behind: the object stays in DRAM
+			// and eviction takes another.
+			return 0, 0
+		}
+		o.tier.offloading = true
+		if o.ent.In() {
+			sh.policy.Remove(&o.ent)
+		}
+		m.tiers.inflight.Add(int64(n))
+		return 0, n
+	}
+	m.evictLocked(sh, o)
+	return n, 0
+}
+
+// dropMemoryLocked frees o's DRAM replicas, leaving its disk replica as
+// its only copy. The caller made sure no read holds them (or queues them
+// for the lease's end).
+func (m *Master) dropMemoryLocked(sh *shard, o *Object) {
+	if o.ent.In() {
+		sh.policy.Remove(&o.ent)
+	}
+	m.freeMemoryLocked(o)
+	o.tier.staged = false
+	m.emit(Change{Op: OpDiskOnly, Key: o.key, Size: o.size, Version: o.tier.version, Tier: o.tier.node.id})
+}
+
+// freeMemoryLocked frees o's DRAM replicas now, or when the lease of a
+// read still moving their bytes ends.
+func (m *Master) freeMemoryLocked(o *Object) {
+	if len(o.replicas) == 0 {
+		return
+	}
+	if o.lease > m.now() {
+		m.pend.addLeased(o.lease, o.size, o.replicas)
+	} else {
+		m.space.free(o.replicas, o.size)
+	}
+	o.replicas = nil
+}
+
+// releaseLocked frees what o holds as it leaves the master (removed,
+// evicted, replaced): its DRAM replicas, unless a node is still reading
+// or writing them (the op's end frees them then), and its disk record.
+func (m *Master) releaseLocked(o *Object) {
+	if !o.busyOnTier() {
+		m.space.free(o.replicas, o.size)
+	}
+	m.dropDiskLocked(o)
+}
+
+// dropDiskLocked forgets o's disk replica and tells its node to drop the
+// record (or remembers to, when the node is away).
+func (m *Master) dropDiskLocked(o *Object) {
+	if !o.onDisk() {
+		return
+	}
+	n := o.tier.node
+	o.tier.node = nil
+	cmd := &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: o.key, Version: o.tier.version}
+	if !n.enqueue(cmd, nil) {
+		n.mu.Lock()
+		if !n.online {
+			if n.tombstones == nil {
+				n.tombstones = make(map[string]uint64)
+			}
+			n.tombstones[o.key] = o.tier.version
+		}
+		n.mu.Unlock()
+	}
+}
+
+// opDone is called with a node's answer to op (or the stream's end).
+func (m *Master) opDone(n *tierNode, op *tierOp, err error) {
+	switch op.kind {
+	case pb.TierCommand_OFFLOAD:
+		m.offloadDone(n, op, err)
+	case pb.TierCommand_LOAD:
+		m.loadDone(n, op, err)
+	}
+}
+
+func (m *Master) offloadDone(n *tierNode, op *tierOp, err error) {
+	m.tiers.inflight.Add(-int64(op.size * uint64(len(op.refs))))
+	sh := m.shardOf(op.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	o := sh.objects[op.key]
+	if o != op.obj || o.tier == nil || !o.tier.offloading || o.tier.version != op.version {
+		// Removed (or replaced) while the node wrote it: the ranges were
+		// left for us to free, and the record is nobody's.
+		m.space.free(op.refs, op.size)
+		if err == nil {
+			n.enqueue(&pb.TierCommand{Kind: pb.TierCommand_DROP, Key: op.key, Version: op.version}, nil)
+		}
+		return
+	}
+	o.tier.offloading = false
+	if errors.Is(err, errDetached) {
+		// The node's stream ended, not its disk: the object stays in
+		// DRAM (if the node is gone its segment goes, and the object
+		// with it).
+		sh.track(o, 0)
+		return
+	}
+	if err != nil {
+		if store.CodeOf(err) == store.NoAvailableHandle {
+			m.tiers.offloadFull.Add(1)
+			n.nOffloadFull.Add(1)
+		} else {
+			m.tiers.offloadFailed.Add(1)
+		}
+		if o.lease > m.now() {
+			// Being read: it stays in DRAM after all.
+			sh.track(o, 0)
+			return
+		}
+		m.log.Debug(fmt.Sprintf("offload of %q to %s failed, evicting it: %v", op.key, n.name(), err))
+		m.evictLocked(sh, o)
+		m.countEvicted(phaseOffload, 1, o.size*uint64(len(o.replicas)))
+		return
+	}
+	o.tier.node = n
+	bytes := o.size * uint64(len(o.replicas))
+	m.freeMemoryLocked(o)
+	m.tiers.offloads.Add(1)
+	n.nOffloads.Add(1)
+	m.tiers.offloadBytes.Add(o.size)
+	m.countEvicted(phaseOffload, 1, bytes)
+	m.emit(Change{Op: OpDiskOnly, Key: o.key, Size: o.size, Version: o.tier.version, Tier: n.id})
+}
+
+// ---- reads of objects on disk ----
+
+// stageLocked starts loading o (its shard locked, complete, with no DRAM
+// replica but a disk one) into its node's segment, or returns the load
+// already under way.
+func (m *Master) stageLocked(o *Object) (*tierOp, error) {
+	if op := o.tier.loading; op != nil {
+		return op, nil
+	}
+	n := o.tier.node
+	n.mu.Lock()
+	online, client, segID, name := n.online, n.client, n.segID, n.segName
+	n.mu.Unlock()
+	if !online {
+		return nil, store.Errorf(store.ObjectNotFound, "key %q: its only copy is on the disk of %s, which is not connected", o.key, n.name())
+	}
+	ref, err := m.space.placeOn(client, segID, o.size)
+	if err != nil {
+		return nil, &noStagingRoom{seg: segID, size: o.size, err: store.Errorf(store.NoAvailableHandle, "key %q is on the disk of %s: no room in its segment %s to stage it (%v)", o.key, n.name(), name, err)}
+	}
+	op := &tierOp{id: m.tiers.nextOp.Add(1), kind: pb.TierCommand_LOAD, key: o.key, version: o.tier.version,
+		obj: o, refs: []replicaRef{ref}, size: o.size, done: make(chan struct{})}
+	cmd := &pb.TierCommand{Op: op.id, Kind: op.kind, Key: o.key, Version: op.version, Addr: ref.addr, Size: o.size}
+	if !n.enqueue(cmd, op) {
+		m.space.free(op.refs, op.size)
+		return nil, store.Errorf(store.ObjectNotFound, "key %q: the disk of %s is not answering", o.key, n.name())
+	}
+	o.tier.loading = op
+	return op, nil
+}
+
+func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
+	sh := m.shardOf(op.key)
+	sh.mu.Lock()
+	o := sh.objects[op.key]
+	switch {
+	case o != op.obj || o.tier == nil || o.tier.loading != op:
+		// Removed meanwhile: the staging range is ours to free.
+		m.space.free(op.refs, op.size)
+		if err == nil {
+			err = store.Errorf(store.ObjectNotFound, "key %q was removed while it was loaded from disk", op.key)
+		}
+	case errors.Is(err, errDetached):
+		o.tier.loading = nil
+		m.space.free(op.refs, op.size)
+		err = store.Errorf(store.ObjectNotFound, "key %q: its only copy is on the disk of %s, which disconnected", op.key, n.name())
+	case err != nil:
+		o.tier.loading = nil
+		m.space.free(op.refs, op.size)
+		m.tiers.loadFailures.Add(1)
+		// The record is unreadable (gone, corrupt, an I/O error): that
+		// disk replica is dropped, never served.
+		m.log.Warn(fmt.Sprintf("load of %q (version %d) from the disk of %s failed: %v; dropping that disk replica", op.key, op.version, n.name(), err))
+		if o.tier.node == n {
+			m.dropDiskLocked(o)
+			m.loseDiskLocked(sh, o)
+		}
+		err = store.Errorf(store.ObjectNotFound, "key %q: its disk copy on %s could not be read: %v", op.key, n.name(), err)
+	default:
+		o.tier.loading = nil
+		o.replicas = append(o.replicas, op.refs...)
+		o.tier.staged = true
+		m.tiers.stagedMu.Lock()
+		m.tiers.staged = append(m.tiers.staged, stagedCopy{key: o.key, obj: o, at: max(o.lease, m.now()+m.cfg.KVLeaseTTL.Nanoseconds())})
+		m.tiers.stagedMu.Unlock()
+	}
+	sh.mu.Unlock()
+	op.err = err
+	close(op.done)
+}
+
+// readLocked records a leased read of o (shard locked) for the tier: a
+// read of a staged copy is a disk hit and may promote it.
+func (m *Master) readLocked(sh *shard, o *Object, depth int) {
+	if o.tier == nil || !o.tier.staged {
+		m.tiers.memHits.Add(1)
+		m.tiers.memHitBytes.Add(o.size)
+		return
+	}
+	m.tiers.diskHits.Add(1)
+	m.tiers.diskHitBytes.Add(o.size)
+	if o.tier.node != nil {
+		o.tier.node.nDiskHits.Add(1)
+	}
+	o.tier.reads++
+	if p := m.cfg.PromoteAfter; p > 0 && int(o.tier.reads) >= p {
+		o.tier.staged, o.tier.reads = false, 0
+		sh.track(o, depth)
+		m.tiers.promotions.Add(1)
+		if o.tier.node != nil {
+			o.tier.node.nPromotions.Add(1)
+		}
+		if o.onDisk() {
+			m.emit(Change{Op: OpPromote, Key: o.key, Size: o.size, Replicas: o.descriptors(true), Version: o.tier.version, Tier: o.tier.node.id})
+		}
+	}
+}
+
+// expireStaged frees staging copies whose lease has ended.
+func (m *Master) expireStaged(now int64) {
+	m.tiers.stagedMu.Lock()
+	var due []stagedCopy
+	keep := m.tiers.staged[:0]
+	for _, s := range m.tiers.staged {
+		if s.at <= now {
+			due = append(due, s)
+		} else {
+			keep = append(keep, s)
+		}
+	}
+	clear(m.tiers.staged[len(keep):])
+	m.tiers.staged = keep
+	m.tiers.stagedMu.Unlock()
+	var again []stagedCopy
+	for _, s := range due {
+		sh := m.shardOf(s.key)
+		sh.mu.Lock()
+		o := sh.objects[s.key]
+		switch {
+		case o != s.obj || o.tier == nil || !o.tier.staged:
+			// Gone, promoted, or already back on disk only.
+		case o.lease > now:
+			again = append(again, stagedCopy{key: s.key, obj: o, at: o.lease})
+		default:
+			m.space.free(o.replicas, o.size)
+			o.replicas = nil
+			o.tier.staged = false
+		}
+		sh.mu.Unlock()
+	}
+	if len(again) > 0 {
+		m.tiers.stagedMu.Lock()
+		m.tiers.staged = append(m.tiers.staged, again...)
+		m.tiers.stagedMu.Unlock()
+	}
+}
+
+// ---- nodes attaching and leaving ----
+
+func (n *tierNode) name() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.segName != "" {
+		return fmt.Sprintf("node %s (tier %s)", n.segName, n.id)
+	}
+	return "tier " + n.id
+}
+
+// attach brings a node's tier online (a first hello, a reconnect, or a
+// restarted node) and reconciles the records it reports with the
+// objects: a record comes back as the object's disk replica when the
+// key is unknown (a restarted master) or has that version; a record of a
+// key re-put or removed meanwhile is dropped. Objects said to be on this
+// tier that it no longer reports lose that replica.
+func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
+	client, segID := store.UUIDFromPB(h.GetClientId()), store.UUIDFromPB(h.GetSegmentId())
+	if h.GetTierId() == "" {
+		return nil, 0, store.Errorf(store.InvalidParams, "tier hello: no tier id")
+	}
+	m.space.mu.Lock()
+	seg := m.space.segs[segID]
+	m.space.mu.Unlock()
+	if seg == nil {
+		return nil, 0, store.Errorf(store.SegmentNotFound, "tier %s: segment %s is not mounted (mount it first)", h.GetTierId(), segID)
+	}
+	if seg.owner != client {
+		return nil, 0, store.Errorf(store.InvalidParams, "tier %s: segment %q belongs to client %s, not %s", h.GetTierId(), seg.info.Name, seg.owner, client)
+	}
+	m.tiers.mu.Lock()
+	n := m.tiers.byID[h.GetTierId()]
+	if n == nil {
+		n = &tierNode{id: h.GetTierId()}
+		m.tiers.byID[n.id] = n
+	}
+	m.tiers.mu.Unlock()
+	// A node that reconnects before its old stream is known dead: the
+	// old one's operations fail now.
+	m.detach(n, 0)
+	n.mu.Lock()
+	n.gen++
+	gen := n.gen
+	n.client, n.segID, n.segName = client, segID, seg.info.Name
+	n.pending = make(map[uint64]*tierOp)
+	n.send = make(chan *pb.TierCommand, tierCmdQueue)
+	n.stats = &pb.TierStats{Capacity: h.GetCapacity()}
+	tomb := n.tombstones
+	n.tombstones = nil
+	n.online = true
+	n.mu.Unlock()
+
+	reported := make(map[string]struct{}, len(h.GetRecords()))
+	var added, kept, dropped int
+	var drops []*pb.TierCommand
+	now := m.now()
+	for _, r := range h.GetRecords() {
+		reported[r.GetKey()] = struct{}{}
+		m.tiers.seeVersion(r.GetVersion())
+		if v, ok := tomb[r.GetKey()]; ok && v == r.GetVersion() || store.CheckKey(r.GetKey()) != nil || r.GetSize() == 0 {
+			drops = append(drops, &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: r.GetKey(), Version: r.GetVersion()})
+			dropped++
+			continue
+		}
+		sh := m.shardOf(r.GetKey())
+		sh.mu.Lock()
+		o := sh.objects[r.GetKey()]
+		switch {
+		case o == nil:
+			o = &Object{key: r.GetKey(), size: r.GetSize(), state: stateComplete, tier: &objTier{node: n, version: r.GetVersion()}}
+			o.lastUse = useCounter.Add(1)
+			sh.objects[o.key] = o
+			sh.keys++
+			added++
+			m.emit(Change{Op: OpDiskOnly, Key: o.key, Size: o.size, Version: r.GetVersion(), Tier: n.id})
+		case o.tier != nil && o.tier.version == r.GetVersion() && o.size == r.GetSize() && o.state == stateComplete:
+			if o.tier.node != n && o.tier.node != nil {
+				// Another tier holds it too: one disk replica is enough.
+				drops = append(drops, &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: r.GetKey(), Version: r.GetVersion()})
+				dropped++
+			} else {
+				o.tier.node = n
+				kept++
+			}
+		default:
+			drops = append(drops, &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: r.GetKey(), Version: r.GetVersion()})
+			dropped++
+		}
+		sh.mu.Unlock()
+	}
+	lost := m.forgetTier(n, func(o *Object) bool {
+		_, ok := reported[o.key]
+		return !ok
+	})
+	for _, d := range drops {
+		n.enqueue(d, nil)
+	}
+	m.log.Info(fmt.Sprintf("disk tier %s of segment %s attached (%s): %d records reported, %d re-added, %d kept, %d dropped (re-put or removed since), %d replicas it no longer has", n.id, seg.info.Name, fmtBytes(h.GetCapacity()), len(h.GetRecords()), added, kept, dropped, lost))
+	_ = now
+	m.tiers.mu.Lock()
+	m.tiers.bySeg[segID] = n
+	m.tiers.mu.Unlock()
+	return n, gen, nil
+}
+
+// forgetTier drops the disk replicas on n of the objects match picks;
+// objects left with no copy are removed. It returns how many replicas
+// went. It walks every object: it runs when a node attaches or is given
+// up on, not per request.
+func (m *Master) forgetTier(n *tierNode, match func(*Object) bool) int {
+	var lost int
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, o := range sh.objects {
+			if o.tier == nil || o.tier.node != n || !match(o) {
+				continue
+			}
+			o.tier.node = nil
+			lost++
+			m.loseDiskLocked(sh, o)
+		}
+		sh.mu.Unlock()
+	}
+	return lost
+}
+
+// detach takes n offline (its stream ended, or a newer one replaces it):
+// operations in flight fail. gen 0 detaches whatever stream is current.
+func (m *Master) detach(n *tierNode, gen uint64) {
+	n.mu.Lock()
+	if !n.online || (gen != 0 && gen != n.gen) {
+		n.mu.Unlock()
+		return
+	}
+	n.online = false
+	n.offSince = m.now()
+	pending := n.pending
+	n.pending = nil
+	segID := n.segID
+	n.mu.Unlock()
+	m.tiers.mu.Lock()
+	if m.tiers.bySeg[segID] == n {
+		delete(m.tiers.bySeg, segID)
+	}
+	m.tiers.mu.Unlock()
+	for _, op := range pending {
+		m.opDone(n, op, errDetached)
+	}
+	m.log.Info(fmt.Sprintf("disk tier %s detached; %d operations in flight failed", n.name(), len(pending)))
+}
+
+// errDetached fails the operations of a node whose stream ended: its
+// disk is not known to be bad, so nothing is dropped for it.
+var errDetached = errors.New("the node's tier stream ended")
+
+// loseDiskLocked settles o after its disk replica went (o.tier.node is
+// already nil): with no DRAM copy the object is gone; a staging copy
+// becomes an ordinary DRAM replica, since nothing else holds the bytes.
+func (m *Master) loseDiskLocked(sh *shard, o *Object) {
+	switch {
+	case len(o.replicas) == 0 && o.tier.loading == nil:
+		sh.remove(o.key, o)
+		m.emit(Change{Op: OpEvict, Key: o.key})
+	case o.tier.staged:
+		o.tier.staged = false
+		sh.track(o, 0)
+	}
+}
+
+// giveUpTiers drops the disk replicas of nodes away for longer than the
+// restored-mount grace (their tombstones stay, for when they return).
+func (m *Master) giveUpTiers(now int64) {
+	cut := now - m.restoredMountGrace().Nanoseconds()
+	m.tiers.mu.Lock()
+	var gone []*tierNode
+	for _, n := range m.tiers.byID {
+		n.mu.Lock()
+		if !n.online && n.offSince != 0 && n.offSince <= cut {
+			gone = append(gone, n)
+			n.offSince = 0
+		}
+		n.mu.Unlock()
+	}
+	m.tiers.mu.Unlock()
+	for _, n := range gone {
+		lost := m.forgetTier(n, func(*Object) bool { return true })
+		m.log.Warn(fmt.Sprintf("disk tier %s away for more than %s: dropped its %d disk replicas", n.name(), m.restoredMountGrace(), lost))
+	}
+}
+
+// result applies a node's answer.
+func (m *Master) result(n *tierNode, r *pb.TierResult) {
+	n.mu.Lock()
+	op := n.pending[r.GetOp()]
+	delete(n.pending, r.GetOp())
+	n.mu.Unlock()
+	if op == nil {
+		return // failed already when a stream ended
+	}
+	var err error
+	if r.GetCode() != 0 {
+		err = store.Errorf(store.Code(r.GetCode()), "%s", r.GetMessage())
+	}
+	m.opDone(n, op, err)
+}
+
+// evicted applies records a node's tier dropped to make room.
+func (m *Master) evicted(n *tierNode, recs []*pb.TierRecord) {
+	for _, r := range recs {
+		sh := m.shardOf(r.GetKey())
+		sh.mu.Lock()
+		o := sh.objects[r.GetKey()]
+		if o != nil && o.tier != nil && o.tier.node == n && o.tier.version == r.GetVersion() {
+			o.tier.node = nil
+			m.tiers.diskEvicted.Add(1)
+			m.loseDiskLocked(sh, o)
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// ---- the Attach stream ----
+
+type tierServer struct {
+	pb.UnimplementedTierServer
+	m    *Master
+	gate func(ctx context.Context) error
+}
+
+// Attach serves one node's tier stream.
+func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
+	ctx := st.Context()
+	if s.gate != nil {
+		if err := s.gate(ctx); err != nil {
+			return err
+		}
+	}
+	first, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	h := first.GetHello()
+	if h == nil {
+		return tierStatus(store.Errorf(store.InvalidParams, "tier stream: the first message must be a hello"))
+	}
+	n, gen, err := s.m.attach(h)
+	if err != nil {
+		return tierStatus(err)
+	}
+	defer s.m.detach(n, gen)
+	n.mu.Lock()
+	send := n.send
+	n.mu.Unlock()
+	sendErr := make(chan error, 1)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			var down pb.TierDown
+			select {
+			case cmd := <-send:
+				down.Commands = append(down.Commands, cmd)
+			case <-stop:
+				return
+			}
+			// Whatever else is queued goes in the same message.
+		more:
+			for len(down.Commands) < 256 {
+				select {
+				case cmd := <-send:
+					down.Commands = append(down.Commands, cmd)
+				default:
+					break more
+				}
+			}
+			if err := st.Send(&down); err != nil {
+				sendErr <- err
+				return
+			}
+		}
+	}()
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			up, err := st.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			switch msg := up.Msg.(type) {
+			case *pb.TierUp_Result:
+				s.m.result(n, msg.Result)
+			case *pb.TierUp_Evicted:
+				s.m.evicted(n, msg.Evicted.GetRecords())
+			case *pb.TierUp_Stats:
+				n.mu.Lock()
+				n.stats = msg.Stats
+				n.mu.Unlock()
+			}
+		}
+	}()
+	select {
+	case <-recvErr:
+	case <-sendErr:
+	case <-ctx.Done():
+	case <-s.m.done:
+	}
+	return nil
+}
+
+func tierStatus(err error) error { return status.Error(codes.FailedPrecondition, err.Error()) }
+
+// ---- visibility ----
+
+// TierStatus is one node's disk tier as the master sees it.
+type TierStatus struct {
+	ID       string
+	Segment  string
+	Client   store.UUID
+	Online   bool
+	Capacity uint64
+	Used     uint64
+	Records  uint64
+	Files    uint64
+	Dir      string
+	Direct   bool
+	// Replicas counts objects whose disk replica is on this tier.
+	Replicas int
+	// Offloads, OffloadFull, DiskHits and Promotions count what the
+	// master did with this tier since it first attached.
+	Offloads, OffloadFull, DiskHits, Promotions uint64
+}
+
+// DiskReplica is an object's replica on a node's disk tier, as the admin
+// API shows it (Mooncake's LOCAL_DISK replica: the node's client id and
+// transfer endpoint).
+type DiskReplica struct {
+	Tier     string
+	Segment  string
+	Client   store.UUID
+	Endpoint string
+	Size     uint64
+	Version  uint64
+	Online   bool
+}
+
+// diskReplicaLocked describes o's disk replica (shard locked; o on disk).
+func (m *Master) diskReplicaLocked(o *Object) *DiskReplica {
+	n := o.tier.node
+	d := &DiskReplica{Tier: n.id, Size: o.size, Version: o.tier.version}
+	n.mu.Lock()
+	d.Segment, d.Client, d.Online = n.segName, n.client, n.online
+	segID := n.segID
+	n.mu.Unlock()
+	m.space.mu.Lock()
+	if seg := m.space.segs[segID]; seg != nil {
+		d.Endpoint = seg.info.Endpoint
+	}
+	m.space.mu.Unlock()
+	return d
+}
+
+// TierTotals are the master's disk-tier counters.
+type TierTotals struct {
+	Offloads, OffloadBytes, OffloadFull, OffloadFailed uint64
+	DiskHits, MemHits, Promotions, LoadFailures        uint64
+	DiskEvicted                                        uint64
+	Inflight                                           int64
+}
+
+// Tiers lists the disk tiers the master knows, by segment name, with the
+// number of disk replicas on each (a walk over every object).
+func (m *Master) Tiers() []TierStatus {
+	out := m.tierNodes()
+	count := make(map[string]int)
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, o := range sh.objects {
+			if o.onDisk() {
+				count[o.tier.node.id]++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	for i := range out {
+		out[i].Replicas = count[out[i].ID]
+	}
+	return out
+}
+
+// tierNodes lists the disk tiers without counting replicas.
+func (m *Master) tierNodes() []TierStatus {
+	m.tiers.mu.Lock()
+	nodes := make([]*tierNode, 0, len(m.tiers.byID))
+	for _, n := range m.tiers.byID {
+		nodes = append(nodes, n)
+	}
+	m.tiers.mu.Unlock()
+	out := make([]TierStatus, 0, len(nodes))
+	for _, n := range nodes {
+		n.mu.Lock()
+		st := n.stats
+		ts := TierStatus{ID: n.id, Segment: n.segName, Client: n.client, Online: n.online,
+			Offloads: n.nOffloads.Load(), OffloadFull: n.nOffloadFull.Load(), DiskHits: n.nDiskHits.Load(), Promotions: n.nPromotions.Load()}
+		if st != nil {
+			ts.Capacity, ts.Used, ts.Records, ts.Files, ts.Dir, ts.Direct = st.GetCapacity(), st.GetUsed(), st.GetRecords(), st.GetFiles(), st.GetDir(), st.GetDirect()
+		}
+		n.mu.Unlock()
+		out = append(out, ts)
+	}
+	slices.SortFunc(out, func(a, b TierStatus) int {
+		return cmp.Or(cmp.Compare(a.Segment, b.Segment), cmp.Compare(a.ID, b.ID))
+	})
+	return out
+}
+
+// TierTotals returns the disk-tier counters.
+func (m *Master) TierTotals() TierTotals {
+	t := &m.tiers
+	return TierTotals{
+		Offloads: t.offloads.Load(), OffloadBytes: t.offloadBytes.Load(), OffloadFull: t.offloadFull.Load(), OffloadFailed: t.offloadFailed.Load(),
+		DiskHits: t.diskHits.Load(), MemHits: t.memHits.Load(), Promotions: t.promotions.Load(), LoadFailures: t.loadFailures.Load(),
+		DiskEvicted: t.diskEvicted.Load(), Inflight: t.inflight.Load(),
+	}
+}
+
+// noStagingRoom: a disk object's node has no room in its segment to
+// stage it; the read makes room (makeRoomOn) and tries again.
+type noStagingRoom struct {
+	seg  store.UUID
+	size uint64
+	err  error
+}
+
+func (e *noStagingRoom) Error() string { return e.err.Error() }
+func (e *noStagingRoom) Unwrap() error { return e.err }
+
+// makeRoomOn evicts, in policy order, objects with a replica on segment
+// seg until size bytes are free or on their way (offloads): a read of a
+// disk object needs room on the node that holds it, whatever the rest
+// of the pool looks like.
+func (m *Master) makeRoomOn(seg store.UUID, size uint64) {
+	m.evictRound(phaseStage, size, func(o *Object) bool {
+		for _, r := range o.replicas {
+			s := r.reg.seg
+			if s.live != nil {
+				s = s.live
+			}
+			if s.info.ID == seg {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// stageRetry bounds how long a read waits for room to stage a disk
+// object (the offloads it started must land first).
+const stageRetry = 2 * time.Second
+
+// loadWait bounds how long a read waits for a node to load a disk
+// object: a node that has not answered by then (a client's RPC timeout is
+// 5 s) fails the read, not the call; the load, when it lands, serves the
+// next one.
+const loadWait = 4 * time.Second
+
+// waitLoads waits for the loads a lookup started, up to d.
+func waitLoads(ops []*tierOp, d time.Duration) {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for _, op := range ops {
+		select {
+		case <-op.done:
+		case <-deadline.C:
+			return
+		}
+	}
+}
+
+// newTierServer serves the Attach streams, behind the same gate as the
+// master's other calls (HA: only the serving leader).
+func newTierServer(m *Master, gate grpc.UnaryServerInterceptor) *tierServer {
+	s := &tierServer{m: m}
+	if gate != nil {
+		info := &grpc.UnaryServerInfo{FullMethod: pb.Tier_Attach_FullMethodName}
+		s.gate = func(ctx context.Context) error {
+			_, err := gate(ctx, nil, info, func(context.Context, any) (any, error) { return nil, nil })
+			return err
+		}
+	}
+	return s
+}

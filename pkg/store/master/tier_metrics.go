@@ -1,0 +1,45 @@
+package master
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// registerTierMetrics adds the disk tier's metrics: Mooncake's names where
+// Mooncake has the quantity, mc_store_tier_* otherwise.
+func registerTierMetrics(m *Master, r *prometheus.Registry) {
+	t := &m.tiers
+	counter := func(name, help string, f func() uint64) {
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f()) }))
+	}
+	gauge := func(name, help string, f func() float64) {
+		r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
+	}
+	sum := func(f func(TierStatus) uint64) func() float64 {
+		return func() float64 {
+			var n uint64
+			for _, s := range m.tierNodes() {
+				if s.Online {
+					n += f(s)
+				}
+			}
+			return float64(n)
+		}
+	}
+	gauge("master_total_file_capacity_bytes", "capacity of the disk tiers of connected nodes", sum(func(s TierStatus) uint64 { return s.Capacity }))
+	gauge("master_allocated_file_size_bytes", "bytes of the data files of connected nodes' disk tiers", sum(func(s TierStatus) uint64 { return s.Used }))
+	counter("master_evict_disk_replica_requests_total", "disk replicas dropped because their node's tier evicted them to make room", t.diskEvicted.Load)
+	counter("mem_cache_hit_nums_", "GetReplicaList results served from the memory pool", t.memHits.Load)
+	counter("file_cache_hit_nums_", "GetReplicaList results served from a disk tier (staged into DRAM for the read)", t.diskHits.Load)
+	counter("mem_cache_hit_bytes_total", "bytes of GetReplicaList results served from the memory pool", t.memHitBytes.Load)
+	counter("file_cache_hit_bytes_total", "bytes of GetReplicaList results served from a disk tier", t.diskHitBytes.Load)
+	counter("mc_store_tier_offloads_total", "objects written to a node's disk tier on eviction", t.offloads.Load)
+	counter("mc_store_tier_offload_bytes_total", "bytes written to disk tiers on eviction", t.offloadBytes.Load)
+	for reason, f := range map[string]func() uint64{"full": t.offloadFull.Load, "error": t.offloadFailed.Load} {
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "mc_store_tier_offload_failures_total", ConstLabels: prometheus.Labels{"reason": reason},
+			Help: "offloads that failed, the object dropped from DRAM (full: the disk tier had no room and nothing it could evict; error: an I/O error or the node left)",
+		}, func() float64 { return float64(f()) }))
+	}
+	counter("mc_store_tier_promotions_total", "disk objects promoted back into DRAM", t.promotions.Load)
+	counter("mc_store_tier_load_failures_total", "disk reads that failed (the disk replica was dropped)", t.loadFailures.Load)
+	gauge("mc_store_tier_offload_inflight_bytes", "DRAM bytes being written to disk tiers", func() float64 { return float64(max(t.inflight.Load(), 0)) })
+	gauge("mc_store_tier_nodes", "disk tiers known (connected or away)", func() float64 { return float64(len(m.tierNodes())) })
+}

@@ -1,0 +1,150 @@
+package tier
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+)
+
+// A record on disk is a 32-byte header, the key, the value, and zero
+// padding to the next BlockSize boundary, so every record starts where an
+// O_DIRECT read or write may start:
+//
+//	off  0  magic    u32  "MCT1"
+//	off  4  key_len  u32
+//	off  8  size     u64  value bytes
+//	off 16  version  u64  the object version the master gave it
+//	off 24  data_crc u32  CRC32C (Castagnoli) of the value
+//	off 28  hdr_crc  u32  CRC32C of bytes 0..27 and the key
+//
+// Integers are little-endian. The header has a checksum of its own so that
+// a torn or flipped header is never trusted for the length it claims (the
+// scan then looks for the next record at the following block).
+const (
+	// BlockSize is the alignment of records in a data file and of the
+	// buffers O_DIRECT transfers use.
+	BlockSize = 4096
+	// MaxKeyLen bounds a key, as the store's master does.
+	MaxKeyLen = 4096
+	// MaxValueLen bounds a value a header may claim (64 GiB): a larger
+	// size is corruption, not a record.
+	MaxValueLen = 1 << 36
+
+	headerLen   = 32
+	recordMagic = 0x3154434d // "MCT1" as little-endian bytes
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Record describes one value on disk.
+type Record struct {
+	Key     string
+	Size    uint64 // value bytes
+	Version uint64
+}
+
+// header is a decoded, checked record header.
+type header struct {
+	key     string
+	size    uint64
+	version uint64
+	dataCRC uint32
+}
+
+// recordLen is the bytes a record of a key of k bytes and a value of n
+// bytes takes on disk, padding included.
+func recordLen(k int, n uint64) uint64 { return alignUp(uint64(headerLen+k) + n) }
+
+func alignUp(n uint64) uint64 { return (n + BlockSize - 1) &^ (BlockSize - 1) }
+
+// encodeRecord writes the record of key, version and value into b, which
+// must hold recordLen(len(key), len(value)) bytes; the padding is zeroed.
+func encodeRecord(b []byte, key string, version uint64, value []byte) {
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], recordMagic)
+	le.PutUint32(b[4:], uint32(len(key)))
+	le.PutUint64(b[8:], uint64(len(value)))
+	le.PutUint64(b[16:], version)
+	le.PutUint32(b[24:], crc32.Checksum(value, castagnoli))
+	copy(b[headerLen:], key)
+	le.PutUint32(b[28:], headerCRC(b[:28], b[headerLen:headerLen+len(key)]))
+	end := headerLen + len(key) + copy(b[headerLen+len(key):], value)
+	clear(b[end:recordLen(len(key), uint64(len(value)))])
+}
+
+func headerCRC(fixed, key []byte) uint32 {
+	return crc32.Update(crc32.Checksum(fixed, castagnoli), castagnoli, key)
+}
+
+// Decoding errors; each wraps ErrCorrupt.
+var (
+	errShortHeader = fmt.Errorf("%w: shorter than a record header", ErrCorrupt)
+	errMagic       = fmt.Errorf("%w: no record magic", ErrCorrupt)
+	errHeaderCRC   = fmt.Errorf("%w: header checksum mismatch", ErrCorrupt)
+	errDataCRC     = fmt.Errorf("%w: value checksum (CRC32C) mismatch", ErrCorrupt)
+	errTruncated   = fmt.Errorf("%w: record truncated", ErrCorrupt)
+)
+
+// decodeHeader checks and decodes the header at the start of b, which
+// must include the key (headerLen + key_len bytes; the key length is known
+// after the first 8 bytes, see headerNeed).
+func decodeHeader(b []byte) (header, error) {
+	if len(b) < headerLen {
+		return header{}, errShortHeader
+	}
+	le := binary.LittleEndian
+	if le.Uint32(b[0:]) != recordMagic {
+		return header{}, errMagic
+	}
+	k := le.Uint32(b[4:])
+	if k == 0 || k > MaxKeyLen {
+		return header{}, fmt.Errorf("%w: key length %d outside 1..%d", ErrCorrupt, k, MaxKeyLen)
+	}
+	if len(b) < headerLen+int(k) {
+		return header{}, fmt.Errorf("%w: key of %d bytes does not fit %d bytes", ErrCorrupt, k, len(b))
+	}
+	key := b[headerLen : headerLen+int(k)]
+	if le.Uint32(b[28:]) != headerCRC(b[:28], key) {
+		return header{}, errHeaderCRC
+	}
+	h := header{key: string(key), size: le.Uint64(b[8:]), version: le.Uint64(b[16:]), dataCRC: le.Uint32(b[24:])}
+	if h.size > MaxValueLen {
+		return header{}, fmt.Errorf("%w: value length %d exceeds %d", ErrCorrupt, h.size, uint64(MaxValueLen))
+	}
+	return h, nil
+}
+
+// headerNeed is how many bytes decodeHeader needs given the first 8 bytes
+// of a record (at least headerLen; more for a long key). Garbage gives a
+// bounded answer, so a caller can always read that much.
+func headerNeed(b []byte) int {
+	if len(b) < 8 {
+		return headerLen
+	}
+	k := binary.LittleEndian.Uint32(b[4:])
+	return headerLen + int(min(k, MaxKeyLen))
+}
+
+// decodeRecord checks the record at the start of b (header, key, and
+// value checksum) and returns it with its value, a slice of b.
+func decodeRecord(b []byte) (Record, []byte, error) {
+	h, err := decodeHeader(b)
+	if err != nil {
+		return Record{}, nil, err
+	}
+	start := uint64(headerLen + len(h.key))
+	if uint64(len(b))-start < h.size {
+		return Record{Key: h.key, Size: h.size, Version: h.version}, nil, errTruncated
+	}
+	v := b[start : start+h.size]
+	rec := Record{Key: h.key, Size: h.size, Version: h.version}
+	if crc32.Checksum(v, castagnoli) != h.dataCRC {
+		return rec, nil, errDataCRC
+	}
+	return rec, v, nil
+}
+
+// isCorrupt reports whether err says the bytes were wrong (as opposed to
+// an I/O failure).
+func isCorrupt(err error) bool { return errors.Is(err, ErrCorrupt) }

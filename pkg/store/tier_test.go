@@ -1,0 +1,434 @@
+package store_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+)
+
+// tierNode starts a node with a segment of segSize and a disk tier of
+// capacity bytes in dir.
+func (c *cluster) tierNode(segSize uint64, dir string, capacity uint64) (*store.Client, *store.TierNode) {
+	c.t.Helper()
+	node := c.client(segSize)
+	tn, err := store.StartTier(context.Background(), node, store.TierConfig{Dir: dir, Capacity: capacity})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { tn.Close() })
+	waitFor(c.t.(*testing.T), "the disk tier to attach", 5*time.Second, func() bool { return tn.Stats().Attached || len(c.m.Tiers()) == 1 && c.m.Tiers()[0].Online })
+	return node, tn
+}
+
+func diskOnly(t *testing.T, cl *store.Client, key string) bool {
+	t.Helper()
+	reps, err := cl.Query(context.Background(), key)
+	return err == nil && len(reps) == 0
+}
+
+// Eviction offloads to the node's disk instead of dropping; a get of an
+// object only on disk is served (staged through the node's segment) with
+// the exact bytes; the second read promotes it back into DRAM; a staged
+// copy that was not promoted is freed when its lease ends.
+func TestOffloadReadPromote(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 200 * time.Millisecond})
+	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{}
+	for i := range 8 {
+		k := fmt.Sprintf("k%d", i)
+		vals[k] = value(1<<20+i*4096, byte(i))
+		if err := cl.Put(ctx, k, vals[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used := c.m.Stats().Used
+	// Evict the oldest half: they go to disk, and their DRAM is freed
+	// once the node says they are durable.
+	if freed := c.m.Evict(4 << 20); freed != 0 {
+		t.Fatalf("Evict freed %d bytes at once; want 0 (all offloaded)", freed)
+	}
+	waitFor(t, "4 offloads", 5*time.Second, func() bool { return c.m.TierTotals().Offloads == 4 })
+	if s := c.m.Stats(); s.Keys != 8 || s.Used >= used-4<<20 {
+		t.Fatalf("after offloading 4: %d keys, %d used (was %d); want 8 keys and 4 MiB less", s.Keys, s.Used, used)
+	}
+	for i := range 4 {
+		if k := fmt.Sprintf("k%d", i); !diskOnly(t, cl, k) {
+			t.Fatalf("%s has DRAM replicas after its offload", k)
+		}
+	}
+	if s := tn.Stats(); s.Records != 4 || s.Offloads != 4 {
+		t.Fatalf("node tier: %d records, %d offloads; want 4 and 4", s.Records, s.Offloads)
+	}
+	// First read: from disk, exact, not promoted.
+	got, err := cl.Get(ctx, "k0")
+	if err != nil || !bytes.Equal(got, vals["k0"]) {
+		t.Fatalf("get of a disk object: %v (equal %v)", err, bytes.Equal(got, vals["k0"]))
+	}
+	if tt := c.m.TierTotals(); tt.DiskHits != 1 || tt.Promotions != 0 {
+		t.Fatalf("after one disk read: %+v", tt)
+	}
+	// Its staging copy goes with the lease.
+	waitFor(t, "the staging copy to be freed", 3*time.Second, func() bool { return diskOnly(t, cl, "k0") })
+	// k1: two reads promote it; the copy stays after the lease.
+	for range 2 {
+		got, err := cl.Get(ctx, "k1")
+		if err != nil || !bytes.Equal(got, vals["k1"]) {
+			t.Fatalf("get k1: %v", err)
+		}
+	}
+	if tt := c.m.TierTotals(); tt.Promotions != 1 {
+		t.Fatalf("after two reads of k1: %d promotions, want 1", tt.Promotions)
+	}
+	time.Sleep(400 * time.Millisecond)
+	c.m.Maintain()
+	if diskOnly(t, cl, "k1") {
+		t.Fatal("promoted k1 lost its DRAM copy after the lease")
+	}
+	// Evicting the promoted copy costs no write: its disk record is there.
+	offloads := c.m.TierTotals().Offloads
+	c.m.Evict(64 << 20)
+	if !diskOnly(t, cl, "k1") {
+		t.Fatal("k1 still in DRAM after evicting everything")
+	}
+	waitFor(t, "k4..k7 offloaded", 3*time.Second, func() bool { return c.m.TierTotals().Offloads-offloads == 4 })
+	if s := tn.Stats(); s.Records != 8 || s.Offloads != 8 {
+		t.Fatalf("node tier: %d records, %d offloads; want 8 and 8 (k1 was not written again)", s.Records, s.Offloads)
+	}
+	for k, v := range vals {
+		got, err := cl.Get(ctx, k)
+		if err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("get %s from disk: %v", k, err)
+		}
+	}
+	// Remove drops the record on the node's disk.
+	time.Sleep(300 * time.Millisecond)
+	if err := cl.Remove(ctx, "k2", true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the node to drop k2's record", 3*time.Second, func() bool {
+		_, ok := tn.Tier().Lookup("k2")
+		return !ok
+	})
+	if _, err := cl.Get(ctx, "k2"); !errors.Is(err, store.ErrObjectNotFound) {
+		t.Fatalf("get removed disk object: %v", err)
+	}
+}
+
+// putRetry puts, retrying while the store is full and eviction (with its
+// offloads) makes room: a put never waits for a disk write itself.
+func putRetry(t *testing.T, cl *store.Client, key string, v []byte) {
+	t.Helper()
+	for try := 0; ; try++ {
+		err := cl.Put(context.Background(), key, v)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, store.ErrNoAvailableHandle) || try == 200 {
+			t.Fatalf("put %s: %v", key, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The watermark loop offloads: far more is put than DRAM holds, and
+// every object stays readable, exactly.
+func TestWatermarkOffloads(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond})
+	_, tn := c.tierNode(16<<20, t.TempDir(), 128<<20)
+	cl := c.client(0)
+	vals := map[string][]byte{}
+	t0 := time.Now()
+	for i := range 48 {
+		k := fmt.Sprintf("w%02d", i)
+		vals[k] = value(1<<20, byte(i))
+		putRetry(t, cl, k, vals[k])
+	}
+	if s := c.m.Stats(); s.Keys != 48 || s.Used > s.Capacity {
+		t.Fatalf("stats %+v: want all 48 keys kept", s)
+	}
+	t.Logf("puts took %s; tier totals %+v, master %+v", time.Since(t0), c.m.TierTotals(), c.m.Stats())
+	t0 = time.Now()
+	defer func() { t.Logf("gets took %s", time.Since(t0)) }()
+	if tt := c.m.TierTotals(); tt.Offloads < 32 || tt.OffloadFull+tt.OffloadFailed != 0 {
+		t.Fatalf("tier totals %+v: want at least 32 offloads, no failure", tt)
+	}
+	for k, v := range vals {
+		got, err := cl.Get(context.Background(), k)
+		if err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("get %s: %v", k, err)
+		}
+	}
+	if s := tn.Stats(); s.Records < 32 || s.Full != 0 {
+		t.Fatalf("node tier %+v", s)
+	}
+}
+
+// Disk full: a tier too small for an object skips its offload (counted)
+// and the object is dropped as without a tier; a tier that fills evicts
+// its oldest files and the master forgets those objects. Either way the
+// store goes on serving.
+func TestTierFull(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond})
+	_, tn := c.tierNode(16<<20, t.TempDir(), 3<<20+64<<10) // three 1 MiB records
+	cl := c.client(0)
+	ctx := context.Background()
+	big := value(4<<20, 9)
+	if err := cl.Put(ctx, "big", big); err != nil {
+		t.Fatal(err)
+	}
+	c.m.Evict(4 << 20)
+	waitFor(t, "the offload of big to fail as full", 3*time.Second, func() bool { return c.m.TierTotals().OffloadFull == 1 })
+	if _, err := cl.Get(ctx, "big"); !errors.Is(err, store.ErrObjectNotFound) {
+		t.Fatalf("get of an object whose offload found the disk full: %v, want OBJECT_NOT_FOUND (dropped)", err)
+	}
+	vals := map[string][]byte{}
+	for i := range 6 {
+		k := fmt.Sprintf("f%d", i)
+		vals[k] = value(1<<20, byte(i))
+		if err := cl.Put(ctx, k, vals[k]); err != nil {
+			t.Fatal(err)
+		}
+		c.m.Evict(1 << 20) // one at a time, oldest first
+		waitFor(t, k+" offloaded", 3*time.Second, func() bool { return diskOnly(t, cl, k) })
+	}
+	// The tier holds three; f0..f2 went with its oldest files.
+	if s := tn.Stats(); s.Records != 3 || s.EvictedRecords != 3 {
+		t.Fatalf("node tier: %d records, %d evicted; want 3 and 3", s.Records, s.EvictedRecords)
+	}
+	waitFor(t, "the master to forget f0..f2", 3*time.Second, func() bool { return c.m.Stats().Keys == 3 })
+	for i := range 6 {
+		k := fmt.Sprintf("f%d", i)
+		got, err := cl.Get(ctx, k)
+		if i < 3 {
+			if !errors.Is(err, store.ErrObjectNotFound) {
+				t.Fatalf("get %s (evicted from disk): %v", k, err)
+			}
+			continue
+		}
+		if err != nil || !bytes.Equal(got, vals[k]) {
+			t.Fatalf("get %s: %v", k, err)
+		}
+	}
+	if err := cl.Put(ctx, "after", value(1000, 1)); err != nil {
+		t.Fatalf("put after the tier filled: %v", err)
+	}
+}
+
+// offloadAll puts vals and evicts them all to the node's disk.
+func offloadAll(t *testing.T, c *cluster, cl *store.Client, vals map[string][]byte) {
+	t.Helper()
+	for k, v := range vals {
+		if err := cl.Put(context.Background(), k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.m.Evict(1 << 40)
+	waitFor(t, "every object offloaded", 5*time.Second, func() bool {
+		for k := range vals {
+			if !diskOnly(t, cl, k) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func checkGets(t *testing.T, cl *store.Client, vals map[string][]byte) {
+	t.Helper()
+	for k, v := range vals {
+		got, err := cl.Get(context.Background(), k)
+		if err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("get %s: %v (equal %v)", k, err, bytes.Equal(got, v))
+		}
+	}
+}
+
+// A node restarted on the same --ssd-dir (the master staying up) gets
+// its disk objects back; versions decide: a key removed or re-put while
+// it was away loses its old record.
+func TestTierNodeRestart(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond})
+	dir := t.TempDir()
+	node, tn := c.tierNode(16<<20, dir, 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{"a": value(300_000, 1), "b": value(1<<20, 2), "removed": value(5000, 3), "reput": value(7000, 4)}
+	offloadAll(t, c, cl, vals)
+	c.client(16 << 20) // a second node, no tier, for the re-put
+	tn.Close()
+	node.Close(ctx)
+	waitFor(t, "the tier to go offline", 3*time.Second, func() bool { return !c.m.Tiers()[0].Online })
+	// Away: its objects are known but not readable.
+	if _, err := cl.Get(ctx, "a"); !errors.Is(err, store.ErrObjectNotFound) {
+		t.Fatalf("get of an object on an absent node's disk: %v", err)
+	}
+	if err := cl.Remove(ctx, "removed", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Remove(ctx, "reput", false); err != nil {
+		t.Fatal(err)
+	}
+	fresh := value(7000, 99)
+	if err := cl.Put(ctx, "reput", fresh); err != nil {
+		t.Fatal(err)
+	}
+	_, tn2 := c.tierNode(16<<20, dir, 64<<20)
+	checkGets(t, cl, map[string][]byte{"a": vals["a"], "b": vals["b"], "reput": fresh})
+	if _, err := cl.Get(ctx, "removed"); !errors.Is(err, store.ErrObjectNotFound) {
+		t.Fatalf("get of a key removed while its node was away: %v", err)
+	}
+	waitFor(t, "the stale records to be dropped", 3*time.Second, func() bool {
+		_, r := tn2.Tier().Lookup("removed")
+		_, p := tn2.Tier().Lookup("reput")
+		return !r && !p
+	})
+}
+
+// A master restarted without HA knows nothing; the nodes re-mount and
+// their tiers re-attach, and the disk objects come back.
+func TestTierMasterRestart(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond})
+	c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	vals := map[string][]byte{"x": value(100_000, 1), "y": value(2<<20, 2)}
+	offloadAll(t, c, cl, vals)
+	addr := c.addr
+	c.stop()
+	c2 := startMasterOn(t, addr, master.Config{KVLeaseTTL: 100 * time.Millisecond})
+	waitFor(t, "the tier to re-attach to the new master", 10*time.Second, func() bool { return c2.m.Stats().Keys == 2 })
+	checkGets(t, cl, vals)
+}
+
+// A flipped byte in a record on disk: the node's read fails its CRC, the
+// get gets a clear error (never the bytes), and the object is gone.
+func TestTierFlippedByte(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond})
+	dir := t.TempDir()
+	c.tierNode(16<<20, dir, 64<<20)
+	cl := c.client(0)
+	offloadAll(t, c, cl, map[string][]byte{"v": value(50_000, 5)})
+	files, _ := filepath.Glob(filepath.Join(dir, "*.mct"))
+	if len(files) != 1 {
+		t.Fatalf("data files %v", files)
+	}
+	f, err := os.OpenFile(files[0], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0xff, 0x00, 0xff}, 20_000); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	_, err = cl.Get(context.Background(), "v")
+	if !errors.Is(err, store.ErrObjectNotFound) || !strings.Contains(err.Error(), "checksum") {
+		t.Fatalf("get of a corrupt disk record: %v, want OBJECT_NOT_FOUND naming the checksum", err)
+	}
+	if _, err := cl.Get(context.Background(), "v"); !errors.Is(err, store.ErrObjectNotFound) {
+		t.Fatalf("second get: %v", err)
+	}
+	if tt := c.m.TierTotals(); tt.LoadFailures != 1 {
+		t.Fatalf("load failures %d, want 1", tt.LoadFailures)
+	}
+}
+
+// A node SIGKILLed while the master has it offloading objects, and again
+// while it loads them back for reads, then restarted on the same
+// directory: every object the master had as on disk before the kill
+// reads back exactly; nothing is ever served wrong (a get succeeds with
+// the right bytes or fails).
+func TestTierSIGKILL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs child node processes")
+	}
+	c := startMaster(t, master.Config{ClientTTL: 500 * time.Millisecond, KVLeaseTTL: 200 * time.Millisecond})
+	dir := t.TempDir()
+	env := "MC_STORE_TEST_TIER_DIR=" + dir
+	child, _ := startChildNode(t, c.addr, env)
+	waitFor(t, "the child's tier to attach", 10*time.Second, func() bool { ts := c.m.Tiers(); return len(ts) == 1 && ts[0].Online })
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{}
+	for i := range 24 {
+		k := fmt.Sprintf("s%02d", i)
+		vals[k] = value(1<<20+i*999, byte(i))
+		if err := cl.Put(ctx, k, vals[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	onDisk := func() []string {
+		var ks []string
+		for k := range vals {
+			if diskOnly(t, cl, k) {
+				ks = append(ks, k)
+			}
+		}
+		return ks
+	}
+	// Kill 1: offloads under way.
+	c.m.Evict(1 << 40)
+	waitFor(t, "the first offload to land", 10*time.Second, func() bool { return c.m.TierTotals().Offloads >= 1 })
+	child.Process.Kill()
+	child.Wait()
+	acked := onDisk()
+	t.Logf("killed during offloads: %d of 24 on disk (acknowledged)", len(acked))
+	// Only what is exact may come back; the rest may be gone.
+	checkSome := func(must []string) {
+		t.Helper()
+		for k, v := range vals {
+			got, err := cl.Get(ctx, k)
+			if err == nil && !bytes.Equal(got, v) {
+				t.Fatalf("get %s: wrong bytes", k)
+			}
+			if err != nil && slices.Contains(must, k) {
+				t.Fatalf("get %s (on disk before the kill): %v", k, err)
+			}
+		}
+	}
+	child, _ = startChildNode(t, c.addr, env)
+	waitFor(t, "the restarted tier to attach", 10*time.Second, func() bool { ts := c.m.Tiers(); return len(ts) == 1 && ts[0].Online })
+	checkSome(acked)
+
+	// Kill 2: loads under way (reads of disk objects). A fresh set, all
+	// on the restarted node's disk first.
+	vals2 := map[string][]byte{}
+	for i := range 16 {
+		vals2[fmt.Sprintf("t%02d", i)] = value(1<<20+i*777, byte(100+i))
+	}
+	offloadAll(t, c, cl, vals2)
+	maps.Copy(vals, vals2)
+	hits := c.m.TierTotals().DiskHits
+	var wg sync.WaitGroup
+	for k := range vals2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, err := cl.Get(ctx, k)
+			if err == nil && !bytes.Equal(got, vals[k]) {
+				t.Errorf("get %s during the kill: wrong bytes", k)
+			}
+		}()
+	}
+	waitFor(t, "the first load", 10*time.Second, func() bool { return c.m.TierTotals().DiskHits > hits })
+	child.Process.Kill()
+	child.Wait()
+	wg.Wait()
+	t.Logf("killed during loads: %d of 16 disk reads served before", c.m.TierTotals().DiskHits-hits)
+	child, _ = startChildNode(t, c.addr, env)
+	waitFor(t, "the tier to attach a third time", 10*time.Second, func() bool { ts := c.m.Tiers(); return len(ts) == 1 && ts[0].Online })
+	acked = slices.Collect(maps.Keys(vals2))
+	checkSome(acked)
+}
