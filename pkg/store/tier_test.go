@@ -346,7 +346,7 @@ func TestTierFlippedByte(t *testing.T) {
 }
 
 // A node SIGKILLed while the master has it offloading objects, and again
-// while it loads them back for reads, then restarted on the same
+// while it loads them back for reads that promote them, then restarted on the same
 // directory: every object the master had as on disk before the kill
 // reads back exactly; nothing is ever served wrong (a get succeeds with
 // the right bytes or fails).
@@ -354,7 +354,8 @@ func TestTierSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs child node processes")
 	}
-	c := startMaster(t, master.Config{ClientTTL: 500 * time.Millisecond, KVLeaseTTL: 200 * time.Millisecond})
+	// PromoteAfter 1: every load of phase 2 is a promotion.
+	c := startMaster(t, master.Config{ClientTTL: 500 * time.Millisecond, KVLeaseTTL: 200 * time.Millisecond, PromoteAfter: 1})
 	dir := t.TempDir()
 	env := "MC_STORE_TEST_TIER_DIR=" + dir
 	child, _ := startChildNode(t, c.addr, env)
@@ -426,7 +427,7 @@ func TestTierSIGKILL(t *testing.T) {
 	child.Process.Kill()
 	child.Wait()
 	wg.Wait()
-	t.Logf("killed during loads: %d of 16 disk reads served before", c.m.TierTotals().DiskHits-hits)
+	t.Logf("killed during promotions: %d of 16 disk reads served (and promoted) before", c.m.TierTotals().DiskHits-hits)
 	child, _ = startChildNode(t, c.addr, env)
 	waitFor(t, "the tier to attach a third time", 10*time.Second, func() bool { ts := c.m.Tiers(); return len(ts) == 1 && ts[0].Online })
 	acked = slices.Collect(maps.Keys(vals2))
