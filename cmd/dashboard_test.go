@@ -108,7 +108,7 @@ func TestGrafanaDashboardMetricsExported(t *testing.T) {
 	}
 	defer e.Close()
 	t.Setenv("MC_STORE_CLUSTER_ID", "dashboard")
-	_, admin, _, _ := startServeStore(t, "--enable_ha", "--ha_backend_connstring", "etcd://"+e.Endpoints()[0], "--segment-size", "8M", "--ha-lease-ttl", "2")
+	_, admin, _, _ := startServeStore(t, "--enable_ha", "--ha_backend_connstring", "etcd://"+e.Endpoints()[0], "--segment-size", "8M")
 	store := scrapeUntil(t, admin+"/metrics", "segment_total_capacity_bytes", nil, nil)
 
 	exporters := map[string]map[string]string{

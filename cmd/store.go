@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -1298,6 +1299,9 @@ type storeReplayOptions struct {
 	Capacities []string
 	Online     bool
 	BlockBytes int64
+	// The disk tier under the cache (two-tier replay).
+	SSDCapacities []string
+	PromoteAfter  int
 }
 
 // storeReplayJSON is `mc store replay -o json`; online is set with
@@ -1324,9 +1328,19 @@ order, inserted when absent, evicting per the policy when full.
 every block's key, reads the hits and writes the misses (--block-bytes
 each), and reports hit ratios, bytes moved and GB/s. Size the store to C
 blocks and give --capacity-blocks C to print the offline figures at C next
-to it.`,
+to it.
+
+--ssd-capacity-blocks S puts a disk tier of S blocks under the cache (every
+C with every S): the tiers are exclusive, a block evicted from DRAM moves
+to the disk (which drops its least recent block when full), and a block
+found on disk is a hit that moves back to DRAM on its --promote-after-th
+disk read. Rows then split the hit ratio into DRAM and disk hits. Under lru
+with --promote-after 1 the two tiers behave as one LRU of C+S blocks. With
+--online the split comes from the master's mem_cache_hit_nums_ and
+file_cache_hit_nums_ (its admin API: --admin, or port 9003 of --master).`,
 		Example: `  mc store replay --trace conversation_trace.jsonl --policy lru,lfu,length-aware --capacity-blocks inf,30000,10000
-  mc store replay --trace conversation_trace.jsonl --online --master 127.0.0.1:50051 --block-bytes 64K --capacity-blocks 10000`,
+  mc store replay --trace conversation_trace.jsonl --online --master 127.0.0.1:50051 --block-bytes 64K --capacity-blocks 10000
+  mc store replay --trace conversation_trace.jsonl --capacity-blocks 10000,30000 --ssd-capacity-blocks 0,50000 --promote-after 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runStoreReplay(cmd.Context(), o, p)
@@ -1340,6 +1354,8 @@ to it.`,
 	f.StringSliceVar(&o.Capacities, "capacity-blocks", []string{"inf"}, "cache sizes in blocks (inf: unbounded)")
 	f.BoolVar(&o.Online, "online", false, "drive the store at --master with the trace")
 	sizeVar(f, &o.BlockBytes, "block-bytes", 64<<10, "--online: bytes of one block's value")
+	f.StringSliceVar(&o.SSDCapacities, "ssd-capacity-blocks", []string{"0"}, "disk tier sizes in blocks under the cache (0: none)")
+	f.IntVar(&o.PromoteAfter, "promote-after", master.DefaultPromoteAfter, "the disk read that moves a block back to DRAM (0: never), as the store's --promote-after")
 	_ = cmd.MarkFlagFilename("trace", "jsonl")
 	_ = cmd.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(policy.Names, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -1390,6 +1406,13 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 	if err != nil {
 		return err
 	}
+	ssds, err := parseSSDCapacities(o.SSDCapacities)
+	if err != nil {
+		return err
+	}
+	if o.PromoteAfter < 0 {
+		return fmt.Errorf("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
+	}
 	for _, name := range o.Policies {
 		if _, err := policy.New[int](name); err != nil {
 			return fmt.Errorf("invalid --policy: %w", err)
@@ -1406,6 +1429,9 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 		if len(o.Policies) > 1 {
 			return fmt.Errorf("--online uses the store's own policy: give at most one --policy (to label it and for the offline figures)")
 		}
+		if len(ssds) > 1 {
+			return fmt.Errorf("--online replays one store: give at most one --ssd-capacity-blocks (its nodes' disk tiers in blocks)")
+		}
 	}
 	t, err := readTrace(o.Trace)
 	if err != nil {
@@ -1415,11 +1441,13 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 	if !o.Online || caps[0] > 0 {
 		for _, name := range o.Policies {
 			for _, c := range caps {
-				r, err := replay.Run(t, name, c)
-				if err != nil {
-					return err
+				for _, s := range ssds {
+					r, err := replay.RunTiered(t, name, c, s, o.PromoteAfter)
+					if err != nil {
+						return err
+					}
+					out.Results = append(out.Results, r)
 				}
-				out.Results = append(out.Results, r)
 			}
 		}
 	}
@@ -1429,7 +1457,13 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 			return err
 		}
 		defer c.Close(context.Background())
-		r, err := replay.Online(ctx, c, t, replay.OnlineConfig{BlockBytes: int(block), Label: o.Policies[0], CapacityBlocks: caps[0]})
+		ocfg := replay.OnlineConfig{BlockBytes: int(block), Label: o.Policies[0], CapacityBlocks: caps[0], SSDCapacityBlocks: ssds[0], PromoteAfter: o.PromoteAfter}
+		if ssds[0] > 0 {
+			if ocfg.TierHits, err = o.tierHits(); err != nil {
+				return err
+			}
+		}
+		r, err := replay.Online(ctx, c, t, ocfg)
 		if err != nil {
 			return fmt.Errorf("online replay: %w", err)
 		}
@@ -1444,9 +1478,15 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 		}
 		return strconv.Itoa(c)
 	}
+	tiered := slices.ContainsFunc(ssds, func(s int) bool { return s > 0 })
 	row := func(mode string, r replay.Result) []string {
-		return []string{mode, r.Policy, capName(r.CapacityBlocks), strconv.Itoa(r.Requests), strconv.Itoa(r.Blocks),
+		cells := []string{mode, r.Policy, capName(r.CapacityBlocks), strconv.Itoa(r.Requests), strconv.Itoa(r.Blocks),
 			strconv.Itoa(r.HitBlocks), strconv.FormatFloat(r.HitRatio, 'f', 3, 64), strconv.FormatFloat(r.PrefixHitRatio, 'f', 3, 64)}
+		if tiered {
+			cells = slices.Insert(cells, 3, strconv.Itoa(r.SSDCapacityBlocks))
+			cells = append(cells, strconv.FormatFloat(r.DRAMHitRatio, 'f', 3, 64), strconv.FormatFloat(r.DiskHitRatio, 'f', 3, 64))
+		}
+		return cells
 	}
 	var rows [][]string
 	for _, r := range out.Results {
@@ -1455,7 +1495,12 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 	if out.Online != nil {
 		rows = append(rows, row("online", out.Online.Result))
 	}
-	p.Table("", []string{"mode", "policy", "capacity (blocks)", "requests", "blocks", "hit blocks", "hit ratio", "prefix hit ratio"}, rows)
+	head := []string{"mode", "policy", "capacity (blocks)", "requests", "blocks", "hit blocks", "hit ratio", "prefix hit ratio"}
+	if tiered {
+		head = slices.Insert(head, 3, "ssd (blocks)")
+		head = append(head, "DRAM hit ratio", "disk hit ratio")
+	}
+	p.Table("", head, rows)
 	if r := out.Online; r != nil {
 		p.Table("online", []string{"bytes read", "bytes written", "seconds", "GB/s", "put failures", "get failures"}, [][]string{{
 			humanBytes(r.BytesRead), humanBytes(r.BytesWritten), strconv.FormatFloat(r.Seconds, 'f', 2, 64),

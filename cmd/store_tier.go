@@ -1,9 +1,11 @@
 package cmd
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/pflag"
 
@@ -90,4 +92,33 @@ func printDiskTiers(p *printer, s storeStat) {
 			{"disk reads failed (replica dropped)", strconv.FormatUint(c.LoadFailures, 10)},
 		})
 	}
+}
+
+// parseSSDCapacities reads --ssd-capacity-blocks: blocks, 0 for none.
+func parseSSDCapacities(list []string) ([]int, error) {
+	out := make([]int, 0, len(list))
+	for _, s := range list {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("invalid --ssd-capacity-blocks %q: want a number of blocks, 0 for no disk tier", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// tierHits reads the master's DRAM and disk hit counters from its admin
+// API, for the online replay's split.
+func (o storeClientOptions) tierHits() (func(context.Context) (uint64, uint64, error), error) {
+	a, err := o.admin()
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) (uint64, uint64, error) {
+		m, err := a.Metrics(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		return uint64(m["mem_cache_hit_nums_"]), uint64(m["file_cache_hit_nums_"]), nil
+	}, nil
 }

@@ -197,3 +197,96 @@ func waitUntil(t *testing.T, what string, f func() bool) {
 		}
 	}
 }
+
+type tieredReplayJSON struct {
+	Results []struct {
+		CapacityBlocks int     `json:"capacity_blocks"`
+		SSDBlocks      int     `json:"ssd_capacity_blocks"`
+		PromoteAfter   int     `json:"promote_after"`
+		HitBlocks      int     `json:"hit_blocks"`
+		DRAMHitBlocks  int     `json:"dram_hit_blocks"`
+		DiskHitBlocks  int     `json:"disk_hit_blocks"`
+		HitRatio       float64 `json:"hit_ratio"`
+		DRAMHitRatio   float64 `json:"dram_hit_ratio"`
+		DiskHitRatio   float64 `json:"disk_hit_ratio"`
+	} `json:"results"`
+	Online *struct {
+		HitBlocks     int     `json:"hit_blocks"`
+		DRAMHitBlocks int     `json:"dram_hit_blocks"`
+		DiskHitBlocks int     `json:"disk_hit_blocks"`
+		DiskHitRatio  float64 `json:"disk_hit_ratio"`
+		SSDBlocks     int     `json:"ssd_capacity_blocks"`
+	} `json:"online"`
+}
+
+// Two tiers offline: rows per (C, S) pair with the split; under lru with
+// --promote-after 1 the tiers are one LRU of C+S and DRAM one of C.
+func TestStoreReplayTwoTiers(t *testing.T) {
+	isolateEnv(t)
+	tr := writeTrace(t, tinyTrace)
+	out, errs, code := execMC(t, "store", "replay", "--trace", tr, "--capacity-blocks", "2,4", "--ssd-capacity-blocks", "0,2", "--promote-after", "1", "-o", "json")
+	var j tieredReplayJSON
+	if err := json.Unmarshal([]byte(out), &j); err != nil || code != 0 || len(j.Results) != 4 {
+		t.Fatalf("exit %d, %v: %s %s", code, err, out, errs)
+	}
+	dram2, tiered, big := j.Results[0], j.Results[1], j.Results[2]
+	if dram2.SSDBlocks != 0 || tiered.CapacityBlocks != 2 || tiered.SSDBlocks != 2 || tiered.PromoteAfter != 1 || big.CapacityBlocks != 4 || big.SSDBlocks != 0 {
+		t.Fatalf("rows out of order: %+v", j.Results)
+	}
+	if tiered.HitBlocks != big.HitBlocks || tiered.DRAMHitBlocks != dram2.HitBlocks || tiered.DiskHitBlocks != tiered.HitBlocks-tiered.DRAMHitBlocks || tiered.DiskHitBlocks == 0 {
+		t.Fatalf("C=2 S=2: %+v; C=4 %+v; C=2 %+v", tiered, big, dram2)
+	}
+	if dram2.DRAMHitBlocks != dram2.HitBlocks || dram2.DiskHitRatio != 0 || dram2.DRAMHitRatio != dram2.HitRatio {
+		t.Fatalf("DRAM-only row: %+v", dram2)
+	}
+	out, _, _ = execMC(t, "store", "replay", "--trace", tr, "--capacity-blocks", "2", "--ssd-capacity-blocks", "2")
+	for _, want := range []string{"ssd (blocks)", "disk hit ratio", "DRAM hit ratio"} {
+		if !strings.Contains(strings.ToLower(out), strings.ToLower(want)) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--ssd-capacity-blocks", "-1"}, "--ssd-capacity-blocks"},
+		{[]string{"--ssd-capacity-blocks", "lots"}, "--ssd-capacity-blocks"},
+		{[]string{"--promote-after", "-2"}, "--promote-after"},
+		{[]string{"--online", "--ssd-capacity-blocks", "1,2"}, "at most one"},
+	} {
+		args := append([]string{"store", "replay", "--trace", tr}, c.args...)
+		_, errs, code := execMC(t, args...)
+		if code == 0 || !strings.Contains(errs, c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc %s: exit %d, stderr %q; want one line naming %q", strings.Join(args, " "), code, errs, c.want)
+		}
+	}
+}
+
+// The online replay against a store with a disk tier prints the same
+// split, from the master's hit counters.
+func TestStoreReplayOnlineTwoTiers(t *testing.T) {
+	isolateEnv(t)
+	var b strings.Builder
+	for i := range 80 {
+		ids := make([]string, 8)
+		for j := range ids {
+			ids[j] = fmt.Sprint((i*5 + j*3) % 48)
+		}
+		fmt.Fprintf(&b, "{\"timestamp\": %d, \"input_length\": 4096, \"output_length\": 1, \"hash_ids\": [%s]}\n", i, strings.Join(ids, ", "))
+	}
+	tr := writeTrace(t, b.String())
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "1M", "--ssd-dir", t.TempDir(), "--ssd-size", "16M", "--default_kv_lease_ttl", "1")
+	out, errs, code := execMC(t, "store", "replay", "--trace", tr, "--online", "--block-bytes", "64K", "--capacity-blocks", "16",
+		"--ssd-capacity-blocks", "48", "-o", "json", "--master", rpc, "--admin", admin)
+	var j tieredReplayJSON
+	if err := json.Unmarshal([]byte(out), &j); err != nil || code != 0 || j.Online == nil {
+		t.Fatalf("exit %d, %v: %s %s", code, err, out, errs)
+	}
+	o := j.Online
+	if o.SSDBlocks != 48 || o.DiskHitBlocks == 0 || o.DRAMHitBlocks+o.DiskHitBlocks > o.HitBlocks || o.DiskHitRatio <= 0 {
+		t.Fatalf("online split: %+v", o)
+	}
+	if len(j.Results) != 1 || j.Results[0].SSDBlocks != 48 || j.Results[0].DiskHitBlocks == 0 {
+		t.Fatalf("offline figures at the store's sizes: %+v", j.Results)
+	}
+}

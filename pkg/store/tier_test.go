@@ -346,7 +346,7 @@ func TestTierFlippedByte(t *testing.T) {
 }
 
 // A node SIGKILLed while the master has it offloading objects, and again
-// while it loads them back for reads, then restarted on the same
+// while it loads them back for reads that promote them, then restarted on the same
 // directory: every object the master had as on disk before the kill
 // reads back exactly; nothing is ever served wrong (a get succeeds with
 // the right bytes or fails).
@@ -354,7 +354,8 @@ func TestTierSIGKILL(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs child node processes")
 	}
-	c := startMaster(t, master.Config{ClientTTL: 500 * time.Millisecond, KVLeaseTTL: 200 * time.Millisecond})
+	// PromoteAfter 1: every load of phase 2 is a promotion.
+	c := startMaster(t, master.Config{ClientTTL: 500 * time.Millisecond, KVLeaseTTL: 200 * time.Millisecond, PromoteAfter: 1})
 	dir := t.TempDir()
 	env := "MC_STORE_TEST_TIER_DIR=" + dir
 	child, _ := startChildNode(t, c.addr, env)
@@ -426,9 +427,47 @@ func TestTierSIGKILL(t *testing.T) {
 	child.Process.Kill()
 	child.Wait()
 	wg.Wait()
-	t.Logf("killed during loads: %d of 16 disk reads served before", c.m.TierTotals().DiskHits-hits)
+	t.Logf("killed during promotions: %d of 16 disk reads served (and promoted) before", c.m.TierTotals().DiskHits-hits)
 	child, _ = startChildNode(t, c.addr, env)
 	waitFor(t, "the tier to attach a third time", 10*time.Second, func() bool { ts := c.m.Tiers(); return len(ts) == 1 && ts[0].Online })
 	acked = slices.Collect(maps.Keys(vals2))
 	checkSome(acked)
+}
+
+// Writers' regions can cover a node's whole segment with room inside
+// them: a read of a disk object borrows that room to stage it.
+func TestStagingBorrowsWritersRegions(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond, EvictionInterval: time.Hour})
+	c.tierNode(4<<20, t.TempDir(), 64<<20) // regions of 1 MiB: four
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{}
+	for i := range 8 {
+		k := fmt.Sprintf("r%d", i)
+		vals[k] = value(400<<10, byte(i))
+		if err := cl.Put(ctx, k, vals[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := c.m.Segments()[0]; s.Regions != 4 {
+		t.Fatalf("%d regions, want the writer holding all four", s.Regions)
+	}
+	// Read the second object of each region, so eviction takes the first
+	// ones and every region keeps an object (none goes back whole).
+	for i := 1; i < 8; i += 2 {
+		if _, err := cl.Get(ctx, fmt.Sprintf("r%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(150 * time.Millisecond) // the leases end
+	c.m.Evict(4 * 400 << 10)
+	waitFor(t, "four offloads", 3*time.Second, func() bool { return c.m.TierTotals().Offloads == 4 })
+	if s := c.m.Segments()[0]; s.Regions != 4 {
+		t.Fatalf("%d regions after the offloads, want all four still the writer's", s.Regions)
+	}
+	checkGets(t, cl, vals)
+	// Staging borrowed room: it evicted nothing more to make some.
+	if n := c.m.TierTotals().Offloads; n != 4 {
+		t.Fatalf("%d offloads after reading the disk objects, want still 4", n)
+	}
 }

@@ -558,6 +558,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 	n.mu.Lock()
 	n.gen++
 	gen := n.gen
+	prev := n.client
 	n.client, n.segID, n.segName = client, segID, seg.info.Name
 	n.pending = make(map[uint64]*tierOp)
 	n.send = make(chan *pb.TierCommand, tierCmdQueue)
@@ -567,6 +568,20 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 	n.online = true
 	n.mu.Unlock()
 
+	if !prev.IsZero() && prev != client {
+		// The directory's lock passed to another process: the node
+		// restarted. Its previous incarnation's segment is gone with the
+		// process; waiting out client_ttl would keep handing out
+		// replicas on it (a promoted object's, say) that fail, while the
+		// same bytes are on this disk.
+		m.clientsMu.RLock()
+		old := m.clients[prev]
+		m.clientsMu.RUnlock()
+		if old != nil {
+			m.log.Info(fmt.Sprintf("disk tier %s re-attached from a new node process (client %s, was %s): dropping the previous one's segments", n.id, client, prev))
+			m.dropClient(old, "restarted")
+		}
+	}
 	reported := make(map[string]struct{}, len(h.GetRecords()))
 	var added, kept, dropped int
 	var drops []*pb.TierCommand

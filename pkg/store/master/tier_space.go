@@ -25,6 +25,18 @@ func (s *space) placeOn(client, segID store.UUID, size uint64) (replicaRef, erro
 	if !ok {
 		r, ok = s.newRegion(in, seg, size)
 	}
+	// Writers' regions may cover the whole segment with room to spare
+	// inside them: borrow it, as a put does when no region is left.
+	for i := 0; !ok && i < len(seg.shared); i++ {
+		reg := seg.shared[i]
+		if reg.alloc == nil || reg.alloc.LargestFree() < size {
+			continue
+		}
+		if addr, err := reg.alloc.Alloc(size); err == nil {
+			reg.objects++
+			r, ok = replicaRef{reg, addr}, true
+		}
+	}
 	if !ok {
 		return replicaRef{}, store.Errorf(store.NoAvailableHandle, "segment %q has no %d free bytes (used %d of %d)", seg.info.Name, size, seg.used.Load(), seg.info.Size)
 	}

@@ -19,8 +19,16 @@ type OnlineConfig struct {
 	// Label names the run in the result (the store's policy, if known).
 	Label string
 	// CapacityBlocks is reported as is: the store's size in blocks, as
-	// the caller sized it (0: unknown).
-	CapacityBlocks int
+	// the caller sized it (0: unknown); SSDCapacityBlocks and
+	// PromoteAfter likewise for its nodes' disk tiers.
+	CapacityBlocks    int
+	SSDCapacityBlocks int
+	PromoteAfter      int
+	// TierHits, when set, reads the store's counts of gets served from
+	// DRAM and from disk tiers (the master's mem_cache_hit_nums_ and
+	// file_cache_hit_nums_): their change over the replay splits its
+	// hits by tier. It assumes the replay is the store's only reader.
+	TierHits func(context.Context) (dram, disk uint64, err error)
 }
 
 // OnlineResult is an online replay's outcome: the hit figures of Result
@@ -53,7 +61,14 @@ func Online(ctx context.Context, c *store.Client, t *Trace, cfg OnlineConfig) (O
 	for i := range val {
 		val[i] = byte(i * 31)
 	}
-	res := OnlineResult{Result: Result{Policy: cfg.Label, CapacityBlocks: cfg.CapacityBlocks}}
+	res := OnlineResult{Result: Result{Policy: cfg.Label, CapacityBlocks: cfg.CapacityBlocks, SSDCapacityBlocks: cfg.SSDCapacityBlocks, PromoteAfter: cfg.PromoteAfter}}
+	var dram0, disk0 uint64
+	if cfg.TierHits != nil {
+		var err error
+		if dram0, disk0, err = cfg.TierHits(ctx); err != nil {
+			return res, fmt.Errorf("tier hit counts: %w", err)
+		}
+	}
 	start := time.Now()
 	var hits []bool
 	for ri, blocks := range t.Blocks {
@@ -114,8 +129,15 @@ func Online(ctx context.Context, c *store.Client, t *Trace, cfg OnlineConfig) (O
 			}
 		}
 	}
-	res.finish()
 	res.Seconds = time.Since(start).Seconds()
+	if cfg.TierHits != nil {
+		dram1, disk1, err := cfg.TierHits(ctx)
+		if err != nil {
+			return res, fmt.Errorf("tier hit counts: %w", err)
+		}
+		res.DRAMHitBlocks, res.DiskHitBlocks = int(dram1-dram0), int(disk1-disk0)
+	}
+	res.finish()
 	if res.Seconds > 0 {
 		res.GBPerSec = float64(res.BytesRead+res.BytesWritten) / res.Seconds / 1e9
 	}

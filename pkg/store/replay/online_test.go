@@ -79,3 +79,65 @@ func TestOnlineMatchesOffline(t *testing.T) {
 		t.Errorf("store holds %d keys (capacity %d), evicted %d", s.Keys, capacity, s.EvictedKeys)
 	}
 }
+
+// Online against a store whose node has a disk tier: hits split into
+// DRAM and disk, the disk turning misses of DRAM alone into hits.
+func TestOnlineWithDiskTier(t *testing.T) {
+	tr := loadTrace(t, "conversation_trace.jsonl")
+	const n, capacity, ssd, block = 1500, 1000, 3000, 4096
+	tr.Requests, tr.Blocks = tr.Requests[:n], tr.Blocks[:n]
+	dramOnly, _ := Run(tr, "lru", capacity)
+	off, _ := RunTiered(tr, "lru", capacity, ssd, 2)
+	m, err := master.New(master.Config{KVLeaseTTL: time.Millisecond, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := master.Serve(m, lis)
+	t.Cleanup(func() { srv.Stop(); m.Close() })
+	ecfg := engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"}
+	ctx := context.Background()
+	node, err := store.New(ctx, store.Config{Master: lis.Addr().String(), EngineConfig: ecfg, SegmentSize: capacity * block, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close(ctx) })
+	tn, err := store.StartTier(ctx, node, store.TierConfig{Dir: t.TempDir(), Capacity: ssd * 2 * block, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tn.Close() })
+	c, err := store.New(ctx, store.Config{Master: lis.Addr().String(), EngineConfig: ecfg, StagingSize: 8 << 20, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(ctx) })
+	for deadline := time.Now().Add(5 * time.Second); len(m.Tiers()) == 0 || !m.Tiers()[0].Online; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("tier not attached")
+		}
+	}
+	hits := func(context.Context) (uint64, uint64, error) {
+		tt := m.TierTotals()
+		return tt.MemHits, tt.DiskHits, nil
+	}
+	on, err := Online(ctx, c, tr, OnlineConfig{BlockBytes: block, Label: "lru", CapacityBlocks: capacity, SSDCapacityBlocks: ssd, PromoteAfter: 2, TierHits: hits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("DRAM only (offline) %.4f; two tiers offline %.4f (DRAM %.4f, disk %.4f); online %.4f (DRAM %.4f, disk %.4f), %d put failures, %d get failures",
+		dramOnly.HitRatio, off.HitRatio, off.DRAMHitRatio, off.DiskHitRatio, on.HitRatio, on.DRAMHitRatio, on.DiskHitRatio, on.PutFailures, on.GetFailures)
+	if on.DiskHitBlocks == 0 || on.DRAMHitBlocks == 0 {
+		t.Fatalf("online split: %d DRAM, %d disk hits", on.DRAMHitBlocks, on.DiskHitBlocks)
+	}
+	if got := on.DRAMHitBlocks + on.DiskHitBlocks; got < on.HitBlocks-on.GetFailures || got > on.HitBlocks {
+		t.Fatalf("split %d + %d does not account for %d hits (%d gone before the read)", on.DRAMHitBlocks, on.DiskHitBlocks, on.HitBlocks, on.GetFailures)
+	}
+	if on.HitRatio <= dramOnly.HitRatio+0.02 {
+		t.Fatalf("online with a disk tier %.4f, DRAM alone (offline) %.4f: the disk tier should add hits", on.HitRatio, dramOnly.HitRatio)
+	}
+}

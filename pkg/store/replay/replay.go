@@ -10,6 +10,12 @@
 // each inserted when absent (evicting per the policy when the cache is
 // full) and refreshed when present, at its position in the request (the
 // depth length-aware uses).
+//
+// RunTiered adds a disk tier under the cache (store.md, "Disk tier"): the
+// tiers are exclusive, a block evicted from DRAM moves to the disk tier's
+// most recent end (the disk dropping its least recent block when full),
+// and a block found on disk is a hit that, on its PromoteAfter-th disk
+// read, moves back to DRAM.
 package replay
 
 import (
@@ -75,13 +81,27 @@ type Result struct {
 	// PrefixHitRatio counts only each request's leading run of hits: the
 	// prefix an engine can actually reuse.
 	PrefixHitRatio float64 `json:"prefix_hit_ratio"`
-	prefixHits     int
+	// SSDCapacityBlocks is the disk tier under the cache (0: none) and
+	// PromoteAfter the disk read that moves a block back (RunTiered).
+	SSDCapacityBlocks int `json:"ssd_capacity_blocks"`
+	PromoteAfter      int `json:"promote_after,omitempty"`
+	// The hits split by the tier that served them; HitRatio is their sum.
+	DRAMHitBlocks int     `json:"dram_hit_blocks"`
+	DiskHitBlocks int     `json:"disk_hit_blocks"`
+	DRAMHitRatio  float64 `json:"dram_hit_ratio"`
+	DiskHitRatio  float64 `json:"disk_hit_ratio"`
+	prefixHits    int
 }
 
 func (r *Result) finish() {
+	if r.DiskHitBlocks == 0 && r.DRAMHitBlocks == 0 {
+		r.DRAMHitBlocks = r.HitBlocks // one tier: every hit is DRAM's
+	}
 	if r.Blocks > 0 {
 		r.HitRatio = float64(r.HitBlocks) / float64(r.Blocks)
 		r.PrefixHitRatio = float64(r.prefixHits) / float64(r.Blocks)
+		r.DRAMHitRatio = float64(r.DRAMHitBlocks) / float64(r.Blocks)
+		r.DiskHitRatio = float64(r.DiskHitBlocks) / float64(r.Blocks)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 )
 
 // Read copies the value of key into dst and returns its record. With
@@ -35,18 +34,18 @@ func (t *Tier) Read(ctx context.Context, key string, version uint64, dst []byte)
 		return Record{}, ctx.Err()
 	}
 	defer func() { <-t.sem }()
-	fd, err := t.open(e.file.path, os.O_RDONLY, t.direct)
-	if errors.Is(err, os.ErrNotExist) {
-		// Its file was evicted or emptied since the lookup.
-		return Record{}, fmt.Errorf("%w: %q version %d (its file is gone)", ErrNotFound, key, version)
-	}
+	fd, done, ok, err := t.reader(e.file)
 	if err != nil {
 		return Record{}, t.readFailed(e, fmt.Errorf("open %s: %w", e.file.path, err))
+	}
+	if !ok {
+		// Its file was evicted or emptied since the lookup.
+		return Record{}, fmt.Errorf("%w: %q version %d (its file is gone)", ErrNotFound, key, version)
 	}
 	buf := alignedBuf(int(e.len))
 	defer putAligned(buf)
 	n, err := fd.ReadAt(buf, int64(e.off))
-	fd.Close()
+	done()
 	if err != nil && !(errors.Is(err, io.EOF) && uint64(n) == e.len) {
 		if errors.Is(err, io.EOF) {
 			return Record{}, t.readFailed(e, fmt.Errorf("%w: %s ends inside the record at %d", ErrCorrupt, e.file.path, e.off))
