@@ -290,3 +290,22 @@ func TestStoreReplayOnlineTwoTiers(t *testing.T) {
 		t.Fatalf("offline figures at the store's sizes: %+v", j.Results)
 	}
 }
+
+func TestBenchStoreTierBadInput(t *testing.T) {
+	isolateEnv(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--on-disk"}, "--ssd-dir"},
+		{[]string{"--ssd-size", "1G"}, "without --ssd-dir"},
+		{[]string{"--ssd-dir", t.TempDir(), "--master", "127.0.0.1:1"}, "no --master"},
+		{[]string{"--ssd-dir", t.TempDir(), "--ssd-size", "big"}, "--ssd-size"},
+	} {
+		args := append([]string{"bench", "store"}, c.args...)
+		_, errs, code := execMC(t, args...)
+		if code == 0 || !strings.Contains(errs, c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc %s: exit %d, stderr %q; want one line naming %q", strings.Join(args, " "), code, errs, c.want)
+		}
+	}
+}
