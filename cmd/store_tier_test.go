@@ -154,7 +154,7 @@ func TestServeStoreSSD(t *testing.T) {
 	var b bytes.Buffer
 	b.ReadFrom(resp.Body)
 	resp.Body.Close()
-	for _, m := range []string{"mc_store_tier_offloads_total", "master_total_file_capacity_bytes 2.68435456e+08", "file_cache_hit_nums_ 1"} {
+	for _, m := range []string{"mc_store_tier_offloads_total", "master_total_file_capacity_bytes 2.68435456e+08", "file_cache_hit_nums_ 1", "file_cache_nums_ ", "mem_cache_nums_ "} {
 		if !strings.Contains(b.String(), m) {
 			t.Errorf("/metrics lacks %q", m)
 		}
