@@ -431,7 +431,7 @@ func TestTierSIGKILL(t *testing.T) {
 	child.Wait()
 	wg.Wait()
 	t.Logf("killed during promotions: %d of 16 disk reads served (and promoted) before", c.m.TierTotals().DiskHits-hits)
-	child, _ = startChildNode(t, c.addr, env)
+	startChildNode(t, c.addr, env)
 	waitFor(t, "the tier to attach a third time", 10*time.Second, func() bool { ts := c.m.Tiers(); return len(ts) == 1 && ts[0].Online })
 	acked = slices.Collect(maps.Keys(vals2))
 	checkSome(acked)

@@ -188,12 +188,6 @@ func (t *tiers) onlineFor(seg *segment) *tierNode {
 	return t.bySeg[seg.info.ID]
 }
 
-func (t *tiers) any() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.byID) > 0
-}
-
 // enqueue hands cmd to n's stream; false when n is away or too far
 // behind.
 func (n *tierNode) enqueue(cmd *pb.TierCommand, op *tierOp) bool {
