@@ -124,6 +124,14 @@ bench-store:
 	$(call apt_install,redis-server redis-tools)
 	$(GO) test ./pkg/store/bench -run '^$$' -bench '^BenchmarkStoreVsRedisVsEngine$$' -benchtime 1x -count=1 -compare.duration 4s
 
+# The store's disk tier (issue 23): gets of 1M and 16M objects that live
+# only on disk against O_DIRECT reads of the disk itself, and DRAM gets with
+# a tier against without, in one run (MC_TIER_DIR: a directory on the disk
+# to measure; default under $TMPDIR). About 6 minutes.
+.PHONY: bench-store-tier
+bench-store-tier:
+	$(GO) test ./pkg/store/bench -run '^$$' -bench '^BenchmarkTier$$' -benchtime 1x -count=1 $${MC_TIER_DIR:+-tier.dir $$MC_TIER_DIR}
+
 # 4-rank all_reduce bus bandwidth at 64 MiB on loopback TCP against the
 # 1-thread mc bench initiator at 1 MiB, in the same run (a markdown table).
 .PHONY: bench-coll

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -32,6 +33,9 @@ type benchStoreOptions struct {
 	Verify      bool
 	SegmentSize int64
 	Plot        string
+	SSDDir      string
+	SSDSize     int64
+	OnDisk      bool
 	// Progress forces (true) or suppresses (false) the live line; nil
 	// means "on a terminal".
 	Progress *bool
@@ -50,11 +54,19 @@ loop; --verify checks every byte read. Each row removes the keys it wrote.
 
 With no --master it starts a master and a node (--segment-size) in this
 process and benchmarks them over real loopback TCP from a separate client
-engine, as mc bench initiator does with its embedded target.`,
+engine, as mc bench initiator does with its embedded target.
+
+--ssd-dir gives the embedded node a disk tier (--ssd-size bytes). With
+--on-disk, get rows read objects that live only on that disk: every key is
+offloaded before the row, reads go round the keys, nothing is promoted; each
+such row follows a disk-read row (O_DIRECT reads of the same size and
+concurrency from a file in --ssd-dir: the disk's own throughput, measured in
+the same run), and the get row gives its ratio to it.`,
 		Example: `  mc bench store --value-size 4K,64K,1M,16M --op get
   mc bench store --value-size 4K --batch 32 --concurrency 1,4,16,64 --plot curve.svg
   mc bench store --master 10.0.0.1:50051 --op mix --get-ratio 0.9 --verify -o json
-  mc bench store --master mooncake://10.0.0.1:50051 --metadata-server P2PHANDSHAKE --op put,get --batch 8`,
+  mc bench store --master mooncake://10.0.0.1:50051 --metadata-server P2PHANDSHAKE --op put,get --batch 8
+  mc bench store --op get --value-size 1M,16M --ssd-dir /nvme/bench --on-disk --verify`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -75,6 +87,9 @@ engine, as mc bench initiator does with its embedded target.`,
 	f.BoolVar(&o.Verify, "verify", false, "check every byte of every get")
 	sizeVar(f, &o.SegmentSize, "segment-size", 2<<30, "the embedded store's segment (without --master); it is faulted in before measuring")
 	f.StringVar(&o.Plot, "plot", "", "draw objects/s and p99 latency against concurrency as SVG to this file")
+	f.StringVar(&o.SSDDir, "ssd-dir", "", "give the embedded node a disk tier in this existing directory")
+	sizeVar(f, &o.SSDSize, "ssd-size", 0, "the disk tier's capacity (0: 90% of the space free in --ssd-dir)")
+	f.BoolVar(&o.OnDisk, "on-disk", false, "gets read objects that live only on the disk tier, next to the disk's own O_DIRECT reads (needs --ssd-dir)")
 	_ = cmd.RegisterFlagCompletionFunc("op", cobra.FixedCompletions(sbench.Ops, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -134,10 +149,21 @@ func (o benchStoreOptions) config() (sbench.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
+	ssdSize := o.SSDSize
+	switch {
+	case o.SSDSize != 0 && o.SSDDir == "":
+		return cfg, fmt.Errorf("--ssd-size without --ssd-dir: give the disk tier a directory")
+	case o.OnDisk && o.SSDDir == "":
+		return cfg, fmt.Errorf("--on-disk reads objects from a disk tier: give --ssd-dir")
+	case o.SSDDir != "" && o.Master != "":
+		return cfg, fmt.Errorf("--ssd-dir gives the embedded store a disk tier: give no --master with it (a running store's nodes have their own --ssd-dir)")
+	case o.SSDSize < 0:
+		return cfg, fmt.Errorf("invalid --ssd-size %d: want bytes", o.SSDSize)
+	}
 	return sbench.Config{
 		Master: o.Master, SegmentSize: uint64(seg), ValueSizes: sizes, Ops: ops, GetRatio: o.GetRatio,
 		Concurrency: conc, Batch: o.Batch, Duration: o.Duration, Keys: o.Keys, Verify: o.Verify,
-		Engine: ecfg, Logger: quietLogger(),
+		Engine: ecfg, Logger: quietLogger(), SSDDir: o.SSDDir, SSDSize: uint64(ssdSize), OnDisk: o.OnDisk,
 	}, nil
 }
 
@@ -195,18 +221,31 @@ func printStoreResults(p *printer, results []sbench.Result) error {
 	}
 	rows := make([][]string, 0, len(results))
 	var notes []string
+	vsDisk := slices.ContainsFunc(results, func(r sbench.Result) bool { return r.Op == "disk-read" })
 	for _, r := range results {
-		rows = append(rows, []string{
+		row := []string{
 			ebench.FormatSize(r.ValueSize), r.Op, strconv.Itoa(r.Concurrency), strconv.Itoa(r.Batch),
 			strconv.FormatFloat(r.OpsPerSec, 'f', 0, 64), strconv.FormatFloat(r.GBPerSec, 'f', 2, 64),
 			strconv.FormatFloat(r.P50us, 'f', 0, 64), strconv.FormatFloat(r.P99us, 'f', 0, 64),
 			strconv.FormatFloat(r.P999us, 'f', 0, 64), strconv.FormatInt(r.Errors, 10),
-		})
+		}
+		if vsDisk {
+			ratio := ""
+			if r.VsDisk > 0 {
+				ratio = strconv.FormatFloat(r.VsDisk, 'f', 2, 64) + "x"
+			}
+			row = append(row, ratio)
+		}
+		rows = append(rows, row)
 		if r.FirstError != "" {
 			notes = append(notes, fmt.Sprintf("%s %s x%d: first error: %s", ebench.FormatSize(r.ValueSize), r.Op, r.Concurrency, r.FirstError))
 		}
 	}
-	p.Table("", []string{"value", "op", "concurrency", "batch", "ops/s", "GB/s", "p50 (µs)", "p99 (µs)", "p99.9 (µs)", "errors"}, rows)
+	head := []string{"value", "op", "concurrency", "batch", "ops/s", "GB/s", "p50 (µs)", "p99 (µs)", "p99.9 (µs)", "errors"}
+	if vsDisk {
+		head = append(head, "vs disk")
+	}
+	p.Table("", head, rows)
 	for _, n := range notes {
 		fmt.Fprintln(p.Out, n)
 	}

@@ -154,7 +154,7 @@ func TestServeStoreSSD(t *testing.T) {
 	var b bytes.Buffer
 	b.ReadFrom(resp.Body)
 	resp.Body.Close()
-	for _, m := range []string{"mc_store_tier_offloads_total", "master_total_file_capacity_bytes 2.68435456e+08", "file_cache_hit_nums_ 1"} {
+	for _, m := range []string{"mc_store_tier_offloads_total", "master_total_file_capacity_bytes 2.68435456e+08", "file_cache_hit_nums_ 1", "file_cache_nums_ ", "mem_cache_nums_ "} {
 		if !strings.Contains(b.String(), m) {
 			t.Errorf("/metrics lacks %q", m)
 		}
@@ -288,5 +288,24 @@ func TestStoreReplayOnlineTwoTiers(t *testing.T) {
 	}
 	if len(j.Results) != 1 || j.Results[0].SSDBlocks != 48 || j.Results[0].DiskHitBlocks == 0 {
 		t.Fatalf("offline figures at the store's sizes: %+v", j.Results)
+	}
+}
+
+func TestBenchStoreTierBadInput(t *testing.T) {
+	isolateEnv(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--on-disk"}, "--ssd-dir"},
+		{[]string{"--ssd-size", "1G"}, "without --ssd-dir"},
+		{[]string{"--ssd-dir", t.TempDir(), "--master", "127.0.0.1:1"}, "no --master"},
+		{[]string{"--ssd-dir", t.TempDir(), "--ssd-size", "big"}, "--ssd-size"},
+	} {
+		args := append([]string{"bench", "store"}, c.args...)
+		_, errs, code := execMC(t, args...)
+		if code == 0 || !strings.Contains(errs, c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc %s: exit %d, stderr %q; want one line naming %q", strings.Join(args, " "), code, errs, c.want)
+		}
 	}
 }

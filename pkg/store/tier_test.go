@@ -73,6 +73,9 @@ func TestOffloadReadPromote(t *testing.T) {
 	if s := tn.Stats(); s.Records != 4 || s.Offloads != 4 {
 		t.Fatalf("node tier: %d records, %d offloads; want 4 and 4", s.Records, s.Offloads)
 	}
+	if mem, file := gauge(t, c.m, "mem_cache_nums_"), gauge(t, c.m, "file_cache_nums_"); mem != 4 || file != 4 {
+		t.Fatalf("mem_cache_nums_ %g, file_cache_nums_ %g; want 4 and 4", mem, file)
+	}
 	// First read: from disk, exact, not promoted.
 	got, err := cl.Get(ctx, "k0")
 	if err != nil || !bytes.Equal(got, vals["k0"]) {
@@ -428,7 +431,7 @@ func TestTierSIGKILL(t *testing.T) {
 	child.Wait()
 	wg.Wait()
 	t.Logf("killed during promotions: %d of 16 disk reads served (and promoted) before", c.m.TierTotals().DiskHits-hits)
-	child, _ = startChildNode(t, c.addr, env)
+	startChildNode(t, c.addr, env)
 	waitFor(t, "the tier to attach a third time", 10*time.Second, func() bool { ts := c.m.Tiers(); return len(ts) == 1 && ts[0].Online })
 	acked = slices.Collect(maps.Keys(vals2))
 	checkSome(acked)
@@ -470,4 +473,23 @@ func TestStagingBorrowsWritersRegions(t *testing.T) {
 	if n := c.m.TierTotals().Offloads; n != 4 {
 		t.Fatalf("%d offloads after reading the disk objects, want still 4", n)
 	}
+}
+
+// gauge reads one unlabelled metric of the master's registry.
+func gauge(t *testing.T, m *master.Master, name string) float64 {
+	t.Helper()
+	fams, err := m.Metrics().Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			if g := f.GetMetric()[0].GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }

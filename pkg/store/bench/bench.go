@@ -55,6 +55,17 @@ type Config struct {
 	// Engine configures the benchmark client's engine (and the embedded
 	// node's); default loopback TCP.
 	Engine engine.Config
+	// SSDDir gives the embedded node a disk tier in this directory (of
+	// SSDSize bytes; 0: 90% of the filesystem's free space).
+	SSDDir  string
+	SSDSize uint64
+	// OnDisk makes get rows read objects that live only on the disk tier
+	// (embedded store with SSDDir): every prefilled key is offloaded
+	// before the row, reads go round the keys so each finds its object
+	// on disk, and objects are never promoted. Each such row follows a
+	// "disk-read" row: O_DIRECT reads of the same size and concurrency
+	// from a file in SSDDir, the disk's own throughput in the same run.
+	OnDisk bool
 	// Progress, when set, is called about every 200 ms during a row.
 	Progress func(Progress)
 	Logger   *slog.Logger
@@ -88,6 +99,9 @@ type Result struct {
 	// FirstError says what the first error was (not in the stable JSON
 	// contract; empty when Errors is 0).
 	FirstError string `json:"first_error,omitempty"`
+	// VsDisk is an on-disk get row's GB/s over the disk-read row before
+	// it (OnDisk).
+	VsDisk float64 `json:"vs_disk,omitempty"`
 }
 
 // DefaultSegmentSize is the embedded node's segment.
@@ -142,6 +156,12 @@ func (c *Config) check() error {
 	if c.Engine.BindAddress == "" {
 		c.Engine.BindAddress = "127.0.0.1"
 	}
+	switch {
+	case c.SSDDir != "" && c.Master != "":
+		return fmt.Errorf("a disk tier is the embedded node's: give no master with it")
+	case c.OnDisk && c.SSDDir == "":
+		return fmt.Errorf("gets of objects on disk need a disk tier directory")
+	}
 	return nil
 }
 
@@ -153,11 +173,24 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		return nil, err
 	}
 	addr := cfg.Master
+	var srv *server.Server
 	if addr == "" {
-		srv, err := server.Start(ctx, server.Config{
+		scfg := server.Config{
 			RPCAddress: "127.0.0.1:0", SegmentSize: cfg.SegmentSize, Engine: cfg.Engine,
 			Master: master.Config{Logger: cfg.Logger}, Logger: cfg.Logger,
-		})
+		}
+		if cfg.SSDDir != "" {
+			scfg.Tier = &store.TierConfig{Dir: cfg.SSDDir, Capacity: cfg.SSDSize, Logger: cfg.Logger}
+		}
+		if cfg.OnDisk {
+			// Objects stay on disk (never promoted), and a staging copy
+			// goes soon after its read, so the next read of the key
+			// reads the disk again.
+			scfg.Master.PromoteAfter = -1
+			scfg.Master.KVLeaseTTL = onDiskLease
+		}
+		var err error
+		srv, err = server.Start(ctx, scfg)
 		if err != nil {
 			return nil, fmt.Errorf("embedded store: %w", err)
 		}
@@ -172,7 +205,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		return nil, err
 	}
 	defer c.Close(context.WithoutCancel(ctx))
-	r := &runner{cfg: cfg, c: c, run: newRunID()}
+	r := &runner{cfg: cfg, c: c, run: newRunID(), srv: srv}
 	var out []Result
 	for _, vs := range cfg.ValueSizes {
 		for _, op := range cfg.Ops {
@@ -180,7 +213,17 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 				if ctx.Err() != nil {
 					return out, ctx.Err()
 				}
+				if cfg.OnDisk && op == "get" {
+					base, err := diskRead(ctx, cfg.SSDDir, vs, n, cfg.Duration, r.diskKeys(vs, n))
+					if err != nil {
+						return out, fmt.Errorf("%s disk-read x%d: %w", ebench.FormatSize(vs), n, err)
+					}
+					out = append(out, base)
+				}
 				res, err := r.row(ctx, vs, op, n)
+				if cfg.OnDisk && op == "get" && len(out) > 0 && out[len(out)-1].GBPerSec > 0 {
+					res.VsDisk = res.GBPerSec / out[len(out)-1].GBPerSec
+				}
 				if err != nil && ctx.Err() != nil {
 					// Interrupted: the row so far is still a measurement.
 					if res.OpsPerSec > 0 {
@@ -201,6 +244,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 type runner struct {
 	cfg     Config
 	c       *store.Client
+	srv     *server.Server // the embedded store, if any
+	next    atomic.Uint64  // OnDisk: the next key a get reads
 	run     uint32
 	seq     atomic.Uint64
 	putKeys [][]string // written by the row's workers, removed after it
@@ -288,6 +333,9 @@ func (r *runner) keyCount(vs int64, workers int) int {
 	if r.cfg.Keys > 0 {
 		return r.cfg.Keys
 	}
+	if r.cfg.OnDisk {
+		return r.diskKeys(vs, workers)
+	}
 	n := max(int((256<<20)/vs), workers*r.cfg.Batch)
 	n = min(n, 16384, int(r.cfg.SegmentSize/2/uint64(vs)))
 	return max(n, 1)
@@ -300,6 +348,11 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 		nkeys = r.keyCount(vs, workers)
 		if err := r.prefill(ctx, vs, nkeys); err != nil {
 			return res, err
+		}
+		if r.cfg.OnDisk && op == "get" {
+			if err := r.offloadAll(ctx, vs, nkeys); err != nil {
+				return res, err
+			}
 		}
 	}
 	defer func() {
@@ -435,11 +488,16 @@ func (w *worker) loop(ctx context.Context, stop *atomic.Bool, ops, bytesDone *at
 	}
 	for !stop.Load() && ctx.Err() == nil {
 		get := w.op == "get" || w.op == "mix" && w.rng.Float64() < w.r.cfg.GetRatio
-		if get {
+		switch {
+		case get && w.r.cfg.OnDisk:
+			for i := range keys {
+				keys[i] = w.getKeys[w.r.next.Add(1)%uint64(len(w.getKeys))]
+			}
+		case get:
 			for i := range keys {
 				keys[i] = w.getKeys[w.rng.IntN(len(w.getKeys))]
 			}
-		} else {
+		default:
 			for i := range keys {
 				keys[i] = w.putPrefix + strconv.FormatUint(w.r.seq.Add(1), 10)
 			}

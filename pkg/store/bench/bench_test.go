@@ -77,6 +77,8 @@ func TestRunBadConfig(t *testing.T) {
 		{Config{ValueSizes: []int64{1}, Concurrency: []int{0}}, "concurrency"},
 		{Config{ValueSizes: []int64{1}, Batch: store.MaxBatchSize + 1}, "batch"},
 		{Config{ValueSizes: []int64{1}, GetRatio: 2}, "get ratio"},
+		{Config{ValueSizes: []int64{1}, OnDisk: true}, "disk tier directory"},
+		{Config{ValueSizes: []int64{1}, Master: "127.0.0.1:1", SSDDir: "/tmp"}, "embedded node"},
 	} {
 		if _, err := Run(context.Background(), c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Run(%+v) = %v, want an error about %q", c.cfg, err, c.want)

@@ -112,7 +112,6 @@ func msDuration(ms uint64) time.Duration {
 }
 
 func fromUUID(u mooncake.UUID) store.UUID { return store.UUID{First: u.First, Second: u.Second} }
-func toUUID(u store.UUID) mooncake.UUID   { return mooncake.UUID{First: u.First, Second: u.Second} }
 func codeOf(err error) mooncake.ErrorCode { return mooncake.ErrorCode(store.CodeOf(err)) }
 func errVoid(err error) mooncake.ExpectVoid {
 	return mooncake.ExpectVoid{Error: codeOf(err), HasError: err != nil}

@@ -188,12 +188,6 @@ func (t *tiers) onlineFor(seg *segment) *tierNode {
 	return t.bySeg[seg.info.ID]
 }
 
-func (t *tiers) any() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.byID) > 0
-}
-
 // enqueue hands cmd to n's stream; false when n is away or too far
 // behind.
 func (n *tierNode) enqueue(cmd *pb.TierCommand, op *tierOp) bool {
@@ -585,7 +579,6 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 	reported := make(map[string]struct{}, len(h.GetRecords()))
 	var added, kept, dropped int
 	var drops []*pb.TierCommand
-	now := m.now()
 	for _, r := range h.GetRecords() {
 		reported[r.GetKey()] = struct{}{}
 		m.tiers.seeVersion(r.GetVersion())
@@ -628,7 +621,6 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 		n.enqueue(d, nil)
 	}
 	m.log.Info(fmt.Sprintf("disk tier %s of segment %s attached (%s): %d records reported, %d re-added, %d kept, %d dropped (re-put or removed since), %d replicas it no longer has", n.id, seg.info.Name, fmtBytes(h.GetCapacity()), len(h.GetRecords()), added, kept, dropped, lost))
-	_ = now
 	m.tiers.mu.Lock()
 	m.tiers.bySeg[segID] = n
 	m.tiers.mu.Unlock()
@@ -781,6 +773,11 @@ func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
 		return tierStatus(err)
 	}
 	defer s.m.detach(n, gen)
+	// An empty first message tells the node it is attached (commands
+	// may be a while coming).
+	if err := st.Send(&pb.TierDown{}); err != nil {
+		return err
+	}
 	n.mu.Lock()
 	send := n.send
 	n.mu.Unlock()

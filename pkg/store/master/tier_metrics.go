@@ -1,6 +1,11 @@
 package master
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // registerTierMetrics adds the disk tier's metrics: Mooncake's names where
 // Mooncake has the quantity, mc_store_tier_* otherwise.
@@ -42,4 +47,43 @@ func registerTierMetrics(m *Master, r *prometheus.Registry) {
 	counter("mc_store_tier_load_failures_total", "disk reads that failed (the disk replica was dropped)", t.loadFailures.Load)
 	gauge("mc_store_tier_offload_inflight_bytes", "DRAM bytes being written to disk tiers", func() float64 { return float64(max(t.inflight.Load(), 0)) })
 	gauge("mc_store_tier_nodes", "disk tiers known (connected or away)", func() float64 { return float64(len(m.tierNodes())) })
+	var counts cachedCounts
+	gauge("mem_cache_nums_", "objects with a replica in the memory pool", func() float64 { mem, _ := counts.get(m); return float64(mem) })
+	gauge("file_cache_nums_", "objects with a replica on a disk tier", func() float64 { _, disk := counts.get(m); return float64(disk) })
+}
+
+// cachedCounts counts objects by tier with a walk over every object, at
+// most once a second however often /metrics is scraped (both gauges of a
+// scrape share one walk).
+type cachedCounts struct {
+	mu        sync.Mutex
+	at        time.Time
+	mem, disk int
+}
+
+func (c *cachedCounts) get(m *Master) (mem, disk int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) < time.Second {
+		return c.mem, c.disk
+	}
+	c.mem, c.disk = 0, 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, o := range sh.objects {
+			if o.state != stateComplete {
+				continue
+			}
+			if len(o.replicas) > 0 {
+				c.mem++
+			}
+			if o.onDisk() {
+				c.disk++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	c.at = time.Now()
+	return c.mem, c.disk
 }

@@ -1,0 +1,108 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	ebench "github.com/kvcache-ops/mc/pkg/engine/bench"
+)
+
+var (
+	tierDir      = flag.String("tier.dir", "", "BenchmarkTier: directory of the disk tier and the disk-read file (default: a new one under $TMPDIR, which must be on the disk to measure)")
+	tierDuration = flag.Duration("tier.duration", 3*time.Second, "BenchmarkTier: time per measurement")
+	tierRounds   = flag.Int("tier.rounds", 3, "BenchmarkTier: rounds per case (medians are printed)")
+)
+
+// BenchmarkTier is issue 23's benchmark (make bench-store-tier), in one
+// run on loopback:
+//   - gets of 1 MiB and 16 MiB objects that live only on a node's disk
+//     tier, against the disk's own throughput: O_DIRECT reads of the same
+//     size and concurrency from a file in the same directory (goal 0.7x);
+//   - gets of DRAM-resident objects from a store whose node has a disk
+//     tier against one without (goal 0.95x).
+//
+// Each case runs -tier.rounds rounds, each ratio taken within its round
+// and the median printed. Run with -benchtime 1x.
+func BenchmarkTier(b *testing.B) {
+	dir := *tierDir
+	if dir == "" {
+		dir = b.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	type ondisk struct {
+		size int64
+		conc int
+		keys int
+	}
+	var diskRows []string
+	for _, c := range []ondisk{{1 << 20, 1, 512}, {1 << 20, 4, 512}, {16 << 20, 1, 64}, {16 << 20, 4, 64}} {
+		b.Run(fmt.Sprintf("ondisk-%s-c%d", ebench.FormatSize(c.size), c.conc), func(b *testing.B) {
+			var disk, get, ratio []float64
+			for round := range *tierRounds {
+				sub := fmt.Sprintf("%s/ondisk-%d-%d-%d", dir, c.size, c.conc, round)
+				if err := os.MkdirAll(sub, 0o755); err != nil {
+					b.Fatal(err)
+				}
+				res, err := Run(ctx, Config{ValueSizes: []int64{c.size}, Ops: []string{"get"}, Concurrency: []int{c.conc},
+					Keys: c.keys, Duration: *tierDuration, SegmentSize: 1 << 30, SSDDir: sub, SSDSize: 4 << 30, OnDisk: true, Logger: quietLog()})
+				os.RemoveAll(sub)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(res) != 2 || res[1].Errors > 0 {
+					b.Fatalf("round %d: %+v", round, res)
+				}
+				disk, get, ratio = append(disk, res[0].GBPerSec), append(get, res[1].GBPerSec), append(ratio, res[1].VsDisk)
+			}
+			b.ReportMetric(median(get), "get-GB/s")
+			b.ReportMetric(median(disk), "disk-GB/s")
+			diskRows = append(diskRows, fmt.Sprintf("| %s | %d | %.2f | %.2f | %.2f |", ebench.FormatSize(c.size), c.conc, median(disk), median(get), median(ratio)))
+		})
+	}
+	type dram struct {
+		size  int64
+		conc  int
+		batch int
+	}
+	var dramRows []string
+	for _, c := range []dram{{4 << 10, 4, 32}, {1 << 20, 1, 1}, {1 << 20, 4, 1}} {
+		b.Run(fmt.Sprintf("dram-%s-c%d-b%d", ebench.FormatSize(c.size), c.conc, c.batch), func(b *testing.B) {
+			var off, on, ratio []float64
+			for round := range *tierRounds {
+				cfg := Config{ValueSizes: []int64{c.size}, Ops: []string{"get"}, Concurrency: []int{c.conc}, Batch: c.batch,
+					Keys: c.conc * c.batch, Duration: *tierDuration, SegmentSize: 1 << 30, Logger: quietLog()}
+				a, err := Run(ctx, cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				sub := fmt.Sprintf("%s/dram-%d-%d", dir, c.size, round)
+				os.MkdirAll(sub, 0o755)
+				cfg.SSDDir, cfg.SSDSize = sub, 1<<30
+				t, err := Run(ctx, cfg)
+				os.RemoveAll(sub)
+				if err != nil {
+					b.Fatal(err)
+				}
+				off, on, ratio = append(off, a[0].GBPerSec), append(on, t[0].GBPerSec), append(ratio, t[0].GBPerSec/a[0].GBPerSec)
+			}
+			dramRows = append(dramRows, fmt.Sprintf("| %s | %d | %d | %.2f | %.2f | %.2f |", ebench.FormatSize(c.size), c.conc, c.batch, median(off), median(on), median(ratio)))
+		})
+	}
+	if len(diskRows) > 0 {
+		fmt.Printf("\ngets of objects only on disk vs the disk's own O_DIRECT reads (same size, concurrency, directory); %s per measurement, median of %d rounds; GB = 1e9 B\n"+
+			"| size | concurrency | disk O_DIRECT GB/s | get from disk GB/s | get/disk |\n|---|---|---|---|---|\n%s\n",
+			*tierDuration, *tierRounds, strings.Join(diskRows, "\n"))
+	}
+	if len(dramRows) > 0 {
+		fmt.Printf("\nDRAM-resident gets, store without vs with a disk tier; %s per measurement, median of %d rounds\n"+
+			"| size | concurrency | batch | no tier GB/s | tier GB/s | tier/no tier |\n|---|---|---|---|---|---|\n%s\n",
+			*tierDuration, *tierRounds, strings.Join(dramRows, "\n"))
+	}
+}
