@@ -78,7 +78,6 @@ func newMetrics(m *Master) *Metrics {
 	x.validGets = counter("valid_get_nums_", "GetReplicaList keys answered with at least one complete replica")
 	// mem_cache_hit_nums_ and mem_cache_hit_bytes_total are the tier's
 	// (registerTierMetrics), beside their file_cache_* twins.
-	gauge("mem_cache_nums_", "objects in the memory pool", func() float64 { return float64(m.KeyCount()) })
 	gauge("master_put_start_discarded_staging_size", "bytes of memory replicas of discarded puts not yet released", func() float64 {
 		return float64(m.pend.discardedBytes())
 	})
