@@ -106,7 +106,6 @@ func TestServeStoreSSD(t *testing.T) {
 	if q, _, _ := execMC(t, "store", "query", "blk/03", "--master", rpc, "--admin", admin); !strings.Contains(q, "local_disk") {
 		t.Fatalf("mc store query table lacks the disk replica:\n%s", q)
 	}
-	st, errs, code := execMC(t, "store", "stat", "-o", "json", "--master", rpc, "--admin", admin)
 	var sj struct {
 		Tiers []struct {
 			Used      uint64 `json:"used_bytes"`
@@ -120,8 +119,17 @@ func TestServeStoreSSD(t *testing.T) {
 			Offloads uint64 `json:"offloads"`
 		} `json:"disk_tier"`
 	}
-	if code != 0 || json.Unmarshal([]byte(st), &sj) != nil || len(sj.Tiers) != 1 {
-		t.Fatalf("mc store stat: %d %q %q", code, st, errs)
+	// The node reports its tier's use and records in its own time after
+	// the offloads land: read stat until they show.
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		st, errs, code := execMC(t, "store", "stat", "-o", "json", "--master", rpc, "--admin", admin)
+		if code != 0 || json.Unmarshal([]byte(st), &sj) != nil || len(sj.Tiers) != 1 {
+			t.Fatalf("mc store stat: %d %q %q", code, st, errs)
+		}
+		if sj.Tiers[0].Records > 0 && sj.Tiers[0].Used > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if tr := sj.Tiers[0]; !tr.Connected || tr.Capacity != 256<<20 || tr.Used == 0 || tr.Records == 0 || tr.Offloads == 0 || tr.DiskHits != 1 || sj.Totals.Offloads != tr.Offloads {
 		t.Fatalf("mc store stat disk tier: %+v, totals %+v", tr, sj.Totals)
