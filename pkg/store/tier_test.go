@@ -135,12 +135,14 @@ func TestOffloadReadPromote(t *testing.T) {
 // offloads) makes room: a put never waits for a disk write itself.
 func putRetry(t *testing.T, cl *store.Client, key string, v []byte) {
 	t.Helper()
-	for try := 0; ; try++ {
+	// Room being offloaded frees once the disk writes land: on a loaded
+	// machine (fsync behind other work) that can take seconds.
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		err := cl.Put(context.Background(), key, v)
 		if err == nil {
 			return
 		}
-		if !errors.Is(err, store.ErrNoAvailableHandle) || try == 200 {
+		if !errors.Is(err, store.ErrNoAvailableHandle) || time.Now().After(deadline) {
 			t.Fatalf("put %s: %v", key, err)
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -235,12 +237,10 @@ func TestTierFull(t *testing.T) {
 func offloadAll(t *testing.T, c *cluster, cl *store.Client, vals map[string][]byte) {
 	t.Helper()
 	for k, v := range vals {
-		if err := cl.Put(context.Background(), k, v); err != nil {
-			t.Fatal(err)
-		}
+		putRetry(t, cl, k, v)
 	}
 	c.m.Evict(1 << 40)
-	waitFor(t, "every object offloaded", 5*time.Second, func() bool {
+	waitFor(t, "every object offloaded", 20*time.Second, func() bool {
 		for k := range vals {
 			if !diskOnly(t, cl, k) {
 				return false
