@@ -61,7 +61,7 @@ func TestOffloadReadPromote(t *testing.T) {
 	if freed := c.m.Evict(4 << 20); freed != 0 {
 		t.Fatalf("Evict freed %d bytes at once; want 0 (all offloaded)", freed)
 	}
-	waitFor(t, "4 offloads", 5*time.Second, func() bool { return c.m.TierTotals().Offloads == 4 })
+	waitFor(t, "4 offloads", 20*time.Second, func() bool { return c.m.TierTotals().Offloads == 4 })
 	if s := c.m.Stats(); s.Keys != 8 || s.Used >= used-4<<20 {
 		t.Fatalf("after offloading 4: %d keys, %d used (was %d); want 8 keys and 4 MiB less", s.Keys, s.Used, used)
 	}
@@ -85,7 +85,7 @@ func TestOffloadReadPromote(t *testing.T) {
 		t.Fatalf("after one disk read: %+v", tt)
 	}
 	// Its staging copy goes with the lease.
-	waitFor(t, "the staging copy to be freed", 3*time.Second, func() bool { return diskOnly(t, cl, "k0") })
+	waitFor(t, "the staging copy to be freed", 20*time.Second, func() bool { return diskOnly(t, cl, "k0") })
 	// k1: two reads promote it; the copy stays after the lease.
 	for range 2 {
 		got, err := cl.Get(ctx, "k1")
@@ -107,7 +107,7 @@ func TestOffloadReadPromote(t *testing.T) {
 	if !diskOnly(t, cl, "k1") {
 		t.Fatal("k1 still in DRAM after evicting everything")
 	}
-	waitFor(t, "k4..k7 offloaded", 3*time.Second, func() bool { return c.m.TierTotals().Offloads-offloads == 4 })
+	waitFor(t, "k4..k7 offloaded", 20*time.Second, func() bool { return c.m.TierTotals().Offloads-offloads == 4 })
 	if s := tn.Stats(); s.Records != 8 || s.Offloads != 8 {
 		t.Fatalf("node tier: %d records, %d offloads; want 8 and 8 (k1 was not written again)", s.Records, s.Offloads)
 	}
@@ -122,7 +122,7 @@ func TestOffloadReadPromote(t *testing.T) {
 	if err := cl.Remove(ctx, "k2", true); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the node to drop k2's record", 3*time.Second, func() bool {
+	waitFor(t, "the node to drop k2's record", 20*time.Second, func() bool {
 		_, ok := tn.Tier().Lookup("k2")
 		return !ok
 	})
@@ -196,7 +196,7 @@ func TestTierFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.m.Evict(4 << 20)
-	waitFor(t, "the offload of big to fail as full", 3*time.Second, func() bool { return c.m.TierTotals().OffloadFull == 1 })
+	waitFor(t, "the offload of big to fail as full", 20*time.Second, func() bool { return c.m.TierTotals().OffloadFull == 1 })
 	if _, err := cl.Get(ctx, "big"); !errors.Is(err, store.ErrObjectNotFound) {
 		t.Fatalf("get of an object whose offload found the disk full: %v, want OBJECT_NOT_FOUND (dropped)", err)
 	}
@@ -208,13 +208,13 @@ func TestTierFull(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.m.Evict(1 << 20) // one at a time, oldest first
-		waitFor(t, k+" offloaded", 3*time.Second, func() bool { return diskOnly(t, cl, k) })
+		waitFor(t, k+" offloaded", 20*time.Second, func() bool { return diskOnly(t, cl, k) })
 	}
 	// The tier holds three; f0..f2 went with its oldest files.
 	if s := tn.Stats(); s.Records != 3 || s.EvictedRecords != 3 {
 		t.Fatalf("node tier: %d records, %d evicted; want 3 and 3", s.Records, s.EvictedRecords)
 	}
-	waitFor(t, "the master to forget f0..f2", 3*time.Second, func() bool { return c.m.Stats().Keys == 3 })
+	waitFor(t, "the master to forget f0..f2", 20*time.Second, func() bool { return c.m.Stats().Keys == 3 })
 	for i := range 6 {
 		k := fmt.Sprintf("f%d", i)
 		got, err := cl.Get(ctx, k)
@@ -274,7 +274,7 @@ func TestTierNodeRestart(t *testing.T) {
 	c.client(16 << 20) // a second node, no tier, for the re-put
 	tn.Close()
 	node.Close(ctx)
-	waitFor(t, "the tier to go offline", 3*time.Second, func() bool { return !c.m.Tiers()[0].Online })
+	waitFor(t, "the tier to go offline", 20*time.Second, func() bool { return !c.m.Tiers()[0].Online })
 	// Away: its objects are known but not readable.
 	if _, err := cl.Get(ctx, "a"); !errors.Is(err, store.ErrObjectNotFound) {
 		t.Fatalf("get of an object on an absent node's disk: %v", err)
@@ -294,7 +294,7 @@ func TestTierNodeRestart(t *testing.T) {
 	if _, err := cl.Get(ctx, "removed"); !errors.Is(err, store.ErrObjectNotFound) {
 		t.Fatalf("get of a key removed while its node was away: %v", err)
 	}
-	waitFor(t, "the stale records to be dropped", 3*time.Second, func() bool {
+	waitFor(t, "the stale records to be dropped", 20*time.Second, func() bool {
 		_, r := tn2.Tier().Lookup("removed")
 		_, p := tn2.Tier().Lookup("reput")
 		return !r && !p
@@ -464,7 +464,7 @@ func TestStagingBorrowsWritersRegions(t *testing.T) {
 	}
 	time.Sleep(150 * time.Millisecond) // the leases end
 	c.m.Evict(4 * 400 << 10)
-	waitFor(t, "four offloads", 3*time.Second, func() bool { return c.m.TierTotals().Offloads == 4 })
+	waitFor(t, "four offloads", 20*time.Second, func() bool { return c.m.TierTotals().Offloads == 4 })
 	if s := c.m.Segments()[0]; s.Regions != 4 {
 		t.Fatalf("%d regions after the offloads, want all four still the writer's", s.Regions)
 	}
