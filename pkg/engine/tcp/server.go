@@ -105,13 +105,18 @@ func (s *Server) Close() error {
 	}
 	s.closed = true
 	err := s.ln.Close()
-	if s.extra != nil {
-		s.extra.Close()
-	}
+	extra := s.extra
 	for c := range s.conns {
 		c.Close()
 	}
 	s.mu.Unlock()
+	// The event loops are closed without s.mu: a loop handing a
+	// connection over holds its own lock and then takes s.mu (track), so
+	// closing them under s.mu deadlocked (seen in pkg/coll under load).
+	// track refuses what comes after closed was set.
+	if extra != nil {
+		extra.Close()
+	}
 	s.wg.Wait()
 	return err
 }
