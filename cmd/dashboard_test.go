@@ -108,8 +108,8 @@ func TestGrafanaDashboardMetricsExported(t *testing.T) {
 	}
 	defer e.Close()
 	t.Setenv("MC_STORE_CLUSTER_ID", "dashboard")
-	_, admin, _, _ := startServeStore(t, "--enable_ha", "--ha_backend_connstring", "etcd://"+e.Endpoints()[0], "--segment-size", "8M")
-	store := scrapeUntil(t, admin+"/metrics", "segment_total_capacity_bytes", nil, nil)
+	_, admin, sout, _ := startServeStore(t, "--enable_ha", "--ha_backend_connstring", "etcd://"+e.Endpoints()[0], "--segment-size", "8M")
+	store := scrapeUntil(t, admin+"/metrics", "segment_total_capacity_bytes", nil, sout)
 
 	exporters := map[string]map[string]string{
 		"Transfer engine":             initiator,
@@ -153,7 +153,11 @@ func scrapeUntil(t *testing.T, url, want string, done chan int, out *syncBuffer)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s has no %s after 20 s (last error %v)", url, want, err)
+			msg := ""
+			if out != nil {
+				msg = out.String()
+			}
+			t.Fatalf("%s has no %s after 20 s (last error %v):\n%s", url, want, err, msg)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -198,6 +198,31 @@ func (c *Candidate) Master() *master.Master {
 	return nil
 }
 
+// WaitLeader waits until some candidate of the cluster leads (this one,
+// or another whose view it has read), for at most d. A node started
+// beside a candidate waits here first: on a loaded machine the first
+// term (campaign, op log replay) can outlast the node's RPC timeout.
+func (c *Candidate) WaitLeader(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if c.ready.Load() || c.view.Load() != nil {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-c.ctx.Done():
+			return false
+		case <-t.C:
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
 // Leading reports whether this candidate serves as the leader.
 func (c *Candidate) Leading() bool { return c.Master() != nil }
 

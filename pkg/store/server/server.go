@@ -73,6 +73,10 @@ type Server struct {
 }
 
 // Start starts everything Config asks for and returns once it serves.
+// leaderWait bounds how long a node started beside an HA candidate waits
+// for a leader before mounting (which then waits its RPC timeout more).
+const leaderWait = 30 * time.Second
+
 func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -117,6 +121,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		nodeMaster = "etcd://" + strings.Join(hc.Endpoints, ";")
 		cfg.ClusterID = hc.ClusterID
 		s.log.Info(fmt.Sprintf("store master candidate on %s: campaigning for %s", c.RPCAddr, store.ViewKey(store.ClusterID(hc.ClusterID))))
+		if cfg.SegmentSize > 0 && !c.WaitLeader(ctx, leaderWait) {
+			s.log.Warn(fmt.Sprintf("no HA leader for %s after %s: mounting this node's segment anyway", store.ViewKey(store.ClusterID(hc.ClusterID)), leaderWait))
+		}
 	case cfg.MasterAddr == "":
 		m, err := master.New(cfg.Master)
 		if err != nil {
