@@ -83,14 +83,14 @@ $(PROTO_GEN)/protoc-gen-go $(PROTO_GEN)/protoc-gen-go-grpc: go.mod go.sum
 gen-proto: $(PROTO_GEN)/protoc-gen-go $(PROTO_GEN)/protoc-gen-go-grpc
 	PATH="$(CURDIR)/$(PROTO_GEN):$$PATH" protoc -I $(PROTO_DIR) \
 		--go_out=paths=source_relative:$(PROTO_DIR) --go-grpc_out=paths=source_relative:$(PROTO_DIR) \
-		$(PROTO_DIR)/store.proto $(PROTO_DIR)/tier.proto
+		$(PROTO_DIR)/store.proto $(PROTO_DIR)/tier.proto $(PROTO_DIR)/drain.proto
 
 # Fails when the committed generated code is not what store.proto gives.
 proto-check: $(PROTO_GEN)/protoc-gen-go $(PROTO_GEN)/protoc-gen-go-grpc
 	@tmp=$$(mktemp -d); \
 	PATH="$(CURDIR)/$(PROTO_GEN):$$PATH" protoc -I $(PROTO_DIR) \
-		--go_out=paths=source_relative:$$tmp --go-grpc_out=paths=source_relative:$$tmp $(PROTO_DIR)/store.proto $(PROTO_DIR)/tier.proto && \
-	for f in store.pb.go store_grpc.pb.go tier.pb.go tier_grpc.pb.go; do \
+		--go_out=paths=source_relative:$$tmp --go-grpc_out=paths=source_relative:$$tmp $(PROTO_DIR)/store.proto $(PROTO_DIR)/tier.proto $(PROTO_DIR)/drain.proto && \
+	for f in store.pb.go store_grpc.pb.go tier.pb.go tier_grpc.pb.go drain.pb.go drain_grpc.pb.go; do \
 		cmp -s $$tmp/$$f $(PROTO_DIR)/$$f || { echo "$(PROTO_DIR)/$$f is stale: run 'make gen-proto' and commit"; rm -rf $$tmp; exit 1; }; \
 	done; rm -rf $$tmp; echo "generated RPC code is fresh"
 

@@ -144,6 +144,9 @@ type ClientStats struct {
 	// EvictedKeys counts the keys the master said it evicted from this
 	// client's regions.
 	EvictedKeys uint64
+	// DrainCopies and DrainBytes count the copies this node made for
+	// drain jobs.
+	DrainCopies, DrainBytes uint64
 }
 
 // Stats reports the client's ping and re-mount counters.
@@ -246,6 +249,10 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c.masterUp = true
 	c.wg.Add(1)
 	go c.pingLoop()
+	if dw, ok := c.w.(drainWire); ok && c.segMem != nil {
+		c.wg.Add(1)
+		go c.drainLoop(dw)
+	}
 	return c, nil
 }
 

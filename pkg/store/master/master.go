@@ -222,6 +222,7 @@ type Master struct {
 	space  space
 	pend   pending
 	tiers  tiers
+	drains drains
 	// evictMu serializes allocation-failure eviction (evictForPuts).
 	evictMu sync.Mutex
 	m       *Metrics
@@ -262,6 +263,7 @@ func New(cfg Config) (*Master, error) {
 	}
 	m.space.init(&m.cfg)
 	m.tiers.init()
+	m.drains.init()
 	return m, nil
 }
 

@@ -32,6 +32,9 @@ type Object struct {
 	state      uint8
 	hardPin    bool
 	inPlace    bool // a same-size upsert is rewriting the replicas
+	// gen counts the object's writes (put ends, upsert starts): a drain
+	// copy made under one gen is committed only if it still holds.
+	gen uint16
 	// ent is the object's place in its shard's eviction policy: intrusive,
 	// so a policy costs no allocation per object.
 	ent policy.Entry[*Object]

@@ -169,6 +169,7 @@ func (m *Master) putEnd(client store.UUID, key string, depth int) error {
 		}
 	}
 	o.state, o.inPlace, o.putStart, o.writer = stateComplete, false, 0, store.UUID{}
+	o.gen++
 	sh.track(o, depth)
 	m.emit(Change{Op: OpPutEnd, Key: key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin})
 	return nil
@@ -281,6 +282,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 	}
 	pin := m.softPinExpiry(cfg, now)
 	o.putStart, o.writer = now, client
+	o.gen++
 	if it.Size == o.size && len(o.replicas) > 0 {
 		// Rewritten in place: a disk copy would be of the old version.
 		m.dropDiskLocked(o)

@@ -49,6 +49,7 @@ func NewGRPCServer(m *Master, gate grpc.UnaryServerInterceptor) *GRPCServer {
 	s := grpc.NewServer(opts...)
 	pb.RegisterMasterServer(s, rs)
 	pb.RegisterTierServer(s, newTierServer(m, gate))
+	pb.RegisterDrainServer(s, &drainServer{m: m})
 	return &GRPCServer{Server: s, rpc: rs}
 }
 
