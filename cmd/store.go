@@ -599,7 +599,7 @@ API, so they also work against a real mooncake_master.`,
 		Args: cobra.NoArgs,
 	}
 	cmd.AddCommand(newStorePutCmd(p), newStoreGetCmd(p), newStoreExistsCmd(p), newStoreRmCmd(p),
-		newStoreLsCmd(p), newStoreStatCmd(p), newStoreQueryCmd(p))
+		newStoreLsCmd(p), newStoreStatCmd(p), newStoreQueryCmd(p), newStoreDrainCmd(p))
 	cmd.AddCommand(newStoreReplayCmd(p))
 	return cmd
 }

@@ -36,6 +36,7 @@ const (
 	RPCTimeout                 Code = -901
 	UnavailableInCurrentStatus Code = -1010
 	UnavailableInCurrentMode   Code = -1011
+	JobNotFound                Code = -1402
 )
 
 var codeNames = map[Code]string{

@@ -54,6 +54,10 @@ func NewAdminHandler(m *Master, o AdminOptions) http.Handler {
 	mux.HandleFunc("GET /api/v1/segments/status", a.serving(a.segmentsStatus))
 	mux.HandleFunc("POST /api/v1/remove_all", a.serving(a.removeAll))
 	mux.HandleFunc("GET /api/v1/tiers", a.serving(a.tiers))
+	mux.HandleFunc("POST /api/v1/drain_jobs", a.serving(a.createDrain))
+	mux.HandleFunc("GET /api/v1/drain_jobs", a.serving(a.listDrains))
+	mux.HandleFunc("GET /api/v1/drain_jobs/query", a.serving(a.queryDrain))
+	mux.HandleFunc("POST /api/v1/drain_jobs/cancel", a.serving(a.cancelDrain))
 	return mux
 }
 

@@ -265,7 +265,7 @@ func (m *Master) QueryDrainJob(id store.UUID) (DrainJob, error) {
 	defer m.drains.mu.Unlock()
 	j := m.drains.jobs[id]
 	if j == nil {
-		return DrainJob{}, store.Errorf(store.InvalidParams, "drain job %s not found (jobs live on the master that created them; finished ones are kept for the last %d)", id, keepFinishedDrains)
+		return DrainJob{}, store.Errorf(store.JobNotFound, "drain job %s not found (jobs live on the master that created them; finished ones are kept for the last %d)", id, keepFinishedDrains)
 	}
 	out := j.DrainJob
 	out.Active = len(j.active)
@@ -299,7 +299,7 @@ func (m *Master) CancelDrainJob(id store.UUID) error {
 	j := m.drains.jobs[id]
 	if j == nil {
 		m.drains.mu.Unlock()
-		return store.Errorf(store.InvalidParams, "drain job %s not found", id)
+		return store.Errorf(store.JobNotFound, "drain job %s not found", id)
 	}
 	if j.Status.Done() {
 		st := j.Status

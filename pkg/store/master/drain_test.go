@@ -293,7 +293,7 @@ func TestDrainRefusesBadRequests(t *testing.T) {
 		t.Fatalf("a refused drain left B %s", got)
 	}
 	_, err = m.QueryDrainJob(store.NewUUID())
-	wantCode(t, "unknown job", err, store.InvalidParams)
+	wantCode(t, "unknown job", err, store.JobNotFound)
 }
 
 func TestDrainRetriesFailedAndSilentCopies(t *testing.T) {

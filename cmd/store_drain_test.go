@@ -1,0 +1,82 @@
+package cmd
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+)
+
+// A master with its own segment holds everything; a second node joins;
+// `mc store drain --unmount --wait` moves it all there and unmounts.
+func TestStoreDrainCLI(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "32M")
+	m := []string{"--master", rpc, "--admin", admin}
+	dir := t.TempDir()
+	vals := map[string][]byte{}
+	for i := range 12 {
+		k := fmt.Sprintf("blk/%02d", i)
+		vals[k] = bytes.Repeat([]byte{byte(i), 'x', byte(i * 3)}, 50000+i)
+		f := filepath.Join(dir, "v")
+		os.WriteFile(f, vals[k], 0o644)
+		if out, errs, code := execMC(t, append([]string{"store", "put", k, f}, m...)...); code != 0 {
+			t.Fatalf("put: %d %s %s", code, out, errs)
+		}
+	}
+	var st struct {
+		Segments []store.SegmentDetail `json:"segments"`
+	}
+	out, errs, code := execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || len(st.Segments) != 1 {
+		t.Fatalf("stat: %d %s %s", code, out, errs)
+	}
+	src := st.Segments[0].Name
+	startServeStore(t, "--master", rpc, "--segment-size", "32M")
+
+	// Refusals first: an unknown segment, and no segment at all.
+	if _, errs, code := execMC(t, append([]string{"store", "drain", "no-such-seg"}, m...)...); code == 0 || !strings.Contains(errs, "SEGMENT_NOT_FOUND") && !strings.Contains(errs, "not mounted") {
+		t.Fatalf("drain of an unknown segment: %d %q", code, errs)
+	}
+	out, errs, code = execMC(t, append([]string{"store", "drain", src, "--unmount", "--wait", "--interval", "100ms", "-o", "json"}, m...)...)
+	var j store.DrainJobStatus
+	if code != 0 || json.Unmarshal([]byte(out), &j) != nil {
+		t.Fatalf("drain: %d %s %s", code, out, errs)
+	}
+	if j.StatusName != "SUCCEEDED" || j.SucceededUnits != 12 || !j.Unmounted || j.MigratedBytes == 0 {
+		t.Fatalf("drain job: %+v", j)
+	}
+	for k, want := range vals {
+		got := filepath.Join(dir, "got")
+		if out, errs, code := execMC(t, append([]string{"store", "get", k, "-o", got}, m...)...); code != 0 {
+			t.Fatalf("get %s after the drain: %d %s %s", k, code, out, errs)
+		}
+		if b, _ := os.ReadFile(got); !bytes.Equal(b, want) {
+			t.Fatalf("%s after the drain: %d bytes, want %d", k, len(b), len(want))
+		}
+	}
+	out, _, code = execMC(t, append([]string{"store", "drain", "--status", j.JobID}, m...)...)
+	if code != 0 || !strings.Contains(out, "SUCCEEDED") || !strings.Contains(out, "12 / 12") {
+		t.Fatalf("status table: %d\n%s", code, out)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "drain", "--cancel", j.JobID}, m...)...); code == 0 || !strings.Contains(errs, "ended") {
+		t.Fatalf("cancel of an ended job: %d %q", code, errs)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		out, _, _ = execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
+		if json.Unmarshal([]byte(out), &st) == nil && len(st.Segments) == 1 && st.Segments[0].Name != src {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("segments after drain --unmount: %s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
