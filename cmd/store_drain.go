@@ -94,7 +94,7 @@ the job does not succeed.`,
 	f.BoolVar(&o.Wait, "wait", false, "follow the job until it ends (default: on a terminal)")
 	f.StringVar(&o.Status, "status", "", "show the state of job JOB")
 	f.StringVar(&o.Cancel, "cancel", "", "cancel job JOB (copies under way finish; the segments return to service)")
-	f.DurationVar(&o.Interval, "interval", 2*time.Second, "with --wait and no terminal: time between progress lines")
+	durationVar(f, &o.Interval, "interval", 2*time.Second, "with --wait and no terminal: time between progress lines")
 	return cmd
 }
 

@@ -59,7 +59,6 @@ type DrainJobStatus struct {
 	FinishedAtMs   int64    `json:"finished_at_ms_epoch,omitempty"`
 }
 
-
 // Drain job status names, as Mooncake numbers them.
 var drainStatusNames = []string{"CREATED", "PLANNING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELED"}
 

@@ -115,4 +115,3 @@ func (a *admin) listDrains(w http.ResponseWriter, _ *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "jobs": out})
 }
-
