@@ -238,6 +238,7 @@ func (m *Master) CreateDrainJob(req DrainRequest) (store.UUID, error) {
 	m.log.Info(fmt.Sprintf("drain job %s: draining segments %s (targets %s, %d copies at a time, unmount %v, force %v)",
 		j.ID, strings.Join(req.Segments, ","), orAny(req.Targets), req.MaxConcurrency, req.Unmount, req.Force))
 	m.wg.Add(1)
+	kick(j.kick) // plan at once, not at the first tick
 	go m.runDrain(j)
 	return j.ID, nil
 }
