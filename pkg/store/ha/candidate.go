@@ -466,6 +466,7 @@ func (c *Candidate) serveTerm(t *term, deadline time.Time) string {
 	c.setState(stateWarmup)
 	c.stateMu.Lock()
 	objs, dropped := c.st.restored()
+	drains := c.st.drainJobs()
 	from := c.st.Seq
 	segs := make(map[string]store.SegmentInfo, len(c.st.Segments))
 	for k, v := range c.st.Segments {
@@ -478,6 +479,9 @@ func (c *Candidate) serveTerm(t *term, deadline time.Time) string {
 	m, err := master.New(mc)
 	if err == nil {
 		err = m.Restore(objs)
+	}
+	if err == nil {
+		m.RestoreDrains(drains)
 	}
 	if err != nil {
 		close(t.log.exited)

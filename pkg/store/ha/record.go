@@ -26,6 +26,8 @@ type record struct {
 	// version it was offloaded as and the node tier holding it.
 	Ver  uint64 `json:"v,omitempty"`
 	Tier string `json:"t,omitempty"`
+	// Drain is a drain job as it was created or ended.
+	Drain *master.DrainJob `json:"dj,omitempty"`
 }
 
 // rep is where one replica is: segment name and address. The segment's
@@ -53,6 +55,8 @@ func recordOf(c master.Change) record {
 		r.Ver, r.Tier = c.Version, c.Tier
 	case master.OpDiskOnly:
 		r.Size, r.Ver, r.Tier = c.Size, c.Version, c.Tier
+	case master.OpDrain:
+		r.Drain = c.Drain
 	}
 	return r
 }
@@ -97,6 +101,8 @@ type state struct {
 	Seq      uint64                       `json:"seq"`
 	Segments map[string]store.SegmentInfo `json:"segments"`
 	Objects  map[string]*object           `json:"objects"`
+	// Drains are the drain jobs by id (the latest record of each).
+	Drains map[string]*master.DrainJob `json:"drains,omitempty"`
 }
 
 func newState() *state {
@@ -147,6 +153,15 @@ func (s *state) apply(r record) {
 			s.Objects[r.Key] = o
 		}
 		o.Reps, o.Seq, o.DiskTier, o.DiskVer = nil, r.Seq, r.Tier, r.Ver
+	case "drain":
+		if r.Drain == nil {
+			return
+		}
+		if s.Drains == nil {
+			s.Drains = make(map[string]*master.DrainJob)
+		}
+		s.Drains[r.Drain.ID.String()] = r.Drain
+		s.pruneDrains()
 	case "promote":
 		o := s.Objects[r.Key]
 		if o == nil {
@@ -251,4 +266,37 @@ func decodeState(b []byte) (*state, error) {
 		s.Objects = make(map[string]*object)
 	}
 	return s, nil
+}
+
+// maxLoggedDrains bounds the drain jobs the state keeps: ended ones go,
+// oldest first, beyond it.
+const maxLoggedDrains = 64
+
+func (s *state) pruneDrains() {
+	if len(s.Drains) <= maxLoggedDrains {
+		return
+	}
+	var ended []*master.DrainJob
+	for _, j := range s.Drains {
+		if j.Status.Done() {
+			ended = append(ended, j)
+		}
+	}
+	sort.Slice(ended, func(a, b int) bool { return ended[a].Updated.Before(ended[b].Updated) })
+	for _, j := range ended {
+		if len(s.Drains) <= maxLoggedDrains {
+			break
+		}
+		delete(s.Drains, j.ID.String())
+	}
+}
+
+// drainJobs lists the logged drain jobs, oldest first.
+func (s *state) drainJobs() []master.DrainJob {
+	out := make([]master.DrainJob, 0, len(s.Drains))
+	for _, j := range s.Drains {
+		out = append(out, *j)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Created.Before(out[b].Created) })
+	return out
 }

@@ -235,6 +235,8 @@ func (m *Master) CreateDrainJob(req DrainRequest) (store.UUID, error) {
 	m.space.mu.Unlock()
 	j.Status = DrainPlanning
 	m.drains.jobs[j.ID] = j
+	rec := j.DrainJob
+	m.emit(Change{Op: OpDrain, Drain: &rec})
 	m.log.Info(fmt.Sprintf("drain job %s: draining segments %s (targets %s, %d copies at a time, unmount %v, force %v)",
 		j.ID, strings.Join(req.Segments, ","), orAny(req.Targets), req.MaxConcurrency, req.Unmount, req.Force))
 	m.wg.Add(1)
@@ -934,7 +936,9 @@ func (m *Master) endDrain(j *drainJob, st DrainStatus, code store.Code, msg stri
 		delete(m.drains.jobs, m.drains.ended[0])
 		m.drains.ended = m.drains.ended[1:]
 	}
+	rec := j.DrainJob
 	m.drains.mu.Unlock()
+	m.emit(Change{Op: OpDrain, Drain: &rec})
 	m.space.mu.Lock()
 	for _, seg := range j.segs {
 		if seg.status != SegDraining {
@@ -955,5 +959,30 @@ func (m *Master) endDrain(j *drainJob, st DrainStatus, code store.Code, msg stri
 		m.log.Info(line)
 	} else {
 		m.log.Warn(line)
+	}
+}
+
+// RestoreDrains installs the drain jobs an HA op log recorded, on a new
+// leader. A job that was running ran on a leader that is gone: its
+// copies committed to the log are kept, and it ends FAILED with a
+// message saying so (the segments' DRAINING state went with the old
+// leader, so they are in service again).
+func (m *Master) RestoreDrains(jobs []DrainJob) {
+	now := time.Now()
+	for _, j := range jobs {
+		if !j.Status.Done() {
+			j.Status, j.Code, j.Updated, j.Finished = DrainFailed, store.UnavailableInCurrentMode, now, now
+			j.Message = "the master running this job lost leadership (HA failover): the copies it committed are kept; the segments are back in service; run the drain again"
+			rec := j
+			m.emit(Change{Op: OpDrain, Drain: &rec})
+			m.log.Warn(fmt.Sprintf("drain job %s: %s", j.ID, j.Message))
+		}
+		j.Active = 0
+		m.drains.mu.Lock()
+		if m.drains.jobs[j.ID] == nil {
+			m.drains.jobs[j.ID] = &drainJob{DrainJob: j, active: map[uint64]*drainUnit{}, kick: make(chan struct{}, 1), tries: map[string]int{}}
+			m.drains.ended = append(m.drains.ended, j.ID)
+		}
+		m.drains.mu.Unlock()
 	}
 }

@@ -190,10 +190,13 @@ const (
 	// OpPromote: a disk object is back in DRAM (Replicas), its disk
 	// replica kept.
 	OpPromote
+	// OpDrain: a drain job was created or ended (Drain), so that a new
+	// HA leader can answer for it.
+	OpDrain
 )
 
 func (o ChangeOp) String() string {
-	return [...]string{"", "mount", "unmount", "put_end", "remove", "evict", "discard", "disk_only", "promote"}[o]
+	return [...]string{"", "mount", "unmount", "put_end", "remove", "evict", "discard", "disk_only", "promote", "drain"}[o]
 }
 
 // Change is one metadata change, as the OnChange hook sees it.
@@ -210,6 +213,8 @@ type Change struct {
 	// object version and the id of the node's disk tier holding it.
 	Version uint64
 	Tier    string
+	// Drain is the job of a drain change.
+	Drain *DrainJob
 }
 
 // Master is the store's metadata service. Its methods are safe for
