@@ -724,7 +724,7 @@ func (m *Master) DrainTasks(ctx context.Context, client store.UUID, results []Dr
 
 func (m *Master) applyDrainResults(results []DrainResult) {
 	kicked := map[*drainJob]bool{}
-	committed := false
+	var committed []*drainUnit
 	for _, r := range results {
 		m.drains.mu.Lock()
 		var u *drainUnit
@@ -748,24 +748,34 @@ func (m *Master) applyDrainResults(results []DrainResult) {
 			m.retryDrainUnit(u, r.Err.Error())
 			continue
 		}
-		ok := m.commitDrainUnit(u)
-		m.drains.mu.Lock()
-		if ok {
-			u.job.Succeeded++
-			u.job.MigratedBytes += u.size
-			u.job.copiedTo[u.dst.reg.seg] = m.now()
-			committed = true
-		} else {
-			u.job.Skipped++
+		if m.commitDrainUnit(u) {
+			committed = append(committed, u)
+			continue
 		}
-		u.job.Updated = time.Now()
+		m.drains.mu.Lock()
+		u.job.Skipped++
 		m.drains.mu.Unlock()
 	}
-	if committed && m.cfg.Sync != nil {
+	// A copy counts once it is durable (HA: in the op log), so a job's
+	// figures never run ahead of what a new leader would know.
+	durable := true
+	if len(committed) > 0 && m.cfg.Sync != nil {
 		if err := m.cfg.Sync(); err != nil {
-			m.log.Warn(fmt.Sprintf("drain: committing copies to the op log: %v", err))
+			durable = false
+			m.log.Warn(fmt.Sprintf("drain: committing %d copies to the op log: %v", len(committed), err))
 		}
 	}
+	m.drains.mu.Lock()
+	now := time.Now()
+	for _, u := range committed {
+		if durable {
+			u.job.Succeeded++
+			u.job.MigratedBytes += u.size
+		}
+		u.job.copiedTo[u.dst.reg.seg] = m.now()
+		u.job.Updated = now
+	}
+	m.drains.mu.Unlock()
 	for j := range kicked {
 		m.dispatchDrain(j)
 		kick(j.kick)
