@@ -132,6 +132,13 @@ bench-store:
 bench-store-tier:
 	$(GO) test ./pkg/store/bench -run '^$$' -bench '^BenchmarkTier$$' -benchtime 1x -count=1 $${MC_TIER_DIR:+-tier.dir $$MC_TIER_DIR}
 
+# A drain of 1 GiB of 1 MiB objects between two nodes against the engine
+# writing the same blocks between the same two engines, in the same
+# iteration (drain/engine; goal >= 0.7). About 30 s.
+.PHONY: bench-drain
+bench-drain:
+	$(GO) test ./pkg/store -run '^$$' -bench '^BenchmarkDrainVsEngine$$' -benchtime 3x -count=3
+
 # 4-rank all_reduce bus bandwidth at 64 MiB on loopback TCP against the
 # 1-thread mc bench initiator at 1 MiB, in the same run (a markdown table).
 .PHONY: bench-coll

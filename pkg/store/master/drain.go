@@ -325,7 +325,9 @@ func kick(c chan struct{}) {
 // runDrain drives a job until it ends.
 func (m *Master) runDrain(j *drainJob) {
 	defer m.wg.Done()
-	t := time.NewTicker(50 * time.Millisecond)
+	// Results and cancels kick the job; the tick is for timeouts and
+	// for the wait on copies' holders at the end.
+	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {

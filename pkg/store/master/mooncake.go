@@ -592,6 +592,9 @@ var unsupportedCalls = map[string]any{
 	"MountNoFSegment": mooncake.ExpectVoid{}, "ReMountNoFSegment": mooncake.ExpectVoid{},
 	"CreateCopyTask": mooncake.ExpectUUID{}, "CreateMoveTask": mooncake.ExpectUUID{},
 	"BatchReplicaClear": mooncake.ExpectStrings{},
+	// Drain jobs are served on the admin HTTP paths (mc store drain);
+	// their coro_rpc forms are not.
+	"CreateDrainJob": mooncake.ExpectUUID{}, "CancelDrainJob": mooncake.ExpectVoid{},
 }
 
 func (s *mooncakeServer) unsupported(name string, answer any) mooncakeHandler {
