@@ -361,3 +361,35 @@ func TestDrainFailsWhenItsSegmentGoes(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// An object being written on the draining segment when the drain starts
+// is waited for, then moved.
+func TestDrainWaitsForWritesInProgress(t *testing.T) {
+	m, _ := drainMaster(t, 8*MiB, 8*MiB)
+	put(t, m, "w", "done", 64*KiB, onA())
+	putStart(t, m, "w", "writing", 64*KiB, onA())
+	id, err := m.CreateDrainJob(DrainRequest{Segments: []string{"A"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := fetch(m, "na", 10)
+	if len(first) != 1 || first[0].Key != "done" {
+		t.Fatalf("first round: %+v, want only the complete object", first)
+	}
+	report(m, "na", first)
+	time.Sleep(100 * time.Millisecond)
+	if j, _ := m.QueryDrainJob(id); j.Status.Done() {
+		t.Fatalf("job ended (%s) with an object still being written on A", j.Status)
+	}
+	if err := m.BatchPutEnd(uuidOf("w"), []string{"writing"})[0]; err != nil {
+		t.Fatal(err)
+	}
+	second := fetch(m, "na", 10)
+	if len(second) != 1 || second[0].Key != "writing" {
+		t.Fatalf("after the put ended: %+v, want its copy", second)
+	}
+	report(m, "na", second)
+	if j := waitJob(t, m, id, ended); j.Status != DrainSucceeded || j.Succeeded != 2 {
+		t.Fatalf("job %+v", j)
+	}
+}
