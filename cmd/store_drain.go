@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jedib0t/go-pretty/v6/progress"
@@ -82,7 +84,11 @@ the job does not succeed.`,
 			if err != nil {
 				return err
 			}
-			return runStoreDrain(cmd.Context(), o, a, args, p)
+			// An interrupt stops the following, not the job: say how to
+			// pick it up again.
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runStoreDrain(ctx, o, a, args, p)
 		},
 	}
 	f := cmd.Flags()
@@ -206,7 +212,7 @@ func followDrain(ctx context.Context, o storeDrainOptions, a *store.Admin, id st
 }
 
 func interruptedDrain(id string) error {
-	return fmt.Errorf("stopped following drain job %s: it goes on on the master; follow it with mc store drain --status %s --wait, or stop it with --cancel %s", id, id, id)
+	return &exitError{code: 130, err: fmt.Errorf("stopped following drain job %s: it goes on on the master; follow it with mc store drain --status %s --wait, or stop it with --cancel %s", id, id, id)}
 }
 
 // drainLine is one progress line for a non-terminal.

@@ -2,8 +2,12 @@ package cmd
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,5 +82,29 @@ func TestStoreDrainCLI(t *testing.T) {
 			t.Fatalf("segments after drain --unmount: %s", out)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Interrupting --wait stops the following, not the job, and says how to
+// pick it up again.
+func TestStoreDrainInterruptedWait(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"success":true,"job_id":"1-2","status":2,"status_name":"RUNNING","planned_units":10,"succeeded_units":3}`))
+	}))
+	defer srv.Close()
+	a, err := store.NewAdmin(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	var out, errb bytes.Buffer
+	err = runStoreDrain(ctx, storeDrainOptions{Status: "1-2", Wait: true, Interval: 50 * time.Millisecond}, a, nil, &printer{Out: &out, Err: &errb, format: "table"})
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != 130 || !strings.Contains(err.Error(), "--status 1-2 --wait") || !strings.Contains(err.Error(), "--cancel 1-2") {
+		t.Fatalf("interrupted wait: %v", err)
+	}
+	if !strings.Contains(errb.String(), "3/10 objects") {
+		t.Fatalf("no progress line before the interrupt: %q", errb.String())
 	}
 }
