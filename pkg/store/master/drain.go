@@ -384,9 +384,6 @@ func (m *Master) drainStep(j *drainJob) bool {
 	}
 	m.drains.mu.Lock()
 	cancel, idle := j.cancel, len(j.active) == 0 && len(j.queue) == 0
-	if j.noRoom && len(j.active) == 0 {
-		j.queue, idle = nil, true
-	}
 	m.drains.mu.Unlock()
 	if cancel {
 		m.drains.mu.Lock()
@@ -403,9 +400,6 @@ func (m *Master) drainStep(j *drainJob) bool {
 	if !idle {
 		m.dispatchDrain(j)
 		return false
-	}
-	if j.noRoom {
-		return m.finishDrain(j)
 	}
 	units, writing := m.planDrain(j)
 	m.drains.mu.Lock()
@@ -516,7 +510,7 @@ func drainSource(j *drainJob, o *Object) (replicaRef, bool) {
 func (m *Master) dispatchDrain(j *drainJob) {
 	for {
 		m.drains.mu.Lock()
-		if j.cancel || j.noRoom || len(j.queue) == 0 || len(j.active) >= j.Request.MaxConcurrency {
+		if j.cancel || len(j.queue) == 0 || len(j.active) >= j.Request.MaxConcurrency {
 			m.drains.mu.Unlock()
 			return
 		}
@@ -527,13 +521,16 @@ func (m *Master) dispatchDrain(j *drainJob) {
 		m.drains.mu.Lock()
 		switch {
 		case err != nil:
+			// No room for this one: the others may fit (move what
+			// fits); it is not planned again, and the end counts it.
 			j.noRoom = true
 			j.Blocked++
+			j.tries[u.key] = drainMaxTries
 			if j.failMsg == "" {
 				j.failMsg = err.Error()
 			}
 			m.drains.mu.Unlock()
-			return
+			continue
 		case !ok:
 			j.Skipped++ // changed since the plan: nothing to copy
 			m.drains.mu.Unlock()
