@@ -145,6 +145,19 @@ bench-drain:
 bench-coll:
 	$(GO) test ./pkg/coll -run '^$$' -bench '^BenchmarkAllReduceVsInitiator$$' -benchtime 3x -count=1
 
+# Issue 24's same-host figures, each against its baseline in the same run
+# (three interleaved rounds, every round printed, then medians and ranges):
+# mc bench coll all_reduce of 64 MiB on 4 local rank processes (shared
+# memory) against mc bench initiator --protocol tcp --threads 1
+# --block_size 1M (about 2 minutes); and 1 MiB mc bench store gets from a
+# client on a mc serve store --protocol auto node's host, shared memory
+# against loopback TCP (--vs-tcp; about 1 minute).
+.PHONY: bench-coll-shm bench-store-shm
+bench-coll-shm: build
+	scripts/bench-coll-shm.sh bin/mc 3
+bench-store-shm: build
+	scripts/bench-store-shm.sh bin/mc 3
+
 # Mooncake's own master_bench against mooncake_master and against mc's
 # master (--segment-size 0), interleaved rounds, same flags; needs the
 # Mooncake build of ../shared/tools/build-mooncake.sh in MOONCAKE_BUILD

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -37,6 +38,7 @@ type benchCollOptions struct {
 	SlotSize   int64
 	Slots      int
 	Timeout    time.Duration
+	Protocol   string
 	// One rank of a group (across hosts, or launched by the parent).
 	Rank        int
 	WorldSize   int
@@ -58,6 +60,12 @@ for all_gather, reduce_scatter and all_to_all, x 1 for broadcast; n the
 active ranks), the active ranks and, with --check, whether every rank got
 the right result. Data is float32 in registered memory; bytes move by
 engine writes into the peers' registered mailboxes.
+
+--protocol auto (the default) moves bytes between ranks on one host
+through shared memory (their mailboxes are memfd regions each peer maps)
+and over tcp between hosts; tcp forces loopback TCP, shm refuses any
+peer it cannot map. The transport column says which transports the
+ranks' engines actually moved each row's bytes with.
 
 By default it starts --ranks local rank processes (this binary again) and
 an embedded etcd on a loopback port as their rendezvous. With --rank,
@@ -100,6 +108,7 @@ right), 1 otherwise.`,
 	sizeVar(fs, &o.SlotSize, "slot-size", 4<<20, "mailbox slot size per peer (every rank must agree)")
 	fs.IntVar(&o.Slots, "slots", 2, "mailbox slots per peer (pipelining depth)")
 	durationVar(fs, &o.Timeout, "timeout", coll.DefaultTimeout, "a peer silent this long (its engine still up) is marked failed")
+	fs.StringVar(&o.Protocol, "protocol", engine.ProtocolAuto, "transport between ranks: auto (shared memory on one host, else tcp), tcp, or shm (shared memory only)")
 	fs.IntVar(&o.Rank, "rank", 0, "run as this rank of a group (with --world-size and --store)")
 	fs.IntVar(&o.WorldSize, "world-size", 0, "ranks of the group (with --rank)")
 	fs.StringVar(&o.Store, "store", "", "rendezvous: etcd host:port, etcd://..., or http://host:port/path (with --rank)")
@@ -108,6 +117,7 @@ right), 1 otherwise.`,
 	fs.BoolVar(&o.EmitRows, "emit-rows", false, "write every row as a JSON line (used by the launching process)")
 	_ = fs.MarkHidden("emit-rows")
 	_ = c.RegisterFlagCompletionFunc("collective", cobra.FixedCompletions(collbench.Collectives, cobra.ShellCompDirectiveNoFileComp))
+	_ = c.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions(collProtocols, cobra.ShellCompDirectiveNoFileComp))
 	return c
 }
 
@@ -125,6 +135,16 @@ func (o benchCollOptions) sweep() (collbench.Config, error) {
 	return cfg, nil
 }
 
+// collProtocols are the values --protocol takes.
+var collProtocols = []string{engine.ProtocolAuto, "tcp", engine.ProtocolSHM}
+
+func (o benchCollOptions) protocol() error {
+	if !slices.Contains(collProtocols, o.Protocol) {
+		return fmt.Errorf("--protocol %q: want one of %s", o.Protocol, strings.Join(collProtocols, ", "))
+	}
+	return nil
+}
+
 func (o benchCollOptions) slotSize() (int, error) {
 	if s := o.SlotSize; s < 64 || s%64 != 0 || s > 1<<30 {
 		return 0, fmt.Errorf("--slot-size %s: want a multiple of 64 bytes up to 1G", units.FormatSize(s))
@@ -138,6 +158,9 @@ func runBenchColl(ctx context.Context, o benchCollOptions, p *printer) error {
 		return err
 	}
 	if _, err := o.slotSize(); err != nil {
+		return err
+	}
+	if err := o.protocol(); err != nil {
 		return err
 	}
 	if o.Ranks < 1 || o.Ranks > 64 {
@@ -154,10 +177,10 @@ func runBenchColl(ctx context.Context, o benchCollOptions, p *printer) error {
 		"--collective", o.Collective, "-b", units.FormatSize(o.MinBytes), "-e", units.FormatSize(o.MaxBytes), "-f", strconv.FormatInt(o.Factor, 10),
 		"--iters", strconv.Itoa(o.Iters), "--warmup", strconv.Itoa(o.Warmup),
 		"--kill-rank", strconv.Itoa(o.KillRank), "--kill-after", strconv.Itoa(o.KillAfter),
-		"--slot-size", units.FormatSize(o.SlotSize), "--slots", strconv.Itoa(o.Slots), "--timeout", o.Timeout.String(),
+		"--slot-size", units.FormatSize(o.SlotSize), "--slots", strconv.Itoa(o.Slots), "--timeout", o.Timeout.String(), "--protocol", o.Protocol,
 		"--check=" + strconv.FormatBool(o.Check)}
 	if !p.JSON() {
-		fmt.Fprintf(p.Out, "%d ranks on loopback, rendezvous in an embedded etcd\n", o.Ranks)
+		fmt.Fprintf(p.Out, "%d local ranks (--protocol %s), rendezvous in an embedded etcd\n", o.Ranks, o.Protocol)
 	}
 	rows, err := collbench.Launch(ctx, collbench.LaunchConfig{
 		Exe: exe, Args: args, Ranks: o.Ranks, Stderr: p.Err,
@@ -181,6 +204,9 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 	if err != nil {
 		return err
 	}
+	if err := o.protocol(); err != nil {
+		return err
+	}
 	switch {
 	case o.WorldSize < 1:
 		return fmt.Errorf("--world-size %d: want the group's rank count (with --rank)", o.WorldSize)
@@ -200,7 +226,7 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 	}
 	eng, err := engine.New(ctx, engine.Config{
 		LocalServerName: fmt.Sprintf("%s-rank%d", o.Group, o.Rank),
-		MetadataServer:  o.Store, BindAddress: o.BindAddress,
+		MetadataServer:  o.Store, BindAddress: o.BindAddress, Protocol: o.Protocol,
 	})
 	if err != nil {
 		return err
@@ -280,8 +306,8 @@ func printCollTable(_ io.Writer, p *printer, rows []collbench.Result) {
 		}
 		tr = append(tr, []string{
 			r.Collective, bench.FormatSize(r.SizeBytes), strconv.Itoa(r.Ranks), strings.Join(act, ","),
-			fmt.Sprintf("%.1f", r.TimeUS), fmt.Sprintf("%.3f", r.AlgBW), fmt.Sprintf("%.3f", r.BusBW), correct, failed,
+			fmt.Sprintf("%.1f", r.TimeUS), fmt.Sprintf("%.3f", r.AlgBW), fmt.Sprintf("%.3f", r.BusBW), r.Transport, correct, failed,
 		})
 	}
-	p.Table("", []string{"collective", "size", "ranks", "active", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "correct", "failed"}, tr)
+	p.Table("", []string{"collective", "size", "ranks", "active", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "transport", "correct", "failed"}, tr)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jedib0t/go-pretty/v6/progress"
 	"github.com/spf13/cobra"
 
+	"github.com/kvcache-ops/mc/pkg/engine"
 	ebench "github.com/kvcache-ops/mc/pkg/engine/bench"
 	sbench "github.com/kvcache-ops/mc/pkg/store/bench"
 	"github.com/kvcache-ops/mc/pkg/units"
@@ -36,6 +37,7 @@ type benchStoreOptions struct {
 	SSDDir      string
 	SSDSize     int64
 	OnDisk      bool
+	VsTCP       bool
 	// Progress forces (true) or suppresses (false) the live line; nil
 	// means "on a terminal".
 	Progress *bool
@@ -53,8 +55,16 @@ moves --batch keys) and errors. Gets read keys written before the timed
 loop; --verify checks every byte read. Each row removes the keys it wrote.
 
 With no --master it starts a master and a node (--segment-size) in this
-process and benchmarks them over real loopback TCP from a separate client
-engine, as mc bench initiator does with its embedded target.
+process and benchmarks them from a separate client engine, as mc bench
+initiator does with its embedded target.
+
+--protocol auto (the default here) moves bytes through shared memory with
+a node on this host (the embedded one, or one started with mc serve store
+--protocol auto) and over tcp with the others; --protocol tcp measures
+loopback TCP. The transport column says which transports the client's
+engine actually moved each row's bytes with. --vs-tcp runs every row
+twice, first from a second client under tcp, and gives the shared-memory
+row's ratio to it: both measured in the same run.
 
 --ssd-dir gives the embedded node a disk tier (--ssd-size bytes). With
 --on-disk, get rows read objects that live only on that disk: every key is
@@ -66,7 +76,8 @@ the same run), and the get row gives its ratio to it.`,
   mc bench store --value-size 4K --batch 32 --concurrency 1,4,16,64 --plot curve.svg
   mc bench store --master 10.0.0.1:50051 --op mix --get-ratio 0.9 --verify -o json
   mc bench store --master mooncake://10.0.0.1:50051 --metadata-server P2PHANDSHAKE --op put,get --batch 8
-  mc bench store --op get --value-size 1M,16M --ssd-dir /nvme/bench --on-disk --verify`,
+  mc bench store --op get --value-size 1M,16M --ssd-dir /nvme/bench --on-disk --verify
+  mc bench store --master 127.0.0.1:50051 --op get --value-size 1M --vs-tcp   # a node of this host, started with --protocol auto`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
@@ -75,7 +86,7 @@ the same run), and the get row gives its ratio to it.`,
 		},
 	}
 	f := cmd.Flags()
-	o.Data.addFlags(f)
+	o.Data.addFlagsProtocol(f, engine.ProtocolAuto)
 	f.StringVar(&o.Master, "master", "", "store master host:port, etcd://H:P[;H:P] for HA masters, or mooncake://H:P for a mooncake_master (default: an embedded store over loopback TCP)")
 	sizeListVar(f, &o.ValueSizes, "value-size", []int64{4 << 10, 64 << 10, 1 << 20, 16 << 20}, "value sizes, comma-separated")
 	f.StringVar(&o.Op, "op", "get", "put, get or mix (comma-separated to run several)")
@@ -90,6 +101,7 @@ the same run), and the get row gives its ratio to it.`,
 	f.StringVar(&o.SSDDir, "ssd-dir", "", "give the embedded node a disk tier in this existing directory")
 	sizeVar(f, &o.SSDSize, "ssd-size", 0, "the disk tier's capacity (0: 90% of the space free in --ssd-dir)")
 	f.BoolVar(&o.OnDisk, "on-disk", false, "gets read objects that live only on the disk tier, next to the disk's own O_DIRECT reads (needs --ssd-dir)")
+	f.BoolVar(&o.VsTCP, "vs-tcp", false, "run every row from a tcp client first and give the ratio to it (with --protocol auto or shm)")
 	_ = cmd.RegisterFlagCompletionFunc("op", cobra.FixedCompletions(sbench.Ops, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -159,11 +171,15 @@ func (o benchStoreOptions) config() (sbench.Config, error) {
 		return cfg, fmt.Errorf("--ssd-dir gives the embedded store a disk tier: give no --master with it (a running store's nodes have their own --ssd-dir)")
 	case o.SSDSize < 0:
 		return cfg, fmt.Errorf("invalid --ssd-size %d: want bytes", o.SSDSize)
+	case o.VsTCP && o.Data.Protocol != engine.ProtocolAuto && o.Data.Protocol != engine.ProtocolSHM:
+		return cfg, fmt.Errorf("--vs-tcp compares shared memory with tcp: give --protocol auto or shm, not %s", o.Data.Protocol)
+	case o.VsTCP && o.OnDisk:
+		return cfg, fmt.Errorf("--vs-tcp with --on-disk: one comparison per run")
 	}
 	return sbench.Config{
 		Master: o.Master, SegmentSize: uint64(seg), ValueSizes: sizes, Ops: ops, GetRatio: o.GetRatio,
 		Concurrency: conc, Batch: o.Batch, Duration: o.Duration, Keys: o.Keys, Verify: o.Verify,
-		Engine: ecfg, Logger: quietLogger(), SSDDir: o.SSDDir, SSDSize: uint64(ssdSize), OnDisk: o.OnDisk,
+		Engine: ecfg, Logger: quietLogger(), SSDDir: o.SSDDir, SSDSize: uint64(ssdSize), OnDisk: o.OnDisk, VsTCP: o.VsTCP,
 	}, nil
 }
 
@@ -222,12 +238,13 @@ func printStoreResults(p *printer, results []sbench.Result) error {
 	rows := make([][]string, 0, len(results))
 	var notes []string
 	vsDisk := slices.ContainsFunc(results, func(r sbench.Result) bool { return r.Op == "disk-read" })
+	vsTCP := slices.ContainsFunc(results, func(r sbench.Result) bool { return r.VsTCP > 0 })
 	for _, r := range results {
 		row := []string{
 			ebench.FormatSize(r.ValueSize), r.Op, strconv.Itoa(r.Concurrency), strconv.Itoa(r.Batch),
 			strconv.FormatFloat(r.OpsPerSec, 'f', 0, 64), strconv.FormatFloat(r.GBPerSec, 'f', 2, 64),
 			strconv.FormatFloat(r.P50us, 'f', 0, 64), strconv.FormatFloat(r.P99us, 'f', 0, 64),
-			strconv.FormatFloat(r.P999us, 'f', 0, 64), strconv.FormatInt(r.Errors, 10),
+			strconv.FormatFloat(r.P999us, 'f', 0, 64), strconv.FormatInt(r.Errors, 10), r.Transport,
 		}
 		if vsDisk {
 			ratio := ""
@@ -236,14 +253,24 @@ func printStoreResults(p *printer, results []sbench.Result) error {
 			}
 			row = append(row, ratio)
 		}
+		if vsTCP {
+			ratio := ""
+			if r.VsTCP > 0 {
+				ratio = strconv.FormatFloat(r.VsTCP, 'f', 2, 64) + "x"
+			}
+			row = append(row, ratio)
+		}
 		rows = append(rows, row)
 		if r.FirstError != "" {
 			notes = append(notes, fmt.Sprintf("%s %s x%d: first error: %s", ebench.FormatSize(r.ValueSize), r.Op, r.Concurrency, r.FirstError))
 		}
 	}
-	head := []string{"value", "op", "concurrency", "batch", "ops/s", "GB/s", "p50 (µs)", "p99 (µs)", "p99.9 (µs)", "errors"}
+	head := []string{"value", "op", "concurrency", "batch", "ops/s", "GB/s", "p50 (µs)", "p99 (µs)", "p99.9 (µs)", "errors", "transport"}
 	if vsDisk {
 		head = append(head, "vs disk")
+	}
+	if vsTCP {
+		head = append(head, "vs tcp")
 	}
 	p.Table("", head, rows)
 	for _, n := range notes {

@@ -51,18 +51,23 @@ func serveMetrics(ctx context.Context, addr string, cs ...prometheus.Collector) 
 // engineCollector exports an engine's task counts (engine.Stats): the
 // transfer engine's throughput and failed tasks, by operation.
 type engineCollector struct {
-	e            *engine.Engine
-	tasks, bytes *prometheus.Desc
+	e                   *engine.Engine
+	tasks, bytes, byVia *prometheus.Desc
 }
 
 func newEngineCollector(e *engine.Engine) *engineCollector {
 	return &engineCollector{e: e,
 		tasks: prometheus.NewDesc("mc_engine_tasks_total", "Transfer tasks this engine initiated that finished, by operation and status (completed, failed).", []string{"operation", "status"}, nil),
 		bytes: prometheus.NewDesc("mc_engine_transferred_bytes_total", "Bytes this engine's tasks moved, by operation (a failed task's partial bytes too).", []string{"operation"}, nil),
+		byVia: prometheus.NewDesc("mc_engine_transport_bytes_total", "Bytes this engine's tasks moved, by the transport that moved them (local, shm, tcp, rdma).", []string{"transport"}, nil),
 	}
 }
 
-func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.tasks; ch <- c.bytes }
+func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.tasks
+	ch <- c.bytes
+	ch <- c.byVia
+}
 
 func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.e.Stats()
@@ -70,5 +75,8 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.tasks, prometheus.CounterValue, float64(s.Completed[op]), name, "completed")
 		ch <- prometheus.MustNewConstMetric(c.tasks, prometheus.CounterValue, float64(s.Failed[op]), name, "failed")
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.Bytes[op]), name)
+	}
+	for i, name := range engine.StatsTransports {
+		ch <- prometheus.MustNewConstMetric(c.byVia, prometheus.CounterValue, float64(s.TransportBytes[i]), name)
 	}
 }

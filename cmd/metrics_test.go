@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
 )
 
@@ -95,4 +98,49 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return b.String()
+}
+
+// The engine's exporter gives the bytes by the transport that moved them:
+// an initiator under auto reading a same-host target counts them under
+// shm, none under tcp.
+func TestEngineCollectorByTransport(t *testing.T) {
+	ctx := context.Background()
+	newEng := func() *engine.Engine {
+		e, err := engine.New(ctx, engine.Config{LocalServerName: "metrics", BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0", Protocol: engine.ProtocolAuto})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+	target, init := newEng(), newEng()
+	tm, err := target.RegisterMemory(ctx, 1<<20, "cpu:0", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lm, err := init.RegisterMemory(ctx, 1<<20, "cpu:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg, err := init.OpenSegment(ctx, target.SegmentName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	b, _ := init.AllocateBatch(1)
+	b.Submit(engine.Request{Op: engine.Read, Source: lm.Addr(), Segment: seg, Target: tm.Addr(), Length: 65536})
+	if err := b.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP mc_engine_transport_bytes_total Bytes this engine's tasks moved, by the transport that moved them (local, shm, tcp, rdma).
+# TYPE mc_engine_transport_bytes_total counter
+mc_engine_transport_bytes_total{transport="local"} 0
+mc_engine_transport_bytes_total{transport="rdma"} 0
+mc_engine_transport_bytes_total{transport="shm"} 65536
+mc_engine_transport_bytes_total{transport="tcp"} 0
+`
+	if err := testutil.CollectAndCompare(newEngineCollector(init), strings.NewReader(want), "mc_engine_transport_bytes_total"); err != nil {
+		t.Fatal(err)
+	}
 }

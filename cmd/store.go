@@ -39,8 +39,13 @@ type storeDataOptions struct {
 	MetadataServer string
 }
 
-func (o *storeDataOptions) addFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport for the bytes: tcp, rdma, auto (shared memory with same-host nodes and clients, else tcp) or shm (shared memory only)")
+func (o *storeDataOptions) addFlags(fs *pflag.FlagSet) { o.addFlagsProtocol(fs, "tcp") }
+
+// addFlagsProtocol is addFlags with another default --protocol (bench
+// store's is auto: a benchmark client beside the node it measures
+// should measure what that client would use).
+func (o *storeDataOptions) addFlagsProtocol(fs *pflag.FlagSet, protocol string) {
+	fs.StringVar(&o.Protocol, "protocol", protocol, "transport for the bytes: tcp, rdma, auto (shared memory with same-host nodes and clients, else tcp) or shm (shared memory only)")
 	fs.StringVar(&o.DeviceName, "device-name", "", "RDMA NICs to use, comma-separated (--protocol rdma; soft NICs here)")
 	fs.StringVar(&o.LocalHostname, "local-hostname", "", "host (or host:port, the segment name with etcd/HTTP metadata) other processes reach this one's segment or engine at (default: the bind address, else this host's name)")
 	fs.StringVar(&o.MetadataServer, "metadata-server", meta.P2PHandshake, "where transfer engines publish and find segments: P2PHANDSHAKE, http://H:P/metadata, etcd://H:P[;H:P] (Mooncake's --metadata_server)")
@@ -664,11 +669,14 @@ func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *pri
 	if err := c.Put(ctx, key, value, store.WithConfig(rc)); err != nil {
 		return fmt.Errorf("put %q: %w", key, err)
 	}
+	// What the engine counted, not what --protocol asked for: auto
+	// falls back to tcp for a node on another host.
+	via := c.Engine().Stats().Transport()
 	reps, _ := c.Query(ctx, key)
 	if p.JSON() {
-		return p.PrintJSON(map[string]any{"key": key, "size": len(value), "replicas": len(reps)})
+		return p.PrintJSON(map[string]any{"key": key, "size": len(value), "replicas": len(reps), "transport": via})
 	}
-	fmt.Fprintf(p.Out, "stored %q: %d bytes, %d replica(s)\n", key, len(value), len(reps))
+	fmt.Fprintf(p.Out, "stored %q: %d bytes, %d replica(s)%s\n", key, len(value), len(reps), viaNote(via))
 	return nil
 }
 
@@ -749,9 +757,10 @@ func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer)
 	if err != nil {
 		return fmt.Errorf("get %q: %w", key, err)
 	}
+	via := c.Engine().Stats().Transport()
 	switch {
 	case p.JSON():
-		return p.PrintJSON(map[string]any{"key": key, "size": len(v), "value_base64": base64.StdEncoding.EncodeToString(v)})
+		return p.PrintJSON(map[string]any{"key": key, "size": len(v), "value_base64": base64.StdEncoding.EncodeToString(v), "transport": via})
 	case o.Dest == "" || o.Dest == "-":
 		_, err = o.Out.Write(v)
 		return err
@@ -761,8 +770,17 @@ func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer)
 	if err := writeFileWith(o.Dest, func(f *os.File) error { _, err := f.Write(v); return err }); err != nil {
 		return fmt.Errorf("get %q: write %s: %w", key, o.Dest, err)
 	}
-	fmt.Fprintf(p.Err, "wrote %d bytes to %s\n", len(v), o.Dest)
+	fmt.Fprintf(p.Err, "wrote %d bytes to %s%s\n", len(v), o.Dest, viaNote(via))
 	return nil
+}
+
+// viaNote names the transports that moved a value's bytes ("" when none
+// did: an empty value).
+func viaNote(via string) string {
+	if via == "" {
+		return ""
+	}
+	return ", via " + via
 }
 
 func newStoreExistsCmd(p *printer) *cobra.Command {

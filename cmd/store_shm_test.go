@@ -4,6 +4,7 @@ package cmd
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,26 +30,81 @@ func TestStoreSameHostSHM(t *testing.T) {
 	if err := os.WriteFile(src, val, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, errs, code := execMC(t, append([]string{"store", "put", "k", src, "--protocol", "shm"}, m...)...); code != 0 {
+	out, errs, code := execMC(t, append([]string{"store", "put", "k", src, "--protocol", "shm"}, m...)...)
+	if code != 0 {
 		t.Fatalf("put --protocol shm to a same-host node: %q", errs)
 	}
-	for _, proto := range []string{"shm", "auto", "tcp"} {
+	if !strings.Contains(out, "via shm\n") {
+		t.Fatalf("put --protocol shm does not say shm moved the bytes: %q", out)
+	}
+	// The transport printed is the one the client's engine counted: auto
+	// picks shm for this node, tcp stays tcp.
+	for _, c := range []struct{ proto, via string }{{"shm", "shm"}, {"auto", "shm"}, {"tcp", "tcp"}} {
+		proto := c.proto
 		dst := filepath.Join(dir, "out-"+proto)
-		if _, errs, code := execMC(t, append([]string{"store", "get", "k", "-o", dst, "--protocol", proto}, m...)...); code != 0 {
+		_, errs, code := execMC(t, append([]string{"store", "get", "k", "-o", dst, "--protocol", proto}, m...)...)
+		if code != 0 {
 			t.Fatalf("get --protocol %s: %q", proto, errs)
+		}
+		if !strings.HasSuffix(errs, "via "+c.via+"\n") {
+			t.Fatalf("get --protocol %s: %q, want the bytes moved via %s", proto, errs, c.via)
 		}
 		if got, _ := os.ReadFile(dst); !bytes.Equal(got, val) {
 			t.Fatalf("get --protocol %s wrote other bytes", proto)
 		}
 	}
-	out, _, _ := execMC(t, append([]string{"store", "stat"}, m...)...)
+	out, _, _ = execMC(t, append([]string{"store", "stat"}, m...)...)
 	if !strings.Contains(out, "│ tcp ") {
 		t.Fatalf("stat does not list the node's segment as tcp:\n%s", out)
 	}
 	// A node without shared memory: --protocol shm says why it cannot.
 	_, _, _, _ = startServeStore(t, "--master", rpc, "--segment-size", "32M")
-	_, errs, code := execMC(t, append([]string{"store", "put", "k2", src, "--protocol", "shm", "--replicas", "2"}, m...)...)
+	_, errs, code = execMC(t, append([]string{"store", "put", "k2", src, "--protocol", "shm", "--replicas", "2"}, m...)...)
 	if code == 0 || !strings.Contains(errs, "advertises no shared memory") {
 		t.Fatalf("put --protocol shm with a replica on a tcp-only node: exit %d %q", code, errs)
+	}
+}
+
+// mc bench store against a node of this host started with --protocol
+// auto: the default (auto) client's rows say shm, a --protocol tcp
+// client's say tcp, each as its engine counted the bytes; --vs-tcp gives
+// both rows in one run with the ratio; and a tcp row next to itself is
+// refused.
+func TestBenchStoreSameHostTransport(t *testing.T) {
+	isolateEnv(t)
+	rpc, _, _, _ := startServeStore(t, "--segment-size", "0")
+	startServeStore(t, "--master", rpc, "--segment-size", "64M", "--protocol", "auto")
+	bench := func(args ...string) []map[string]any {
+		t.Helper()
+		args = append([]string{"bench", "store", "--master", rpc, "--value-size", "64K", "--op", "get", "--keys", "32",
+			"--duration", "300ms", "--verify", "-o", "json"}, args...)
+		out, errs, code := execMC(t, args...)
+		if code != 0 {
+			t.Fatalf("mc %s: exit %d: %s", strings.Join(args, " "), code, errs)
+		}
+		var j struct {
+			Results []map[string]any `json:"results"`
+		}
+		if err := json.Unmarshal([]byte(out), &j); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		return j.Results
+	}
+	if r := bench(); len(r) != 1 || r[0]["transport"] != "shm" || r[0]["errors"] != 0.0 {
+		t.Fatalf("default client on the node's host: %v, want one row via shm", r)
+	}
+	if r := bench("--protocol", "tcp"); len(r) != 1 || r[0]["transport"] != "tcp" {
+		t.Fatalf("--protocol tcp: %v, want one row via tcp", r)
+	}
+	r := bench("--vs-tcp")
+	if len(r) != 2 || r[0]["transport"] != "tcp" || r[1]["transport"] != "shm" || r[0]["vs_tcp"] != nil {
+		t.Fatalf("--vs-tcp: %v, want a tcp row then a shm row", r)
+	}
+	if v, _ := r[1]["vs_tcp"].(float64); v != r[1]["gb_per_sec"].(float64)/r[0]["gb_per_sec"].(float64) {
+		t.Fatalf("--vs-tcp: ratio %v of %v", r[1]["vs_tcp"], r)
+	}
+	_, errs, code := execMC(t, "bench", "store", "--master", rpc, "--vs-tcp", "--protocol", "tcp")
+	if code == 0 || !strings.Contains(errs, "--vs-tcp compares shared memory with tcp") {
+		t.Fatalf("--vs-tcp --protocol tcp: exit %d %q", code, errs)
 	}
 }

@@ -19,10 +19,12 @@ var (
 	benchSlotSize = flag.String("coll.slot-size", "4M", "mailbox slot size")
 	benchSlots    = flag.Int("coll.slots", 2, "mailbox slots per peer")
 	benchDuration = flag.Duration("coll.baseline-duration", 3*time.Second, "duration of the initiator baseline")
+	benchProtocol = flag.String("coll.protocol", "tcp", "the ranks' engine protocol (tcp; auto: shared memory between them)")
 )
 
 // BenchmarkAllReduceVsInitiator measures the all-reduce bus bandwidth of
-// ranks on loopback TCP (each its own engine, in this process) against
+// ranks on loopback TCP (each its own engine, in this process; with
+// -coll.protocol auto through shared memory instead) against
 // the transfer engine's own ceiling measured in the same run: `mc bench
 // initiator` with one thread and 1 MiB blocks (its defaults otherwise:
 // batches of 128) against an embedded loopback target, reads and writes.
@@ -50,7 +52,11 @@ func BenchmarkAllReduceVsInitiator(b *testing.B) {
 
 	n := *benchRanks
 	cfg := Config{Slots: *benchSlots, SlotSize: int(slot), Timeout: time.Minute}
-	c := newCluster(b, meta.NewMemory(), n, n, cfg)
+	protos := make([]string, n)
+	for r := range protos {
+		protos[r] = *benchProtocol
+	}
+	c := newClusterOver(b, meta.NewMemory(), n, n, cfg, protos)
 	// The data lives in registered memory, as tensors do: collectives
 	// send from it and reduce into it without staging copies.
 	data := make([][]float32, n)
@@ -84,7 +90,7 @@ func BenchmarkAllReduceVsInitiator(b *testing.B) {
 	fmt.Printf("\n| measure (same run, loopback TCP) | GB/s | ratio |\n|---|---|---|\n")
 	fmt.Printf("| mc bench initiator, 1 thread, 1 MiB, read | %.2f | 1 |\n", baseline[engine.Read]/1e9)
 	fmt.Printf("| mc bench initiator, 1 thread, 1 MiB, write | %.2f | |\n", baseline[engine.Write]/1e9)
-	fmt.Printf("| all_reduce %d ranks %s float32 sum: algbw (%.1f ms) | %.2f | |\n", n, bench.FormatSize(size), best.Seconds()*1e3, algbw/1e9)
+	fmt.Printf("| all_reduce %d ranks %s float32 sum, engines under %s: algbw (%.1f ms) | %.2f | |\n", n, bench.FormatSize(size), *benchProtocol, best.Seconds()*1e3, algbw/1e9)
 	fmt.Printf("| all_reduce busbw | %.2f | %.2fx read, %.2fx write |\n", busbw/1e9, busbw/baseline[engine.Read], busbw/baseline[engine.Write])
 	fmt.Printf("| host loopback ceiling: initiator, 4 threads, write | %.2f | |\n", ceiling/1e9)
 	fmt.Printf("| busbw bound on one host (ceiling / %d ranks) | %.2f | %.2fx read |\n\n", n, ceiling/float64(n)/1e9, ceiling/float64(n)/baseline[engine.Read])

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
 )
 
@@ -277,6 +278,44 @@ func TestUnalignedBuffers(t *testing.T) {
 				return fmt.Errorf("unaligned all_reduce of %d: got %v, want %v", cnt, head(got), head(want))
 			}
 			return nil
+		})
+	}
+}
+
+// Ranks whose engines run under auto on one host reach each other through
+// shared memory: every byte of their collectives (data, flags, acks)
+// moves by shm, none over tcp, as each engine counts it; the results are
+// those over tcp. A rank whose engine offers no shared memory (tcp) is
+// reached over tcp by the others and reaches them over tcp itself.
+func TestSameHostRanksUseSHM(t *testing.T) {
+	auto := []string{"auto", "auto", "auto", "auto"}
+	mixed := []string{"auto", "auto", "tcp", "auto"}
+	for _, c := range []struct {
+		name      string
+		protocols []string
+		want      []string // per rank: engine.Stats.Transport over the collectives
+	}{
+		{"auto", auto, []string{"shm", "shm", "shm", "shm"}},
+		{"one-tcp-rank", mixed, []string{"shm+tcp", "shm+tcp", "tcp", "shm+tcp"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := newClusterOver(t, meta.NewMemory(), 4, 4, testConfig(), c.protocols)
+			before := make([]engine.Stats, 4)
+			for r, e := range cl.engines {
+				before[r] = e.Stats()
+			}
+			checkAllReduce[float32](t, cl, 3, Sum)    // direct
+			checkAllReduce[float32](t, cl, 1000, Sum) // ring, across slots
+			checkAllReduce[int64](t, cl, 777, Max)
+			for r, e := range cl.engines {
+				d := e.Stats().Sub(before[r])
+				if got := d.Transport(); got != c.want[r] {
+					t.Errorf("rank %d (engine %q) moved bytes through %q (%v), want %q", r, c.protocols[r], got, d.TransportBytes, c.want[r])
+				}
+				if d.Failed != [2]uint64{} {
+					t.Errorf("rank %d: failed tasks %v", r, d.Failed)
+				}
+			}
 		})
 	}
 }

@@ -14,13 +14,15 @@ import (
 // testCluster is n ranks in one process: each its own engine on loopback
 // TCP, all sharing one metadata backend (which is also the rendezvous).
 type testCluster struct {
-	t       testing.TB
-	be      meta.Backend
-	st      meta.Store
-	name    string
-	cfg     Config
-	engines []*engine.Engine
-	groups  []*Group
+	t    testing.TB
+	be   meta.Backend
+	st   meta.Store
+	name string
+	cfg  Config
+	// protocols[r] is rank r's engine.Config.Protocol ("": tcp).
+	protocols []string
+	engines   []*engine.Engine
+	groups    []*Group
 }
 
 var clusterSeq sync.Mutex
@@ -34,6 +36,13 @@ func testConfig() Config {
 
 func newCluster(t testing.TB, be meta.Backend, world, maxWorld int, cfg Config) *testCluster {
 	t.Helper()
+	return newClusterOver(t, be, world, maxWorld, cfg, nil)
+}
+
+// newClusterOver is newCluster with rank r's engine under protocols[r]
+// (missing or "": tcp).
+func newClusterOver(t testing.TB, be meta.Backend, world, maxWorld int, cfg Config, protocols []string) *testCluster {
+	t.Helper()
 	st, err := meta.StoreOf(be)
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +51,7 @@ func newCluster(t testing.TB, be meta.Backend, world, maxWorld int, cfg Config) 
 	clusterN++
 	name := fmt.Sprintf("%s-%d", t.Name(), clusterN)
 	clusterSeq.Unlock()
-	c := &testCluster{t: t, be: be, st: st, name: name, cfg: cfg}
+	c := &testCluster{t: t, be: be, st: st, name: name, cfg: cfg, protocols: protocols}
 	c.engines = make([]*engine.Engine, maxWorld)
 	c.groups = make([]*Group, maxWorld)
 	for r := 0; r < world; r++ {
@@ -78,9 +87,14 @@ func (c *testCluster) newEngine(r int) *engine.Engine {
 	engineSeq++
 	name := fmt.Sprintf("%s-r%d-%d", c.name, r, engineSeq)
 	engineMu.Unlock()
+	proto := ""
+	if r < len(c.protocols) {
+		proto = c.protocols[r]
+	}
 	e, err := engine.New(context.Background(), engine.Config{
 		LocalServerName: name, Backend: nopClose{c.be},
 		BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0", TCPStatusTimeout: 5 * time.Second,
+		Protocol: proto,
 	})
 	if err != nil {
 		c.t.Fatal(err)

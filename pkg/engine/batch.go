@@ -111,12 +111,16 @@ func (t *Task) Complete(err error) {
 		t.local = nil
 	}
 	b := t.batch
+	via := int8(-1)
+	if s := t.req.Segment; s != nil {
+		via = s.viaIdx
+	}
 	if err != nil {
-		b.e.tasks.finish(t.req.Op, false, t.moved.Load())
+		b.e.tasks.finish(t.req.Op, false, t.moved.Load(), via)
 		t.err = err
 		t.status.Store(uint32(Failed))
 	} else {
-		b.e.tasks.finish(t.req.Op, true, t.req.Length)
+		b.e.tasks.finish(t.req.Op, true, t.req.Length, via)
 		t.status.Store(uint32(Completed))
 	}
 	if b.pending.Add(-1) == 0 {

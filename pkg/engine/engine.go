@@ -511,7 +511,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error)
 		return nil, ErrEngineClosed
 	}
 	if name == e.segName || name == e.cfg.LocalServerName {
-		return &Segment{name: name, route: e.local, localSeg: true, via: ProtocolLocal, e: e}, nil
+		return &Segment{name: name, route: e.local, localSeg: true, via: ProtocolLocal, viaIdx: transportIndex(ProtocolLocal), e: e}, nil
 	}
 	start := time.Now()
 	d, err := e.backend.GetSegment(ctx, name)
@@ -526,7 +526,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error)
 		r, err := e.shm.Dial(ctx, SegmentInfo{Name: name, Desc: d})
 		if err == nil {
 			slog.Debug("segment opened", "segment", name, "protocol", ProtocolSHM, "pid", d.SHM.PID, "buffers", len(d.Buffers))
-			s := &Segment{name: name, desc: d, route: r, via: ProtocolSHM, e: e}
+			s := &Segment{name: name, desc: d, route: r, via: ProtocolSHM, viaIdx: transportIndex(ProtocolSHM), e: e}
 			s.index()
 			return s, nil
 		}
@@ -549,7 +549,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error)
 		return nil, fmt.Errorf("open segment %q: %w", name, err)
 	}
 	slog.Debug("segment opened", "segment", name, "protocol", d.Protocol, "buffers", len(d.Buffers), "tcp_data_port", d.TCPDataPort)
-	s := &Segment{name: name, desc: d, route: r, via: d.Protocol, e: e}
+	s := &Segment{name: name, desc: d, route: r, via: d.Protocol, viaIdx: transportIndex(d.Protocol), e: e}
 	s.index()
 	return s, nil
 }

@@ -50,6 +50,7 @@ type Segment struct {
 	route    Route
 	localSeg bool
 	via      string // the protocol that moves the bytes
+	viaIdx   int8   // via's place in StatsTransports
 	e        *Engine
 	closed   atomic.Bool
 	ranges   []meta.BufferDesc // desc.Buffers sorted by address

@@ -53,6 +53,10 @@ type Result struct {
 	Correct *bool `json:"correct"`
 	// Failed lists ranks found failed while this row ran.
 	Failed []int `json:"failed,omitempty"`
+	// Transport names the transports that moved the row's bytes, over
+	// every active rank, as their engines counted them
+	// (engine.Stats.Transport: "shm", "tcp", "shm+tcp", ...).
+	Transport string `json:"transport"`
 }
 
 // Validate checks cfg.
@@ -105,6 +109,7 @@ func busFactor(coll string, n int) float64 {
 type runner struct {
 	cfg    Config
 	g      *coll.Group
+	eng    *engine.Engine
 	size   int // group size (slots) the buffers are laid out for
 	send   []float32
 	recv   []float32
@@ -133,7 +138,7 @@ func RunRank(ctx context.Context, g *coll.Group, eng *engine.Engine, cfg Config,
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	r := &runner{cfg: cfg, g: g, size: g.Size()}
+	r := &runner{cfg: cfg, g: g, eng: eng, size: g.Size()}
 	// Buffers in registered memory, as tensors would be: the collectives
 	// send from them and reduce into them without staging copies.
 	total, _ := r.elems(cfg.MaxBytes)
@@ -261,6 +266,7 @@ func (r *runner) resync(ctx context.Context, res *Result) error {
 func (r *runner) row(ctx context.Context, size int64) (res Result, emit bool, err error) {
 	n, block := r.elems(size)
 	res = Result{Collective: r.cfg.Collective, SizeBytes: int64(n) * 4}
+	before := r.eng.Stats()
 	op := func() error { return r.once(ctx, n, block) }
 	r.fill(n)
 	for range r.cfg.Warmup {
@@ -301,15 +307,23 @@ func (r *runner) row(ctx context.Context, size int64) (res Result, emit bool, er
 			wrong = 1
 		}
 	}
-	// Agree on the row: the slowest rank's mean, and whether any rank saw
-	// a wrong result.
+	// Agree on the row: the slowest rank's mean, whether any rank saw
+	// a wrong result, and which transports any rank's engine moved the
+	// row's bytes with (a 0/1 per transport: max is "any").
 	mean := 0.0
 	if timed > 0 {
 		mean = spent.Seconds() / float64(timed)
 	}
-	agreed := make([]float64, 2)
+	moved := r.eng.Stats().Sub(before).TransportBytes
+	agreed := make([]float64, 2+len(moved))
 	ran, err := r.do(ctx, &res, func() error {
 		agreed[0], agreed[1] = mean, wrong
+		for i, b := range moved {
+			agreed[2+i] = 0
+			if b > 0 {
+				agreed[2+i] = 1
+			}
+		}
 		return coll.AllReduceOf(ctx, r.g, agreed, coll.Max)
 	})
 	if err != nil || !ran {
@@ -318,6 +332,13 @@ func (r *runner) row(ctx context.Context, size int64) (res Result, emit bool, er
 	res.ActiveRanks = r.g.ActiveRanks()
 	res.Ranks = len(res.ActiveRanks)
 	res.TimeUS = agreed[0] * 1e6
+	var used engine.Stats
+	for i := range used.TransportBytes {
+		if agreed[2+i] > 0 {
+			used.TransportBytes[i] = 1
+		}
+	}
+	res.Transport = used.Transport()
 	if agreed[0] > 0 {
 		res.AlgBW = float64(res.SizeBytes) / agreed[0] / 1e9
 		res.BusBW = res.AlgBW * busFactor(r.cfg.Collective, res.Ranks)

@@ -40,6 +40,7 @@ func childRank(args []string) error {
 	collective := fs.String("collective", "all_reduce", "")
 	kill := fs.Int("kill-rank", -1, "")
 	after := fs.Int("kill-after", 0, "")
+	protocol := fs.String("protocol", engine.ProtocolAuto, "")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -53,7 +54,7 @@ func childRank(args []string) error {
 	if err != nil {
 		return err
 	}
-	eng, err := engine.New(ctx, engine.Config{LocalServerName: *group + "-" + strconv.Itoa(*rank), MetadataServer: *store, BindAddress: "127.0.0.1"})
+	eng, err := engine.New(ctx, engine.Config{LocalServerName: *group + "-" + strconv.Itoa(*rank), MetadataServer: *store, BindAddress: "127.0.0.1", Protocol: *protocol})
 	if err != nil {
 		return err
 	}
@@ -98,12 +99,19 @@ func TestLaunchProcesses(t *testing.T) {
 	if len(rows) != 5 || rows[0].SizeBytes != 12 || rows[4].SizeBytes != 32760 {
 		t.Fatalf("rows: %+v", rows)
 	}
+	// Ranks in processes of one host under auto: their engines moved
+	// every row's bytes through shared memory, none over tcp.
 	for _, r := range rows {
-		if r.Collective != "all_gather" || r.Ranks != 3 || r.Correct == nil || !*r.Correct || r.TimeUS <= 0 {
+		if r.Collective != "all_gather" || r.Ranks != 3 || r.Correct == nil || !*r.Correct || r.TimeUS <= 0 || r.Transport != "shm" {
 			t.Fatalf("row %+v", r)
 		}
 	}
-	// The drill: rank 1 exits for real after 6 collectives.
+	for _, r := range launch("-collective", "all_reduce", "-protocol", "tcp") {
+		if r.Transport != "tcp" || !*r.Correct {
+			t.Fatalf("-protocol tcp: row %+v", r)
+		}
+	}
+	// The drill (over shm): rank 1 exits for real after 6 collectives.
 	rows = launch("-kill-rank", "1", "-kill-after", "6")
 	last := rows[len(rows)-1]
 	if !slices.Equal(last.ActiveRanks, []int{0, 2}) || last.Ranks != 2 || !*last.Correct {

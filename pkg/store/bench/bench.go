@@ -55,6 +55,12 @@ type Config struct {
 	// Engine configures the benchmark client's engine (and the embedded
 	// node's); default loopback TCP.
 	Engine engine.Config
+	// VsTCP runs every row twice: first from a second client whose
+	// engine is Engine under tcp (a "tcp" row), then from the benchmark
+	// client, whose row gives its GB/s over the tcp row's (VsTCP): the
+	// same-host transport against loopback TCP in one run. Engine's
+	// protocol must be auto or shm.
+	VsTCP bool
 	// SSDDir gives the embedded node a disk tier in this directory (of
 	// SSDSize bytes; 0: 90% of the filesystem's free space).
 	SSDDir  string
@@ -102,6 +108,13 @@ type Result struct {
 	// VsDisk is an on-disk get row's GB/s over the disk-read row before
 	// it (OnDisk).
 	VsDisk float64 `json:"vs_disk,omitempty"`
+	// Transport names the transports the client's engine moved the
+	// timed loop's bytes with, as it counted them (engine.Stats: "shm",
+	// "tcp", "local" for a segment of its own, "shm+tcp" for replicas
+	// reached both ways).
+	Transport string `json:"transport"`
+	// VsTCP is the row's GB/s over the tcp row before it (Config.VsTCP).
+	VsTCP float64 `json:"vs_tcp,omitempty"`
 }
 
 // DefaultSegmentSize is the embedded node's segment.
@@ -161,6 +174,10 @@ func (c *Config) check() error {
 		return fmt.Errorf("a disk tier is the embedded node's: give no master with it")
 	case c.OnDisk && c.SSDDir == "":
 		return fmt.Errorf("gets of objects on disk need a disk tier directory")
+	case c.VsTCP && c.OnDisk:
+		return fmt.Errorf("one comparison per run: against tcp or against the disk, not both")
+	case c.VsTCP && c.Engine.Protocol != engine.ProtocolAuto && c.Engine.Protocol != engine.ProtocolSHM:
+		return fmt.Errorf("a comparison with tcp measures shared memory: the client's protocol is %q, want auto or shm", c.Engine.Protocol)
 	}
 	return nil
 }
@@ -206,6 +223,17 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	defer c.Close(context.WithoutCancel(ctx))
 	r := &runner{cfg: cfg, c: c, run: newRunID(), srv: srv}
+	var rt *runner // VsTCP: the tcp client's rows
+	if cfg.VsTCP {
+		tcfg := cfg.Engine
+		tcfg.Protocol = "tcp"
+		ct, err := store.New(ctx, store.Config{Master: addr, EngineConfig: tcfg, Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("tcp client: %w", err)
+		}
+		defer ct.Close(context.WithoutCancel(ctx))
+		rt = &runner{cfg: cfg, c: ct, run: newRunID(), srv: srv}
+	}
 	var out []Result
 	for _, vs := range cfg.ValueSizes {
 		for _, op := range cfg.Ops {
@@ -220,7 +248,20 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 					}
 					out = append(out, base)
 				}
+				if rt != nil {
+					base, err := rt.row(ctx, vs, op, n)
+					if err != nil {
+						if ctx.Err() != nil {
+							return out, ctx.Err()
+						}
+						return out, fmt.Errorf("%s %s x%d over tcp: %w", ebench.FormatSize(vs), op, n, err)
+					}
+					out = append(out, base)
+				}
 				res, err := r.row(ctx, vs, op, n)
+				if rt != nil && out[len(out)-1].GBPerSec > 0 {
+					res.VsTCP = res.GBPerSec / out[len(out)-1].GBPerSec
+				}
 				if cfg.OnDisk && op == "get" && len(out) > 0 && out[len(out)-1].GBPerSec > 0 {
 					res.VsDisk = res.GBPerSec / out[len(out)-1].GBPerSec
 				}
@@ -393,6 +434,7 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 	var stop atomic.Bool
 	var ops, bytesDone atomic.Uint64
 	var wg sync.WaitGroup
+	moved := r.c.Engine().Stats()
 	start := time.Now()
 	for _, w := range ws {
 		wg.Add(1)
@@ -422,6 +464,7 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 	stop.Store(true)
 	wg.Wait()
 	elapsed := time.Since(start)
+	res.Transport = r.c.Engine().Stats().Sub(moved).Transport()
 	var lat []time.Duration
 	for _, w := range ws {
 		r.putKeys = append(r.putKeys, w.written)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/master"
 	"github.com/kvcache-ops/mc/pkg/store/server"
@@ -31,6 +32,9 @@ func TestRunAgainstAStore(t *testing.T) {
 		}
 		if got := r.GBPerSec * 1e9 / r.OpsPerSec; got < float64(r.ValueSize)*0.99 || got > float64(r.ValueSize)*1.01 {
 			t.Errorf("row %+v: GB/s and ops/s disagree on the value size (%.0f)", r, got)
+		}
+		if r.Transport != "tcp" {
+			t.Errorf("row %+v: a tcp client's engine moved the bytes through %q", r, r.Transport)
 		}
 	}
 	// Every row removed what it wrote: the store is left as found.
@@ -66,6 +70,36 @@ func TestVerifyReportsCorruption(t *testing.T) {
 	}
 }
 
+// A client on the node's host under auto (the embedded node is under auto
+// too) moves its bytes through shared memory, and each row says so from
+// the client engine's counts; with VsTCP every row follows the same row
+// from a tcp client, and gives its ratio to it.
+func TestRunSameHostSHMVsTCP(t *testing.T) {
+	ctx := context.Background()
+	ecfg := engineLoopback()
+	ecfg.Protocol = engine.ProtocolAuto
+	res, err := Run(ctx, Config{SegmentSize: 64 << 20, ValueSizes: []int64{100000}, Ops: []string{"get", "put"},
+		Concurrency: []int{2}, Duration: 150 * time.Millisecond, Verify: true, Engine: ecfg, VsTCP: true, Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 4 {
+		t.Fatalf("%d rows, want 4 (tcp and shm, for get and put): %+v", len(res), res)
+	}
+	for i, r := range res {
+		want := []string{"tcp", "shm"}[i%2]
+		if r.Transport != want || r.Errors != 0 || r.GBPerSec <= 0 {
+			t.Errorf("row %d %+v: want %s, no errors", i, r, want)
+		}
+		if (i%2 == 1) != (r.VsTCP > 0) {
+			t.Errorf("row %d %+v: vs_tcp on the shm row only", i, r)
+		}
+	}
+	if got := res[1].VsTCP; got != res[1].GBPerSec/res[0].GBPerSec {
+		t.Errorf("vs_tcp %v, want %v / %v", got, res[1].GBPerSec, res[0].GBPerSec)
+	}
+}
+
 func TestRunBadConfig(t *testing.T) {
 	for _, c := range []struct {
 		cfg  Config
@@ -79,6 +113,8 @@ func TestRunBadConfig(t *testing.T) {
 		{Config{ValueSizes: []int64{1}, GetRatio: 2}, "get ratio"},
 		{Config{ValueSizes: []int64{1}, OnDisk: true}, "disk tier directory"},
 		{Config{ValueSizes: []int64{1}, Master: "127.0.0.1:1", SSDDir: "/tmp"}, "embedded node"},
+		{Config{ValueSizes: []int64{1}, VsTCP: true}, `protocol is "", want auto or shm`},
+		{Config{ValueSizes: []int64{1}, VsTCP: true, SSDDir: "/tmp", OnDisk: true, Engine: engine.Config{Protocol: "auto"}}, "one comparison per run"},
 	} {
 		if _, err := Run(context.Background(), c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("Run(%+v) = %v, want an error about %q", c.cfg, err, c.want)
