@@ -120,3 +120,96 @@ func BenchmarkWireBatchPut(b *testing.B) {
 		b.ReportMetric(moon/grpcRate, "mooncake/grpc")
 	}
 }
+
+// BenchmarkWireBatchGet is master_bench's BatchGet shape on the Mooncake
+// wire: 4 clients, batches of 128 of 10000 prefilled 4 KiB keys, against
+// the same gets through the Master's methods in the same run (the wire's
+// cost over the metadata work). It reports keys per second of each.
+func BenchmarkWireBatchGet(b *testing.B) {
+	m, _ := newTestMaster(b, Config{RegionSize: 64 * MiB})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := Serve(m, lis)
+	b.Cleanup(srv.Stop)
+	addr := lis.Addr().String()
+	ctx := context.Background()
+	node := mooncake.NewClient(addr, nil)
+	defer node.Close()
+	for i := range 128 {
+		seg := mooncake.Segment{ID: mooncake.UUID{First: 7, Second: uint64(i + 1)}, Name: fmt.Sprintf("seg%d", i),
+			Base: uint64(i+1) << 40, Size: 64 << 30, TEEndpoint: fmt.Sprintf("seg%d", i), Protocol: "tcp"}
+		if err := node.MountSegment(ctx, seg, mooncake.UUID{First: 7, Second: 7}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	const clients, batch, nkeys = 4, 128, 10000
+	keys := make([]string, nkeys)
+	sizes := make([]uint64, batch)
+	for i := range sizes {
+		sizes[i] = 4096
+	}
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key_%d", i)
+	}
+	id := mooncake.UUID{First: 9, Second: 1}
+	for i := 0; i < nkeys; i += batch {
+		ks := keys[i:min(i+batch, nkeys)]
+		if _, _, err := node.BatchPutStart(ctx, id, ks, sizes[:len(ks)], mooncake.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{}, PreferredNoFSegments: []string{}}, false); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := node.BatchPutEnd(ctx, id, ks, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+	d := 3 * time.Second
+	run := func(get func(c int, keys []string) int) float64 {
+		var done atomic.Int64
+		var wg sync.WaitGroup
+		end := time.Now().Add(d)
+		for c := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := 0; time.Now().Before(end); n++ {
+					off := (n*batch + c*977) % (nkeys - batch)
+					done.Add(int64(get(c, keys[off:off+batch])))
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(done.Load()) / d.Seconds()
+	}
+	mcs := make([]*mooncake.Client, clients)
+	for i := range mcs {
+		mcs[i] = mooncake.NewClient(addr, nil)
+		defer mcs[i].Close()
+	}
+	for b.Loop() {
+		moon := run(func(c int, ks []string) int {
+			_, errs, err := mcs[c].BatchGetReplicaList(ctx, ks)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ok := 0
+			for _, e := range errs {
+				if e == nil {
+					ok++
+				}
+			}
+			return ok
+		})
+		direct := run(func(_ int, ks []string) int {
+			ok := 0
+			for _, r := range m.BatchGetReplicaList(ks) {
+				if r.Err == nil {
+					ok++
+				}
+			}
+			return ok
+		})
+		b.ReportMetric(moon, "mooncake-keys/s")
+		b.ReportMetric(direct, "direct-keys/s")
+	}
+}

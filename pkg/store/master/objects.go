@@ -135,7 +135,25 @@ type shard struct {
 	// softPinned counts complete objects with a soft pin, live or
 	// expired, so the metric needs no scan.
 	softPinned int
-	_          [24]byte // keep neighbouring shard locks off one cache line
+	// memHits and memHitBytes count reads served from memory (under mu;
+	// summed by memHitTotals).
+	memHits, memHitBytes uint64
+	_                    [8]byte // keep neighbouring shard locks off one cache line
+}
+
+type hitTotals struct{ hits, bytes uint64 }
+
+// memHitTotals sums the shards' memory read counters.
+func (m *Master) memHitTotals() hitTotals {
+	var t hitTotals
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		t.hits += sh.memHits
+		t.bytes += sh.memHitBytes
+		sh.mu.Unlock()
+	}
+	return t
 }
 
 // remove deletes o from the shard and its eviction order; the caller
