@@ -180,13 +180,15 @@ func (sh *shard) track(o *Object, depth int) {
 	sh.policy.Add(&o.ent, depth)
 }
 
-// touch records a read of o at depth (its position in the read's batch).
-func (sh *shard) touch(o *Object, depth int) {
+// touch records a read of o at depth (its position in the read's batch)
+// with use stamp (from a block a batch reserves at once: one shared
+// atomic per batch, not per key).
+func (sh *shard) touch(o *Object, depth int, stamp uint64) {
 	if !o.ent.In() {
 		return
 	}
 	if sh.policy.Name() != "fifo" {
-		o.lastUse = useCounter.Add(1)
+		o.lastUse = stamp
 	}
 	sh.policy.Touch(&o.ent, depth)
 }

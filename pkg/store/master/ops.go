@@ -353,9 +353,11 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 	if lease {
 		m.m.getReplicaList.Add(float64(len(keys)))
 	}
+	// The batch's use stamps, reserved at once; in key order.
+	stamp := useCounter.Add(uint64(len(keys))) - uint64(len(keys))
 	for i, k := range keys {
 		var load *tierOp
-		out[i], load = m.lookupOne(k, i, lease, now, &descs)
+		out[i], load = m.lookupOne(k, i, lease, now, stamp+uint64(i)+1, &descs)
 		if load != nil {
 			loads = append(loads, load)
 			loadIdx = append(loadIdx, i)
@@ -377,7 +379,7 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 		left := room[:0]
 		for _, i := range room {
 			var load *tierOp
-			out[i], load = m.lookupOne(keys[i], i, lease, m.now(), &descs)
+			out[i], load = m.lookupOne(keys[i], i, lease, m.now(), useCounter.Add(1), &descs)
 			var nr *noStagingRoom
 			switch {
 			case load != nil:
@@ -406,7 +408,7 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 				continue
 			}
 			var again *tierOp
-			if out[i], again = m.lookupOne(keys[i], i, lease, m.now(), &descs); again != nil {
+			if out[i], again = m.lookupOne(keys[i], i, lease, m.now(), useCounter.Add(1), &descs); again != nil {
 				out[i].Err = store.Errorf(store.ObjectNotFound, "key %q: its staging copy went before it could be read", keys[i])
 			}
 		}
@@ -430,7 +432,7 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 // lookupOne answers one key; with a lease, an object whose only copy is
 // on disk starts loading (or joins the load under way) and the load is
 // returned instead of an answer.
-func (m *Master) lookupOne(k string, depth int, lease bool, now int64, descs *[]store.Replica) (ReplicaResult, *tierOp) {
+func (m *Master) lookupOne(k string, depth int, lease bool, now int64, stamp uint64, descs *[]store.Replica) (ReplicaResult, *tierOp) {
 	var r ReplicaResult
 	if err := store.CheckKey(k); err != nil {
 		r.Err = err
@@ -457,7 +459,7 @@ func (m *Master) lookupOne(k string, depth int, lease bool, now int64, descs *[]
 		r.Replicas = (*descs)[n:len(*descs):len(*descs)]
 		if lease {
 			o.lease = max(o.lease, now+m.cfg.KVLeaseTTL.Nanoseconds())
-			sh.touch(o, depth)
+			sh.touch(o, depth, stamp)
 			m.readLocked(sh, o, depth)
 			r.LeaseTTL = m.cfg.KVLeaseTTL
 		} else if o.onDisk() {
