@@ -236,9 +236,12 @@ type Master struct {
 	clients   map[store.UUID]*clientState
 
 	evictKick chan struct{}
-	closeOnce sync.Once
-	done      chan struct{}
-	wg        sync.WaitGroup
+	// massSilence: Maintain is holding clients that fell silent together
+	// (warned once per episode).
+	massSilence atomic.Bool
+	closeOnce   sync.Once
+	done        chan struct{}
+	wg          sync.WaitGroup
 }
 
 type clientState struct {
@@ -290,6 +293,10 @@ func (m *Master) Close() {
 }
 
 func (m *Master) now() int64 { return m.cfg.Now().UnixNano() }
+
+// massSilenceHold is how many client TTLs clients that fell silent
+// together are held before they are dropped.
+const massSilenceHold = 3
 
 func (m *Master) shardOf(key string) *shard {
 	return &m.shards[maphash.String(m.seed, key)%uint64(len(m.shards))]
@@ -534,12 +541,37 @@ func (m *Master) Maintain() {
 	ttl := m.cfg.ClientTTL.Nanoseconds()
 	var dead []*clientState
 	m.clientsMu.RLock()
+	total := len(m.clients)
 	for _, c := range m.clients {
 		if now-c.lastPing.Load() > ttl {
 			dead = append(dead, c)
 		}
 	}
 	m.clientsMu.RUnlock()
+	// A dead node silences its own clients; most clients silent at once
+	// says the master could not answer pings in time (a long GC mark
+	// under load, master_bench's 128 segments pinged one after another)
+	// or the network split. Dropping them would unmount live segments
+	// and lose their objects, so they are held up to massSilenceHold
+	// client TTLs.
+	if len(dead) >= 3 && 2*len(dead) > total {
+		held := dead[:0:0]
+		keep := dead[:0]
+		for _, c := range dead {
+			if now-c.lastPing.Load() <= massSilenceHold*ttl {
+				held = append(held, c)
+			} else {
+				keep = append(keep, c)
+			}
+		}
+		if len(held) > 0 && !m.massSilence.Load() {
+			m.log.Warn(fmt.Sprintf("%d of %d clients silent for more than client_ttl %s at once: holding them up to %s (a master too busy to answer pings, or a network split, silences many clients at once; a dead node only its own)", len(dead), total, m.cfg.ClientTTL, massSilenceHold*m.cfg.ClientTTL))
+		}
+		m.massSilence.Store(len(held) > 0)
+		dead = keep
+	} else {
+		m.massSilence.Store(false)
+	}
 	for _, c := range dead {
 		m.dropClient(c, "")
 	}

@@ -449,3 +449,47 @@ func TestRestoredSegmentThatNeverReturns(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// Most clients silent at once (a master too busy to answer pings, or a
+// network split) are held up to three TTLs; one silent node among live
+// ones is dropped at its TTL.
+func TestMassSilenceHoldsClients(t *testing.T) {
+	m, clk := newTestMaster(t, Config{ClientTTL: 10 * time.Second})
+	for _, n := range []string{"a", "b", "c", "d"} {
+		mount(t, m, n, n, "10.0.0.1", 0, 64*MiB)
+	}
+	put(t, m, "w", "k", 4096, store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"a"}})
+	clk.Advance(15 * time.Second)
+	maintain(m, "d", "w") // a, b and c silent together
+	if got := len(m.Segments()); got != 4 {
+		t.Fatalf("%d segments after 3 of 4 nodes went silent together, want all 4 held", got)
+	}
+	if r := get(m, "k"); r.Err != nil {
+		t.Fatalf("k lost while its node was held: %v", r.Err)
+	}
+	clk.Advance(10 * time.Second)
+	maintain(m, "a", "d", "w") // a is back: b and c (2 of 5) are dropped
+	if got := len(m.Segments()); got != 2 {
+		t.Fatalf("%d segments once most clients pinged again, want 2 (b and c dropped)", got)
+	}
+	clk.Advance(11 * time.Second)
+	maintain(m, "d", "w")
+	if got := len(m.Segments()); got != 1 {
+		t.Fatalf("%d segments after a alone went silent, want 1", got)
+	}
+	// Silent together beyond three TTLs: dropped after all.
+	m2, clk2 := newTestMaster(t, Config{ClientTTL: 10 * time.Second})
+	for _, n := range []string{"a", "b", "c"} {
+		mount(t, m2, n, n, "10.0.0.1", 0, 64*MiB)
+	}
+	clk2.Advance(25 * time.Second)
+	maintain(m2)
+	if got := len(m2.Segments()); got != 3 {
+		t.Fatalf("%d segments at 2.5 TTLs of silence together, want 3", got)
+	}
+	clk2.Advance(6 * time.Second)
+	maintain(m2)
+	if got := len(m2.Segments()); got != 0 {
+		t.Fatalf("%d segments after 3 TTLs of silence, want 0", got)
+	}
+}
