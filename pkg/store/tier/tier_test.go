@@ -473,3 +473,36 @@ func TestNoDirectFallsBack(t *testing.T) {
 		t.Fatalf("%d O_DIRECT opens, want only the probe's", directOpens)
 	}
 }
+
+// Values larger than one read come back byte-exact across chunk
+// boundaries (the header and key in the first chunk, the value's end in
+// a short last one), and a flipped byte in a later chunk fails the read
+// with ErrCorrupt and drops the record.
+func TestChunkedRead(t *testing.T) {
+	dir := t.TempDir()
+	tr := open(t, Config{Dir: dir, Capacity: 64 << 20})
+	sizes := []int{readChunk - headerLen - 2, readChunk - headerLen - 3, readChunk, 2*readChunk + 17, readChunk + 3}
+	want := map[string][]byte{}
+	for i, n := range sizes {
+		k := fmt.Sprintf("k%d", i)
+		want[k] = mustWrite(t, tr, k, uint64(i+1), n)
+	}
+	for i := range sizes {
+		k := fmt.Sprintf("k%d", i)
+		mustRead(t, tr, k, uint64(i+1), want[k])
+	}
+	// Flip a byte in the third chunk of k3.
+	tr.mu.Lock()
+	e := tr.index["k3"]
+	off := int64(e.off) + 2*readChunk + 5
+	tr.mu.Unlock()
+	flip(t, e.file.path, off)
+	dst := make([]byte, len(want["k3"]))
+	if _, err := tr.Read(context.Background(), "k3", 4, dst); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Read of a record flipped in its third chunk: %v, want ErrCorrupt", err)
+	}
+	if _, ok := tr.Lookup("k3"); ok {
+		t.Fatal("the corrupt record is still in the index")
+	}
+	mustRead(t, tr, "k4", 5, want["k4"])
+}
