@@ -23,9 +23,8 @@ const readChunk = 4 << 20
 // checked before Read returns: a record that fails them (a flipped bit, a
 // torn write) or cannot be read (an I/O error) is dropped from the tier,
 // so it is never served, and the error says which (ErrCorrupt, or the I/O
-// error). A record of one read (readChunk) reaches dst only once checked;
-// a larger one is copied out as it is read, so after an error dst holds
-// bytes that must not be used. A missing record is ErrNotFound. At
+// error). The value is checksummed as it is copied out, so after an
+// error dst holds bytes that must not be used. A missing record is ErrNotFound. At
 // most Config.IOConcurrency reads run at once; ctx bounds the wait for a
 // turn.
 func (t *Tier) Read(ctx context.Context, key string, version uint64, dst []byte) (Record, error) {
@@ -102,25 +101,37 @@ func (t *Tier) readRecord(fd file, e *entry, dst []byte) error {
 			}
 		}
 		if lo, hi := max(c.off, valStart), min(c.off+uint64(c.n), valEnd); lo < hi {
-			v := b[lo-c.off : hi-c.off]
-			crc = crc32.Update(crc, castagnoli, v)
+			crc = checkCopy(crc, dst[lo-valStart:], b[lo-c.off:hi-c.off])
 			got += hi - lo
-			if got == e.Size && crc != h.dataCRC {
-				// Checked before the copy: a value of one read never
-				// reaches dst unverified.
-				return fmt.Errorf("%s at %d: %w", e.file.path, e.off, errDataCRC)
-			}
-			copy(dst[lo-valStart:], v)
 		}
 		recycle(c.buf)
 	}
-	if got != e.Size {
+	switch {
+	case got != e.Size:
 		return fmt.Errorf("%s at %d: %w", e.file.path, e.off, errTruncated)
-	}
-	if e.Size == 0 && crc != h.dataCRC {
+	case crc != h.dataCRC:
 		return fmt.Errorf("%s at %d: %w", e.file.path, e.off, errDataCRC)
 	}
 	return nil
+}
+
+// checkPiece is how much of a value checkCopy checksums before it copies
+// it: small enough to be still in the L1/L2 cache for the copy.
+const checkPiece = 16 << 10
+
+// checkCopy copies src into dst and returns crc updated with src, in one
+// pass over memory: src was just written by the disk's DMA, so it is not
+// in the cache, and a checksum pass then a copy pass read it from DRAM
+// twice (BenchmarkCheckCopy, 1 MiB: 195-247 us in two passes, 115-131 us
+// in one, on this VM).
+func checkCopy(crc uint32, dst, src []byte) uint32 {
+	for len(src) > 0 {
+		p := src[:min(checkPiece, len(src))]
+		crc = crc32.Update(crc, castagnoli, p)
+		copy(dst, p)
+		dst, src = dst[len(p):], src[len(p):]
+	}
+	return crc
 }
 
 // readChunks reads e's record from fd into aligned buffers, delivered in

