@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"sync"
 )
 
 // readChunk is the most of a record one disk read fetches. A larger
-// record is read in chunks, the next one read while this goroutine
-// checksums and copies out the last, so that work overlaps the disk
-// instead of following it, and the bounce buffers stay at a few chunks
-// however large the value. Smaller chunks cost more than they hide: on a
+// record is read in chunks (chunksInFlight at once), so the checksum and
+// copy of one overlap the reads of the next instead of following the
+// whole read, and the bounce buffers stay at a few chunks however large
+// the value. Smaller chunks cost more than they hide: on a
 // virtio disk 256 KiB reads of a 1 MiB record ran at less than half the
 // throughput of one 1 MiB read; 4 MiB is also the usual largest request
 // the block layer passes down whole.
@@ -24,9 +25,9 @@ const readChunk = 4 << 20
 // torn write) or cannot be read (an I/O error) is dropped from the tier,
 // so it is never served, and the error says which (ErrCorrupt, or the I/O
 // error). The value is checksummed as it is copied out, so after an
-// error dst holds bytes that must not be used. A missing record is ErrNotFound. At
-// most Config.IOConcurrency reads run at once; ctx bounds the wait for a
-// turn.
+// error dst holds bytes that must not be used. A missing record is
+// ErrNotFound. At most Config.IOConcurrency reads run at once; ctx bounds
+// the wait for a turn.
 func (t *Tier) Read(ctx context.Context, key string, version uint64, dst []byte) (Record, error) {
 	if err := t.enter(); err != nil {
 		return Record{}, err
@@ -67,23 +68,24 @@ func (t *Tier) Read(ctx context.Context, key string, version uint64, dst []byte)
 // chunk is one read of a record's bytes [off, off+len(buf)) (offsets
 // from the record's start).
 type chunk struct {
-	off uint64
-	buf []byte
-	n   int
-	err error
+	off    uint64
+	buf    []byte
+	mapped bool // buf is one of readBufs'
+	n      int
+	err    error
 }
 
 // readRecord reads e's record from fd, checks its header against e and
 // its value's CRC32C, and copies the value into dst.
 func (t *Tier) readRecord(fd file, e *entry, dst []byte) error {
-	chunks, recycle, stop := readChunks(fd, e)
-	defer stop()
+	r := t.readChunks(fd, e)
+	defer r.stop()
 	valStart := uint64(headerLen + len(e.Key))
 	valEnd := valStart + e.Size
 	var h header
 	var crc uint32
 	var got uint64
-	for c := range chunks {
+	for c := r.get(); c != nil; c = r.get() {
 		b := c.buf[:c.n]
 		if c.err != nil {
 			if errors.Is(c.err, io.EOF) {
@@ -104,7 +106,7 @@ func (t *Tier) readRecord(fd file, e *entry, dst []byte) error {
 			crc = checkCopy(crc, dst[lo-valStart:], b[lo-c.off:hi-c.off])
 			got += hi - lo
 		}
-		recycle(c.buf)
+		r.put(c)
 	}
 	switch {
 	case got != e.Size:
@@ -134,70 +136,97 @@ func checkCopy(crc uint32, dst, src []byte) uint32 {
 	return crc
 }
 
-// readChunks reads e's record from fd into aligned buffers, delivered in
-// order on chunks (which closes after the last, or after a failed read);
-// the consumer hands each buffer back through recycle and calls stop when
-// done, which returns once the reads have ended. A record of up to
+// chunksInFlight bounds the chunk reads of one Read under way at once:
+// as many as the block layer would have made of one read of 16 MiB, so a
+// large value keeps the device as busy as one big read did, and the
+// checksum and copy of each chunk overlap the reads of the next.
+const chunksInFlight = 4
+
+// chunkReader reads a record in chunks of readChunk, up to
+// chunksInFlight at once, and hands them over in order.
+type chunkReader struct {
+	bufs   *readBufs
+	slots  []chan *chunk // chunk i arrives on slots[i]
+	next   int
+	tokens chan struct{} // one per chunk read or held by the consumer
+	quit   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// readChunks starts reading e's record from fd. The caller takes the
+// chunks in order with get, gives each back with put, and calls stop
+// when done (it returns once no read is under way). A record of up to
 // readChunk bytes is one read, done before readChunks returns.
-func readChunks(fd file, e *entry) (chunks <-chan *chunk, recycle func([]byte), stop func()) {
-	read := func(c *chunk) {
+func (t *Tier) readChunks(fd file, e *entry) *chunkReader {
+	r := &chunkReader{bufs: t.rbufs}
+	read := func(off uint64) *chunk {
+		c := &chunk{off: off}
+		c.buf, c.mapped = r.bufs.get()
+		c.buf = c.buf[:min(readChunk, e.len-off)]
 		c.n, c.err = fd.ReadAt(c.buf, int64(e.off+c.off))
 		if c.err != nil && errors.Is(c.err, io.EOF) && c.n == len(c.buf) {
 			c.err = nil
 		}
+		return c
 	}
-	if e.len <= readChunk {
-		c := &chunk{buf: alignedBuf(int(e.len))}
-		read(c)
-		ch := make(chan *chunk, 1)
-		ch <- c
-		close(ch)
-		return ch, putAligned, func() {}
+	n := int((e.len + readChunk - 1) / readChunk)
+	r.slots, r.tokens, r.quit = make([]chan *chunk, n), make(chan struct{}, chunksInFlight), make(chan struct{})
+	for i := range r.slots {
+		r.slots[i] = make(chan *chunk, 1)
 	}
-	// The chunk being read, one waiting and one being checked: the disk
-	// always has the next read while this goroutine checks the last.
-	ch := make(chan *chunk, 1)
-	free := make(chan []byte, 3)
-	quit := make(chan struct{})
+	if n == 1 {
+		r.tokens <- struct{}{}
+		r.slots[0] <- read(0)
+		return r
+	}
+	r.wg.Add(1)
 	go func() {
-		defer close(ch)
-		for off := uint64(0); off < e.len; off += readChunk {
+		defer r.wg.Done()
+		for i := range n {
 			select {
-			case <-quit:
-				return
-			default:
-			}
-			var buf []byte
-			select {
-			case buf = <-free:
-			default:
-				buf = alignedBuf(readChunk)
-			}
-			c := &chunk{off: off, buf: buf[:min(readChunk, e.len-off)]}
-			read(c)
-			ch <- c
-			if c.err != nil {
+			case r.tokens <- struct{}{}:
+			case <-r.quit:
 				return
 			}
+			off := uint64(i) * readChunk
+			r.wg.Add(1)
+			go func() {
+				defer r.wg.Done()
+				r.slots[i] <- read(off)
+			}()
 		}
 	}()
-	recycle = func(b []byte) {
+	return r
+}
+
+// get returns the next chunk in order, nil after the last.
+func (r *chunkReader) get() *chunk {
+	if r.next == len(r.slots) {
+		return nil
+	}
+	c := <-r.slots[r.next]
+	r.next++
+	return c
+}
+
+// put gives back a chunk get returned, letting another read start.
+func (r *chunkReader) put(c *chunk) {
+	r.bufs.put(c.buf, c.mapped)
+	<-r.tokens
+}
+
+// stop ends the reads: none is started after it, and it waits for those
+// under way, whose buffers it gives back.
+func (r *chunkReader) stop() {
+	close(r.quit)
+	r.wg.Wait()
+	for _, s := range r.slots[r.next:] {
 		select {
-		case free <- b[:cap(b)]:
+		case c := <-s:
+			r.bufs.put(c.buf, c.mapped)
 		default:
-			putAligned(b)
 		}
 	}
-	stop = func() {
-		close(quit)
-		for c := range ch {
-			putAligned(c.buf)
-		}
-		for len(free) > 0 {
-			putAligned(<-free)
-		}
-	}
-	return ch, recycle, stop
 }
 
 // readFailed drops e (unless it was replaced meanwhile) and wraps err.
