@@ -85,7 +85,7 @@ func (t *Tier) readRecord(fd file, e *entry, dst []byte) error {
 	var h header
 	var crc uint32
 	var got uint64
-	for c := r.get(); c != nil; c = r.get() {
+	take := func(c *chunk) error {
 		b := c.buf[:c.n]
 		if c.err != nil {
 			if errors.Is(c.err, io.EOF) {
@@ -106,7 +106,14 @@ func (t *Tier) readRecord(fd file, e *entry, dst []byte) error {
 			crc = checkCopy(crc, dst[lo-valStart:], b[lo-c.off:hi-c.off])
 			got += hi - lo
 		}
+		return nil
+	}
+	for c := r.get(); c != nil; c = r.get() {
+		err := take(c)
 		r.put(c)
+		if err != nil {
+			return err
+		}
 	}
 	switch {
 	case got != e.Size:

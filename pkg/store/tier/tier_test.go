@@ -532,3 +532,35 @@ func TestOldValueCheckedAtFirstRead(t *testing.T) {
 	}
 	mustRead(t, tr, "k001", 1, value("k001", 1, 5000))
 }
+
+// Every read gives its bounce buffers back (they are mapped outside the
+// Go heap: one kept would never be freed), whether it succeeds, fails on
+// I/O or fails its checksum, for records of one chunk and of several.
+func TestReadBuffersGivenBack(t *testing.T) {
+	fs := &faults{}
+	dir := t.TempDir()
+	tr := open(t, Config{Dir: dir, Capacity: 64 << 20, openFile: fs.open})
+	big := mustWrite(t, tr, "big", 1, 2*readChunk+5)
+	small := mustWrite(t, tr, "small", 1, 100)
+	mustWrite(t, tr, "doomed", 1, 3*readChunk)
+	mustWrite(t, tr, "flipped", 1, readChunk+7)
+	for range 5 {
+		mustRead(t, tr, "big", 1, big)
+		mustRead(t, tr, "small", 1, small)
+	}
+	tr.mu.Lock()
+	e := tr.index["flipped"]
+	path, off := e.file.path, int64(e.off)+readChunk+3
+	tr.mu.Unlock()
+	flip(t, path, off)
+	if _, err := tr.Read(context.Background(), "flipped", 1, make([]byte, readChunk+7)); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("read of a flipped record: %v, want ErrCorrupt", err)
+	}
+	fs.set(func(f *faults) { f.readErr = errInjected })
+	if _, err := tr.Read(context.Background(), "doomed", 1, make([]byte, 3*readChunk)); !errors.Is(err, errInjected) {
+		t.Fatalf("read with an I/O error: %v, want the injected error", err)
+	}
+	if n := tr.rbufs.inUse.Load(); n != 0 {
+		t.Fatalf("%d read buffers not given back", n)
+	}
+}
