@@ -301,6 +301,86 @@ func TestTierNodeRestart(t *testing.T) {
 	})
 }
 
+// A key removed while its node is up is not resurrected by that node's
+// restart: the node's drop only leaves its index, and the rescan finds
+// the record again, but its version is one this master handed out for an
+// object it no longer has, so the master drops the record rather than
+// re-adding it. A key re-put and then removed meanwhile goes the same way.
+func TestTierRemovedStaysRemoved(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond})
+	dir := t.TempDir()
+	node, tn := c.tierNode(16<<20, dir, 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{"kept": value(300_000, 1), "gone": value(5000, 2), "reput": value(7000, 3)}
+	offloadAll(t, c, cl, vals)
+	c.client(16 << 20) // a second node, no tier, for the re-put
+	if err := cl.Remove(ctx, "gone", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Remove(ctx, "reput", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Put(ctx, "reput", value(7000, 99)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Remove(ctx, "reput", false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the node to drop the removed records", 20*time.Second, func() bool {
+		_, g := tn.Tier().Lookup("gone")
+		_, r := tn.Tier().Lookup("reput")
+		return !g && !r
+	})
+	tn.Close()
+	node.Close(ctx)
+	waitFor(t, "the tier to go offline", 20*time.Second, func() bool { return !c.m.Tiers()[0].Online })
+	_, tn2 := c.tierNode(16<<20, dir, 64<<20)
+	checkGets(t, cl, map[string][]byte{"kept": vals["kept"]})
+	for _, k := range []string{"gone", "reput"} {
+		if _, err := cl.Get(ctx, k); !errors.Is(err, store.ErrObjectNotFound) {
+			t.Fatalf("get of %s, removed before its node restarted: %v", k, err)
+		}
+	}
+	waitFor(t, "the restarted node to drop the stale records", 20*time.Second, func() bool {
+		_, g := tn2.Tier().Lookup("gone")
+		_, r := tn2.Tier().Lookup("reput")
+		return !g && !r
+	})
+}
+
+// A node away longer than the grace (3 x client_ttl) loses its disk
+// objects on the master, but they come back with it, exact, unless the
+// key was put again meanwhile (then removed: the old record stays gone).
+func TestTierGivenUpComesBack(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond, ClientTTL: 200 * time.Millisecond})
+	dir := t.TempDir()
+	node, tn := c.tierNode(16<<20, dir, 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{"back": value(100_000, 1), "superseded": value(6000, 2)}
+	offloadAll(t, c, cl, vals)
+	c.client(16 << 20) // a second node, no tier, for the re-put
+	tn.Close()
+	node.Close(ctx)
+	waitFor(t, "the master to give up on the tier", 20*time.Second, func() bool {
+		c.m.Maintain()
+		return c.m.Stats().Keys == 0
+	})
+	if err := cl.Put(ctx, "superseded", value(6000, 99)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Remove(ctx, "superseded", false); err != nil {
+		t.Fatal(err)
+	}
+	c.tierNode(16<<20, dir, 64<<20)
+	waitFor(t, "the returning node's object", 20*time.Second, func() bool { return c.m.Stats().Keys == 1 })
+	checkGets(t, cl, map[string][]byte{"back": vals["back"]})
+	if _, err := cl.Get(ctx, "superseded"); !errors.Is(err, store.ErrObjectNotFound) {
+		t.Fatalf("get of a key put and removed while its old record's node was away: %v", err)
+	}
+}
+
 // A master restarted without HA knows nothing; the nodes re-mount and
 // their tiers re-attach, and the disk objects come back.
 func TestTierMasterRestart(t *testing.T) {

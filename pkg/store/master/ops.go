@@ -88,6 +88,7 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 	if err := checkItem(it); err != nil {
 		return ReplicaResult{Err: err}
 	}
+	m.tiers.supersede(it.Key)
 	now := m.now()
 	sh := m.shardOf(it.Key)
 	sh.mu.Lock()
@@ -255,6 +256,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 	if err := checkItem(it); err != nil {
 		return ReplicaResult{Err: err}
 	}
+	m.tiers.supersede(it.Key)
 	sh := m.shardOf(it.Key)
 	sh.mu.Lock()
 	o := sh.objects[it.Key]

@@ -37,6 +37,9 @@ type RestoredReplica struct {
 // A restored segment not re-mounted within RestoredMountGrace (3 ×
 // client_ttl) is taken for dead: its replicas go, as a silent node's do.
 func (m *Master) Restore(objs []RestoredObject) error {
+	// The op log records every disk replica's version: a node's record
+	// of an object the log does not have is stale (tiers.ours).
+	m.tiers.all.Store(true)
 	placeholders := make(map[store.UUID]*segment)
 	var refs []*restoredRef
 	built := make([]*Object, 0, len(objs))

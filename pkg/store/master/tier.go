@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -72,8 +73,12 @@ func (o *Object) busyOnTier() bool {
 
 // tierNode is one node's disk tier as the master knows it. It outlives
 // its stream: while the node is away its disk replicas are kept (not
-// readable) for the restored-mount grace, and removals are remembered as
-// tombstones so a returning node's stale records are dropped.
+// readable) for the restored-mount grace. A node's drop of a record only
+// takes it out of its index (the record is found again when the node
+// restarts), so a returning node may report records of keys removed long
+// ago: records of this master's own versions are judged by what it knows
+// (tiers.ours), and the removals of older ones are remembered as
+// tombstones.
 type tierNode struct {
 	id string // the tier's directory id, stable across restarts
 
@@ -85,7 +90,7 @@ type tierNode struct {
 	send       chan *pb.TierCommand
 	pending    map[uint64]*tierOp
 	offSince   int64             // unix nanos the node went away
-	tombstones map[string]uint64 // key -> version removed while away
+	tombstones map[string]uint64 // key -> version removed, for versions not ours
 	stats      *pb.TierStats
 	// gen counts attachments, so a stale stream's end does not take a
 	// newer one offline.
@@ -119,6 +124,21 @@ type tiers struct {
 	inflight atomic.Int64
 	// lastVersion is the last object version handed out.
 	lastVersion atomic.Uint64
+	// first is the first version this master handed out (0: none yet):
+	// every version from it on is one it knows the fate of. A master
+	// restored from an op log (HA) knows the fate of every version
+	// (all): an object it does not have was removed, evicted or never
+	// completed.
+	first atomic.Uint64
+	all   atomic.Bool
+	// givenUp holds the disk objects of ours dropped because their node
+	// stayed away too long (giveUpTiers): that node's records of them
+	// come back when it does, unless the key was put again since (a put
+	// supersedes the entry). nGivenUp keeps puts off the lock while it
+	// is empty.
+	givenUpMu sync.Mutex
+	givenUp   map[string]givenUpRecord
+	nGivenUp  atomic.Int64
 
 	stagedMu sync.Mutex
 	staged   []stagedCopy
@@ -150,9 +170,76 @@ func (t *tiers) nextVersion(now int64) uint64 {
 		last := t.lastVersion.Load()
 		v := max(last+1, uint64(now))
 		if t.lastVersion.CompareAndSwap(last, v) {
-			return v
+			for {
+				f := t.first.Load()
+				if f != 0 && f <= v || t.first.CompareAndSwap(f, v) {
+					return v
+				}
+			}
 		}
 	}
+}
+
+// ours reports whether this master knows the fate of an object of
+// version v: it handed v out (versions only grow, and the first one it
+// handed out was above every version it had seen), or it was restored
+// from an op log that records every version. A node's record of such a
+// version whose object it does not have is stale, never new.
+func (t *tiers) ours(v uint64) bool {
+	if t.all.Load() {
+		return true
+	}
+	f := t.first.Load()
+	return f != 0 && v >= f
+}
+
+type givenUpRecord struct {
+	tier    string
+	version uint64
+}
+
+// supersede is called by every put of key: a record given up before it
+// is of an older incarnation, not to be re-added.
+func (t *tiers) supersede(key string) {
+	if t.nGivenUp.Load() == 0 {
+		return
+	}
+	t.givenUpMu.Lock()
+	if _, ok := t.givenUp[key]; ok {
+		delete(t.givenUp, key)
+		t.nGivenUp.Add(-1)
+	}
+	t.givenUpMu.Unlock()
+}
+
+// takeGivenUp reports (and forgets) whether tier's record of key at
+// version was given up on and not superseded since.
+func (t *tiers) takeGivenUp(tier, key string, version uint64) bool {
+	if t.nGivenUp.Load() == 0 {
+		return false
+	}
+	t.givenUpMu.Lock()
+	defer t.givenUpMu.Unlock()
+	g, ok := t.givenUp[key]
+	if !ok || g.tier != tier || g.version != version {
+		return false
+	}
+	delete(t.givenUp, key)
+	t.nGivenUp.Add(-1)
+	return true
+}
+
+// tombstone remembers that key's record of version v (not ours) was
+// dropped, so the node's rescan after a restart does not bring it back.
+// Kept for the master's life: at most one per record re-added from an
+// earlier master's era.
+func (n *tierNode) tombstone(key string, v uint64) {
+	n.mu.Lock()
+	if n.tombstones == nil {
+		n.tombstones = make(map[string]uint64)
+	}
+	n.tombstones[key] = v
+	n.mu.Unlock()
 }
 
 func (t *tiers) seeVersion(v uint64) {
@@ -298,17 +385,12 @@ func (m *Master) dropDiskLocked(o *Object) {
 	}
 	n := o.tier.node
 	o.tier.node = nil
-	cmd := &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: o.key, Version: o.tier.version}
-	if !n.enqueue(cmd, nil) {
-		n.mu.Lock()
-		if !n.online {
-			if n.tombstones == nil {
-				n.tombstones = make(map[string]uint64)
-			}
-			n.tombstones[o.key] = o.tier.version
-		}
-		n.mu.Unlock()
+	if !m.tiers.ours(o.tier.version) {
+		n.tombstone(o.key, o.tier.version)
 	}
+	// A node away gets no DROP: it drops the record when it reports it
+	// (attach).
+	n.enqueue(&pb.TierCommand{Kind: pb.TierCommand_DROP, Key: o.key, Version: o.tier.version}, nil)
 }
 
 // opDone is called with a node's answer to op (or the stream's end).
@@ -560,8 +642,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 	n.pending = make(map[uint64]*tierOp)
 	n.send = make(chan *pb.TierCommand, tierCmdQueue)
 	n.stats = &pb.TierStats{Capacity: h.GetCapacity()}
-	tomb := n.tombstones
-	n.tombstones = nil
+	tomb := maps.Clone(n.tombstones)
 	n.online = true
 	n.mu.Unlock()
 
@@ -594,7 +675,14 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 		sh.mu.Lock()
 		o := sh.objects[r.GetKey()]
 		switch {
+		case o == nil && m.tiers.ours(r.GetVersion()) && !m.tiers.takeGivenUp(n.id, r.GetKey(), r.GetVersion()):
+			// Removed (or evicted) since: this master handed out that
+			// version, or restored every version from its op log.
+			drops = append(drops, &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: r.GetKey(), Version: r.GetVersion()})
+			dropped++
 		case o == nil:
+			// A record from before this master (restarted without HA),
+			// or one given up on while its node was away too long.
 			o = &Object{key: r.GetKey(), size: r.GetSize(), state: stateComplete, tier: &objTier{node: n, version: r.GetVersion()}}
 			o.lastUse = useCounter.Add(1)
 			sh.objects[o.key] = o
@@ -696,7 +784,8 @@ func (m *Master) loseDiskLocked(sh *shard, o *Object) {
 }
 
 // giveUpTiers drops the disk replicas of nodes away for longer than the
-// restored-mount grace (their tombstones stay, for when they return).
+// restored-mount grace. Objects that went with them come back if the
+// node does, with the same records, before the key is put again.
 func (m *Master) giveUpTiers(now int64) {
 	cut := now - m.restoredMountGrace().Nanoseconds()
 	m.tiers.mu.Lock()
@@ -711,7 +800,21 @@ func (m *Master) giveUpTiers(now int64) {
 	}
 	m.tiers.mu.Unlock()
 	for _, n := range gone {
-		lost := m.forgetTier(n, func(*Object) bool { return true })
+		lost := m.forgetTier(n, func(o *Object) bool {
+			if len(o.replicas) == 0 && o.tier.loading == nil && m.tiers.ours(o.tier.version) {
+				// Gone with this replica: the node may yet bring it back.
+				m.tiers.givenUpMu.Lock()
+				if m.tiers.givenUp == nil {
+					m.tiers.givenUp = make(map[string]givenUpRecord)
+				}
+				if _, ok := m.tiers.givenUp[o.key]; !ok {
+					m.tiers.nGivenUp.Add(1)
+				}
+				m.tiers.givenUp[o.key] = givenUpRecord{tier: n.id, version: o.tier.version}
+				m.tiers.givenUpMu.Unlock()
+			}
+			return true
+		})
 		m.log.Warn(fmt.Sprintf("disk tier %s away for more than %s: dropped its %d disk replicas", n.name(), m.restoredMountGrace(), lost))
 	}
 }

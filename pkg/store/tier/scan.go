@@ -22,6 +22,13 @@ type scanned struct {
 // time. Where one key has several records the highest version wins (the
 // newest file among equals): the others are dead space until their file
 // goes.
+//
+// Every header is checked; only the last maxBatch records appended have
+// their values checksummed here: a crash can tear only records not yet
+// synced, and the writer syncs each batch (at most maxBatch records)
+// before it writes the next. Older values are checked by their first
+// read (Read checks every read): reading every byte of a large disk at
+// each start would make a restart as slow as reading the whole disk.
 func (t *Tier) scan() error {
 	des, err := os.ReadDir(t.cfg.Dir)
 	if err != nil {
@@ -46,6 +53,9 @@ func (t *Tier) scan() error {
 		}()
 	}
 	wg.Wait()
+	if err := t.checkTail(res); err != nil {
+		return err
+	}
 	for _, r := range res {
 		if r.err != nil {
 			return r.err
@@ -79,10 +89,46 @@ func (t *Tier) scan() error {
 	return nil
 }
 
-// scanFile reads every record of f, checking each checksum. A record
-// whose header is bad cannot say how long it is, so the scan looks for
-// the next header at each following block; a record that runs past the
-// end of the file was torn by a crash.
+// checkTail checksums the values of the last maxBatch records found
+// (the only ones a crash may have torn), dropping those that fail.
+func (t *Tier) checkTail(res []scanned) error {
+	left := maxBatch
+	for i := len(res) - 1; i >= 0 && left > 0; i-- {
+		r := &res[i]
+		if r.err != nil {
+			return r.err
+		}
+		fd, err := t.open(r.f.path, os.O_RDONLY, false)
+		if err != nil {
+			return fmt.Errorf("disk tier %q: open %s: %w", t.cfg.Dir, r.f.path, err)
+		}
+		for j := len(r.entries) - 1; j >= 0 && left > 0; j-- {
+			left--
+			e := r.entries[j]
+			buf := alignedBuf(int(e.len))
+			n, err := fd.ReadAt(buf, int64(e.off))
+			if err != nil && !errors.Is(err, io.EOF) {
+				putAligned(buf)
+				fd.Close()
+				return fmt.Errorf("disk tier %q: read %s at %d: %w", t.cfg.Dir, r.f.path, e.off, err)
+			}
+			_, _, derr := decodeRecord(buf[:n])
+			putAligned(buf)
+			if derr != nil {
+				t.nDropped.Add(1)
+				t.log.Warn(fmt.Sprintf("disk tier %s: %s: record %q (version %d) at offset %d: %v: dropped", t.cfg.Dir, r.f.path, e.Key, e.Version, e.off, derr))
+				r.entries = slices.Delete(r.entries, j, j+1)
+			}
+		}
+		fd.Close()
+	}
+	return nil
+}
+
+// scanFile reads the record headers of f, checking their checksums. A record whose header is bad cannot say
+// how long it is, so the scan looks for the next header at each
+// following block; a record that runs past the end of the file was torn
+// by a crash.
 func (t *Tier) scanFile(f *dataFile) scanned {
 	fd, err := t.open(f.path, os.O_RDONLY, false)
 	if err != nil {
@@ -125,20 +171,7 @@ func (t *Tier) scanFile(f *dataFile) scanned {
 			t.log.Warn(fmt.Sprintf("disk tier %s: %s: record %q (version %d, %d bytes) at offset %d runs past the end of the file (%d bytes): torn by a crash, dropped", t.cfg.Dir, f.path, h.key, h.version, h.size, off, end))
 			break
 		}
-		buf := alignedBuf(int(min(rl, end-off)))
-		n, err = fd.ReadAt(buf, int64(off))
-		if err != nil && !errors.Is(err, io.EOF) {
-			putAligned(buf)
-			return scanned{err: fmt.Errorf("disk tier %q: read %s at %d: %w", t.cfg.Dir, f.path, off, err)}
-		}
-		rec, _, derr := decodeRecord(buf[:n])
-		putAligned(buf)
-		if derr != nil {
-			t.nDropped.Add(1)
-			t.log.Warn(fmt.Sprintf("disk tier %s: %s: record %q (version %d) at offset %d: %v: dropped", t.cfg.Dir, f.path, h.key, h.version, off, derr))
-		} else {
-			out = append(out, &entry{Record: rec, file: f, off: off, len: rl})
-		}
+		out = append(out, &entry{Record: Record{Key: h.key, Size: h.size, Version: h.version}, file: f, off: off, len: rl})
 		f.nrec++
 		off += rl
 	}

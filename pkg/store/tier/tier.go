@@ -127,6 +127,7 @@ type Tier struct {
 
 	writes chan *writeReq
 	sem    chan struct{}
+	rbufs  *readBufs
 
 	ops     sync.RWMutex // held shared by calls, exclusively by Close
 	closed  atomic.Bool
@@ -243,7 +244,8 @@ func Open(cfg Config) (*Tier, error) {
 	t := &Tier{
 		cfg: cfg, log: cfg.Logger, open: cfg.openFile, index: make(map[string]*entry),
 		writes: make(chan *writeReq, 256), sem: make(chan struct{}, cfg.IOConcurrency),
-		stop: make(chan struct{}), stopped: make(chan struct{}),
+		rbufs: newReadBufs(cfg.IOConcurrency * chunksInFlight),
+		stop:  make(chan struct{}), stopped: make(chan struct{}),
 	}
 	if t.open == nil {
 		t.open = openOS
@@ -459,6 +461,7 @@ func (t *Tier) Close() error {
 	close(t.stop)
 	<-t.stopped
 	t.ops.Unlock()
+	t.rbufs.close()
 	var err error
 	if t.curFD != nil {
 		err = t.curFD.Sync()
