@@ -37,9 +37,17 @@ func NewAdmin(base string) (*Admin, error) {
 const maxAdminBody = 1 << 30
 
 func (a *Admin) get(ctx context.Context, path string) ([]byte, int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.base+path, nil)
+	return a.do(ctx, http.MethodGet, path, nil)
+}
+
+// do sends one request and reads the answer (bounded).
+func (a *Admin) do(ctx context.Context, method, path string, body io.Reader) ([]byte, int, error) {
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, body)
 	if err != nil {
 		return nil, 0, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := a.hc.Do(req)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 )
@@ -66,21 +65,7 @@ var drainStatusNames = []string{"CREATED", "PLANNING", "RUNNING", "SUCCEEDED", "
 func (s DrainJobStatus) Done() bool { return s.Status >= 3 }
 
 func (a *Admin) post(ctx context.Context, path string, body []byte) ([]byte, int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.base+path, bytes.NewReader(body))
-	if err != nil {
-		return nil, 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := a.hc.Do(req)
-	if err != nil {
-		return nil, 0, fmt.Errorf("admin API %s: %w", a.base, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminBody))
-	if err != nil {
-		return nil, resp.StatusCode, fmt.Errorf("admin API %s%s: %w", a.base, path, err)
-	}
-	return b, resp.StatusCode, nil
+	return a.do(ctx, http.MethodPost, path, bytes.NewReader(body))
 }
 
 // CreateDrainJob starts a drain job and returns its id.
