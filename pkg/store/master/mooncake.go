@@ -138,20 +138,30 @@ func configFrom(c mooncake.ReplicateConfig) store.ReplicateConfig {
 
 // descriptors converts mc's replicas to Mooncake's memory descriptors.
 func (s *mooncakeServer) descriptors(reps []store.Replica) []mooncake.ReplicaDescriptor {
-	out := make([]mooncake.ReplicaDescriptor, len(reps))
+	return s.descriptorsFrom(reps, s.nextID.Add(uint64(len(reps)))-uint64(len(reps)), nil)
+}
+
+// descriptorsFrom renders reps with the ids after base, into buf's
+// spare room when it has enough (a batch renders every key's replicas
+// into one array).
+func (s *mooncakeServer) descriptorsFrom(reps []store.Replica, base uint64, buf []mooncake.ReplicaDescriptor) []mooncake.ReplicaDescriptor {
+	if cap(buf)-len(buf) < len(reps) {
+		buf = make([]mooncake.ReplicaDescriptor, 0, len(reps))
+	}
+	n := len(buf)
 	for i, r := range reps {
 		st := mooncake.ReplicaProcessing
 		if r.Complete {
 			st = mooncake.ReplicaComplete
 		}
-		out[i] = mooncake.ReplicaDescriptor{
-			ID: s.nextID.Add(1),
+		buf = append(buf, mooncake.ReplicaDescriptor{
+			ID: base + uint64(i) + 1,
 			Descriptor: mooncake.DescriptorVariant{Value: mooncake.MemoryDescriptor{Buffer: mooncake.BufferDescriptor{
 				Size: r.Len, BufferAddress: r.Addr, Protocol: r.Protocol, TransportEndpoint: r.Endpoint}}},
 			Status: st,
-		}
+		})
 	}
-	return out
+	return buf[n:len(buf):len(buf)]
 }
 
 func (s *mooncakeServer) list(r ReplicaResult) mooncake.ExpectList {
@@ -159,6 +169,32 @@ func (s *mooncakeServer) list(r ReplicaResult) mooncake.ExpectList {
 		return mooncake.ExpectList{Error: codeOf(r.Err), HasError: true}
 	}
 	return mooncake.ExpectList{Value: mooncake.GetReplicaListResponse{Replicas: s.descriptors(r.Replicas), LeaseTTLms: uint64(r.LeaseTTL.Milliseconds())}}
+}
+
+// lists renders a batch's results: one id reservation (a shared atomic:
+// one add per batch, not per replica) and one descriptor array.
+func (s *mooncakeServer) lists(rs []ReplicaResult) ([]mooncake.ExpectList, bool) {
+	total := 0
+	for _, r := range rs {
+		if r.Err == nil {
+			total += len(r.Replicas)
+		}
+	}
+	next := s.nextID.Add(uint64(total)) - uint64(total)
+	buf := make([]mooncake.ReplicaDescriptor, 0, total)
+	out := make([]mooncake.ExpectList, len(rs))
+	failed := false
+	for i, r := range rs {
+		if r.Err != nil {
+			out[i], failed = mooncake.ExpectList{Error: codeOf(r.Err), HasError: true}, true
+			continue
+		}
+		d := s.descriptorsFrom(r.Replicas, next, buf)
+		buf = buf[:len(buf)+len(d)]
+		next += uint64(len(d))
+		out[i] = mooncake.ExpectList{Value: mooncake.GetReplicaListResponse{Replicas: d, LeaseTTLms: uint64(r.LeaseTTL.Milliseconds())}}
+	}
+	return out, failed
 }
 
 func (s *mooncakeServer) descs(r ReplicaResult) mooncake.ExpectDescs {
@@ -473,13 +509,7 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := batchErr("BatchGetReplicaList", len(keys)); err != nil {
 				return nil, err
 			}
-			rs := m.BatchGetReplicaList(keys)
-			out := make([]mooncake.ExpectList, len(rs))
-			failed := false
-			for i, r := range rs {
-				out[i] = s.list(r)
-				failed = failed || r.Err != nil
-			}
+			out, failed := s.lists(m.BatchGetReplicaList(keys))
 			m.m.Op("batch_get_replica_list", failed)
 			return out, nil
 		},
