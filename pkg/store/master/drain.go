@@ -147,6 +147,9 @@ type drains struct {
 	ended  []store.UUID // finished jobs, oldest first
 	nextID uint64
 	tasks  map[store.UUID]*nodeTasks // by source client
+	// pollers are the clients that have asked for drain tasks: the nodes
+	// that can make copies (a mooncake_client node never asks).
+	pollers map[store.UUID]bool
 }
 
 type nodeTasks struct {
@@ -157,6 +160,7 @@ type nodeTasks struct {
 func (d *drains) init() {
 	d.jobs = make(map[store.UUID]*drainJob)
 	d.tasks = make(map[store.UUID]*nodeTasks)
+	d.pollers = make(map[store.UUID]bool)
 }
 
 func (q *nodeTasks) remove(u *drainUnit) {
@@ -211,6 +215,9 @@ func (m *Master) CreateDrainJob(req DrainRequest) (store.UUID, error) {
 		case slices.Contains(j.segs, seg):
 			m.space.mu.Unlock()
 			return store.UUID{}, store.Errorf(store.InvalidParams, "drain: segment %q named twice", name)
+		case !m.drains.pollers[seg.owner]:
+			m.space.mu.Unlock()
+			return store.UUID{}, store.Errorf(store.UnavailableInCurrentStatus, "drain: segment %q's node (client %s) takes no drain tasks: a mooncake_client node, or an mc node older than drain, cannot copy its objects out", name, seg.owner)
 		}
 		j.segs = append(j.segs, seg)
 	}
@@ -682,6 +689,9 @@ type DrainResult struct {
 // results, then returns up to max copy tasks for the node's segments,
 // waiting up to wait (or ctx) when there are none.
 func (m *Master) DrainTasks(ctx context.Context, client store.UUID, results []DrainResult, max int, wait time.Duration) []DrainTask {
+	m.drains.mu.Lock()
+	m.drains.pollers[client] = true
+	m.drains.mu.Unlock()
 	if len(results) > 0 {
 		m.applyDrainResults(results)
 	}

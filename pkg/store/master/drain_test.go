@@ -18,7 +18,16 @@ func drainMaster(t *testing.T, sizeA, sizeB uint64) (*Master, *fakeClock) {
 	t.Cleanup(m.Close)
 	mount(t, m, "na", "A", "10.0.0.1", 1<<40, sizeA)
 	mount(t, m, "nb", "B", "10.0.0.2", 2<<40, sizeB)
+	poll(m, "na", "nb")
 	return m, clk
+}
+
+// poll has nodes ask for drain tasks once, as a node's drain loop does
+// as soon as it has mounted.
+func poll(m *Master, nodes ...string) {
+	for _, n := range nodes {
+		m.DrainTasks(context.Background(), uuidOf(n), nil, 0, 0)
+	}
 }
 
 func onA() store.ReplicateConfig {
@@ -278,6 +287,12 @@ func TestDrainRefusesBadRequests(t *testing.T) {
 	put(t, m, "w", "k", 64*KiB, onA())
 	_, err := m.CreateDrainJob(DrainRequest{Segments: []string{"nope"}})
 	wantCode(t, "unknown segment", err, store.SegmentNotFound)
+	mount(t, m, "moon", "M", "10.0.0.9", 9<<40, 8*MiB) // never polls: a mooncake_client
+	_, err = m.CreateDrainJob(DrainRequest{Segments: []string{"M"}})
+	wantCode(t, "a node that takes no drain tasks", err, store.UnavailableInCurrentStatus)
+	if got := segStatus(m, "M"); got != "OK" {
+		t.Fatalf("a refused drain left M %s", got)
+	}
 	_, err = m.CreateDrainJob(DrainRequest{})
 	wantCode(t, "no segment", err, store.InvalidParams)
 	_, err = m.CreateDrainJob(DrainRequest{Segments: []string{"A"}, Targets: []string{"A"}})
@@ -299,6 +314,7 @@ func TestDrainRefusesBadRequests(t *testing.T) {
 func TestDrainRetriesFailedAndSilentCopies(t *testing.T) {
 	m, clk := drainMaster(t, 8*MiB, 8*MiB)
 	mount(t, m, "nc", "C", "10.0.0.3", 3<<40, 8*MiB)
+	poll(m, "nc")
 	put(t, m, "w", "k", 64*KiB, onA())
 	id, err := m.CreateDrainJob(DrainRequest{Segments: []string{"A"}, Targets: []string{"B", "C"}})
 	if err != nil {
