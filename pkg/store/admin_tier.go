@@ -39,7 +39,8 @@ func (a *Admin) QueryKeyReplicas(ctx context.Context, key string) ([]AdminReplic
 	return d.Data, d.Disk, nil
 }
 
-// AdminTier is one node's disk tier in /api/v1/tiers.
+// AdminTier is one node's disk tier in /api/v1/tiers (the master renders
+// it, mc store stat reads it).
 type AdminTier struct {
 	ID           string `json:"tier_id"`
 	Segment      string `json:"segment_name"`

@@ -249,8 +249,8 @@ type KeyResult struct {
 	Values []BufferDesc `json:"values,omitempty"`
 	// LocalDiskValues is the replica on a node's disk tier (Mooncake's
 	// LOCAL_DISK replicas).
-	LocalDiskValues []LocalDiskDesc `json:"local_disk_values,omitempty"`
-	Error           string          `json:"error,omitempty"`
+	LocalDiskValues []store.AdminDiskReplica `json:"local_disk_values,omitempty"`
+	Error           string                   `json:"error,omitempty"`
 }
 
 func (a *admin) batchQueryKeys(w http.ResponseWriter, r *http.Request) {
