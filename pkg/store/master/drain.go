@@ -100,6 +100,9 @@ const (
 	drainMaxTries    = 3
 	// keepFinishedDrains bounds the ended jobs kept for queries.
 	keepFinishedDrains = 64
+	// drainReplanEvery paces plans while a job waits for writes on its
+	// segments or for its targets' pings.
+	drainReplanEvery = 200 * time.Millisecond
 )
 
 type drainUnit struct {
@@ -138,6 +141,9 @@ type drainJob struct {
 	// a target that died after its copies does not pass for safe.
 	avoid    map[*segment]int64
 	copiedTo map[*segment]int64
+	// nextPlan paces plans while the job waits (only runDrain's
+	// goroutine touches it).
+	nextPlan time.Time
 }
 
 // drains is the master's drain jobs and the copy tasks waiting for nodes.
@@ -165,6 +171,17 @@ func (d *drains) init() {
 
 func (q *nodeTasks) remove(u *drainUnit) {
 	q.queue = slices.DeleteFunc(q.queue, func(x *drainUnit) bool { return x == u })
+}
+
+// forget drops what is kept for a client that left: its poller mark,
+// and its task queue when empty (a job's units there end with the job).
+func (d *drains) forget(client store.UUID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.pollers, client)
+	if q := d.tasks[client]; q != nil && len(q.queue) == 0 {
+		delete(d.tasks, client)
+	}
 }
 
 func (d *drains) nodeQueue(client store.UUID) *nodeTasks {
@@ -408,9 +425,17 @@ func (m *Master) drainStep(j *drainJob) bool {
 		m.dispatchDrain(j)
 		return false
 	}
-	units, writing := m.planDrain(j)
+	if time.Now().Before(j.nextPlan) {
+		return false
+	}
+	all, writing := m.planDrain(j)
 	m.drains.mu.Lock()
-	units = slices.DeleteFunc(units, func(u *drainUnit) bool { return j.tries[u.key] >= drainMaxTries })
+	units := make([]*drainUnit, 0, len(all))
+	for _, u := range all {
+		if j.tries[u.key] < drainMaxTries {
+			units = append(units, u)
+		}
+	}
 	if j.Status == DrainPlanning {
 		j.Status = DrainRunning
 	}
@@ -419,10 +444,12 @@ func (m *Master) drainStep(j *drainJob) bool {
 	if len(units) == 0 {
 		if writing > 0 || !m.drainCopiesConfirmed(j) {
 			// Objects being written there (moved once complete), or a
-			// copy's holder not heard from since it landed.
+			// copy's holder not heard from since it landed: plan again
+			// later, not at every tick (a plan scans every object).
+			j.nextPlan = time.Now().Add(drainReplanEvery)
 			return false
 		}
-		return m.finishDrain(j)
+		return m.finishDrain(j, all)
 	}
 	m.drains.mu.Lock()
 	for _, u := range units {
@@ -877,9 +904,9 @@ func (m *Master) withdrawQueued(j *drainJob) {
 	}
 }
 
-// finishDrain ends a job whose plan is exhausted (or that found no room).
-func (m *Master) finishDrain(j *drainJob) bool {
-	units, _ := m.planDrain(j)
+// finishDrain ends a job whose last plan, units, has nothing left it
+// may copy: what is in it has no room or is out of tries.
+func (m *Master) finishDrain(j *drainJob, units []*drainUnit) bool {
 	var lostBytes uint64
 	pinned := 0
 	now := m.now()

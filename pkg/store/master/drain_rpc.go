@@ -4,6 +4,9 @@ import (
 	"context"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kvcache-ops/mc/pkg/store"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
@@ -18,6 +21,9 @@ type drainServer struct {
 
 func (s *drainServer) Tasks(ctx context.Context, r *pb.DrainTasksRequest) (*pb.DrainTasksResponse, error) {
 	client := store.UUIDFromPB(r.ClientId)
+	if client.IsZero() {
+		return nil, status.Error(codes.InvalidArgument, "drain tasks: no client id")
+	}
 	results := make([]DrainResult, len(r.Results))
 	for i, x := range r.Results {
 		results[i].ID = x.Id

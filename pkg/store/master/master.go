@@ -501,6 +501,7 @@ func (m *Master) dropClient(c *clientState, why string) {
 		}
 	}
 	m.space.dropInstance(c.id)
+	m.drains.forget(c.id)
 }
 
 // UnregisterClient forgets a client that is leaving, unmounting any
