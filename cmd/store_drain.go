@@ -161,6 +161,7 @@ func followDrain(ctx context.Context, o storeDrainOptions, a *store.Admin, id st
 		pw.Style().Visibility.ETA = true
 		pw.Style().Visibility.Value = true
 		pw.Style().Visibility.Percentage = true
+		pw.Style().Visibility.Speed = true
 		tr = &progress.Tracker{Message: "drain " + id, Units: progress.UnitsBytes}
 		pw.AppendTracker(tr)
 		every = 250 * time.Millisecond
