@@ -2,8 +2,12 @@ package master
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -407,5 +411,71 @@ func TestDrainWaitsForWritesInProgress(t *testing.T) {
 	report(m, "na", second)
 	if j := waitJob(t, m, id, ended); j.Status != DrainSucceeded || j.Succeeded != 2 {
 		t.Fatalf("job %+v", j)
+	}
+}
+
+// The drain paths answer bad requests with Mooncake's error shape and
+// HTTP status, naming what is wrong; a good one creates a job the query
+// path shows.
+func TestDrainAdminBadRequests(t *testing.T) {
+	m, _ := drainMaster(t, 8*MiB, 8*MiB)
+	srv := httptest.NewServer(NewAdminHandler(m, AdminOptions{}))
+	defer srv.Close()
+	post := func(path, body string) (int, map[string]any) {
+		resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v map[string]any
+		json.NewDecoder(resp.Body).Decode(&v)
+		return resp.StatusCode, v
+	}
+	for _, c := range []struct {
+		body   string
+		status int
+		code   store.Code
+		says   string
+	}{
+		{`{"segments": [`, 400, store.InvalidParams, "Invalid JSON"},
+		{`{"segments": []}`, 400, store.InvalidParams, "no segment"},
+		{`{"segments": ["A"], "max_concurrency": -3}`, 400, store.InvalidParams, "max_concurrency"},
+		{`{"segments": ["nope"]}`, 404, store.SegmentNotFound, "nope"},
+		{`{"segments": ["A"], "target_segments": ["A"]}`, 400, store.InvalidParams, "both drained and a target"},
+	} {
+		status, v := post("/api/v1/drain_jobs", c.body)
+		if status != c.status || v["success"] != false || store.Code(v["error_code"].(float64)) != c.code || !strings.Contains(v["error_message"].(string), c.says) {
+			t.Errorf("%s: %d %v, want %d %s saying %q", c.body, status, v, c.status, c.code, c.says)
+		}
+	}
+	for path, want := range map[string]int{
+		"/api/v1/drain_jobs/query":            400,
+		"/api/v1/drain_jobs/query?job_id=x":   400,
+		"/api/v1/drain_jobs/query?job_id=1-2": 404,
+	} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	if status, _ := post("/api/v1/drain_jobs/cancel?job_id=1-2", ""); status != 404 {
+		t.Errorf("cancel of an unknown job: %d, want 404", status)
+	}
+	status, v := post("/api/v1/drain_jobs", `{"segments": ["A"], "max_concurrency": 4}`)
+	if status != 200 || v["status"] != "CREATED" {
+		t.Fatalf("create: %d %v", status, v)
+	}
+	resp, err := http.Get(srv.URL + "/api/v1/drain_jobs/query?job_id=" + v["job_id"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var q store.DrainJobStatus
+	if err := json.NewDecoder(resp.Body).Decode(&q); err != nil || q.JobID != v["job_id"] || q.MaxConcurrency != 4 || q.TypeName != "DRAIN" {
+		t.Fatalf("query: %+v %v", q, err)
 	}
 }
