@@ -99,6 +99,9 @@ type Result struct {
 	P99us       float64 `json:"p99_us"`
 	P999us      float64 `json:"p999_us"`
 	Errors      int64   `json:"errors"`
+	// Keys is how many keys get rows read (the working set the store
+	// kept; 0 for put rows).
+	Keys int `json:"keys"`
 	// Corrupt counts gets that returned wrong bytes (--verify); they are
 	// among Errors too.
 	Corrupt int64 `json:"corrupt"`
@@ -358,6 +361,52 @@ func (r *runner) prefill(ctx context.Context, vs int64, n int) error {
 	return nil
 }
 
+// survivors waits for the store to stop evicting the keys prefill wrote
+// and returns those it kept. The working set's default size comes from
+// the embedded segment's size, which says nothing about a remote
+// store's: one smaller than it evicts part of the working set while
+// filling (in the background, after the puts returned), and gets of those
+// keys would be counted as errors of the store.
+func (r *runner) survivors(ctx context.Context, keys []string) ([]string, error) {
+	present := func() ([]string, error) {
+		var kept []string
+		for i := 0; i < len(keys); i += 1024 {
+			part := keys[i:min(i+1024, len(keys))]
+			ok, errs := r.c.BatchExist(ctx, part)
+			for j, k := range part {
+				if errs[j] != nil {
+					return nil, fmt.Errorf("check the values written for gets: %s: %w", k, errs[j])
+				}
+				if ok[j] {
+					kept = append(kept, k)
+				}
+			}
+		}
+		return kept, nil
+	}
+	kept, err := present()
+	if err != nil || len(kept) == len(keys) {
+		return kept, err
+	}
+	// Eviction goes on in rounds: wait until a round finds no more gone.
+	for range 50 {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(300 * time.Millisecond):
+		}
+		again, err := present()
+		if err != nil {
+			return nil, err
+		}
+		if len(again) == len(kept) {
+			return again, nil
+		}
+		kept = again
+	}
+	return kept, nil
+}
+
 // cleanup removes the keys a row wrote (not timed), so rows do not fill
 // the store for each other and a benchmarked store is left as found.
 func (r *runner) cleanup(ctx context.Context, keys []string) {
@@ -411,6 +460,20 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 	for i := range getKeys {
 		getKeys[i] = r.getKey(vs, i)
 	}
+	if nkeys > 0 && !r.cfg.OnDisk {
+		kept, err := r.survivors(ctx, getKeys)
+		if err != nil {
+			return res, err
+		}
+		if len(kept) < len(getKeys) {
+			r.cfg.Logger.Warn(fmt.Sprintf("the store kept %d of the %d values of %d bytes written for gets (the rest were evicted: it is smaller than the working set); gets read those %d (--keys sets the working set)", len(kept), len(getKeys), vs, len(kept)))
+		}
+		if len(kept) < min(len(getKeys), workers*r.cfg.Batch) {
+			return res, fmt.Errorf("the store kept only %d of %d values of %d bytes written for gets (evicted): too few for %d callers of batch %d; use a smaller --value-size, --keys or --concurrency", len(kept), len(getKeys), vs, workers, r.cfg.Batch)
+		}
+		getKeys = kept
+	}
+	res.Keys = len(getKeys)
 	ws := make([]*worker, workers)
 	for i := range ws {
 		buf, err := r.c.RegisterBuffer(ctx, int(vs)*r.cfg.Batch)
