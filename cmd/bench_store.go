@@ -161,6 +161,7 @@ func (o benchStoreOptions) config() (sbench.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
+	ecfg.NameWithPort = o.Master != "" // a client beside a node of this host
 	ssdSize := o.SSDSize
 	switch {
 	case o.SSDSize != 0 && o.SSDDir == "":

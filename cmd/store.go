@@ -588,6 +588,7 @@ func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	ecfg.NameWithPort = true // beside a node of this host under its name
 	// A one-shot client waits for nobody: fail fast when the master is
 	// not there.
 	return store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: 5 * time.Second, Logger: quietLogger()})

@@ -68,6 +68,13 @@ type Config struct {
 	// LocalServerName is this engine's name (Mooncake's local_server_name);
 	// default the hostname. With etcd/http metadata it is the segment name.
 	LocalServerName string
+	// NameWithPort appends the handshake port to a defaulted
+	// LocalServerName (host:port) with etcd/http metadata: a process
+	// without a segment of its own (a client) then takes a name no other
+	// process on its host holds. Two processes of one host under the
+	// plain hostname claim one rpc_meta key, and the metadata server
+	// refuses the second.
+	NameWithPort bool
 	// MetadataServer is Mooncake's --metadata_server; default P2PHANDSHAKE.
 	MetadataServer string
 	// Backend, when set, is used instead of opening MetadataServer; the
@@ -160,6 +167,7 @@ type Engine struct {
 // New starts an engine: the handshake listener, the metadata backend, the
 // transports' listeners, and publishes this engine's (empty) segment.
 func New(ctx context.Context, cfg Config) (*Engine, error) {
+	defaultedName := cfg.LocalServerName == ""
 	if cfg.LocalServerName == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -226,6 +234,9 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	}
 	if cfg.MetadataServer == meta.P2PHandshake && cfg.Backend == nil {
 		e.segName = net.JoinHostPort(adv, hsPort)
+	} else if cfg.NameWithPort && defaultedName {
+		e.cfg.LocalServerName = net.JoinHostPort(adv, hsPort)
+		e.segName = e.cfg.LocalServerName
 	} else {
 		e.segName = cfg.LocalServerName
 	}

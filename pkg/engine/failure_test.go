@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -287,5 +288,44 @@ func TestCloseWithMetadataServerGone(t *testing.T) {
 	}
 	if took > 3500*time.Millisecond {
 		t.Fatalf("close took %v with the metadata server gone", took)
+	}
+}
+
+// TestNameWithPortKeepsClientsApart: two processes of one host with a
+// defaulted name and HTTP metadata took the hostname both, and the second
+// claimed the first's rpc_meta key (Mooncake's metadata server refuses
+// it: "Duplicate rpc_meta key not allowed"; `mc store put` beside an `mc
+// serve store` failed so). With NameWithPort each takes host:port.
+func TestNameWithPortKeepsClientsApart(t *testing.T) {
+	srv := httptest.NewServer(meta.NewHTTPHandler())
+	defer srv.Close()
+	named := newEngine(t, func(c *engine.Config) { c.MetadataServer = srv.URL + "/metadata"; c.LocalServerName = "" })
+	if h, _ := os.Hostname(); named.SegmentName() != h {
+		t.Fatalf("without NameWithPort the defaulted name is %q, want the hostname %q", named.SegmentName(), h)
+	}
+	var names []string
+	for range 2 {
+		e := newEngine(t, func(c *engine.Config) {
+			c.MetadataServer = srv.URL + "/metadata"
+			c.LocalServerName = ""
+			c.NameWithPort = true
+		})
+		host, port, err := net.SplitHostPort(e.SegmentName())
+		if err != nil || host == "" || port == "0" {
+			t.Fatalf("name %q: want host:port", e.SegmentName())
+		}
+		names = append(names, e.SegmentName())
+	}
+	if names[0] == names[1] {
+		t.Fatalf("two clients took one name %q", names[0])
+	}
+	// A name given is kept as given.
+	given := newEngine(t, func(c *engine.Config) {
+		c.MetadataServer = srv.URL + "/metadata"
+		c.LocalServerName = "node-a"
+		c.NameWithPort = true
+	})
+	if given.SegmentName() != "node-a" {
+		t.Fatalf("given name became %q", given.SegmentName())
 	}
 }
