@@ -45,6 +45,11 @@ type ServerOptions struct {
 	WriteTimeout time.Duration
 	// Logger receives connection errors; nil means slog.Default().
 	Logger *slog.Logger
+	// Recycle, when set, is handed each body a handler returned once the
+	// server is done with it (written, or dropped with the connection),
+	// so that handlers can encode answers into reused buffers. Set it
+	// only when no handler returns a body it still uses afterwards.
+	Recycle func(body []byte)
 }
 
 // Server dispatches coro_rpc requests to Handlers by function id. It serves
@@ -373,6 +378,9 @@ func (sc *serverConn) run(reg registered, req *Request) {
 	default:
 		sc.write(ResponseHeader{Seq: req.Header.Seq, Length: uint32(len(body))}, body)
 	}
+	if body != nil && sc.s.opts.Recycle != nil {
+		sc.s.opts.Recycle(body)
+	}
 }
 
 // call runs the handler, turning a panic into an error response as
@@ -404,7 +412,15 @@ func (sc *serverConn) write(h ResponseHeader, body []byte) {
 	_ = sc.nc.SetWriteDeadline(time.Now().Add(sc.s.opts.WriteTimeout))
 	sc.hdr = h.AppendTo(sc.hdr[:0])
 	bufs := net.Buffers{sc.hdr, body}
-	if _, err := bufs.WriteTo(sc.nc); err != nil {
+	// Header and body in one writev: net.Buffers does that only on the
+	// *net.TCPConn itself, and a connection sniffed on a shared port
+	// comes wrapped (WithReader), which made it two writes, two segments
+	// and two wake-ups of the client per answer.
+	w := sc.nc
+	if rc, ok := w.(*readerConn); ok {
+		w = rc.Conn
+	}
+	if _, err := bufs.WriteTo(w); err != nil {
 		sc.broken = true
 		sc.s.log.Warn("coro_rpc: response write failed; closing connection", "peer", sc.nc.RemoteAddr(), "seq", h.Seq, "err", err)
 		sc.cancel()

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -523,5 +524,60 @@ func TestRegisterTwice(t *testing.T) {
 	}
 	if _, err := s.Register("a::B", h); err == nil || !strings.Contains(err.Error(), `"a::B"`) {
 		t.Fatalf("second Register: %v", err)
+	}
+}
+
+// Recycle gets back each body a handler returned, after it was written:
+// the client has its bytes by then, and a body the handler reuses for the
+// next answer does not change an answer already sent.
+func TestServerRecyclesBodies(t *testing.T) {
+	var mu sync.Mutex
+	var free [][]byte
+	recycled := 0
+	s := NewServer(&ServerOptions{Recycle: func(b []byte) {
+		mu.Lock()
+		free = append(free, b)
+		recycled++
+		mu.Unlock()
+	}})
+	n := 0
+	id := mustRegister(t, s, "test::Count", func(ctx context.Context, req *Request) ([]byte, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		var b []byte
+		if len(free) > 0 {
+			b, free = free[len(free)-1][:0], free[:len(free)-1]
+		}
+		n++
+		return fmt.Appendf(b, "answer %d", n), nil
+	})
+	failing := mustRegister(t, s, "test::Fail", func(ctx context.Context, req *Request) ([]byte, error) {
+		return nil, errors.New("no")
+	})
+	addr := startServer(t, s)
+	conn := rawDial(t, addr)
+	for i := 1; i <= 5; i++ {
+		sendReq(t, conn, uint32(i), id, nil)
+		if h, body := recvResp(t, conn); h.Seq != uint32(i) || string(body) != fmt.Sprintf("answer %d", i) {
+			t.Fatalf("call %d: %+v %q", i, h, body)
+		}
+	}
+	sendReq(t, conn, 9, failing, nil)
+	if h, _ := recvResp(t, conn); h.ErrCode == 0 {
+		t.Fatalf("failing handler answered %+v", h)
+	}
+	// Every answer's body comes back (the last one just after its write).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		got := recycled
+		mu.Unlock()
+		if got == 5 {
+			break
+		}
+		if got > 5 || time.Now().After(deadline) {
+			t.Fatalf("%d bodies recycled, want the 5 answers' (an error answer has none)", got)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

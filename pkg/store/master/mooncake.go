@@ -30,7 +30,9 @@ func NewMooncakeServer(m *Master, gate MooncakeGate, log *slog.Logger) *cororpc.
 		log = slog.Default()
 	}
 	ms := &mooncakeServer{m: m, gate: gate, log: log, rpc: &rpcServer{m: m}}
-	srv := cororpc.NewServer(&cororpc.ServerOptions{MaxMessageLen: uint32(store.MaxMsgSize), Logger: log})
+	// Every answer is encoded into a pooled buffer (wrap), returned to
+	// the pool once written.
+	srv := cororpc.NewServer(&cororpc.ServerOptions{MaxMessageLen: uint32(store.MaxMsgSize), Logger: log, Recycle: recycleBody})
 	hs := ms.handlers()
 	for name, answer := range unsupportedCalls {
 		hs[name] = ms.unsupported(name, answer)
@@ -72,8 +74,12 @@ func (s *mooncakeServer) wrap(name string, h mooncakeHandler) cororpc.Handler {
 		if err != nil {
 			return nil, err
 		}
-		b, err := structpack.Marshal(out)
+		if b, ok := out.(preEncoded); ok {
+			return b, nil
+		}
+		b, err := structpack.AppendMarshal(getBody(), out)
 		if err != nil {
+			recycleBody(b)
 			return nil, fmt.Errorf("%s: encode answer: %w", name, err)
 		}
 		return b, nil
@@ -180,7 +186,17 @@ func (s *mooncakeServer) lists(rs []ReplicaResult) ([]mooncake.ExpectList, bool)
 			total += len(r.Replicas)
 		}
 	}
-	next := s.nextID.Add(uint64(total)) - uint64(total)
+	return s.listsFrom(rs, s.nextID.Add(uint64(total))-uint64(total))
+}
+
+// listsFrom is lists with the ids after next already reserved.
+func (s *mooncakeServer) listsFrom(rs []ReplicaResult, next uint64) ([]mooncake.ExpectList, bool) {
+	total := 0
+	for _, r := range rs {
+		if r.Err == nil {
+			total += len(r.Replicas)
+		}
+	}
 	buf := make([]mooncake.ReplicaDescriptor, 0, total)
 	out := make([]mooncake.ExpectList, len(rs))
 	failed := false
@@ -509,7 +525,7 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := batchErr("BatchGetReplicaList", len(keys)); err != nil {
 				return nil, err
 			}
-			out, failed := s.lists(m.BatchGetReplicaList(keys))
+			out, failed := s.batchGetAnswer(keys)
 			m.m.Op("batch_get_replica_list", failed)
 			return out, nil
 		},

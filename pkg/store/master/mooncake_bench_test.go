@@ -25,7 +25,7 @@ import (
 // wireBenchMaster is a master serving both wires on loopback with
 // master_bench's 128 metadata-only segments of 64 GiB mounted over the
 // Mooncake wire by node.
-func wireBenchMaster(b *testing.B) (m *Master, addr string, node *mooncake.Client) {
+func wireBenchMaster(b testing.TB) (m *Master, addr string, node *mooncake.Client) {
 	m, _ = newTestMaster(b, Config{RegionSize: 64 * MiB})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

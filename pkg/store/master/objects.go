@@ -45,6 +45,15 @@ type Object struct {
 	lastUse uint64
 	// tier is its disk-tier state, nil for an object never offloaded.
 	tier *objTier
+	// one is the backing array of replicas as placed at the object's
+	// put, when that is one replica (the usual case): in the object, not
+	// an allocation of its own, so a get reads the replica from the
+	// object's own memory and the heap holds one object less per key
+	// (fewer for the GC to mark). It is written only at creation; later
+	// changes of replicas go through append, which never writes past a
+	// capacity of one, or filter in place exactly as a separate array
+	// would be.
+	one [1]replicaRef
 }
 
 type replicaRef struct {

@@ -2,6 +2,7 @@ package master
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -106,17 +107,18 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 		m.pend.addRelease(old.putStart+m.cfg.PutReleaseTimeout.Nanoseconds(), old.size, old.replicas)
 		m.m.putDiscards.Inc()
 	}
-	refs, err := m.space.place(client, host, it.Size, cfg)
+	o := &Object{
+		key: it.Key, size: it.Size, putStart: now, state: stateProcessing, writer: client,
+		softPin: m.softPinExpiry(cfg, now), hardPin: cfg.HardPin,
+	}
+	refs, err := m.space.place(o.one[:0:1], client, host, it.Size, cfg)
 	if err != nil {
 		// No kick of the watermark loop: BatchPutStart evicts for
 		// itself (phases.go), and with no policy there is nothing to
 		// evict.
 		return ReplicaResult{Err: err}
 	}
-	o := &Object{
-		key: it.Key, size: it.Size, replicas: refs, putStart: now, state: stateProcessing, writer: client,
-		softPin: m.softPinExpiry(cfg, now), hardPin: cfg.HardPin,
-	}
+	o.replicas = refs
 	sh.objects[it.Key] = o
 	m.pend.addPut(it.Key, o, now)
 	return ReplicaResult{Replicas: o.descriptors(false)}
@@ -296,7 +298,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		m.pend.addPut(it.Key, o, now)
 		return ReplicaResult{Replicas: o.descriptors(false)}
 	}
-	refs, err := m.space.place(client, host, it.Size, cfg)
+	refs, err := m.space.place(nil, client, host, it.Size, cfg)
 	if err != nil {
 		m.m.allocFailures.Inc()
 		m.kickEviction()
@@ -345,10 +347,20 @@ func (m *Master) BatchQuery(keys []string) []ReplicaResult {
 }
 
 func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
-	out := make([]ReplicaResult, len(keys))
+	out, _ := m.lookupInto(keys, lease, nil, nil)
+	return out
+}
+
+// lookupInto is lookup into a caller's scratch (a hot wire handler's,
+// reused across calls): out is resized to the keys, descs holds every
+// result's descriptors. It returns both, grown as needed; the results
+// point into descs, so the caller keeps both until it is done with them.
+func (m *Master) lookupInto(keys []string, lease bool, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
+	out = slices.Grow(out[:0], len(keys))[:len(keys)]
+	clear(out)
 	// One array for every key's descriptors (most keys have one replica);
 	// each result is a full slice of its own part of it.
-	descs := make([]store.Replica, 0, len(keys))
+	descs = slices.Grow(descs[:0], len(keys))
 	now := m.now()
 	var loads []*tierOp
 	var loadIdx []int
@@ -428,7 +440,7 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 		m.m.totalGets.Add(float64(len(keys)))
 		m.m.validGets.Add(float64(len(keys) - failed))
 	}
-	return out
+	return out, descs
 }
 
 // lookupOne answers one key; with a lease, an object whose only copy is

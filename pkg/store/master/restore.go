@@ -61,6 +61,7 @@ func (m *Master) Restore(objs []RestoredObject) error {
 		if !ro.SoftPin.IsZero() {
 			o.softPin = ro.SoftPin.UnixNano()
 		}
+		o.replicas = o.one[:0:1]
 		for _, r := range ro.Replicas {
 			info := r.Segment
 			if r.Addr < info.Base || r.Addr+ro.Size > info.Base+info.Size || r.Addr+ro.Size < r.Addr {

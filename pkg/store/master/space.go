@@ -282,9 +282,10 @@ func (s *space) dropInstance(id store.UUID) {
 }
 
 // place allocates up to cfg.ReplicaNum replicas of size bytes on distinct
-// segments for the writer client. It returns at least one replica or an
-// error saying why none could be placed.
-func (s *space) place(client store.UUID, host string, size uint64, cfg store.ReplicateConfig) ([]replicaRef, error) {
+// segments for the writer client, appended to dst (an object's inline
+// array for the usual single replica: no allocation). It returns at least
+// one replica or an error saying why none could be placed.
+func (s *space) place(dst []replicaRef, client store.UUID, host string, size uint64, cfg store.ReplicateConfig) ([]replicaRef, error) {
 	want := max(cfg.ReplicaNum, 1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -296,8 +297,12 @@ func (s *space) place(client store.UUID, host string, size uint64, cfg store.Rep
 		in = &instance{id: client}
 		s.instances[client] = in
 	}
-	out := make([]replicaRef, 0, want)
-	used := make([]*segment, 0, want)
+	out := dst[:0]
+	if cap(out) < want {
+		out = make([]replicaRef, 0, want)
+	}
+	var usedArr [4]*segment
+	used := usedArr[:0]
 	for len(out) < want {
 		r, ok := s.placeOne(in, host, size, cfg, used)
 		if !ok {
