@@ -111,6 +111,18 @@ func Unmarshal(data []byte, v any) error {
 // UnmarshalArgs decodes an RPC request body into the arguments ptrs point
 // to, the reverse of MarshalArgs.
 func UnmarshalArgs(data []byte, ptrs ...any) error {
+	return unmarshalArgs(data, false, ptrs)
+}
+
+// UnmarshalArgsBorrow is UnmarshalArgs with every decoded string pointing
+// into data instead of a copy of its own: no allocation per string, for a
+// hot handler that is done with its arguments before data changes or goes
+// (a batch of keys to look up). A string kept longer must be cloned.
+func UnmarshalArgsBorrow(data []byte, ptrs ...any) error {
+	return unmarshalArgs(data, true, ptrs)
+}
+
+func unmarshalArgs(data []byte, borrow bool, ptrs []any) error {
 	if len(ptrs) == 0 {
 		if len(data) != 0 {
 			return &DecodeError{Type: "()", Elem: "()", Reason: strconv.Itoa(len(data)) + " bytes for a call without arguments", Err: ErrMalformed}
@@ -118,10 +130,24 @@ func UnmarshalArgs(data []byte, ptrs ...any) error {
 		return nil
 	}
 	if len(ptrs) == 1 {
-		return Unmarshal(data, ptrs[0])
+		rv, err := target(ptrs[0])
+		if err != nil {
+			return err
+		}
+		p, err := planForType(rv.Type())
+		if err != nil {
+			return err
+		}
+		vals := [1]reflect.Value{rv}
+		return p.decodeWith(data, vals[:], borrow)
 	}
-	vals := make([]reflect.Value, len(ptrs))
-	types := make([]reflect.Type, len(ptrs))
+	var valsArr [maxCachedArgs]reflect.Value
+	var typesArr [maxCachedArgs]reflect.Type
+	vals, types := valsArr[:0], typesArr[:0]
+	if len(ptrs) > maxCachedArgs {
+		vals, types = make([]reflect.Value, 0, len(ptrs)), make([]reflect.Type, 0, len(ptrs))
+	}
+	vals, types = vals[:len(ptrs)], types[:len(ptrs)]
 	for i, ptr := range ptrs {
 		rv, err := target(ptr)
 		if err != nil {
@@ -133,7 +159,7 @@ func UnmarshalArgs(data []byte, ptrs ...any) error {
 	if err != nil {
 		return err
 	}
-	return p.decode(data, vals)
+	return p.decodeWith(data, vals, borrow)
 }
 
 // Literal returns the struct_pack type literal of t (get_types_literal).
@@ -354,8 +380,12 @@ func (p *rootPlan) header(e *encoder, literal bool) {
 }
 
 func (p *rootPlan) decode(data []byte, vals []reflect.Value) error {
+	return p.decodeWith(data, vals, false)
+}
+
+func (p *rootPlan) decodeWith(data []byte, vals []reflect.Value, borrow bool) error {
 	d := decoderPool.Get().(*decoder)
-	*d = decoder{data: data, width: 1}
+	*d = decoder{data: data, width: 1, borrow: borrow}
 	err := p.decodeMessage(d, vals)
 	*d = decoder{}
 	decoderPool.Put(d)

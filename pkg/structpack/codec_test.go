@@ -581,3 +581,43 @@ func TestDescribeLiteral(t *testing.T) {
 		}
 	}
 }
+
+// UnmarshalArgsBorrow decodes what UnmarshalArgs decodes, with strings
+// pointing into the message (a change of the message shows through, which
+// is the contract) and no allocation per string once the slice exists.
+func TestUnmarshalArgsBorrow(t *testing.T) {
+	keys := []string{"a", "", "model:llama@rank0/abc", strings.Repeat("k", 300)}
+	body, err := structpack.MarshalArgs(keys, "tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var copied, borrowed []string
+	var t1, t2 string
+	if err := structpack.UnmarshalArgs(body, &copied, &t1); err != nil {
+		t.Fatal(err)
+	}
+	if err := structpack.UnmarshalArgsBorrow(body, &borrowed, &t2); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(copied, keys) || !reflect.DeepEqual(borrowed, keys) || t1 != "tenant" || t2 != "tenant" {
+		t.Fatalf("copied %q %q, borrowed %q %q", copied, t1, borrowed, t2)
+	}
+	i := bytes.Index(body, []byte("model:llama"))
+	body[i] = 'M'
+	if borrowed[2][0] != 'M' || copied[2][0] != 'm' {
+		t.Fatalf("after the message changed: borrowed %q (want it to show), copied %q (want it not to)", borrowed[2], copied[2])
+	}
+	body[i] = 'm'
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := structpack.UnmarshalArgsBorrow(body, &borrowed, &t2); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 0 {
+		t.Fatalf("%.1f allocations per borrowed decode into a slice that fits, want none", allocs)
+	}
+	// Bad input is refused exactly as without borrowing.
+	if err := structpack.UnmarshalArgsBorrow(body[:len(body)-3], &borrowed, &t2); !errors.Is(err, structpack.ErrTruncated) {
+		t.Fatalf("truncated: %v", err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"unsafe"
 )
 
 // A node is the cached plan for one Go type: its literal, its C++ layout
@@ -84,6 +85,8 @@ type decoder struct {
 	off   int
 	width int
 	wi    int // index of width in widths
+	// borrow makes decoded strings point into data (UnmarshalArgsBorrow).
+	borrow bool
 }
 
 func (d *decoder) left() int { return len(d.data) - d.off }
@@ -385,7 +388,11 @@ func stringNode(t reflect.Type) *node {
 			if err != nil {
 				return err
 			}
-			v.SetString(string(d.data[d.off : d.off+n]))
+			if d.borrow && n > 0 {
+				v.SetString(unsafe.String(&d.data[d.off], n))
+			} else {
+				v.SetString(string(d.data[d.off : d.off+n]))
+			}
 			d.off += n
 			return nil
 		},

@@ -90,7 +90,17 @@ func (s *mooncakeServer) wrap(name string, h mooncakeHandler) cororpc.Handler {
 // (another Mooncake version's types) is answered as coro_rpc answers
 // arguments it cannot deserialize, and logged once per client and call.
 func (s *mooncakeServer) args(name string, req *cororpc.Request, ptrs ...any) error {
-	err := structpack.UnmarshalArgs(req.Body, ptrs...)
+	return s.argsErr(name, req, structpack.UnmarshalArgs(req.Body, ptrs...))
+}
+
+// argsBorrow is args with the strings pointing into the request's body
+// (structpack.UnmarshalArgsBorrow): for a handler done with them when it
+// returns.
+func (s *mooncakeServer) argsBorrow(name string, req *cororpc.Request, ptrs ...any) error {
+	return s.argsErr(name, req, structpack.UnmarshalArgsBorrow(req.Body, ptrs...))
+}
+
+func (s *mooncakeServer) argsErr(name string, req *cororpc.Request, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -517,15 +527,10 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			return s.list(r), nil
 		},
 		"BatchGetReplicaList": func(_ context.Context, req *cororpc.Request) (any, error) {
-			var keys []string
-			var tenant string
-			if err := s.args("BatchGetReplicaList", req, &keys, &tenant); err != nil {
+			out, failed, err := s.batchGetAnswer(req)
+			if err != nil {
 				return nil, err
 			}
-			if err := batchErr("BatchGetReplicaList", len(keys)); err != nil {
-				return nil, err
-			}
-			out, failed := s.batchGetAnswer(keys)
 			m.m.Op("batch_get_replica_list", failed)
 			return out, nil
 		},

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"sync"
 
+	"github.com/kvcache-ops/mc/pkg/cororpc"
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/mooncake"
 	"github.com/kvcache-ops/mc/pkg/structpack"
@@ -42,6 +43,7 @@ func recycleBody(b []byte) {
 
 // getScratch is a BatchGetReplicaList handler's lookup scratch.
 type getScratch struct {
+	keys  []string // borrowed from the request body
 	res   []ReplicaResult
 	descs []store.Replica
 }
@@ -126,11 +128,25 @@ func appendLists(dst []byte, rs []ReplicaResult, next uint64) (out []byte, faile
 	return dst, failed, true
 }
 
-// batchGetAnswer answers BatchGetReplicaList for keys.
-func (s *mooncakeServer) batchGetAnswer(keys []string) (any, bool) {
+// batchGetAnswer answers a BatchGetReplicaList request. Its keys are
+// decoded without copies (they point into the request's body, which
+// outlives the call) and looked up into pooled scratch: a batch of gets
+// allocates next to nothing.
+func (s *mooncakeServer) batchGetAnswer(req *cororpc.Request) (_ any, failed bool, _ error) {
 	sc := getScratchPool.Get().(*getScratch)
 	defer getScratchPool.Put(sc)
-	sc.res, sc.descs = s.m.lookupInto(keys, true, sc.res, sc.descs)
+	// No stale pointers kept in the pool.
+	defer clear(sc.descs)
+	defer clear(sc.res)
+	defer clear(sc.keys)
+	var tenant string
+	if err := s.argsBorrow("BatchGetReplicaList", req, &sc.keys, &tenant); err != nil {
+		return nil, false, err
+	}
+	if err := batchErr("BatchGetReplicaList", len(sc.keys)); err != nil {
+		return nil, false, err
+	}
+	sc.res, sc.descs = s.m.lookupInto(sc.keys, true, sc.res, sc.descs)
 	total := 0
 	for i := range sc.res {
 		if sc.res[i].Err == nil {
@@ -139,12 +155,10 @@ func (s *mooncakeServer) batchGetAnswer(keys []string) (any, bool) {
 	}
 	next := s.nextID.Add(uint64(total)) - uint64(total)
 	body, failed, ok := appendLists(getBody(), sc.res, next)
-	// No stale pointers kept in the pool.
-	defer clear(sc.descs)
-	defer clear(sc.res)
 	if !ok {
 		recycleBody(body)
-		return s.listsFrom(sc.res, next)
+		out, failed := s.listsFrom(sc.res, next)
+		return out, failed, nil
 	}
-	return preEncoded(body), failed
+	return preEncoded(body), failed, nil
 }
