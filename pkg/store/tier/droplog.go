@@ -216,7 +216,11 @@ func (t *Tier) readDropLog() (*dropLog, bool, error) {
 	for _, d := range ents {
 		l.add(d)
 	}
+	// Appends (should the rewrite at Open fail) overwrite a torn tail.
 	l.size = int64(len(b))
+	if n := len(bad); n > 0 && bad[n-1].to == len(b) {
+		l.size = int64(bad[n-1].from)
+	}
 	return l, len(bad) > 0, nil
 }
 
@@ -346,7 +350,9 @@ func (t *Tier) compactDropsLive() {
 	t.log.Info(fmt.Sprintf("disk tier %s: drop log compacted: %d of %d entries kept (%d -> %d bytes)", t.cfg.Dir, len(ents), before, size, l.size))
 }
 
-// openDropLogForAppend opens the log file for appends (creating it).
+// openDropLogForAppend opens the log file for appends, creating it: its
+// name is made durable too, or a crash could lose the file with the
+// entries an fdatasync had made durable.
 func (t *Tier) openDropLogForAppend(l *dropLog) error {
 	if l.fd != nil {
 		return nil
@@ -354,6 +360,10 @@ func (t *Tier) openDropLogForAppend(l *dropLog) error {
 	fd, err := t.open(l.path, os.O_CREATE|os.O_WRONLY, false)
 	if err != nil {
 		return err
+	}
+	if err := syncDir(t.cfg.Dir); err != nil {
+		fd.Close()
+		return fmt.Errorf("sync directory: %w", err)
 	}
 	l.fd = fd
 	return nil

@@ -393,6 +393,44 @@ func TestDropLogTornAndCorrupt(t *testing.T) {
 	}
 }
 
+// A drop log that cannot be rewritten at Open (its compaction fails) is
+// kept as it is: the tier opens, its drops hold, and the next removal
+// goes over the torn tail instead of after it.
+func TestDropLogRewriteFailsAtOpen(t *testing.T) {
+	dir := t.TempDir()
+	tr := open(t, Config{Dir: dir, Capacity: 1 << 20})
+	for _, k := range []string{"a", "b", "c"} {
+		mustWrite(t, tr, k, 1, 100)
+	}
+	tr.Remove("a", 1)
+	tr.Close()
+	path := filepath.Join(dir, dropLogName)
+	whole, _ := os.ReadFile(path)
+	torn := appendDrop(nil, dropEntry{key: "c", version: 1, at: pos{0, 1 << 20}})
+	os.WriteFile(path, append(slices.Clone(whole), torn[:20]...), 0o644)
+	fs := &faults{}
+	fs.set(func(f *faults) { f.syncErr = errInjected })
+	log, lb := testLogger()
+	tr = open(t, Config{Dir: dir, Capacity: 1 << 20, openFile: fs.open, Logger: log})
+	checkGone(t, tr, "a")
+	if !strings.Contains(lb.String(), "drop log not compacted") {
+		t.Fatalf("no log line for the failed rewrite:\n%s", lb)
+	}
+	fs.set(func(f *faults) { f.syncErr = nil })
+	if !tr.Remove("b", 1) {
+		t.Fatal("Remove b: false")
+	}
+	tr.Close()
+	log, lb = testLogger()
+	tr = open(t, Config{Dir: dir, Capacity: 1 << 20, Logger: log})
+	checkGone(t, tr, "a")
+	checkGone(t, tr, "b")
+	mustRead(t, tr, "c", 1, value("c", 1, 100))
+	if strings.Contains(lb.String(), "torn") || strings.Contains(lb.String(), "corrupt") {
+		t.Fatalf("the torn tail outlived the next append:\n%s", lb)
+	}
+}
+
 // A drop log that cannot be written: Remove drops nothing (what the tier
 // reports stays what a restart would find), says so, and works again
 // once the disk does.
