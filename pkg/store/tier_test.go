@@ -302,10 +302,11 @@ func TestTierNodeRestart(t *testing.T) {
 }
 
 // A key removed while its node is up is not resurrected by that node's
-// restart: the node's drop only leaves its index, and the rescan finds
-// the record again, but its version is one this master handed out for an
-// object it no longer has, so the master drops the record rather than
-// re-adding it. A key re-put and then removed meanwhile goes the same way.
+// restart: the node's drop log keeps the record out of its rescan, and
+// were it reported, its version is one this master handed out for an
+// object it no longer has, so the master would drop the record rather
+// than re-add it. A key re-put and then removed meanwhile goes the same
+// way.
 func TestTierRemovedStaysRemoved(t *testing.T) {
 	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond})
 	dir := t.TempDir()
@@ -572,4 +573,59 @@ func gauge(t *testing.T, m *master.Master, name string) float64 {
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// A removal survives restarts of both the node and a master without HA.
+// The master that removes the key has only re-added its record from the
+// node's hello (it restarted after the offload), so it knows nothing of
+// the version; the master after it knows nothing at all. Only the node's
+// drop log keeps the removed record from being reported, and re-added,
+// after the node restarts.
+func TestTierRemovalSurvivesRestarts(t *testing.T) {
+	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond}
+	c := startMaster(t, cfg)
+	dir := t.TempDir()
+	node, tn := c.tierNode(16<<20, dir, 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{"gone": value(200_000, 1), "kept": value(1<<20, 2), "also-kept": value(5000, 3)}
+	offloadAll(t, c, cl, vals)
+
+	addr := c.addr
+	c.stop()
+	c2 := startMasterOn(t, addr, cfg)
+	waitFor(t, "the tier to re-attach to the second master", 20*time.Second, func() bool { return c2.m.Stats().Keys == len(vals) })
+	if err := cl.Remove(ctx, "gone", false); err != nil {
+		t.Fatalf("remove from the second master: %v", err)
+	}
+	waitFor(t, "the node to drop the removed record", 20*time.Second, func() bool {
+		_, ok := tn.Tier().Lookup("gone")
+		return !ok
+	})
+	if s := tn.Stats(); s.Removed != 1 {
+		t.Fatalf("node tier: %d drops recorded, want 1", s.Removed)
+	}
+
+	tn.Close()
+	node.Close(ctx)
+	c2.stop()
+	c3 := startMasterOn(t, addr, cfg)
+	_, tn3 := c3.tierNode(16<<20, dir, 64<<20)
+	// Attached means the master has taken in the hello: every record the
+	// node reported is re-added by now.
+	waitFor(t, "the restarted node to attach to the third master", 20*time.Second, func() bool { return tn3.Stats().Attached })
+	if _, ok := tn3.Tier().Lookup("gone"); ok {
+		t.Fatal("the restarted node's tier has the removed record again")
+	}
+	if ok, err := cl.Exist(ctx, "gone"); err != nil || ok {
+		t.Fatalf("Exist of a key removed before both restarts: %v, %v; want false", ok, err)
+	}
+	if _, err := cl.Get(ctx, "gone"); !errors.Is(err, store.ErrObjectNotFound) {
+		t.Fatalf("get of a key removed before both restarts: %v, want OBJECT_NOT_FOUND", err)
+	}
+	delete(vals, "gone")
+	if n := c3.m.Stats().Keys; n != len(vals) {
+		t.Fatalf("third master has %d keys, want %d", n, len(vals))
+	}
+	checkGets(t, cl, vals)
 }

@@ -31,7 +31,8 @@ type TierConfig struct {
 // Attach stream to the master, writes the objects the master evicts from
 // this node's segment to disk (the bytes are local: no network), reads
 // disk records back into the segment when the master stages them for a
-// get, drops the records the master no longer wants, and reports what its
+// get, drops the records the master no longer wants (durably: a dropped
+// record is not reported again after a restart), and reports what its
 // tier evicted. After a restart it reports its records again; the master
 // decides by version which come back.
 type TierNode struct {
@@ -207,11 +208,21 @@ func (n *TierNode) session() error {
 			return err
 		}
 		n.attached.Store(true)
+		// A message's drops in a row share one sync of the drop log; they
+		// are done before the next command starts, as one at a time were.
+		var drops []tier.Removal
+		flush := func() {
+			if len(drops) > 0 {
+				n.t.RemoveAll(drops)
+				drops = drops[:0]
+			}
+		}
 		for _, cmd := range down.GetCommands() {
 			if cmd.GetKind() == pb.TierCommand_DROP {
-				n.t.Remove(cmd.GetKey(), cmd.GetVersion())
+				drops = append(drops, tier.Removal{Key: cmd.GetKey(), Version: cmd.GetVersion()})
 				continue
 			}
+			flush()
 			select {
 			case n.sem <- struct{}{}:
 			case <-ctx.Done():
@@ -224,6 +235,7 @@ func (n *TierNode) session() error {
 				n.send(st, &pb.TierUp{Msg: &pb.TierUp_Result{Result: n.do(ctx, cmd)}})
 			}()
 		}
+		flush()
 	}
 }
 

@@ -101,7 +101,7 @@ func mustRead(t *testing.T, tr *Tier, key string, version uint64, want []byte) {
 type faults struct {
 	mu                         sync.Mutex
 	readErr, writeErr, syncErr error
-	reads                      int
+	reads, syncs               int
 }
 
 func (fs *faults) set(f func(*faults)) {
@@ -149,6 +149,7 @@ func (f *faultyFile) WriteAt(p []byte, off int64) (int, error) {
 func (f *faultyFile) Sync() error {
 	f.fs.mu.Lock()
 	err := f.fs.syncErr
+	f.fs.syncs++
 	f.fs.mu.Unlock()
 	if err != nil {
 		return err

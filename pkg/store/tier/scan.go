@@ -13,15 +13,19 @@ import (
 
 // scanned is what scanning one file found.
 type scanned struct {
-	f       *dataFile
+	f *dataFile
+	// all is every record whose header checked out; entries those of
+	// them the index may take (not dropped by the drop log, not torn).
+	all     []*entry
 	entries []*entry
 	err     error
 }
 
 // scan rebuilds the index from the data files, IOConcurrency files at a
-// time. Where one key has several records the highest version wins (the
-// newest file among equals): the others are dead space until their file
-// goes.
+// time, less the records the drop log says were removed. Where one key
+// has several records the highest version wins (the newest file among
+// equals): the others are dead space until their file goes. Then the drop
+// log is compacted.
 //
 // Every header is checked; only the last maxBatch records appended have
 // their values checksummed here: a crash can tear only records not yet
@@ -53,19 +57,39 @@ func (t *Tier) scan() error {
 		}()
 	}
 	wg.Wait()
-	if err := t.checkTail(res); err != nil {
-		return err
-	}
 	for _, r := range res {
 		if r.err != nil {
 			return r.err
 		}
+	}
+	drops, rewrite, err := t.readDropLog()
+	if err != nil {
+		return err
+	}
+	t.drops = drops
+	removed := 0
+	for i := range res {
+		r := &res[i]
+		r.entries = slices.DeleteFunc(slices.Clone(r.all), func(e *entry) bool {
+			_, ok := drops.covering(e)
+			if ok {
+				removed++
+			}
+			return ok
+		})
+	}
+	if err := t.checkTail(res); err != nil {
+		return err
+	}
+	for _, r := range res {
 		f := r.f
 		t.files = append(t.files, f)
 		t.used += f.size
 		t.nextSeq = max(t.nextSeq, f.seq+1)
+		// Every record stays in the file's list, indexed or not: the
+		// drop log's compaction asks which records are on disk.
+		f.entries = r.all
 		for _, e := range r.entries {
-			f.entries = append(f.entries, e)
 			old := t.index[e.Key]
 			if old != nil && old.Version > e.Version {
 				continue
@@ -85,8 +109,35 @@ func (t *Tier) scan() error {
 			dead = append(dead, f)
 		}
 	}
-	t.deleteFiles(dead)
+	left := t.deleteFiles(dead)
+	t.compactDropsAtOpen(append(slices.Clone(t.files), left...), rewrite, removed)
 	return nil
+}
+
+// compactDropsAtOpen keeps the drop log's entries that still cover a
+// record in files (those on disk), rewriting the log when that drops any
+// or when it had bad bytes. The drops of records whose files are gone are
+// forgotten here, so the log holds at most what the data files do.
+func (t *Tier) compactDropsAtOpen(files []*dataFile, rewrite bool, removed int) {
+	l := t.drops
+	_ = os.Remove(l.path + ".tmp") // a compaction's, cut short by a crash
+	ents := selectDrops(l, keepCovering(l, files))
+	if before := len(l.list); rewrite || len(ents) != before {
+		if err := t.rewriteDrops(l, ents); err != nil {
+			// The old log is still right, only longer.
+			t.log.Warn(fmt.Sprintf("disk tier %s: drop log not compacted: %v", t.cfg.Dir, err))
+		} else if before > 0 {
+			t.log.Info(fmt.Sprintf("disk tier %s: drop log: %d records removed before the restart left out, %d of %d entries kept", t.cfg.Dir, removed, len(ents), before))
+		}
+	}
+	l.compactAt = max(t.cfg.dropCompactBytes, 2*l.size)
+	t.nDropLog.Store(int64(len(l.list)))
+	// Data files are numbered on from the drops' positions too: a new
+	// file numbered below one a drop names would have its records taken
+	// for records written before that drop.
+	for _, d := range l.list {
+		t.nextSeq = max(t.nextSeq, d.at.seq+1)
+	}
 }
 
 // checkTail checksums the values of the last maxBatch records found
@@ -176,5 +227,5 @@ func (t *Tier) scanFile(f *dataFile) scanned {
 		off += rl
 	}
 	flushSkip(end)
-	return scanned{f: f, entries: out}
+	return scanned{f: f, all: out}
 }

@@ -19,7 +19,20 @@
 // Config.OnEvict. A lock file (flock) keeps a second node off the same
 // directory.
 //
-// Main type: Tier (Open, Write, Read, Remove, Records, Stats, Close).
+// A removed record's bytes stay in its file until the file goes, so
+// Remove first appends the drop to a small drop log (file DROPS,
+// droplog.go: key, version, the append position at the time, CRC32C;
+// fdatasync'd before Remove returns), which the scan at Open applies: a
+// record removed is never found again, restart or crash, while one
+// written after the drop is kept. Without it a node would report removed
+// records after a restart, and a master that has forgotten the removal
+// (restarted without HA) would bring the key back. The log holds only
+// drops of records still on disk: Open rewrites it without the others
+// (atomically: a temporary file, fsync, rename, directory fsync), as
+// does a Remove that finds it doubled since its last compaction.
+//
+// Main type: Tier (Open, Write, Read, Remove, RemoveAll, Records, Stats,
+// Close).
 package tier
 
 import (
@@ -83,6 +96,8 @@ type Config struct {
 	Logger  *slog.Logger
 
 	openFile openFunc // tests inject faults here
+	// dropCompactBytes: defaultDropCompactBytes (tests make it small).
+	dropCompactBytes int64
 }
 
 // Stats is a snapshot of a Tier's state and counters.
@@ -104,6 +119,12 @@ type Stats struct {
 	// Dropped counts records found torn or corrupt (at the scan or on a
 	// read) and dropped; ReadErrors reads that failed on I/O.
 	Dropped, ReadErrors uint64
+	// Removed counts records Remove dropped (each made durable in the
+	// drop log first); DropLogErrors the Remove calls that dropped
+	// nothing because the drop log could not be written.
+	Removed, DropLogErrors uint64
+	// DropLogEntries is the drop log's length in entries now.
+	DropLogEntries int
 }
 
 // Tier is an open disk tier. Its methods are safe for concurrent use.
@@ -136,6 +157,13 @@ type Tier struct {
 
 	nWrites, nWriteBytes, nReads, nReadBytes   atomic.Uint64
 	nFull, nEvFiles, nEvRecs, nDropped, nRdErr atomic.Uint64
+
+	// The drop log (droplog.go). dropMu orders removals: taken before mu,
+	// and held across the log's fdatasync so that mu is not.
+	dropMu                   sync.Mutex
+	drops                    *dropLog
+	nRemoved, nDropLogErrors atomic.Uint64
+	nDropLog                 atomic.Int64
 }
 
 // dataFile is one append-only file, named by its sequence number (which
@@ -240,6 +268,9 @@ func Open(cfg Config) (*Tier, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.dropCompactBytes <= 0 {
+		cfg.dropCompactBytes = defaultDropCompactBytes
 	}
 	t := &Tier{
 		cfg: cfg, log: cfg.Logger, open: cfg.openFile, index: make(map[string]*entry),
@@ -388,21 +419,84 @@ func (t *Tier) Records() []Record {
 	return out
 }
 
+// Removal names a record to remove: Version 0 matches any version.
+type Removal struct {
+	Key     string
+	Version uint64
+}
+
 // Remove drops key's record (only if it has that version, unless version
-// is 0) and reports whether it did. Its space comes back when every
-// record of its file is gone, or when the file is evicted.
+// is 0) and reports whether it did. The drop is durable when Remove
+// returns true: the record is not found again after a restart, crash or
+// not (RemoveAll). Its space comes back when every record of its file is
+// gone, or when the file is evicted.
 func (t *Tier) Remove(key string, version uint64) bool {
-	t.mu.Lock()
-	e := t.index[key]
-	if e == nil || (version != 0 && e.Version != version) {
-		t.mu.Unlock()
-		return false
+	return t.RemoveAll([]Removal{{Key: key, Version: version}}) == 1
+}
+
+// RemoveAll drops the records named, as Remove does, and returns how many
+// it dropped. The drops are written to the drop log (one write, one
+// fdatasync for them all) before any leaves the index: a record dropped
+// here is never found again by a later Open, while a record of the key
+// written after the drop is kept, whatever its version. When the log
+// cannot be written no record is dropped (the error is logged), so what
+// the tier reports is still what it would find after a restart.
+func (t *Tier) RemoveAll(rs []Removal) int {
+	if err := t.enter(); err != nil {
+		return 0
 	}
-	delete(t.index, key)
-	dead := t.unrefLocked(e)
+	defer t.leave()
+	t.dropMu.Lock()
+	defer t.dropMu.Unlock()
+	var found []*entry // to log each once
+	var ds []dropEntry
+	t.mu.Lock()
+	at := t.frontierLocked()
+	for _, r := range rs {
+		e := t.index[r.Key]
+		if e == nil || (r.Version != 0 && e.Version != r.Version) || slices.Contains(found, e) {
+			continue
+		}
+		found = append(found, e)
+		ds = append(ds, dropEntry{key: e.Key, version: e.Version, at: at})
+	}
+	t.mu.Unlock()
+	if len(ds) == 0 {
+		return 0
+	}
+	if err := t.appendDrops(ds); err != nil {
+		t.nDropLogErrors.Add(1)
+		t.log.Warn(fmt.Sprintf("disk tier %s: drop log: %v; %d records not removed (a drop not made durable would be undone by a restart)", t.cfg.Dir, err, len(ds)))
+		return 0
+	}
+	t.nRemoved.Add(uint64(len(ds)))
+	t.nDropLog.Store(int64(len(t.drops.list)))
+	var dead []*dataFile
+	t.mu.Lock()
+	for _, d := range ds {
+		// What the next scan will leave out, whatever happened since the
+		// lookup (a write racing the drop, an eviction).
+		if e := t.index[d.key]; e != nil && d.covers(e) {
+			delete(t.index, d.key)
+			dead = append(dead, t.unrefLocked(e)...)
+		}
+	}
 	t.mu.Unlock()
 	t.deleteFiles(dead)
-	return true
+	if t.drops.size >= t.drops.compactAt {
+		t.compactDropsLive()
+	}
+	return len(ds)
+}
+
+// frontierLocked is the position the next record appended will be at or
+// after: the end of the newest file (records reserved but not yet
+// written included).
+func (t *Tier) frontierLocked() pos {
+	if n := len(t.files); n > 0 {
+		return pos{t.files[n-1].seq, t.files[n-1].size}
+	}
+	return pos{t.nextSeq, 0}
 }
 
 // unrefLocked accounts for an entry leaving the index and returns its file
@@ -426,17 +520,24 @@ func (t *Tier) dropFileLocked(f *dataFile) {
 }
 
 // deleteFiles unlinks files already taken out of the tier. A read that
-// opened one first finishes on its descriptor.
-func (t *Tier) deleteFiles(fs []*dataFile) {
+// opened one first finishes on its descriptor. It returns the files that
+// may still be on disk after a crash (their unlink, or the directory's
+// sync, failed).
+func (t *Tier) deleteFiles(fs []*dataFile) (left []*dataFile) {
 	for _, f := range fs {
 		f.retire()
 		if err := os.Remove(f.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			t.log.Warn(fmt.Sprintf("disk tier %s: delete %s: %v", t.cfg.Dir, f.path, err))
+			left = append(left, f)
 		}
 	}
 	if len(fs) > 0 {
-		_ = syncDir(t.cfg.Dir)
+		if err := syncDir(t.cfg.Dir); err != nil {
+			t.log.Warn(fmt.Sprintf("disk tier %s: sync directory: %v", t.cfg.Dir, err))
+			return fs
+		}
 	}
+	return left
 }
 
 // Stats returns the tier's state and counters.
@@ -448,6 +549,7 @@ func (t *Tier) Stats() Stats {
 	s.Reads, s.ReadBytes = t.nReads.Load(), t.nReadBytes.Load()
 	s.Full, s.EvictedFiles, s.EvictedRecords = t.nFull.Load(), t.nEvFiles.Load(), t.nEvRecs.Load()
 	s.Dropped, s.ReadErrors = t.nDropped.Load(), t.nRdErr.Load()
+	s.Removed, s.DropLogErrors, s.DropLogEntries = t.nRemoved.Load(), t.nDropLogErrors.Load(), int(t.nDropLog.Load())
 	return s
 }
 
@@ -475,6 +577,12 @@ func (t *Tier) Close() error {
 		f.retire()
 	}
 	t.mu.Unlock()
+	if fd := t.drops.fd; fd != nil {
+		if cerr := fd.Close(); err == nil {
+			err = cerr
+		}
+		t.drops.fd = nil
+	}
 	if cerr := t.lock.Close(); err == nil {
 		err = cerr
 	}
