@@ -73,12 +73,13 @@ func (o *Object) busyOnTier() bool {
 
 // tierNode is one node's disk tier as the master knows it. It outlives
 // its stream: while the node is away its disk replicas are kept (not
-// readable) for the restored-mount grace. A node's drop of a record only
-// takes it out of its index (the record is found again when the node
-// restarts), so a returning node may report records of keys removed long
-// ago: records of this master's own versions are judged by what it knows
-// (tiers.ours), and the removals of older ones are remembered as
-// tombstones.
+// readable) for the restored-mount grace. A node makes its drops durable
+// (its tier's drop log), so what it reports after a restart leaves them
+// out; a returning node may still report records of keys removed long
+// ago (a drop it could not log, a drop sent while it was away, a node of
+// an older mc), so records of this master's own versions are judged by
+// what it knows (tiers.ours), and the removals of older ones are
+// remembered as tombstones.
 type tierNode struct {
 	id string // the tier's directory id, stable across restarts
 
