@@ -290,13 +290,7 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if upsert {
 				start = m.BatchUpsertStart
 			}
-			rs := start(fromUUID(client), hostOf(addrOf(req)), items, configFrom(rc))
-			out := make([]mooncake.ExpectDescs, len(rs))
-			failed := false
-			for i, r := range rs {
-				out[i] = s.descs(r)
-				failed = failed || r.Err != nil
-			}
+			out, failed := s.putStartAnswer(start(fromUUID(client), hostOf(addrOf(req)), items, configFrom(rc)))
 			m.m.Op(opName(upsert, "batch_upsert_start", "batch_put_start"), failed)
 			return out, nil
 		}
@@ -340,7 +334,9 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if !typed {
 				ptrs = []any{&client, &metas, &tenant}
 			}
-			if err := s.args(name, req, ptrs...); err != nil {
+			// Borrowed: putEnd only looks keys up (what it keeps is the
+			// object's own key).
+			if err := s.argsBorrow(name, req, ptrs...); err != nil {
 				return nil, err
 			}
 			if err := batchErr(name, len(metas)); err != nil {

@@ -50,27 +50,53 @@ type getScratch struct {
 
 var getScratchPool = sync.Pool{New: func() any { return new(getScratch) }}
 
-// listsHeader is the start of a []mooncake.ExpectList message up to its
-// element count, for one-byte and two-byte container lengths: taken from
-// structpack itself, so the hash, metainfo and literal are its own.
-var listsHeader = sync.OnceValues(func() (h1, h2 []byte) {
-	empty, err := structpack.Marshal([]mooncake.ExpectList{})
-	if err != nil {
-		panic(err) // the type is fixed; the tests encode it
-	}
-	h1 = empty[:len(empty)-1] // the count, 0, is the last byte
-	wide, err := structpack.Marshal(make([]mooncake.ExpectList, 256))
-	if err != nil {
-		panic(err)
-	}
-	h2 = wide[:len(h1)]
-	return h1, h2
-})
+// answerShape is what differs between the two answers written here:
+// []mooncake.ExpectList (BatchGetReplicaList: each list is a
+// GetReplicaListResponse, with a lease and an optional checksum after the
+// descriptors) and []mooncake.ExpectDescs (BatchPutStart: the descriptors
+// alone). h1 and h2 are the message's start up to its element count, for
+// one-byte and two-byte container lengths: taken from structpack itself,
+// so the hash, metainfo and literal are its own.
+type answerShape struct {
+	h1, h2 []byte
+	lists  bool
+}
+
+func shapeOf[T any](lists bool) func() answerShape {
+	return sync.OnceValue(func() answerShape {
+		empty, err := structpack.Marshal([]T{})
+		if err != nil {
+			panic(err) // the types are fixed; the tests encode them
+		}
+		h1 := empty[:len(empty)-1] // the count, 0, is the last byte
+		wide, err := structpack.Marshal(make([]T, 256))
+		if err != nil {
+			panic(err)
+		}
+		return answerShape{h1: h1, h2: wide[:len(h1)], lists: lists}
+	})
+}
+
+var (
+	listsShape = shapeOf[mooncake.ExpectList](true)
+	descsShape = shapeOf[mooncake.ExpectDescs](false)
+)
 
 // appendLists writes the answer lists would give for rs (ids from next
 // on, as lists reserves them) to dst. ok is false when some length needs
 // more than two bytes, which the general route handles.
 func appendLists(dst []byte, rs []ReplicaResult, next uint64) (out []byte, failed, ok bool) {
+	return appendAnswers(dst, rs, next, listsShape())
+}
+
+// appendDescs writes a BatchPutStart answer: what struct_pack writes for
+// the []mooncake.ExpectDescs the general route builds (descriptors
+// numbered from next on).
+func appendDescs(dst []byte, rs []ReplicaResult, next uint64) (out []byte, failed, ok bool) {
+	return appendAnswers(dst, rs, next, descsShape())
+}
+
+func appendAnswers(dst []byte, rs []ReplicaResult, next uint64, shape answerShape) (out []byte, failed, ok bool) {
 	maxLen := len(rs)
 	for i := range rs {
 		if rs[i].Err != nil {
@@ -84,7 +110,6 @@ func appendLists(dst []byte, rs []ReplicaResult, next uint64) (out []byte, faile
 	if maxLen > 0xffff {
 		return dst, false, false
 	}
-	h1, h2 := listsHeader()
 	wide := maxLen > 0xff
 	size := func(b []byte, n int) []byte {
 		if wide {
@@ -93,9 +118,9 @@ func appendLists(dst []byte, rs []ReplicaResult, next uint64) (out []byte, faile
 		return append(b, byte(n))
 	}
 	if wide {
-		dst = append(dst, h2...)
+		dst = append(dst, shape.h2...)
 	} else {
-		dst = append(dst, h1...)
+		dst = append(dst, shape.h1...)
 	}
 	dst = size(dst, len(rs))
 	for i := range rs {
@@ -122,10 +147,45 @@ func appendLists(dst []byte, rs []ReplicaResult, next uint64) (out []byte, faile
 			dst = append(size(dst, len(rep.Endpoint)), rep.Endpoint...)
 			dst = binary.LittleEndian.AppendUint32(dst, uint32(st))
 		}
-		dst = binary.LittleEndian.AppendUint64(dst, uint64(r.LeaseTTL.Milliseconds()))
-		dst = append(dst, 0) // no checksum
+		if shape.lists {
+			dst = binary.LittleEndian.AppendUint64(dst, uint64(r.LeaseTTL.Milliseconds()))
+			dst = append(dst, 0) // no checksum
+		}
 	}
 	return dst, failed, true
+}
+
+// reserveIDs takes the descriptor ids of rs's replicas with one atomic
+// add and returns the number before the first.
+func (s *mooncakeServer) reserveIDs(rs []ReplicaResult) uint64 {
+	total := 0
+	for i := range rs {
+		if rs[i].Err == nil {
+			total += len(rs[i].Replicas)
+		}
+	}
+	return s.nextID.Add(uint64(total)) - uint64(total)
+}
+
+// putStartAnswer renders a BatchPutStart's results.
+func (s *mooncakeServer) putStartAnswer(rs []ReplicaResult) (any, bool) {
+	next := s.reserveIDs(rs)
+	body, failed, ok := appendDescs(getBody(), rs, next)
+	if ok {
+		return preEncoded(body), failed
+	}
+	recycleBody(body)
+	out := make([]mooncake.ExpectDescs, len(rs))
+	for i, r := range rs {
+		if r.Err != nil {
+			out[i], failed = mooncake.ExpectDescs{Error: codeOf(r.Err), HasError: true}, true
+			continue
+		}
+		d := s.descriptorsFrom(r.Replicas, next, nil)
+		next += uint64(len(d))
+		out[i] = mooncake.ExpectDescs{Value: d}
+	}
+	return out, failed
 }
 
 // batchGetAnswer answers a BatchGetReplicaList request. Its keys are
@@ -147,13 +207,7 @@ func (s *mooncakeServer) batchGetAnswer(req *cororpc.Request) (_ any, failed boo
 		return nil, false, err
 	}
 	sc.res, sc.descs = s.m.lookupInto(sc.keys, true, sc.res, sc.descs)
-	total := 0
-	for i := range sc.res {
-		if sc.res[i].Err == nil {
-			total += len(sc.res[i].Replicas)
-		}
-	}
-	next := s.nextID.Add(uint64(total)) - uint64(total)
+	next := s.reserveIDs(sc.res)
 	body, failed, ok := appendLists(getBody(), sc.res, next)
 	if !ok {
 		recycleBody(body)

@@ -14,7 +14,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/structpack"
 )
 
-// The hand-written BatchGetReplicaList answer is byte for byte what
+// The hand-written BatchGetReplicaList and BatchPutStart answers are byte for byte what
 // struct_pack writes for the same lists: random batches of hits, misses,
 // several replicas, both length widths (a batch or a string of 256 or
 // more switches every length to two bytes).
@@ -45,6 +45,26 @@ func TestAppendListsEqualsStructpack(t *testing.T) {
 				rs[i].LeaseTTL = time.Duration(rng.Int64N(int64(time.Hour)))
 			}
 			next := rng.Uint64N(1 << 50)
+			// BatchPutStart's answer: the general route's values, encoded.
+			descs := make([]mooncake.ExpectDescs, n)
+			id := next
+			for i, r := range rs {
+				if r.Err != nil {
+					descs[i] = mooncake.ExpectDescs{Error: codeOf(r.Err), HasError: true}
+					continue
+				}
+				d := s.descriptorsFrom(r.Replicas, id, nil)
+				id += uint64(len(d))
+				descs[i] = mooncake.ExpectDescs{Value: d}
+			}
+			wantDescs, err := structpack.Marshal(descs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gotDescs, _, ok := appendDescs(nil, rs, next)
+			if !ok || !bytes.Equal(gotDescs, wantDescs) {
+				t.Fatalf("round %d (%d results, variant %d): appendDescs differs from struct_pack\n got %x\nwant %x", round, n, variant, gotDescs[:min(len(gotDescs), 80)], wantDescs[:min(len(wantDescs), 80)])
+			}
 			want, wantFailed := s.listsFrom(rs, next)
 			wantBytes, err := structpack.Marshal(want)
 			if err != nil {

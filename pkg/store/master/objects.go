@@ -208,7 +208,7 @@ func (sh *shard) touch(o *Object, depth int, stamp uint64) {
 // writer may still be moving bytes into it.
 type pending struct {
 	mu       sync.Mutex
-	puts     []pendingPut
+	puts     fifo[pendingPut]
 	releases []pendingRelease
 }
 
@@ -229,7 +229,7 @@ type pendingRelease struct {
 
 func (p *pending) addPut(key string, o *Object, start int64) {
 	p.mu.Lock()
-	p.puts = append(p.puts, pendingPut{key, o, start})
+	p.puts.push(pendingPut{key, o, start})
 	p.mu.Unlock()
 }
 
@@ -269,12 +269,7 @@ func (p *pending) addLeased(until int64, size uint64, r []replicaRef) {
 func (m *Master) discardStale(now int64) {
 	cut := now - m.cfg.PutDiscardTimeout.Nanoseconds()
 	m.pend.mu.Lock()
-	n := 0
-	for n < len(m.pend.puts) && m.pend.puts[n].start <= cut {
-		n++
-	}
-	due := append([]pendingPut(nil), m.pend.puts[:n]...)
-	m.pend.puts = append(m.pend.puts[:0], m.pend.puts[n:]...)
+	due := m.pend.puts.takeWhile(func(p pendingPut) bool { return p.start <= cut })
 	m.pend.mu.Unlock()
 	for _, p := range due {
 		sh := m.shardOf(p.key)

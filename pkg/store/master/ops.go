@@ -67,11 +67,12 @@ func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, 
 	if err := checkConfig(cfg); err != nil {
 		return failAll(out, err)
 	}
+	ar := &descArena{buf: make([]store.Replica, 0, len(items)*max(cfg.ReplicaNum, 1))}
 	for i, it := range items {
 		m.m.putStart.Inc()
-		out[i] = m.putStart(client, host, it, cfg)
+		out[i] = m.putStart(client, host, it, cfg, ar)
 	}
-	m.evictForPuts(client, host, items, cfg, out)
+	m.evictForPuts(client, host, items, cfg, out, ar)
 	for i, r := range out {
 		if r.Err == nil {
 			m.m.valueSize.Observe(float64(items[i].Size))
@@ -85,7 +86,22 @@ func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, 
 	return out
 }
 
-func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.ReplicateConfig) ReplicaResult {
+// descArena holds a batch's replica descriptors in one array (as lookup
+// does), instead of an allocation per key.
+type descArena struct{ buf []store.Replica }
+
+// take renders o's replicas (being written) into the arena; a nil arena
+// allocates.
+func (ar *descArena) take(o *Object) []store.Replica {
+	if ar == nil {
+		return o.descriptors(false)
+	}
+	n := len(ar.buf)
+	ar.buf = o.appendDescriptors(ar.buf, false)
+	return ar.buf[n:len(ar.buf):len(ar.buf)]
+}
+
+func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.ReplicateConfig, ar *descArena) ReplicaResult {
 	if err := checkItem(it); err != nil {
 		return ReplicaResult{Err: err}
 	}
@@ -121,7 +137,7 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 	o.replicas = refs
 	sh.objects[it.Key] = o
 	m.pend.addPut(it.Key, o, now)
-	return ReplicaResult{Replicas: o.descriptors(false)}
+	return ReplicaResult{Replicas: ar.take(o)}
 }
 
 // BatchPutEnd marks each put complete: from now on readers see it.
@@ -174,7 +190,11 @@ func (m *Master) putEnd(client store.UUID, key string, depth int) error {
 	o.state, o.inPlace, o.putStart, o.writer = stateComplete, false, 0, store.UUID{}
 	o.gen++
 	sh.track(o, depth)
-	m.emit(Change{Op: OpPutEnd, Key: key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin})
+	if m.cfg.OnChange != nil {
+		// o.key, not key: the caller's may point into a request's body
+		// (keys decoded borrowed), which the op log would keep alive.
+		m.emit(Change{Op: OpPutEnd, Key: o.key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin})
+	}
 	return nil
 }
 
@@ -264,7 +284,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 	o := sh.objects[it.Key]
 	if o == nil || o.state != stateComplete {
 		sh.mu.Unlock()
-		r := m.putStart(client, host, it, cfg)
+		r := m.putStart(client, host, it, cfg, nil)
 		if store.CodeOf(r.Err) == store.NoAvailableHandle {
 			m.m.allocFailures.Inc()
 		}

@@ -36,7 +36,7 @@ const (
 
 // evictForPuts retries, after evicting, the items of a batch that failed
 // for want of space.
-func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig, out []ReplicaResult) {
+func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig, out []ReplicaResult, ar *descArena) {
 	var largest uint64
 	short := func() (idx []int, need uint64) {
 		for i, r := range out {
@@ -59,7 +59,7 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 	}
 	retry := func() {
 		for _, i := range idx {
-			out[i] = m.putStart(client, host, items[i], cfg)
+			out[i] = m.putStart(client, host, items[i], cfg, ar)
 		}
 		idx, need = short()
 	}
