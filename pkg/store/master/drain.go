@@ -530,7 +530,7 @@ func drainSource(j *drainJob, o *Object) (replicaRef, bool) {
 		}
 	}
 	if !found && o.upsert != nil {
-		for _, r := range *o.upsert {
+		for _, r := range o.upsert.refs {
 			if slices.Contains(j.segs, liveSeg(r.reg.seg)) {
 				return r, true // a resize being written there: wait for it
 			}

@@ -262,12 +262,12 @@ func checkInvariants(m *Master) error {
 			} else if o.upsert != nil {
 				errs = append(errs, fmt.Errorf("object %q is PROCESSING with a pending resize", k))
 			}
-			if o.upsert != nil && len(*o.upsert) == 0 {
+			if o.upsert != nil && len(o.upsert.refs) == 0 {
 				errs = append(errs, fmt.Errorf("object %q has a pending resize with no replica", k))
 			}
 			add("object "+k, o.replicas, o.size, true)
 			if o.upsert != nil {
-				add("resize of "+k, *o.upsert, o.upsertSize, true)
+				add("resize of "+k, o.upsert.refs, o.upsert.size, true)
 			}
 		}
 		if sh.keys != complete {

@@ -458,16 +458,16 @@ func (m *Master) finishUnmount(seg *segment) {
 					// The resize's replicas on other segments: its
 					// writer may still be writing them, as for a
 					// discarded put.
-					m.pend.addRelease(o.putStart+m.cfg.PutReleaseTimeout.Nanoseconds(), o.upsertSize, *o.upsert)
-					o.upsert, o.upsertSize = nil, 0
+					m.pend.addRelease(o.putStart+m.cfg.PutReleaseTimeout.Nanoseconds(), o.upsert.size, o.upsert.refs)
+					o.upsert = nil
 				}
 				if o.state == stateComplete || o.inPlace {
 					m.emit(Change{Op: OpRemove, Key: key})
 				}
-			} else if o.upsert != nil && len(*o.upsert) == 0 {
+			} else if o.upsert != nil && len(o.upsert.refs) == 0 {
 				// The resize lost every new replica: the old version
 				// stays, and the writer's End finds no resize.
-				o.upsert, o.upsertSize, o.putStart = nil, 0, 0
+				o.upsert, o.putStart = nil, 0
 			}
 		}
 		sh.mu.Unlock()

@@ -27,8 +27,7 @@ type Object struct {
 	lease   int64 // read lease expiry, unix nanos
 	softPin int64 // soft pin expiry, unix nanos; 0 = none
 	// upsert holds the replicas of a resizing upsert until its End.
-	upsert     *[]replicaRef
-	upsertSize uint64
+	upsert *upsertState
 	state      uint8
 	hardPin    bool
 	inPlace    bool // a same-size upsert is rewriting the replicas
@@ -56,6 +55,13 @@ type Object struct {
 	one [1]replicaRef
 }
 
+// upsertState is a resizing upsert in progress: its replicas and the size
+// they hold (outside Object, which most objects never need it in).
+type upsertState struct {
+	refs []replicaRef
+	size uint64
+}
+
 type replicaRef struct {
 	reg  *region
 	addr uint64
@@ -77,7 +83,7 @@ func (o *Object) onSegment(s *segment) bool {
 		}
 	}
 	if o.upsert != nil {
-		for _, r := range *o.upsert {
+		for _, r := range o.upsert.refs {
 			if r.reg.seg.info.ID == s.info.ID {
 				return true
 			}
@@ -98,13 +104,13 @@ func (o *Object) dropSegment(s *segment) int {
 	clear(o.replicas[len(keep):])
 	o.replicas = keep
 	if o.upsert != nil {
-		u := (*o.upsert)[:0]
-		for _, r := range *o.upsert {
+		u := o.upsert.refs[:0]
+		for _, r := range o.upsert.refs {
 			if r.reg.seg.info.ID != s.info.ID {
 				u = append(u, r)
 			}
 		}
-		*o.upsert = u
+		o.upsert.refs = u
 	}
 	return len(o.replicas)
 }
@@ -283,9 +289,9 @@ func (m *Master) discardStale(now int64) {
 		switch {
 		case o.upsert != nil:
 			// A resizing upsert abandoned: the old version stays. The
-			// resize's replicas hold upsertSize bytes, not the old size.
-			m.pend.addRelease(release, o.upsertSize, *o.upsert)
-			o.upsert, o.upsertSize = nil, 0
+			// resize's replicas hold upsert.size bytes, not the old size.
+			m.pend.addRelease(release, o.upsert.size, o.upsert.refs)
+			o.upsert = nil
 			o.putStart = 0
 		case o.state == stateProcessing:
 			sh.remove(p.key, o)

@@ -162,8 +162,8 @@ func (m *Master) putEnd(client store.UUID, key string, depth int) error {
 	}
 	switch {
 	case o.upsert != nil:
-		old := o.replicas
-		o.replicas, o.upsert = *o.upsert, nil
+		old, u := o.replicas, o.upsert
+		o.replicas, o.upsert = u.refs, nil
 		if o.ent.In() {
 			sh.policy.Remove(&o.ent)
 		}
@@ -174,7 +174,9 @@ func (m *Master) putEnd(client store.UUID, key string, depth int) error {
 		} else {
 			m.space.free(old, o.size)
 		}
-		o.size = sizeOf(o)
+		if u.size != 0 {
+			o.size = u.size
+		}
 		// A new version: the disk copy of the old one goes.
 		m.dropDiskLocked(o)
 		o.tier = nil
@@ -208,17 +210,6 @@ func (o *Object) checkWriter(client store.UUID, what string) error {
 	return nil
 }
 
-// sizeOf is the size recorded when a resizing upsert's replicas were
-// allocated (upsertSize), which putEnd installs.
-func sizeOf(o *Object) uint64 {
-	if o.upsertSize != 0 {
-		s := o.upsertSize
-		o.upsertSize = 0
-		return s
-	}
-	return o.size
-}
-
 // BatchPutRevoke abandons puts: their space is freed at once (the writer
 // says it stopped writing).
 func (m *Master) BatchPutRevoke(client store.UUID, keys []string) []error {
@@ -242,8 +233,8 @@ func (m *Master) revoke(client store.UUID, key string) error {
 	}
 	switch {
 	case o.upsert != nil:
-		m.space.free(*o.upsert, o.upsertSize)
-		o.upsert, o.upsertSize, o.putStart = nil, 0, 0
+		m.space.free(o.upsert.refs, o.upsert.size)
+		o.upsert, o.putStart = nil, 0
 		return nil
 	case o.state == stateComplete:
 		return store.Errorf(store.InvalidWrite, "key %q is complete: remove it instead", key)
@@ -301,8 +292,8 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		return ReplicaResult{Err: store.Errorf(store.ObjectHasLease, "key %q is being moved to or from a disk tier; retry", it.Key)}
 	}
 	if o.upsert != nil { // abandoned resize
-		m.pend.addRelease(o.putStart+m.cfg.PutReleaseTimeout.Nanoseconds(), o.upsertSize, *o.upsert)
-		o.upsert, o.upsertSize = nil, 0
+		m.pend.addRelease(o.putStart+m.cfg.PutReleaseTimeout.Nanoseconds(), o.upsert.size, o.upsert.refs)
+		o.upsert = nil
 	}
 	pin := m.softPinExpiry(cfg, now)
 	o.putStart, o.writer = now, client
@@ -325,7 +316,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		o.putStart = 0
 		return ReplicaResult{Err: err}
 	}
-	o.upsert, o.upsertSize = &refs, it.Size
+	o.upsert = &upsertState{refs: refs, size: it.Size}
 	if (pin != 0) != (o.softPin != 0) {
 		if pin != 0 {
 			sh.softPinned++

@@ -185,7 +185,7 @@ func (m *Master) evictOtherRegions(client store.UUID, need uint64) (freed, later
 			}
 			mark(o.replicas)
 			if o.upsert != nil {
-				mark(*o.upsert)
+				mark(o.upsert.refs)
 			}
 		}
 		sh.mu.Unlock()

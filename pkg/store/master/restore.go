@@ -109,7 +109,7 @@ func (m *Master) Restore(objs []RestoredObject) error {
 			sh.remove(o.key, old)
 			release := old.putStart + m.cfg.PutReleaseTimeout.Nanoseconds()
 			if old.upsert != nil {
-				m.pend.addRelease(release, old.upsertSize, *old.upsert)
+				m.pend.addRelease(release, old.upsert.size, old.upsert.refs)
 			}
 			if old.state == stateComplete {
 				m.space.free(old.replicas, old.size)
