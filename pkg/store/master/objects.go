@@ -16,34 +16,18 @@ const (
 // Object is one key's metadata. It is kept small: the master must hold
 // tens of millions of them. Policies see it through its methods.
 type Object struct {
-	key      string
-	size     uint64
-	replicas []replicaRef
-	putStart int64 // unix nanos of the PutStart that created this version
-	// writer is the client of the put or upsert in progress: only it may
-	// end or revoke it (a writer whose abandoned put was replaced must not
-	// complete or free the replacing writer's).
-	writer  store.UUID
-	lease   int64 // read lease expiry, unix nanos
-	softPin int64 // soft pin expiry, unix nanos; 0 = none
-	// upsert holds the replicas of a resizing upsert until its End.
-	upsert *upsertState
-	state      uint8
-	hardPin    bool
-	inPlace    bool // a same-size upsert is rewriting the replicas
+	// The fields a get reads come first and together (the get path is
+	// bound by cache misses on millions of objects: this way it touches
+	// two of the object's three cache lines, not all of them); the put's
+	// bookkeeping comes after.
+	state   uint8
+	hardPin bool
+	inPlace bool // a same-size upsert is rewriting the replicas
 	// gen counts the object's writes (put ends, upsert starts): a drain
 	// copy made under one gen is committed only if it still holds.
-	gen uint16
-	// ent is the object's place in its shard's eviction policy: intrusive,
-	// so a policy costs no allocation per object.
-	ent policy.Entry[*Object]
-	// lastUse is the master-wide order of the object's last put or read
-	// (of its put only under fifo): eviction merges the shards' victims by
-	// it, so a round takes the policy's first objects of the whole master,
-	// not of each shard.
-	lastUse uint64
-	// tier is its disk-tier state, nil for an object never offloaded.
-	tier *objTier
+	gen      uint16
+	size     uint64
+	replicas []replicaRef
 	// one is the backing array of replicas as placed at the object's
 	// put, when that is one replica (the usual case): in the object, not
 	// an allocation of its own, so a get reads the replica from the
@@ -52,7 +36,28 @@ type Object struct {
 	// changes of replicas go through append, which never writes past a
 	// capacity of one, or filter in place exactly as a separate array
 	// would be.
-	one [1]replicaRef
+	one   [1]replicaRef
+	lease int64 // read lease expiry, unix nanos
+	// lastUse is the master-wide order of the object's last put or read
+	// (of its put only under fifo): eviction merges the shards' victims by
+	// it, so a round takes the policy's first objects of the whole master,
+	// not of each shard.
+	lastUse uint64
+	// tier is its disk-tier state, nil for an object never offloaded.
+	tier *objTier
+	// ent is the object's place in its shard's eviction policy: intrusive,
+	// so a policy costs no allocation per object.
+	ent policy.Entry[*Object]
+
+	key      string
+	putStart int64 // unix nanos of the PutStart that created this version
+	// writer is the client of the put or upsert in progress: only it may
+	// end or revoke it (a writer whose abandoned put was replaced must not
+	// complete or free the replacing writer's).
+	writer  store.UUID
+	softPin int64 // soft pin expiry, unix nanos; 0 = none
+	// upsert holds the replicas of a resizing upsert until its End.
+	upsert *upsertState
 }
 
 // upsertState is a resizing upsert in progress: its replicas and the size
