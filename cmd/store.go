@@ -162,7 +162,8 @@ restart of the node (same --ssd-dir) or of the master; one node per
 directory (a lock).
 
 --enable_ha runs a master candidate: masters elect a leader through etcd
-(--ha_backend_connstring etcd://H:P[,H:P], else --etcd_endpoints) on the key
+(--ha_backend_connstring H:P[;H:P] as mooncake_master takes it, or
+etcd://H:P[;H:P]; else --etcd_endpoints) on the key
 mooncake-store/<cluster_id>/master_view, held with a --ha-lease-ttl lease.
 The leader commits every metadata change to an op log in etcd before it
 acknowledges a put; standbys tail it and keep a warm copy; a snapshot
@@ -240,7 +241,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	sizeVar(f, &o.RegionSize, "region-size", 64<<20, "piece of a segment handed to one writing client")
 	f.IntVar(&o.MaxRegionsPerInstance, "max-regions-per-instance", 0, "regions one client may hold (0: unlimited)")
 	f.BoolVar(&o.EnableHA, "enable-ha", false, "run as an HA master candidate: leader election and op log in etcd")
-	f.StringVar(&o.HABackend, "ha-backend-connstring", "", "etcd for HA, etcd://H:P[,H:P] (default: --etcd-endpoints)")
+	f.StringVar(&o.HABackend, "ha-backend-connstring", "", "etcd for HA: H:P[;H:P] as mooncake_master takes it, or etcd://H:P[;H:P] (default: --etcd-endpoints)")
 	f.StringVar(&o.EtcdEndpoints, "etcd-endpoints", "", "etcd endpoints for HA, H:P[;H:P] (used when --ha-backend-connstring is empty)")
 	durationVar(f, &o.HALeaseTTL, "ha-lease-ttl", 5*time.Second, "the leader lease, whole seconds; a leader that cannot renew it steps down")
 	durationVar(f, &o.HASnapshotInterval, "ha-snapshot-interval", 10*time.Minute, "snapshot the HA state and compact the op log this often")
@@ -427,10 +428,17 @@ func (o serveStoreOptions) haConfig() (*ha.Config, error) {
 	var err error
 	switch {
 	case o.HABackend != "":
-		if !store.IsEtcdAddress(o.HABackend) {
-			return nil, fmt.Errorf("invalid --ha-backend-connstring %q: want etcd://HOST:PORT[,HOST:PORT]", o.HABackend)
+		// mooncake_master takes the bare endpoints (its backend type is a
+		// flag of its own, etcd by default); mc's clients' etcd:// form
+		// names the same thing.
+		conn := o.HABackend
+		if i := strings.Index(conn, "://"); i >= 0 {
+			if !store.IsEtcdAddress(conn) {
+				return nil, fmt.Errorf("invalid --ha-backend-connstring %q: the HA backend is etcd: want HOST:PORT[;HOST:PORT] or etcd://HOST:PORT[;HOST:PORT]", conn)
+			}
+			conn = conn[i+len("://"):]
 		}
-		if eps, err = store.ParseEtcdAddress(o.HABackend); err != nil {
+		if eps, err = store.ParseEndpoints(conn); err != nil {
 			return nil, fmt.Errorf("invalid --ha-backend-connstring: %w", err)
 		}
 	case o.EtcdEndpoints != "":

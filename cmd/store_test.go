@@ -279,7 +279,8 @@ func TestStoreBadInput(t *testing.T) {
 		{[]string{"serve", "store", "--master", "nohost"}, "--master"},
 		{[]string{"serve", "store", "--master", "etcd://"}, "--master"},
 		{[]string{"serve", "store", "--enable_ha"}, "--ha-backend-connstring"},
-		{[]string{"serve", "store", "--enable_ha", "--ha_backend_connstring", "127.0.0.1:2379"}, "--ha-backend-connstring"},
+		{[]string{"serve", "store", "--enable_ha", "--ha_backend_connstring", "127.0.0.1"}, "--ha-backend-connstring"},
+		{[]string{"serve", "store", "--enable_ha", "--ha_backend_connstring", "redis://127.0.0.1:6379"}, "the HA backend is etcd"},
 		{[]string{"serve", "store", "--enable_ha", "--etcd_endpoints", "127.0.0.1:2379", "--ha-lease-ttl", "1"}, "--ha-lease-ttl"},
 		{[]string{"serve", "store", "--protocol", "udp"}, "--protocol"},
 		{[]string{"serve", "store", "--config_path", "/nonexistent/x.json"}, "--config-path"},
@@ -311,6 +312,9 @@ func TestServeStoreHA(t *testing.T) {
 	conn := "etcd://" + e.Endpoints()[0]
 	cand := []string{"--enable_ha", "--ha_backend_connstring", conn, "--segment-size", "0", "--ha-lease-ttl", "2"}
 	_, adminA, _, stopA := startServeStore(t, cand...)
+	// The other candidate as mooncake_master is told where etcd is: the
+	// bare endpoints.
+	cand[2] = e.Endpoints()[0]
 	_, adminB, _, stopB := startServeStore(t, cand...)
 	startServeStore(t, "--master", conn, "--segment-size", "32M")
 	role := func(admin string) string {

@@ -36,8 +36,13 @@ func ClusterID(id string) string {
 	return DefaultClusterID
 }
 
-// KeyPrefix is where a cluster's HA state lives in etcd.
-func KeyPrefix(cluster string) string { return "mooncake-store/" + cluster + "/" }
+// KeyPrefix is where a cluster's HA state lives in etcd. One trailing '/'
+// of the cluster id is dropped, as Mooncake's masters and clients drop it
+// when they build the view key: "prod/" and "prod" name one cluster, so a
+// Mooncake client given either finds an mc leader started with either.
+func KeyPrefix(cluster string) string {
+	return "mooncake-store/" + strings.TrimSuffix(cluster, "/") + "/"
+}
 
 // ViewKey is the leader view's key: its value is the leader's
 // "<rpc_address>:<rpc_port>", its create revision the view version.

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
 	"github.com/kvcache-ops/mc/pkg/store"
@@ -718,4 +720,44 @@ func TestCallRidesThroughFailover(t *testing.T) {
 		t.Fatal("the killed candidate still leads")
 	}
 	t.Logf("the get waited %s for the new leader", time.Since(t0).Round(time.Millisecond))
+}
+
+// TestViewUnderMooncakesKey: candidates given a cluster id with a trailing
+// '/' publish the leader where Mooncake's clients look for it (they drop
+// that '/': "mooncake-store/<id>/master_view", value "<host>:<port>"), and
+// a client given the id without the '/' is in the same cluster.
+func TestViewUnderMooncakesKey(t *testing.T) {
+	h := newHarness(t)
+	name := h.cluster
+	h.cluster = name + "/"
+	h.candidate()
+	l := h.leader(5 * time.Second)
+	cli, err := store.NewEtcdClient(h.etcd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	key := "mooncake-store/" + name + "/master_view"
+	resp, err := cli.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != l.Advertise() {
+		all, _ := cli.Get(ctx, "mooncake-store/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		var keys []string
+		for _, kv := range all.Kvs {
+			keys = append(keys, string(kv.Key))
+		}
+		t.Fatalf("%s: %d values, want the leader %s; keys: %v", key, len(resp.Kvs), l.Advertise(), keys)
+	}
+	h.cluster = name
+	cl := h.client(16 << 20)
+	want := value("k", 8192)
+	if err := cl.Put(ctx, "k", want); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cl.Get(ctx, "k"); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("get through cluster id %q of a leader started with %q: %v", name, name+"/", err)
+	}
 }
