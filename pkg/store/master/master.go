@@ -96,6 +96,10 @@ type Config struct {
 	Now func() time.Time
 	// EvictionInterval is the watermark loop's period (default 10 ms).
 	EvictionInterval time.Duration
+	// MaintenanceTick is the period of the loop that drops silent
+	// clients, discards unfinished puts and frees expired staging copies
+	// (default 100 ms).
+	MaintenanceTick time.Duration
 	// PromoteAfter is the disk read on which an object whose only copy
 	// is on a node's disk tier is promoted back into DRAM (0: the
 	// default, 2; negative: never): earlier reads get a staging copy
@@ -521,7 +525,11 @@ func (m *Master) UnregisterClient(client store.UUID) error {
 
 func (m *Master) maintenanceLoop() {
 	defer m.wg.Done()
-	t := time.NewTicker(DefaultMaintenanceTick)
+	tick := m.cfg.MaintenanceTick
+	if tick <= 0 {
+		tick = DefaultMaintenanceTick
+	}
+	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
 		select {
