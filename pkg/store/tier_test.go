@@ -617,6 +617,12 @@ func TestTierRemovalSurvivesRestarts(t *testing.T) {
 	if _, ok := tn3.Tier().Lookup("gone"); ok {
 		t.Fatal("the restarted node's tier has the removed record again")
 	}
+	// The client dialled while no master was there: gRPC waits out its
+	// reconnect backoff before it reaches the third one.
+	waitFor(t, "the client to reach the third master", 20*time.Second, func() bool {
+		_, err := cl.Exist(ctx, "kept")
+		return err == nil
+	})
 	if ok, err := cl.Exist(ctx, "gone"); err != nil || ok {
 		t.Fatalf("Exist of a key removed before both restarts: %v, %v; want false", ok, err)
 	}
