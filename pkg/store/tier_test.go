@@ -595,6 +595,10 @@ func TestTierRemovalSurvivesRestarts(t *testing.T) {
 	c.stop()
 	c2 := startMasterOn(t, addr, cfg)
 	waitFor(t, "the tier to re-attach to the second master", 20*time.Second, func() bool { return c2.m.Stats().Keys == len(vals) })
+	waitFor(t, "the client to reach the second master", 20*time.Second, func() bool {
+		_, err := cl.Exist(ctx, "kept")
+		return err == nil
+	})
 	if err := cl.Remove(ctx, "gone", false); err != nil {
 		t.Fatalf("remove from the second master: %v", err)
 	}
