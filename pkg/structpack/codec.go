@@ -96,6 +96,10 @@ func AppendMarshalArgs(dst []byte, args []any, opts ...Option) ([]byte, error) {
 // message may or may not embed its type literal and may use any container
 // length width.
 func Unmarshal(data []byte, v any) error {
+	return unmarshalOne(data, v, false)
+}
+
+func unmarshalOne(data []byte, v any, borrow bool) error {
 	rv, err := target(v)
 	if err != nil {
 		return err
@@ -105,7 +109,7 @@ func Unmarshal(data []byte, v any) error {
 		return err
 	}
 	vals := [1]reflect.Value{rv}
-	return p.decode(data, vals[:])
+	return p.decodeWith(data, vals[:], borrow)
 }
 
 // UnmarshalArgs decodes an RPC request body into the arguments ptrs point
@@ -130,16 +134,7 @@ func unmarshalArgs(data []byte, borrow bool, ptrs []any) error {
 		return nil
 	}
 	if len(ptrs) == 1 {
-		rv, err := target(ptrs[0])
-		if err != nil {
-			return err
-		}
-		p, err := planForType(rv.Type())
-		if err != nil {
-			return err
-		}
-		vals := [1]reflect.Value{rv}
-		return p.decodeWith(data, vals[:], borrow)
+		return unmarshalOne(data, ptrs[0], borrow)
 	}
 	var valsArr [maxCachedArgs]reflect.Value
 	var typesArr [maxCachedArgs]reflect.Type
@@ -377,10 +372,6 @@ func (p *rootPlan) header(e *encoder, literal bool) {
 		e.buf = append(e.buf, p.lit...)
 		e.buf = append(e.buf, 0)
 	}
-}
-
-func (p *rootPlan) decode(data []byte, vals []reflect.Value) error {
-	return p.decodeWith(data, vals, false)
 }
 
 func (p *rootPlan) decodeWith(data []byte, vals []reflect.Value, borrow bool) error {
