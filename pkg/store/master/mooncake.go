@@ -187,19 +187,9 @@ func (s *mooncakeServer) list(r ReplicaResult) mooncake.ExpectList {
 	return mooncake.ExpectList{Value: mooncake.GetReplicaListResponse{Replicas: s.descriptors(r.Replicas), LeaseTTLms: uint64(r.LeaseTTL.Milliseconds())}}
 }
 
-// lists renders a batch's results: one id reservation (a shared atomic:
-// one add per batch, not per replica) and one descriptor array.
-func (s *mooncakeServer) lists(rs []ReplicaResult) ([]mooncake.ExpectList, bool) {
-	total := 0
-	for _, r := range rs {
-		if r.Err == nil {
-			total += len(r.Replicas)
-		}
-	}
-	return s.listsFrom(rs, s.nextID.Add(uint64(total))-uint64(total))
-}
-
-// listsFrom is lists with the ids after next already reserved.
+// listsFrom renders a batch's results as Mooncake's values (the general
+// route of BatchGetReplicaList's answer), with the ids after next (reserved
+// with one atomic add per batch, not per replica) and one descriptor array.
 func (s *mooncakeServer) listsFrom(rs []ReplicaResult, next uint64) ([]mooncake.ExpectList, bool) {
 	total := 0
 	for _, r := range rs {
