@@ -47,7 +47,7 @@ func (o *storeDataOptions) addFlags(fs *pflag.FlagSet) { o.addFlagsProtocol(fs, 
 func (o *storeDataOptions) addFlagsProtocol(fs *pflag.FlagSet, protocol string) {
 	fs.StringVar(&o.Protocol, "protocol", protocol, "transport for the bytes: tcp, rdma, auto (shared memory with same-host nodes and clients, else tcp) or shm (shared memory only)")
 	fs.StringVar(&o.DeviceName, "device-name", "", "RDMA NICs to use, comma-separated (--protocol rdma; soft NICs here)")
-	fs.StringVar(&o.LocalHostname, "local-hostname", "", "host (or host:port, the segment name with etcd/HTTP metadata) other processes reach this one's segment or engine at (default: the bind address, else this host's name)")
+	fs.StringVar(&o.LocalHostname, "local-hostname", "", "host (or host:port: the segment name with etcd/HTTP metadata, the handshake port with P2PHANDSHAKE) other processes reach this one's segment or engine at (default: the bind address, else this host's name)")
 	fs.StringVar(&o.MetadataServer, "metadata-server", meta.P2PHandshake, "where transfer engines publish and find segments: P2PHANDSHAKE, http://H:P/metadata, etcd://H:P[;H:P] (Mooncake's --metadata_server)")
 	envName(fs, "device-name", "MC_DEVICE_NAME")
 }
@@ -60,6 +60,16 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 		// its host part.
 		cfg.LocalServerName = o.LocalHostname
 		cfg.AdvertiseHost = hostOf(o.LocalHostname)
+	} else if h, port, err := net.SplitHostPort(o.LocalHostname); err == nil {
+		// P2PHANDSHAKE names the segment host:port by its handshake
+		// port: a port given is that port (the name was [host:port]:port
+		// otherwise, which no peer could parse back).
+		p, err := strconv.ParseUint(port, 10, 16)
+		if err != nil || p == 0 {
+			return cfg, fmt.Errorf("--local-hostname %q: port %q is not a port (1-65535)", o.LocalHostname, port)
+		}
+		cfg.AdvertiseHost = h
+		cfg.HandshakeAddr = net.JoinHostPort(bind, port)
 	}
 	switch o.Protocol {
 	case "tcp", engine.ProtocolAuto, engine.ProtocolSHM:
