@@ -52,24 +52,17 @@ func BenchmarkWireBatchPut(b *testing.B) {
 	const clients, batch = 4, 128
 	d := 3 * time.Second
 	run := func(name string, put func(c int, keys []string) int) float64 {
-		var done atomic.Int64
-		var wg sync.WaitGroup
-		end := time.Now().Add(d)
-		for c := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				keys := make([]string, batch)
-				for n := 0; time.Now().Before(end); n++ {
-					for i := range keys {
-						keys[i] = fmt.Sprintf("%s/%d/%d/%d", name, c, n, i)
-					}
-					done.Add(int64(put(c, keys)))
+		return closedLoop(clients, d, func(c int) func() int {
+			keys := make([]string, batch)
+			n := 0
+			return func() int {
+				for i := range keys {
+					keys[i] = fmt.Sprintf("%s/%d/%d/%d", name, c, n, i)
 				}
-			}()
-		}
-		wg.Wait()
-		return float64(done.Load()) / d.Seconds()
+				n++
+				return put(c, keys)
+			}
+		})
 	}
 	sizes := make([]uint64, batch)
 	for i := range sizes {
@@ -161,27 +154,18 @@ func BenchmarkWireBatchGet(b *testing.B) {
 	}
 	d := 3 * time.Second
 	run := func(get func(c int, keys []string) int) float64 {
-		var done atomic.Int64
-		var wg sync.WaitGroup
-		end := time.Now().Add(d)
-		for c := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				// Random keys, as master_bench's gets: with millions of
-				// keys each one is a cache miss, not a neighbour's.
-				rng := rand.New(rand.NewPCG(uint64(c), 1))
-				ks := make([]string, batch)
-				for time.Now().Before(end) {
-					for i := range ks {
-						ks[i] = keys[rng.IntN(nkeys)]
-					}
-					done.Add(int64(get(c, ks)))
+		return closedLoop(clients, d, func(c int) func() int {
+			// Random keys, as master_bench's gets: with millions of
+			// keys each one is a cache miss, not a neighbour's.
+			rng := rand.New(rand.NewPCG(uint64(c), 1))
+			ks := make([]string, batch)
+			return func() int {
+				for i := range ks {
+					ks[i] = keys[rng.IntN(nkeys)]
 				}
-			}()
-		}
-		wg.Wait()
-		return float64(done.Load()) / d.Seconds()
+				return get(c, ks)
+			}
+		})
 	}
 	mcs := make([]*mooncake.Client, clients)
 	for i := range mcs {
@@ -223,4 +207,25 @@ func benchKeys() int {
 		return n
 	}
 	return 10000
+}
+
+// closedLoop runs clients callers for d, each repeating the call its
+// newCall made for it, and returns the items per second the calls
+// reported done.
+func closedLoop(clients int, d time.Duration, newCall func(c int) func() int) float64 {
+	var done atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for c := range clients {
+		call := newCall(c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				done.Add(int64(call()))
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(done.Load()) / d.Seconds()
 }
