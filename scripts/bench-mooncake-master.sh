@@ -9,7 +9,10 @@
 # the mc binary (bin/mc). ROUNDS (3) rounds of BatchPut and BatchGet at
 # batch 128, 4 clients, 4 KiB values, DURATION_S (10) seconds each; then a
 # large-count run: BatchGet with MILLIONS (1) million keys prefilled per
-# client thread, and each master's resident memory once they are in.
+# client thread, and each master's resident memory once they are in. The
+# rounds also give each master's CPU time per item over their steady phase
+# (master_bench's own is logged per round): the client threads share the
+# cores, so ops/s alone understates a master that spends less.
 set -uo pipefail
 BUILD=${1:?usage: bench-mooncake-master.sh BUILD_DIR [MC] [ROUNDS] [DURATION_S] [MILLIONS]}
 MC=${2:-bin/mc}
@@ -42,27 +45,66 @@ bench() { # port op [extra]
 		--value_size 4096 --duration "$DUR" "$@" 2>>"$W/master_bench.log" | sed -n 's/^Operations per second: //p' | tail -1
 }
 
+# started: how many timed phases master_bench has begun (its log line).
+started() {
+	local n
+	n=$(grep -c 'Clients started' "$W/master_bench.log" 2>/dev/null)
+	echo "${n:-0}"
+}
+
+# cpu PID: the process's user+system CPU so far, in clock ticks.
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+# timed PORT OP: a bench of 10000 keys per client whose steady phase is
+# also measured per process: prints "OPS MASTER_US BENCH_US", the CPU
+# microseconds the master and master_bench each spent per item, sampled
+# over the middle of the timed phase (after the prefill, before the end).
+timed() {
+	local p=$1 op=$2 before bpid c0 b0 t0 c1 b1 t1 ops
+	before=$(started)
+	"$BENCH" --master_server "127.0.0.1:$p" --operation "$op" --num_clients 4 --batch_size 128 \
+		--value_size 4096 --duration "$DUR" --num_keys 10000 >"$W/timed.out" 2>>"$W/master_bench.log" &
+	bpid=$!
+	for _ in $(seq 600); do
+		[ "$(started)" -gt "$before" ] && break
+		sleep 0.1
+	done
+	sleep 1
+	c0=$(cpu "$SPID") b0=$(cpu "$bpid") t0=$(date +%s.%N)
+	sleep $((DUR > 3 ? DUR - 3 : 1))
+	c1=$(cpu "$SPID") b1=$(cpu "$bpid") t1=$(date +%s.%N)
+	wait "$bpid"
+	ops=$(sed -n 's/^Operations per second: //p' "$W/timed.out" | tail -1)
+	[ -n "$ops" ] || { echo "0 0 0"; return; }
+	python3 -c "
+ops, dt, tick = $ops, $t1 - $t0, $(getconf CLK_TCK)
+print('%.0f %.2f %.2f' % (ops, ($c1 - $c0) / tick / dt / ops * 1e6, ($b1 - $b0) / tick / dt / ops * 1e6))"
+}
+
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
-declare -A R
+declare -A R C
 for op in BatchPut BatchGet; do
 	for r in $(seq "$ROUNDS"); do
 		for kind in mooncake mc; do
 			p=$(port); start "$kind" "$p"
-			v=$(bench "$p" "$op" --num_keys 10000)
+			read -r v mus bus < <(timed "$p" "$op")
 			kill "$SPID"; wait "$SPID" 2>/dev/null
 			R[$op,$kind]+="${v:-0} "
-			echo "round $r $op $kind: ${v:-failed} ops/s" >&2
+			C[$op,$kind]+="${mus:-0} "
+			echo "round $r $op $kind: ${v:-failed} ops/s; CPU per item: master ${mus} us, master_bench ${bus} us" >&2
 		done
 	done
 done
 
-echo "| operation (batch 128, 4 clients, 4 KiB) | mooncake_master ops/s | mc ops/s | mc / mooncake_master |"
-echo "|---|---|---|---|"
+echo "| operation (batch 128, 4 clients, 4 KiB) | mooncake_master ops/s | mc ops/s | mc / mooncake_master | master CPU per item, us: mooncake_master / mc |"
+echo "|---|---|---|---|---|"
 for op in BatchPut BatchGet; do
 	a=$(echo "${R[$op,mooncake]}" | tr ' ' '\n' | grep . | median)
 	b=$(echo "${R[$op,mc]}" | tr ' ' '\n' | grep . | median)
-	printf '| %s (median of %d) | %.0f | %.0f | %.2fx |\n' "$op" "$ROUNDS" "$a" "$b" "$(echo "$b / $a" | bc -l)"
+	ca=$(echo "${C[$op,mooncake]}" | tr ' ' '\n' | grep . | median)
+	cb=$(echo "${C[$op,mc]}" | tr ' ' '\n' | grep . | median)
+	printf '| %s (median of %d) | %.0f | %.0f | %.2fx | %.2f / %.2f |\n' "$op" "$ROUNDS" "$a" "$b" "$(echo "$b / $a" | bc -l)" "$ca" "$cb"
 done
 
 # Large count: the prefill puts MILLIONS million keys per client; RSS is
@@ -70,12 +112,12 @@ done
 keys=$((MILLIONS * 1000000))
 for kind in mooncake mc; do
 	p=$(port); start "$kind" "$p"
-	before=$(grep -c 'Clients started' "$W/master_bench.log" 2>/dev/null || echo 0)
+	before=$(started)
 	bench "$p" BatchGet --num_keys "$keys" --duration 20 >"$W/large-$kind.out" &
 	bpid=$!
 	# The prefill is over when the timed phase logs "Clients started".
 	for _ in $(seq 7200); do
-		[ "$(grep -c 'Clients started' "$W/master_bench.log" 2>/dev/null || echo 0)" -gt "$before" ] && break
+		[ "$(started)" -gt "$before" ] && break
 		sleep 0.5
 	done
 	rss=$(awk '/VmRSS/ {print $2}' "/proc/$SPID/status")
