@@ -84,6 +84,14 @@ func TestOffloadReadPromote(t *testing.T) {
 	if tt := c.m.TierTotals(); tt.DiskHits != 1 || tt.Promotions != 0 {
 		t.Fatalf("after one disk read: %+v", tt)
 	}
+	// The staging range starts on a page, so the node read the value
+	// with O_DIRECT straight into it (on a filesystem that takes it).
+	if reps, err := cl.Query(ctx, "k0"); err != nil || len(reps) != 1 || reps[0].Addr%4096 != 0 {
+		t.Fatalf("k0's staged replica: %+v, %v; want one, on a 4096-byte boundary", reps, err)
+	}
+	if s := tn.Tier().Stats(); s.Direct && s.ReadsInPlace != 1 {
+		t.Fatalf("the node's tier read %d values in place, want 1 (O_DIRECT into the staging range)", s.ReadsInPlace)
+	}
 	// Its staging copy goes with the lease.
 	waitFor(t, "the staging copy to be freed", 20*time.Second, func() bool { return diskOnly(t, cl, "k0") })
 	// k1: two reads promote it; the copy stays after the lease.

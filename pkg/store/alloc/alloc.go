@@ -220,6 +220,103 @@ func (a *Allocator) Alloc(n uint64) (uint64, error) {
 	return a.base + nd.off<<alignShift, nil
 }
 
+// AllocAligned is Alloc with an address that is a multiple of align, a
+// power of two (at most 1 GiB; at most Align is Alloc). A range a disk
+// read lands in with O_DIRECT must start on a block boundary, which
+// Align alone does not give. It takes a free block large enough for the
+// request wherever the boundary falls in it and gives the bytes before the
+// boundary back as a free block of their own. It fails with ErrNoSpace
+// when no such block is found, and with an error saying so when the
+// allocator's base is not Align-aligned (no granule boundary can then be
+// an align boundary). O(1).
+func (a *Allocator) AllocAligned(n, align uint64) (uint64, error) {
+	if align&(align-1) != 0 || align > 1<<30 {
+		return 0, fmt.Errorf("alloc %d bytes aligned to %d: the alignment is not a power of two up to 1 GiB", n, align)
+	}
+	if align <= Align {
+		return a.Alloc(n)
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("alloc 0 bytes: %w", ErrZeroSize)
+	}
+	if a.base&(Align-1) != 0 {
+		return 0, fmt.Errorf("alloc %d bytes aligned to %d: base %#x is not %d-byte aligned", n, align, a.base, Align)
+	}
+	if n > a.Available() {
+		return 0, a.noSpace(n)
+	}
+	g := (n + Align - 1) >> alignShift
+	leadOf := func(i uint32) uint64 {
+		abs := a.base + (a.n(i).off&^freeBit)<<alignShift
+		return (((abs + align - 1) &^ (align - 1)) - abs) >> alignShift
+	}
+	// The block a plain allocation would take, if the boundary leaves
+	// room in it (a gap exactly as large as an aligned range, as freeing
+	// one leaves, does); otherwise one large enough for the worst case,
+	// the boundary one granule past its start.
+	i, s := a.findFree(g)
+	if i != nilIdx && leadOf(i)+g > s {
+		i = nilIdx
+	}
+	if i == nilIdx {
+		if i, s = a.findFree(g + align>>alignShift - 1); i == nilIdx {
+			return 0, a.noSpace(n)
+		}
+	}
+	start := a.n(i).off &^ freeBit
+	lead := leadOf(i)
+	// Nodes first: growing the last chunk moves node pointers.
+	l, r := nilIdx, nilIdx
+	var ok bool
+	if lead > 0 {
+		if l, ok = a.newNode(); !ok {
+			return 0, fmt.Errorf("alloc %d bytes: %d blocks, the most one allocator tracks: %w", n, a.nNodes, ErrNoSpace)
+		}
+	}
+	if s > lead+g {
+		if r, ok = a.newNode(); !ok {
+			if l != nilIdx {
+				a.releaseNode(l)
+			}
+			return 0, fmt.Errorf("alloc %d bytes: %d blocks, the most one allocator tracks: %w", n, a.nNodes, ErrNoSpace)
+		}
+	}
+	a.removeFree(i, s)
+	if l != nilIdx {
+		// i keeps the bytes before the boundary, free; l is the allocation.
+		nd := a.n(i)
+		next := nd.nextPhys
+		*a.n(l) = node{off: start + lead, prevPhys: i, nextPhys: next}
+		if next != nilIdx {
+			a.n(next).prevPhys = l
+		}
+		a.n(i).nextPhys = l
+		a.insertFree(i, lead)
+		i = l
+	}
+	if r != nilIdx {
+		nd := a.n(i)
+		next := nd.nextPhys
+		*a.n(r) = node{off: nd.off + g, prevPhys: i, nextPhys: next}
+		if next != nilIdx {
+			a.n(next).prevPhys = r
+		}
+		nd.nextPhys = r
+		a.insertFree(r, s-lead-g)
+	}
+	off := a.n(i).off
+	a.idxInsert(off, i)
+	a.used += g
+	a.allocs++
+	return a.base + off<<alignShift, nil
+}
+
+// releaseNode gives back a node newNode returned that was never linked.
+func (a *Allocator) releaseNode(i uint32) {
+	a.n(i).nextFree = a.spare
+	a.spare = i
+}
+
 func (a *Allocator) noSpace(n uint64) error {
 	return fmt.Errorf("alloc %d bytes: largest free block %d, %d of %d bytes free: %w",
 		n, a.LargestFree(), a.Available(), a.Capacity(), ErrNoSpace)

@@ -411,3 +411,84 @@ func TestLargeSpaces(t *testing.T) {
 		}
 	}
 }
+
+// TestAllocAligned: aligned ranges land on the boundary wherever the free
+// block starts, the bytes before it stay free and usable, and freeing
+// everything leaves one free block again.
+func TestAllocAligned(t *testing.T) {
+	const base = 0x7f0000001000
+	a, err := New(base, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel(base, a.Capacity())
+	small, err := a.Alloc(100) // the next block starts 128 bytes past a page
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.live[small] = roundUp(100)
+	var got []Range
+	for _, n := range []uint64{4096, 10000, 1, 65536 + 64} {
+		addr, err := a.AllocAligned(n, 4096)
+		if err != nil {
+			t.Fatalf("AllocAligned(%d, 4096): %v", n, err)
+		}
+		if addr%4096 != 0 {
+			t.Fatalf("AllocAligned(%d, 4096) = %#x, not on a 4096-byte boundary", n, addr)
+		}
+		if err := m.add(addr, n); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, Range{addr, n})
+		if err := compare(a, m); err != nil {
+			t.Fatalf("after AllocAligned(%d): %v", n, err)
+		}
+	}
+	// The bytes skipped before an aligned range are free for a small
+	// object: it lands in such a gap, not past the last range.
+	if addr, err := a.Alloc(64); err != nil || addr > got[len(got)-1].Addr {
+		t.Fatalf("Alloc(64) = %#x, %v; want a gap left before an aligned range (below %#x)", addr, err, got[len(got)-1].Addr)
+	} else {
+		m.live[addr] = 64
+		got = append(got, Range{addr, 64})
+	}
+	got = append(got, Range{small, 100})
+	for _, r := range got {
+		if err := a.Free(r.Addr, r.Len); err != nil {
+			t.Fatalf("free %v: %v", r, err)
+		}
+		delete(m.live, r.Addr)
+		if err := compare(a, m); err != nil {
+			t.Fatalf("after free %v: %v", r, err)
+		}
+	}
+	if a.LargestFree() != a.Capacity() {
+		t.Fatalf("LargestFree %d after freeing everything, want %d", a.LargestFree(), a.Capacity())
+	}
+	for _, bad := range []uint64{3000, 1 << 31} {
+		if _, err := a.AllocAligned(64, bad); err == nil || errors.Is(err, ErrNoSpace) {
+			t.Fatalf("AllocAligned(64, %d) = %v, want the alignment refused", bad, err)
+		}
+	}
+	// A block exactly as large as the request serves it when its start is
+	// on the boundary: here the whole space.
+	if addr, err := a.AllocAligned(a.Capacity(), 4096); err != nil || addr != base {
+		t.Fatalf("AllocAligned(capacity, 4096) from a page-aligned base = %#x, %v; want the whole space", addr, err)
+	}
+	if _, err := a.AllocAligned(64, 4096); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("AllocAligned of a full space = %v, want ErrNoSpace", err)
+	}
+	if err := a.Free(base, a.Capacity()); err != nil {
+		t.Fatal(err)
+	}
+	// The same space one granule past a page: no block has the room with
+	// the boundary.
+	b, _ := New(base+64, 1<<20)
+	if _, err := b.AllocAligned(b.Capacity(), 4096); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("AllocAligned(capacity, 4096) from a base past a page = %v, want ErrNoSpace", err)
+	}
+	odd, _ := New(base+3, 1<<20)
+	if _, err := odd.AllocAligned(4096, 4096); err == nil || errors.Is(err, ErrNoSpace) {
+		t.Fatalf("AllocAligned over base %#x = %v, want the base refused", base+3, err)
+	}
+}

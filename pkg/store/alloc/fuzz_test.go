@@ -18,6 +18,8 @@ func FuzzAllocator(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 0, 1, 0, 0})
 	f.Add([]byte{15, 3, 0, 0, 64, 0, 0, 1, 0, 200, 0, 0, 2, 0, 0, 0, 0, 2, 1, 0, 0, 0})
 	f.Add([]byte{255, 0x5f, 0, 0x40, 0, 0, 0, 1, 0x10, 0, 0, 0, 4, 0, 0, 0, 0, 3, 1, 2, 3, 4, 5, 9, 9, 9, 9, 0})
+	// Aligned allocations (op 6) between plain ones and frees.
+	f.Add([]byte{15, 3, 0, 0, 1, 0, 0, 6, 0, 100, 6, 0, 6, 0, 200, 3, 0, 2, 0, 0, 0, 0, 6, 0x80, 9, 7, 0})
 	f.Fuzz(fuzzOps)
 }
 
@@ -51,7 +53,7 @@ func fuzzOps(t *testing.T, in []byte) {
 		return u
 	}
 	for op := in[2:]; len(op) >= 5; op = op[5:] {
-		switch op[0] % 6 {
+		switch op[0] % 7 {
 		case 0, 1:
 			n := size(op[1], op[2])
 			lf := a.LargestFree()
@@ -125,6 +127,35 @@ func fuzzOps(t *testing.T, in []byte) {
 			}
 			if valid != (err == nil) {
 				t.Fatalf("NewWithUsed(%v) in [%#x, +%d) = %v, model says valid=%v", rs, base, capacity, err, valid)
+			}
+		case 6:
+			n := size(op[1], op[2])
+			align := uint64(Align) << (op[3] % 8)
+			lf := a.LargestFree()
+			addr, err := a.AllocAligned(n, align)
+			switch {
+			case n == 0:
+				if !errors.Is(err, ErrZeroSize) {
+					t.Fatalf("alloc(0) = %v", err)
+				}
+			case base%Align != 0 && align > Align:
+				if err == nil || errors.Is(err, ErrNoSpace) {
+					t.Fatalf("AllocAligned(%d, %d) over base %#x = %v, want the base refused", n, align, base, err)
+				}
+			case err != nil:
+				// Only a request that LargestFree does not promise room
+				// for, its boundary included, may fail.
+				if !errors.Is(err, ErrNoSpace) || roundUp(n)+align-Align <= lf {
+					t.Fatalf("AllocAligned(%d, %d) with LargestFree %d = %v", n, align, lf, err)
+				}
+			default:
+				if align > Align && addr%align != 0 {
+					t.Fatalf("AllocAligned(%d, %d) = %#x, not aligned", n, align, addr)
+				}
+				if err := m.add(addr, n); err != nil {
+					t.Fatal(err)
+				}
+				live = append(live, Range{addr, n})
 			}
 		}
 		if err := compare(a, m); err != nil {

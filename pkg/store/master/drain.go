@@ -666,11 +666,11 @@ func (s *space) placeDrain(j *drainJob, o *Object, size uint64, avoid []*segment
 				continue
 			}
 			if size < s.regionSize(seg)/2 {
-				if ref, ok = s.inOwnRegions(in, seg, size); ok {
+				if ref, ok = s.inOwnRegions(in, seg, size, 0); ok {
 					break
 				}
 			}
-			if ref, ok = s.newRegion(in, seg, size); ok {
+			if ref, ok = s.newRegion(in, seg, size, 0); ok {
 				break
 			}
 		}

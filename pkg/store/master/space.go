@@ -345,11 +345,11 @@ func (s *space) placeOne(in *instance, host string, size uint64, cfg store.Repli
 			return replicaRef{}, false
 		}
 		if size < s.regionSize(seg)/2 {
-			if r, ok := s.inOwnRegions(in, seg, size); ok {
+			if r, ok := s.inOwnRegions(in, seg, size, 0); ok {
 				return r, true
 			}
 		}
-		return s.newRegion(in, seg, size)
+		return s.newRegion(in, seg, size, 0)
 	}
 	// 1. Preferred segments, in the caller's order.
 	for _, name := range cfg.PreferredSegments {
@@ -383,7 +383,7 @@ func (s *space) placeOne(in *instance, host string, size uint64, cfg store.Repli
 	}
 	// 4. A new region on a segment chosen by the strategy.
 	for _, seg := range s.candidates(size, used) {
-		if r, ok := s.newRegion(in, seg, size); ok {
+		if r, ok := s.newRegion(in, seg, size, 0); ok {
 			return r, true
 		}
 	}
@@ -414,13 +414,24 @@ func (s *space) regionSize(seg *segment) uint64 {
 	return min(s.cfg.RegionSize, max(seg.info.Size/16, 1<<20))
 }
 
-func (s *space) inOwnRegions(in *instance, seg *segment, size uint64) (replicaRef, bool) {
+// allocIn allocates size bytes from a, on an align boundary when align is
+// above the allocator's granule.
+func allocIn(a *alloc.Allocator, size, align uint64) (uint64, error) {
+	if align > alloc.Align {
+		return a.AllocAligned(size, align)
+	}
+	return a.Alloc(size)
+}
+
+// inOwnRegions places size bytes (on an align boundary, 0 for none) in a
+// region of seg that in already holds.
+func (s *space) inOwnRegions(in *instance, seg *segment, size, align uint64) (replicaRef, bool) {
 	for i := len(in.regions) - 1; i >= 0; i-- {
 		reg := in.regions[i]
 		if reg.seg != seg || reg.alloc.LargestFree() < size {
 			continue
 		}
-		if addr, err := reg.alloc.Alloc(size); err == nil {
+		if addr, err := allocIn(reg.alloc, size, align); err == nil {
 			reg.objects++
 			return replicaRef{reg, addr}, true
 		}
@@ -456,7 +467,9 @@ func freeRatio(seg *segment) float64 {
 	return 1 - float64(seg.used.Load())/float64(seg.info.Size)
 }
 
-func (s *space) newRegion(in *instance, seg *segment, size uint64) (replicaRef, bool) {
+// newRegion takes a new region of seg for in and places size bytes (on an
+// align boundary, 0 for none) in it.
+func (s *space) newRegion(in *instance, seg *segment, size, align uint64) (replicaRef, bool) {
 	if s.cfg.MaxRegionsPerInstance > 0 && in.count >= s.cfg.MaxRegionsPerInstance {
 		return replicaRef{}, false
 	}
@@ -470,7 +483,14 @@ func (s *space) newRegion(in *instance, seg *segment, size uint64) (replicaRef, 
 	if !dedicated {
 		n = max(size, min(rs, free))
 	}
-	base, err := seg.regions.Alloc(n)
+	// A dedicated region is the object's range: it takes the alignment.
+	var base uint64
+	var err error
+	if dedicated {
+		base, err = allocIn(seg.regions, n, align)
+	} else {
+		base, err = seg.regions.Alloc(n)
+	}
 	if err != nil {
 		return replicaRef{}, false
 	}
@@ -485,7 +505,7 @@ func (s *space) newRegion(in *instance, seg *segment, size uint64) (replicaRef, 
 	reg.alloc, err = alloc.New(base, n)
 	if err == nil {
 		var addr uint64
-		if addr, err = reg.alloc.Alloc(size); err == nil {
+		if addr, err = allocIn(reg.alloc, size, align); err == nil {
 			in.regions = append(in.regions, reg)
 			seg.shared = append(seg.shared, reg)
 			return replicaRef{reg, addr}, true

@@ -2,10 +2,16 @@ package master
 
 import "github.com/kvcache-ops/mc/pkg/store"
 
+// stagingAlign is where a staging range of a page or more starts: on a
+// 4 KiB boundary, so that the node can read the record's value from its
+// disk with O_DIRECT straight into the range (the block alignment
+// O_DIRECT needs of memory) instead of through a bounce buffer and a copy.
+const stagingAlign = 4096
+
 // placeOn allocates size bytes on one segment only, in regions of the
 // instance client (a node staging a disk record into its own segment: the
-// bytes must land where that node can write them locally). It does not
-// evict.
+// bytes must land where that node can write them locally), on a
+// stagingAlign boundary when size is a page or more. It does not evict.
 func (s *space) placeOn(client, segID store.UUID, size uint64) (replicaRef, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -18,12 +24,16 @@ func (s *space) placeOn(client, segID store.UUID, size uint64) (replicaRef, erro
 		in = &instance{id: client}
 		s.instances[client] = in
 	}
+	var align uint64
+	if size >= stagingAlign {
+		align = stagingAlign
+	}
 	r, ok := replicaRef{}, false
 	if size < s.regionSize(seg)/2 {
-		r, ok = s.inOwnRegions(in, seg, size)
+		r, ok = s.inOwnRegions(in, seg, size, align)
 	}
 	if !ok {
-		r, ok = s.newRegion(in, seg, size)
+		r, ok = s.newRegion(in, seg, size, align)
 	}
 	// Writers' regions may cover the whole segment with room to spare
 	// inside them: borrow it, as a put does when no region is left.
@@ -32,7 +42,7 @@ func (s *space) placeOn(client, segID store.UUID, size uint64) (replicaRef, erro
 		if reg.alloc == nil || reg.alloc.LargestFree() < size {
 			continue
 		}
-		if addr, err := reg.alloc.Alloc(size); err == nil {
+		if addr, err := allocIn(reg.alloc, size, align); err == nil {
 			reg.objects++
 			r, ok = replicaRef{reg, addr}, true
 		}

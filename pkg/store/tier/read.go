@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"sync"
+	"unsafe"
 )
 
 // readChunk is the most of a record one disk read fetches. A larger
@@ -75,12 +76,114 @@ type chunk struct {
 	err    error
 }
 
-// readRecord reads e's record from fd, checks its header against e and
-// its value's CRC32C, and copies the value into dst.
+// readRecord reads e's value from fd into dst and checks its CRC32C:
+// straight into dst when the file is read through the page cache, or
+// with O_DIRECT when the value starts on a block (MCT2) and so does dst
+// (a staging range: the master places them on a page); otherwise through
+// bounce buffers, checking the header against e on the way.
 func (t *Tier) readRecord(fd file, e *entry, dst []byte) error {
+	if e.Size > 0 && (!t.direct || e.aligned && uintptr(unsafe.Pointer(&dst[0]))%BlockSize == 0) {
+		err := t.readInto(fd, e, dst[:e.Size])
+		if err == nil {
+			t.nInPlace.Add(1)
+		}
+		return err
+	}
+	return t.readBounced(fd, e, dst)
+}
+
+// readInto reads e's value into dst (len(dst) == e.Size) in chunks of
+// readChunk, chunksInFlight at once, checksumming each chunk once it and
+// those before it are in, while the next ones are read. Under O_DIRECT
+// the last partial block comes through a bounce block. The value's bytes
+// are checked against the CRC32C its header gave, which the index keeps:
+// bytes from anywhere else (another record, a torn or flipped block)
+// fail it, so the header itself need not be read again.
+func (t *Tier) readInto(fd file, e *entry, dst []byte) error {
+	vo := e.off + e.valueOff()
+	body := e.Size
+	var tail []byte
+	if t.direct {
+		if r := e.Size % BlockSize; r != 0 {
+			body -= r
+			tail = alignedBuf(BlockSize)
+			defer putAligned(tail)
+		}
+	}
+	readAt := func(b []byte, off uint64) error {
+		n, err := fd.ReadAt(b, int64(off))
+		switch {
+		case n == len(b):
+			return nil
+		case err == nil || errors.Is(err, io.EOF):
+			return fmt.Errorf("%w: %s ends inside the record at %d", ErrCorrupt, e.file.path, e.off)
+		default:
+			return fmt.Errorf("read %s at %d: %w", e.file.path, off, err)
+		}
+	}
+	n := int((body + readChunk - 1) / readChunk)
+	done := make([]chan error, n)
+	for i := range done {
+		done[i] = make(chan error, 1)
+	}
+	chunk := func(i int) []byte { return dst[uint64(i)*readChunk : min(uint64(i+1)*readChunk, body)] }
+	// Every read started writes into dst, which is the caller's once this
+	// returns: wait for them all, whatever happens.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	tokens, quit := make(chan struct{}, chunksInFlight), make(chan struct{})
+	defer close(quit)
+	if n > 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range n {
+				select {
+				case tokens <- struct{}{}:
+				case <-quit:
+					return
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					done[i] <- readAt(chunk(i), vo+uint64(i)*readChunk)
+				}()
+			}
+		}()
+	} else if n == 1 {
+		tokens <- struct{}{}
+		done[0] <- readAt(chunk(0), vo)
+	}
+	var tailErr error
+	if tail != nil {
+		tailErr = readAt(tail, vo+body)
+	}
+	var crc uint32
+	for i := range n {
+		if err := <-done[i]; err != nil {
+			return err
+		}
+		crc = crc32.Update(crc, castagnoli, chunk(i))
+		<-tokens
+	}
+	if tail != nil {
+		if tailErr != nil {
+			return tailErr
+		}
+		crc = checkCopy(crc, dst[body:], tail[:e.Size-body])
+	}
+	if crc != e.crc {
+		return fmt.Errorf("%s at %d: %w", e.file.path, e.off, errDataCRC)
+	}
+	return nil
+}
+
+// readBounced reads e's record from fd through bounce buffers, checks its
+// header against e and its value's CRC32C, and copies the value into dst.
+func (t *Tier) readBounced(fd file, e *entry, dst []byte) error {
 	r := t.readChunks(fd, e)
 	defer r.stop()
-	valStart := uint64(headerLen + len(e.Key))
+	valStart := e.valueOff()
 	valEnd := valStart + e.Size
 	var h header
 	var crc uint32

@@ -11,7 +11,7 @@ import (
 // padding to the next BlockSize boundary, so every record starts where an
 // O_DIRECT read or write may start:
 //
-//	off  0  magic    u32  "MCT1"
+//	off  0  magic    u32  "MCT1", or "MCT2": the value starts on a block
 //	off  4  key_len  u32
 //	off  8  size     u64  value bytes
 //	off 16  version  u64  the object version the master gave it
@@ -21,6 +21,14 @@ import (
 // Integers are little-endian. The header has a checksum of its own so that
 // a torn or flipped header is never trusted for the length it claims (the
 // scan then looks for the next record at the following block).
+//
+// A value of alignedMin bytes or more is written as MCT2: the key is
+// padded to the next block and the value starts there, so a read can put
+// it with O_DIRECT straight into the block-aligned memory it is read for
+// (a staging range in the node's segment), with no bounce buffer and no
+// copy; only its checksum pass is left. A smaller value follows its key
+// (MCT1), where the padding would cost more than the copy it saves. Both
+// are read, whichever wrote them.
 const (
 	// BlockSize is the alignment of records in a data file and of the
 	// buffers O_DIRECT transfers use.
@@ -31,8 +39,13 @@ const (
 	// size is corruption, not a record.
 	MaxValueLen = 1 << 36
 
-	headerLen   = 32
-	recordMagic = 0x3154434d // "MCT1" as little-endian bytes
+	headerLen    = 32
+	recordMagic  = 0x3154434d // "MCT1" as little-endian bytes
+	alignedMagic = 0x3254434d // "MCT2": the value on a block boundary
+
+	// alignedMin is the smallest value written as MCT2: at most one block
+	// of padding, a few per cent of it.
+	alignedMin = 64 << 10
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -50,27 +63,58 @@ type header struct {
 	size    uint64
 	version uint64
 	dataCRC uint32
+	aligned bool // MCT2
 }
+
+// valueOff is where the value starts, from the record's start.
+func (h header) valueOff() uint64 { return valueOff(len(h.key), h.aligned) }
+
+// recordLen is the bytes the record takes on disk, padding included.
+func (h header) recordLen() uint64 { return alignUp(h.valueOff() + h.size) }
+
+func valueOff(k int, aligned bool) uint64 {
+	if aligned {
+		return alignUp(uint64(headerLen + k))
+	}
+	return uint64(headerLen + k)
+}
+
+// alignedValue says whether a value of n bytes is written as MCT2.
+func alignedValue(n uint64) bool { return n >= alignedMin }
 
 // recordLen is the bytes a record of a key of k bytes and a value of n
 // bytes takes on disk, padding included.
-func recordLen(k int, n uint64) uint64 { return alignUp(uint64(headerLen+k) + n) }
+func recordLen(k int, n uint64) uint64 {
+	a := alignedValue(n)
+	return alignUp(valueOff(k, a) + n)
+}
 
 func alignUp(n uint64) uint64 { return (n + BlockSize - 1) &^ (BlockSize - 1) }
 
 // encodeRecord writes the record of key, version and value into b, which
 // must hold recordLen(len(key), len(value)) bytes; the padding is zeroed.
 func encodeRecord(b []byte, key string, version uint64, value []byte) {
+	encodeRecordAs(b, key, version, value, alignedValue(uint64(len(value))))
+}
+
+// encodeRecordAs is encodeRecord with the format chosen (tests write MCT1
+// records of any size, as earlier versions did).
+func encodeRecordAs(b []byte, key string, version uint64, value []byte, aligned bool) {
 	le := binary.LittleEndian
-	le.PutUint32(b[0:], recordMagic)
+	magic, voff := uint32(recordMagic), valueOff(len(key), aligned)
+	if aligned {
+		magic = alignedMagic
+	}
+	le.PutUint32(b[0:], magic)
 	le.PutUint32(b[4:], uint32(len(key)))
 	le.PutUint64(b[8:], uint64(len(value)))
 	le.PutUint64(b[16:], version)
 	le.PutUint32(b[24:], crc32.Checksum(value, castagnoli))
 	copy(b[headerLen:], key)
 	le.PutUint32(b[28:], headerCRC(b[:28], b[headerLen:headerLen+len(key)]))
-	end := headerLen + len(key) + copy(b[headerLen+len(key):], value)
-	clear(b[end:recordLen(len(key), uint64(len(value)))])
+	clear(b[headerLen+len(key) : voff])
+	end := voff + uint64(copy(b[voff:], value))
+	clear(b[end:alignUp(end)])
 }
 
 func headerCRC(fixed, key []byte) uint32 {
@@ -94,7 +138,8 @@ func decodeHeader(b []byte) (header, error) {
 		return header{}, errShortHeader
 	}
 	le := binary.LittleEndian
-	if le.Uint32(b[0:]) != recordMagic {
+	magic := le.Uint32(b[0:])
+	if magic != recordMagic && magic != alignedMagic {
 		return header{}, errMagic
 	}
 	k := le.Uint32(b[4:])
@@ -108,7 +153,7 @@ func decodeHeader(b []byte) (header, error) {
 	if le.Uint32(b[28:]) != headerCRC(b[:28], key) {
 		return header{}, errHeaderCRC
 	}
-	h := header{key: string(key), size: le.Uint64(b[8:]), version: le.Uint64(b[16:]), dataCRC: le.Uint32(b[24:])}
+	h := header{key: string(key), size: le.Uint64(b[8:]), version: le.Uint64(b[16:]), dataCRC: le.Uint32(b[24:]), aligned: magic == alignedMagic}
 	if h.size > MaxValueLen {
 		return header{}, fmt.Errorf("%w: value length %d exceeds %d", ErrCorrupt, h.size, uint64(MaxValueLen))
 	}
@@ -133,8 +178,8 @@ func decodeRecord(b []byte) (Record, []byte, error) {
 	if err != nil {
 		return Record{}, nil, err
 	}
-	start := uint64(headerLen + len(h.key))
-	if uint64(len(b))-start < h.size {
+	start := h.valueOff()
+	if uint64(len(b)) < start || uint64(len(b))-start < h.size {
 		return Record{Key: h.key, Size: h.size, Version: h.version}, nil, errTruncated
 	}
 	v := b[start : start+h.size]

@@ -216,13 +216,13 @@ func (t *Tier) scanFile(f *dataFile) scanned {
 			continue
 		}
 		flushSkip(off)
-		rl := recordLen(len(h.key), h.size)
-		if off+uint64(headerLen+len(h.key))+h.size > end {
+		rl := h.recordLen()
+		if off+h.valueOff()+h.size > end {
 			t.nDropped.Add(1)
 			t.log.Warn(fmt.Sprintf("disk tier %s: %s: record %q (version %d, %d bytes) at offset %d runs past the end of the file (%d bytes): torn by a crash, dropped", t.cfg.Dir, f.path, h.key, h.version, h.size, off, end))
 			break
 		}
-		out = append(out, &entry{Record: Record{Key: h.key, Size: h.size, Version: h.version}, file: f, off: off, len: rl})
+		out = append(out, &entry{Record: Record{Key: h.key, Size: h.size, Version: h.version}, file: f, off: off, len: rl, crc: h.dataCRC, aligned: h.aligned})
 		f.nrec++
 		off += rl
 	}

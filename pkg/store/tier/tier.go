@@ -112,6 +112,11 @@ type Stats struct {
 	// Counters since Open.
 	Writes, WriteBytes uint64
 	Reads, ReadBytes   uint64
+	// ReadsInPlace counts the reads whose value went straight into the
+	// caller's buffer (no bounce buffer, no copy): all of them without
+	// O_DIRECT, and with it those of values on a block (64 KiB and up)
+	// into block-aligned memory, as staging ranges are.
+	ReadsInPlace uint64
 	// Full counts writes refused for want of room.
 	Full uint64
 	// EvictedFiles and EvictedRecords count what eviction deleted.
@@ -156,6 +161,7 @@ type Tier struct {
 	stopped chan struct{}
 
 	nWrites, nWriteBytes, nReads, nReadBytes   atomic.Uint64
+	nInPlace                                   atomic.Uint64
 	nFull, nEvFiles, nEvRecs, nDropped, nRdErr atomic.Uint64
 
 	// The drop log (droplog.go). dropMu orders removals: taken before mu,
@@ -229,10 +235,15 @@ func (f *dataFile) retire() {
 // entry is the index's record of where a value is.
 type entry struct {
 	Record
-	file *dataFile
-	off  uint64
-	len  uint64 // recordLen
+	file    *dataFile
+	off     uint64
+	len     uint64 // recordLen
+	crc     uint32 // the value's CRC32C, as its header says
+	aligned bool   // MCT2: the value starts on a block
 }
+
+// valueOff is where e's value starts, from the record's start.
+func (e *entry) valueOff() uint64 { return valueOff(len(e.Key), e.aligned) }
 
 const (
 	dataSuffix = ".mct"
@@ -546,7 +557,7 @@ func (t *Tier) Stats() Stats {
 	s := Stats{Dir: t.cfg.Dir, ID: t.id, Direct: t.direct, Capacity: t.cfg.Capacity, Used: t.used, Records: len(t.index), Files: len(t.files)}
 	t.mu.Unlock()
 	s.Writes, s.WriteBytes = t.nWrites.Load(), t.nWriteBytes.Load()
-	s.Reads, s.ReadBytes = t.nReads.Load(), t.nReadBytes.Load()
+	s.Reads, s.ReadBytes, s.ReadsInPlace = t.nReads.Load(), t.nReadBytes.Load(), t.nInPlace.Load()
 	s.Full, s.EvictedFiles, s.EvictedRecords = t.nFull.Load(), t.nEvFiles.Load(), t.nEvRecs.Load()
 	s.Dropped, s.ReadErrors = t.nDropped.Load(), t.nRdErr.Load()
 	s.Removed, s.DropLogErrors, s.DropLogEntries = t.nRemoved.Load(), t.nDropLogErrors.Load(), int(t.nDropLog.Load())

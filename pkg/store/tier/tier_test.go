@@ -564,3 +564,99 @@ func TestReadBuffersGivenBack(t *testing.T) {
 		t.Fatalf("%d read buffers not given back", n)
 	}
 }
+
+// Values of alignedMin bytes or more are written with the value on a block
+// (MCT2) and read with O_DIRECT straight into a block-aligned buffer; into
+// any other buffer, and on a filesystem without O_DIRECT, through the other
+// paths. Every path returns the bytes exactly (partial last blocks and
+// several chunks included), reads records an earlier version wrote with
+// the value after the key (MCT1), and catches a flipped byte anywhere in
+// the value, the last partial block included.
+func TestReadPaths(t *testing.T) {
+	sizes := []int{alignedMin - 1, alignedMin, alignedMin + 100, 2*readChunk + BlockSize + 3}
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			dir := t.TempDir()
+			openFile := openOS
+			if !direct {
+				openFile = func(path string, flag int, d bool) (file, error) {
+					if d {
+						return nil, &os.PathError{Op: "open", Path: path, Err: unix.EINVAL}
+					}
+					return openOS(path, flag, false)
+				}
+			}
+			// An MCT1 record of each size, as an earlier version wrote it,
+			// in a data file the scan finds.
+			var legacy []byte
+			for i, n := range sizes {
+				k := fmt.Sprintf("old%d", i)
+				v := value(k, 1, n)
+				b := make([]byte, alignUp(uint64(headerLen+len(k)+n)))
+				encodeRecordAs(b, k, 1, v, false)
+				legacy = append(legacy, b...)
+			}
+			if err := os.WriteFile(filepath.Join(dir, dataName(1)), legacy, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			tr := open(t, Config{Dir: dir, Capacity: 256 << 20, openFile: openFile})
+			if tr.Direct() != direct {
+				t.Fatalf("Direct() = %v", tr.Direct())
+			}
+			for i, n := range sizes {
+				k := fmt.Sprintf("new%d", i)
+				mustWrite(t, tr, k, 2, n)
+				tr.mu.Lock()
+				aligned := tr.index[k].aligned
+				tr.mu.Unlock()
+				if aligned != (n >= alignedMin) {
+					t.Fatalf("%q of %d bytes written aligned=%v", k, n, aligned)
+				}
+			}
+			for i, n := range sizes {
+				for _, k := range []string{fmt.Sprintf("old%d", i), fmt.Sprintf("new%d", i)} {
+					ver := uint64(1)
+					if k[0] == 'n' {
+						ver = 2
+					}
+					want := value(k, ver, n)
+					buf := alignedBuf(n + 2*BlockSize)
+					for _, shift := range []int{0, 64, BlockSize - 1} {
+						dst := buf[shift : shift+n]
+						clear(dst)
+						before := tr.Stats().ReadsInPlace
+						if rec, err := tr.Read(context.Background(), k, ver, dst); err != nil || rec.Size != uint64(n) || !bytes.Equal(dst, want) {
+							t.Fatalf("Read %q (%d bytes) into a buffer %d bytes past a block: %v, equal %v", k, n, shift, err, bytes.Equal(dst, want))
+						}
+						inPlace := !direct || k[0] == 'n' && n >= alignedMin && shift == 0
+						if got := tr.Stats().ReadsInPlace - before; got != map[bool]uint64{false: 0, true: 1}[inPlace] {
+							t.Fatalf("Read %q (%d bytes, %d past a block, O_DIRECT %v): %d reads in place, want in place: %v", k, n, shift, direct, got, inPlace)
+						}
+					}
+					putAligned(buf)
+				}
+			}
+			// A flipped byte in the value's first block, in a later chunk
+			// and in the last partial block: each read fails with
+			// ErrCorrupt and drops the record.
+			last := len(sizes) - 1
+			for j, at := range []int{0, readChunk + 5, sizes[last] - 1} {
+				k := fmt.Sprintf("f%d", j)
+				v := mustWrite(t, tr, k, 3, sizes[last])
+				tr.mu.Lock()
+				e := tr.index[k]
+				path, off := e.file.path, int64(e.off+e.valueOff())+int64(at)
+				tr.mu.Unlock()
+				flip(t, path, off)
+				buf := alignedBuf(len(v))
+				if _, err := tr.Read(context.Background(), k, 3, buf); !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("Read of %q flipped at value byte %d: %v, want ErrCorrupt", k, at, err)
+				}
+				putAligned(buf)
+				if _, ok := tr.Lookup(k); ok {
+					t.Fatalf("%q: the corrupt record is still in the index", k)
+				}
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package tier
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -114,6 +115,7 @@ func (t *Tier) writeBatch(batch []*writeReq) {
 		fd := t.curFD
 		buf := alignedBuf(int(rl))
 		encodeRecord(buf, r.key, r.version, r.value)
+		crc := binary.LittleEndian.Uint32(buf[24:]) // data_crc
 		_, err = fd.WriteAt(buf, int64(off))
 		putAligned(buf)
 		if len(b.toSync) == 0 || b.toSync[len(b.toSync)-1] != fd {
@@ -126,7 +128,8 @@ func (t *Tier) writeBatch(batch []*writeReq) {
 			continue
 		}
 		b.pending[f] = true
-		r.ent = &entry{Record: Record{Key: r.key, Size: uint64(len(r.value)), Version: r.version}, file: f, off: off, len: rl}
+		r.ent = &entry{Record: Record{Key: r.key, Size: uint64(len(r.value)), Version: r.version}, file: f, off: off, len: rl,
+			crc: crc, aligned: alignedValue(uint64(len(r.value)))}
 		r.fd = fd
 	}
 	// One fdatasync per file makes the whole batch durable.
