@@ -92,9 +92,17 @@ func (t *Tier) readRecord(fd file, e *entry, dst []byte) error {
 	return t.readBounced(fd, e, dst)
 }
 
+// inPlaceChunk is the most of a value one read straight into the
+// caller's memory fetches. Smaller than readChunk: nothing is bounced, so
+// a chunk costs no buffer, and the checksum left after the last read is
+// of a smaller piece. With chunksInFlight at once, 1 MiB chunks of a
+// 16 MiB value read as fast as one 16 MiB read on this VM's virtio disk,
+// and 4 MiB ones 5-15% slower (with the checksum pass of each chunk).
+const inPlaceChunk = 1 << 20
+
 // readInto reads e's value into dst (len(dst) == e.Size) in chunks of
-// readChunk, chunksInFlight at once, checksumming each chunk once it and
-// those before it are in, while the next ones are read. Under O_DIRECT
+// inPlaceChunk, chunksInFlight at once, checksumming each chunk once it
+// and those before it are in, while the next ones are read. Under O_DIRECT
 // the last partial block comes through a bounce block. The value's bytes
 // are checked against the CRC32C its header gave, which the index keeps:
 // bytes from anywhere else (another record, a torn or flipped block)
@@ -121,12 +129,12 @@ func (t *Tier) readInto(fd file, e *entry, dst []byte) error {
 			return fmt.Errorf("read %s at %d: %w", e.file.path, off, err)
 		}
 	}
-	n := int((body + readChunk - 1) / readChunk)
+	n := int((body + inPlaceChunk - 1) / inPlaceChunk)
 	done := make([]chan error, n)
 	for i := range done {
 		done[i] = make(chan error, 1)
 	}
-	chunk := func(i int) []byte { return dst[uint64(i)*readChunk : min(uint64(i+1)*readChunk, body)] }
+	chunk := func(i int) []byte { return dst[uint64(i)*inPlaceChunk : min(uint64(i+1)*inPlaceChunk, body)] }
 	// Every read started writes into dst, which is the caller's once this
 	// returns: wait for them all, whatever happens.
 	var wg sync.WaitGroup
@@ -146,7 +154,7 @@ func (t *Tier) readInto(fd file, e *entry, dst []byte) error {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					done[i] <- readAt(chunk(i), vo+uint64(i)*readChunk)
+					done[i] <- readAt(chunk(i), vo+uint64(i)*inPlaceChunk)
 				}()
 			}
 		}()
