@@ -70,7 +70,8 @@ type Config struct {
 	// before the row, reads go round the keys so each finds its object
 	// on disk, and objects are never promoted. Each such row follows a
 	// "disk-read" row: O_DIRECT reads of the same size and concurrency
-	// from a file in SSDDir, the disk's own throughput in the same run.
+	// from a file in SSDDir, the disk's own throughput, measured for half
+	// the duration just before the row's gets and half just after.
 	OnDisk bool
 	// Progress, when set, is called about every 200 ms during a row.
 	Progress func(Progress)
@@ -113,7 +114,8 @@ type Result struct {
 	// refused).
 	DiskReads uint64 `json:"disk_reads,omitempty"`
 	// VsDisk is an on-disk get row's GB/s over the disk-read row before
-	// it (OnDisk).
+	// it (OnDisk), whose reads are measured half just before the row's
+	// gets and half just after.
 	VsDisk float64 `json:"vs_disk,omitempty"`
 	// Transport names the transports the client's engine moved the
 	// timed loop's bytes with, as it counted them (engine.Stats: "shm",
@@ -250,11 +252,13 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 					return out, ctx.Err()
 				}
 				if cfg.OnDisk && op == "get" {
-					base, err := diskRead(ctx, cfg.SSDDir, vs, n, cfg.Duration, r.diskKeys(vs, n))
+					// The disk's own reads are measured inside the row,
+					// half before its gets and half after.
+					probe, err := openDiskRead(ctx, cfg.SSDDir, vs, r.diskKeys(vs, n))
 					if err != nil {
 						return out, fmt.Errorf("%s disk-read x%d: %w", ebench.FormatSize(vs), n, err)
 					}
-					out = append(out, base)
+					r.probe = probe
 				}
 				if rt != nil {
 					base, err := rt.row(ctx, vs, op, n)
@@ -267,6 +271,15 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 					out = append(out, base)
 				}
 				res, err := r.row(ctx, vs, op, n)
+				if r.probe != nil {
+					base := r.probe.result(n)
+					r.probe.Close()
+					r.probe = nil
+					if base.OpsPerSec == 0 && err == nil {
+						err = errors.New("the disk-read baseline measured nothing")
+					}
+					out = append(out, base)
+				}
 				if rt != nil && out[len(out)-1].GBPerSec > 0 {
 					res.VsTCP = res.GBPerSec / out[len(out)-1].GBPerSec
 				}
@@ -298,6 +311,9 @@ type runner struct {
 	run     uint32
 	seq     atomic.Uint64
 	putKeys [][]string // written by the row's workers, removed after it
+	// probe is an on-disk get row's disk-read baseline, measured around
+	// the row's gets.
+	probe *diskFile
 }
 
 func (r *runner) getKey(vs int64, i int) string {
@@ -508,6 +524,11 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 	if onDiskGets {
 		loads0 = r.srv.Tier.Stats().Loads
 	}
+	if onDiskGets && r.probe != nil {
+		if err := r.probe.measure(ctx, workers, r.cfg.Duration/2); err != nil {
+			return res, fmt.Errorf("disk-read baseline: %w", err)
+		}
+	}
 	start := time.Now()
 	for _, w := range ws {
 		wg.Add(1)
@@ -537,6 +558,11 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 	stop.Store(true)
 	wg.Wait()
 	elapsed := time.Since(start)
+	if onDiskGets && r.probe != nil && ctx.Err() == nil {
+		if err := r.probe.measure(ctx, workers, r.cfg.Duration-r.cfg.Duration/2); err != nil {
+			return res, fmt.Errorf("disk-read baseline: %w", err)
+		}
+	}
 	if onDiskGets {
 		// A get that finds the staging copy an earlier read of its key
 		// left (still leased) is served from memory: the row measures

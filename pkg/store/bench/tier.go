@@ -78,44 +78,73 @@ func (r *runner) offloadAll(ctx context.Context, vs int64, n int) error {
 	}
 }
 
-// diskRead measures the disk's own read throughput as an on-disk get row
-// uses it: O_DIRECT reads of vs bytes (rounded up to whole blocks) from
-// a file of nkeys such values in dir, going round the file, workers at
-// once, for d.
-func diskRead(ctx context.Context, dir string, vs int64, workers int, d time.Duration, nkeys int) (Result, error) {
-	res := Result{ValueSize: vs, Op: "disk-read", Concurrency: workers, Batch: 1}
-	span := (vs + tier.BlockSize - 1) &^ (tier.BlockSize - 1)
-	path := filepath.Join(dir, fmt.Sprintf(".mc-bench-disk-read.%d", os.Getpid()))
-	open := func(flag int) (*os.File, error) {
-		f, err := os.OpenFile(path, flag|unix.O_DIRECT, 0o600)
-		if errors.Is(err, unix.EINVAL) { // a filesystem without O_DIRECT
-			f, err = os.OpenFile(path, flag, 0o600)
-		}
-		return f, err
-	}
-	f, err := open(os.O_CREATE | os.O_RDWR | os.O_TRUNC)
+// diskFile is an on-disk get row's baseline: a file of nkeys values of
+// vs bytes (each rounded up to whole blocks) in the tier's directory,
+// read with O_DIRECT going round the file. It is written before the row's
+// prefill and read in two halves that bracket the row's gets in time
+// (measure before, measure after): this VM's disk (the host's page cache
+// behind virtio) swings 2x within seconds, and a baseline taken half a
+// minute before the gets, across the prefill and offload, compared the
+// gets with another disk.
+type diskFile struct {
+	path  string
+	vs    int64
+	span  int64
+	nkeys int
+	next  atomic.Uint64
+
+	ops     uint64
+	elapsed time.Duration
+	lat     []time.Duration
+}
+
+func openDiskRead(ctx context.Context, dir string, vs int64, nkeys int) (*diskFile, error) {
+	d := &diskFile{vs: vs, span: (vs + tier.BlockSize - 1) &^ (tier.BlockSize - 1), nkeys: nkeys,
+		path: filepath.Join(dir, fmt.Sprintf(".mc-bench-disk-read.%d", os.Getpid()))}
+	f, err := d.open(os.O_CREATE | os.O_RDWR | os.O_TRUNC)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	defer os.Remove(path)
 	defer f.Close()
-	chunk := max(span, 16<<20/span*span)
+	chunk := max(d.span, 16<<20/d.span*d.span)
 	wbuf, err := unix.Mmap(-1, 0, int(chunk), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
-		return res, err
+		os.Remove(d.path)
+		return nil, err
 	}
 	defer unix.Munmap(wbuf)
 	ebench.FillPattern(wbuf, 0, 1)
-	total := span * int64(nkeys)
+	total := d.span * int64(nkeys)
 	for off := int64(0); off < total; off += chunk {
+		if ctx.Err() != nil {
+			os.Remove(d.path)
+			return nil, ctx.Err()
+		}
 		if _, err := f.WriteAt(wbuf[:min(chunk, total-off)], off); err != nil {
-			return res, fmt.Errorf("write %s: %w", path, err)
+			os.Remove(d.path)
+			return nil, fmt.Errorf("write %s: %w", d.path, err)
 		}
 	}
 	if err := f.Sync(); err != nil {
-		return res, err
+		os.Remove(d.path)
+		return nil, err
 	}
-	var next, ops atomic.Uint64
+	return d, nil
+}
+
+func (d *diskFile) open(flag int) (*os.File, error) {
+	f, err := os.OpenFile(d.path, flag|unix.O_DIRECT, 0o600)
+	if errors.Is(err, unix.EINVAL) { // a filesystem without O_DIRECT
+		f, err = os.OpenFile(d.path, flag, 0o600)
+	}
+	return f, err
+}
+
+func (d *diskFile) Close() error { return os.Remove(d.path) }
+
+// measure reads for dur from workers at once and adds to the totals.
+func (d *diskFile) measure(ctx context.Context, workers int, dur time.Duration) error {
+	var ops atomic.Uint64
 	var stop atomic.Bool
 	lats := make([][]time.Duration, workers)
 	errs := make([]error, workers)
@@ -125,20 +154,20 @@ func diskRead(ctx context.Context, dir string, vs int64, workers int, d time.Dur
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rf, err := open(os.O_RDONLY)
+			rf, err := d.open(os.O_RDONLY)
 			if err != nil {
 				errs[w] = err
 				return
 			}
 			defer rf.Close()
-			buf, err := unix.Mmap(-1, 0, int(span), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+			buf, err := unix.Mmap(-1, 0, int(d.span), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 			if err != nil {
 				errs[w] = err
 				return
 			}
 			defer unix.Munmap(buf)
 			for !stop.Load() && ctx.Err() == nil {
-				off := int64(next.Add(1)%uint64(nkeys)) * span
+				off := int64(d.next.Add(1)%uint64(d.nkeys)) * d.span
 				t0 := time.Now()
 				if _, err := rf.ReadAt(buf, off); err != nil {
 					errs[w] = err
@@ -150,21 +179,30 @@ func diskRead(ctx context.Context, dir string, vs int64, workers int, d time.Dur
 		}()
 	}
 	select {
-	case <-time.After(d):
+	case <-time.After(dur):
 	case <-ctx.Done():
 	}
 	stop.Store(true)
 	wg.Wait()
-	elapsed := time.Since(start)
+	d.elapsed += time.Since(start)
 	if err := errors.Join(errs...); err != nil {
-		return res, fmt.Errorf("read %s: %w", path, err)
+		return fmt.Errorf("read %s: %w", d.path, err)
 	}
-	lat := slices.Concat(lats...)
-	slices.Sort(lat)
-	res.OpsPerSec = float64(ops.Load()) / elapsed.Seconds()
-	res.GBPerSec = float64(ops.Load()) * float64(vs) / elapsed.Seconds() / 1e9
-	res.P50us = us(ebench.Percentile(lat, 0.50))
-	res.P99us = us(ebench.Percentile(lat, 0.99))
-	res.P999us = us(ebench.Percentile(lat, 0.999))
-	return res, ctx.Err()
+	d.ops += ops.Load()
+	d.lat = append(d.lat, slices.Concat(lats...)...)
+	return ctx.Err()
+}
+
+// result is the disk-read row of everything measured.
+func (d *diskFile) result(workers int) Result {
+	res := Result{ValueSize: d.vs, Op: "disk-read", Concurrency: workers, Batch: 1}
+	if d.elapsed > 0 {
+		res.OpsPerSec = float64(d.ops) / d.elapsed.Seconds()
+		res.GBPerSec = float64(d.ops) * float64(d.vs) / d.elapsed.Seconds() / 1e9
+	}
+	slices.Sort(d.lat)
+	res.P50us = us(ebench.Percentile(d.lat, 0.50))
+	res.P99us = us(ebench.Percentile(d.lat, 0.99))
+	res.P999us = us(ebench.Percentile(d.lat, 0.999))
+	return res
 }
