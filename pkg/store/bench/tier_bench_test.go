@@ -73,7 +73,7 @@ func BenchmarkTier(b *testing.B) {
 			}
 			b.ReportMetric(median(get), "get-GB/s")
 			b.ReportMetric(median(disk), "disk-GB/s")
-			diskRows = append(diskRows, fmt.Sprintf("| %s | %d | %.2f | %.2f | %.2f |", ebench.FormatSize(c.size), c.conc, median(disk), median(get), median(ratio)))
+			diskRows = append(diskRows, fmt.Sprintf("| %s | %d | %.2f | %.2f | %.2f | %s |", ebench.FormatSize(c.size), c.conc, median(disk), median(get), median(ratio), rounds(ratio)))
 		})
 	}
 	type dram struct {
@@ -102,17 +102,26 @@ func BenchmarkTier(b *testing.B) {
 				}
 				off, on, ratio = append(off, a[0].GBPerSec), append(on, t[0].GBPerSec), append(ratio, t[0].GBPerSec/a[0].GBPerSec)
 			}
-			dramRows = append(dramRows, fmt.Sprintf("| %s | %d | %d | %.2f | %.2f | %.2f |", ebench.FormatSize(c.size), c.conc, c.batch, median(off), median(on), median(ratio)))
+			dramRows = append(dramRows, fmt.Sprintf("| %s | %d | %d | %.2f | %.2f | %.2f | %s |", ebench.FormatSize(c.size), c.conc, c.batch, median(off), median(on), median(ratio), rounds(ratio)))
 		})
 	}
 	if len(diskRows) > 0 {
 		fmt.Printf("\ngets of objects only on disk vs the disk's own O_DIRECT reads (same size, concurrency, directory); %s per measurement, median of %d rounds; GB = 1e9 B\n"+
-			"| size | concurrency | disk O_DIRECT GB/s | get from disk GB/s | get/disk |\n|---|---|---|---|---|\n%s\n",
+			"| size | concurrency | disk O_DIRECT GB/s | get from disk GB/s | get/disk | each round |\n|---|---|---|---|---|---|\n%s\n",
 			*tierDuration, *tierRounds, strings.Join(diskRows, "\n"))
 	}
 	if len(dramRows) > 0 {
 		fmt.Printf("\nDRAM-resident gets, store without vs with a disk tier; %s per measurement, median of %d rounds\n"+
-			"| size | concurrency | batch | no tier GB/s | tier GB/s | tier/no tier |\n|---|---|---|---|---|---|\n%s\n",
+			"| size | concurrency | batch | no tier GB/s | tier GB/s | tier/no tier | each round |\n|---|---|---|---|---|---|---|\n%s\n",
 			*tierDuration, *tierRounds, strings.Join(dramRows, "\n"))
 	}
+}
+
+// rounds lists each round's ratio, in the order measured.
+func rounds(r []float64) string {
+	s := make([]string, len(r))
+	for i, x := range r {
+		s[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(s, ", ")
 }

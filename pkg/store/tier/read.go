@@ -171,7 +171,7 @@ func (t *Tier) readInto(fd file, e *entry, dst []byte) error {
 		if err := <-done[i]; err != nil {
 			return err
 		}
-		crc = crc32.Update(crc, castagnoli, chunk(i))
+		crc = checksum(crc, chunk(i))
 		<-tokens
 	}
 	if tail != nil {
@@ -235,21 +235,36 @@ func (t *Tier) readBounced(fd file, e *entry, dst []byte) error {
 	return nil
 }
 
-// checkPiece is how much of a value checkCopy checksums before it copies
-// it: small enough to be still in the L1/L2 cache for the copy.
-const checkPiece = 16 << 10
+// checkPiece is the piece of a value the checksum reads at a time from
+// memory the CPU has just pulled into its L1 cache.
+const checkPiece = 4 << 10
 
-// checkCopy copies src into dst and returns crc updated with src, in one
-// pass over memory: src was just written by the disk's DMA, so it is not
-// in the cache, and a checksum pass then a copy pass read it from DRAM
-// twice (BenchmarkCheckCopy, 1 MiB: 195-247 us in two passes, 115-131 us
-// in one, on this VM).
+// checksum returns crc updated with b, a value a disk's DMA just wrote
+// (so none of it is in the CPU's caches). CRC32C over such memory runs at
+// the speed of its loads, not of the instruction: on this VM 7.5 GB/s
+// straight over b, 18 GB/s when each 4 KiB piece is first copied into a
+// buffer in L1 (memmove streams memory at 20 GB/s) and checksummed there
+// (BenchmarkChecksum). On a value of 1 MiB that is 55 us instead of 135.
+func checksum(crc uint32, b []byte) uint32 {
+	var piece [checkPiece]byte
+	for len(b) > 0 {
+		n := copy(piece[:], b)
+		crc = crc32.Update(crc, castagnoli, piece[:n])
+		b = b[n:]
+	}
+	return crc
+}
+
+// checkCopy copies src into dst and returns crc updated with src: each
+// piece is copied first and checksummed in dst, where the copy left it in
+// the cache (src, just written by the disk's DMA, is not): 12 GB/s on
+// this VM, against 6.9 checksumming src then copying each 16 KiB piece
+// and 6.2 in two passes (BenchmarkCheckCopy).
 func checkCopy(crc uint32, dst, src []byte) uint32 {
 	for len(src) > 0 {
-		p := src[:min(checkPiece, len(src))]
-		crc = crc32.Update(crc, castagnoli, p)
-		copy(dst, p)
-		dst, src = dst[len(p):], src[len(p):]
+		n := copy(dst, src[:min(checkPiece, len(src))])
+		crc = crc32.Update(crc, castagnoli, dst[:n])
+		dst, src = dst[n:], src[n:]
 	}
 	return crc
 }
