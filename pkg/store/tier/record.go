@@ -109,11 +109,12 @@ func encodeRecordAs(b []byte, key string, version uint64, value []byte, aligned 
 	le.PutUint32(b[4:], uint32(len(key)))
 	le.PutUint64(b[8:], uint64(len(value)))
 	le.PutUint64(b[16:], version)
-	le.PutUint32(b[24:], crc32.Checksum(value, castagnoli))
+	// The value is copied and checksummed in one pass (checkCopy).
+	le.PutUint32(b[24:], checkCopy(0, b[voff:], value))
 	copy(b[headerLen:], key)
 	le.PutUint32(b[28:], headerCRC(b[:28], b[headerLen:headerLen+len(key)]))
 	clear(b[headerLen+len(key) : voff])
-	end := voff + uint64(copy(b[voff:], value))
+	end := voff + uint64(len(value))
 	clear(b[end:alignUp(end)])
 }
 
