@@ -228,3 +228,33 @@ func TestEmptySegmentDoesNotTakeEveryPut(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// A staging range for a disk read starts on a page when one can be had
+// (the node then reads the value with O_DIRECT straight into it), and
+// anywhere when none can: alignment saves a copy, it never fails a read.
+func TestStagingAlignedWhenItCan(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	const size = 1_050_000
+	a := mount(t, m, "n1", "a", "127.0.0.1", 0x7f0000010040, 4*MiB)     // 64 bytes past a page
+	b := mount(t, m, "n2", "b", "127.0.0.2", 0x7f0000020040, size+64-1) // room for exactly one range, none aligned
+	// A small object first, so a's free space starts off any boundary.
+	putStart(t, m, "n1", "small", 100, store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"a"}})
+	ra, err := m.space.placeOn(uuidOf("n1"), a.ID, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ra.addr%stagingAlign != 0 {
+		t.Fatalf("staging range on segment a at %#x, want it on a %d-byte boundary", ra.addr, stagingAlign)
+	}
+	rb, err := m.space.placeOn(uuidOf("n2"), b.ID, size)
+	if err != nil {
+		t.Fatalf("staging range on segment b, where only an unaligned one fits: %v", err)
+	}
+	if rb.addr != b.Base {
+		t.Fatalf("staging range on segment b at %#x, want its start %#x", rb.addr, b.Base)
+	}
+	// Given back as a load that failed gives them back.
+	m.space.free([]replicaRef{ra}, size)
+	m.space.free([]replicaRef{rb}, size)
+	mustInvariants(t, m)
+}

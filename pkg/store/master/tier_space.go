@@ -24,28 +24,15 @@ func (s *space) placeOn(client, segID store.UUID, size uint64) (replicaRef, erro
 		in = &instance{id: client}
 		s.instances[client] = in
 	}
-	var align uint64
-	if size >= stagingAlign {
-		align = stagingAlign
-	}
 	r, ok := replicaRef{}, false
-	if size < s.regionSize(seg)/2 {
-		r, ok = s.inOwnRegions(in, seg, size, align)
+	if size >= stagingAlign {
+		r, ok = s.placeIn(in, seg, size, stagingAlign)
 	}
+	// Alignment only saves the node a copy: a range anywhere will do
+	// when no aligned one is to be had (the node reads through a bounce
+	// buffer then).
 	if !ok {
-		r, ok = s.newRegion(in, seg, size, align)
-	}
-	// Writers' regions may cover the whole segment with room to spare
-	// inside them: borrow it, as a put does when no region is left.
-	for i := 0; !ok && i < len(seg.shared); i++ {
-		reg := seg.shared[i]
-		if reg.alloc == nil || reg.alloc.LargestFree() < size {
-			continue
-		}
-		if addr, err := allocIn(reg.alloc, size, align); err == nil {
-			reg.objects++
-			r, ok = replicaRef{reg, addr}, true
-		}
+		r, ok = s.placeIn(in, seg, size, 0)
 	}
 	if !ok {
 		return replicaRef{}, store.Errorf(store.NoAvailableHandle, "segment %q has no %d free bytes (used %d of %d)", seg.info.Name, size, seg.used.Load(), seg.info.Size)
@@ -53,4 +40,29 @@ func (s *space) placeOn(client, segID store.UUID, size uint64) (replicaRef, erro
 	seg.used.Add(size)
 	s.used.Add(size)
 	return r, nil
+}
+
+// placeIn places size bytes (on an align boundary, 0 for none) on seg for
+// in: in its own regions, a new region, or room borrowed in a writer's.
+func (s *space) placeIn(in *instance, seg *segment, size, align uint64) (replicaRef, bool) {
+	if size < s.regionSize(seg)/2 {
+		if r, ok := s.inOwnRegions(in, seg, size, align); ok {
+			return r, true
+		}
+	}
+	if r, ok := s.newRegion(in, seg, size, align); ok {
+		return r, true
+	}
+	// Writers' regions may cover the whole segment with room to spare
+	// inside them: borrow it, as a put does when no region is left.
+	for _, reg := range seg.shared {
+		if reg.alloc == nil || reg.alloc.LargestFree() < size {
+			continue
+		}
+		if addr, err := allocIn(reg.alloc, size, align); err == nil {
+			reg.objects++
+			return replicaRef{reg, addr}, true
+		}
+	}
+	return replicaRef{}, false
 }
