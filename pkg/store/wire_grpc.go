@@ -137,8 +137,9 @@ func (w *grpcWire) call(ctx context.Context, what string, f func(context.Context
 // readCall is call for a read the master can answer twice with no harm
 // (replica lists, exist, query). Following HA masters, a read that the
 // dying leader dropped mid-call is asked again of the next one within
-// the same RPC timeout; a write is not, since whether it took effect is
-// unknown.
+// the same RPC timeout, and so is one that reached the next leader while
+// it was still taking over (it refuses with FailedPrecondition until it
+// serves); a write is not, since whether it took effect is unknown.
 func (w *grpcWire) readCall(ctx context.Context, what string, f func(context.Context) error) error {
 	return w.invoke(ctx, what, f, w.leaderR != nil)
 }
@@ -147,7 +148,7 @@ func (w *grpcWire) invoke(ctx context.Context, what string, f func(context.Conte
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.timeout)
 	defer cancel()
 	err := f(ctx)
-	for again && status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+	for again && ctx.Err() == nil && (status.Code(err) == codes.Unavailable || status.Code(err) == codes.FailedPrecondition) {
 		select {
 		case <-time.After(20 * time.Millisecond):
 		case <-ctx.Done():
