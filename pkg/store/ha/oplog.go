@@ -125,16 +125,18 @@ func (l *committer) onChange(ch master.Change) {
 }
 
 // sync is the master's Sync: it returns once every record queued before
-// the call is committed, or the error that stopped the term.
+// the call is committed, or the error that stopped the term. Once the log
+// has stopped, every sync fails: onChange drops the changes that come
+// after, so a caller cannot tell from the counters whether its own were
+// ever queued, and a put acknowledged then would be missing from the log
+// the next leader replays (a dying leader, still serving while its term
+// winds down, acknowledged such puts).
 func (l *committer) sync() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	target := l.enq
 	for l.done < target && l.err == nil {
 		l.cond.Wait()
-	}
-	if l.done >= target {
-		return nil
 	}
 	return l.err
 }
