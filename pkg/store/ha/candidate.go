@@ -512,17 +512,25 @@ func (c *Candidate) serveTerm(t *term, deadline time.Time) string {
 // stepping down answers UNAVAILABLE_IN_CURRENT_MODE, never stale data.
 func (c *Candidate) gate(t *term) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if !c.ready.Load() || c.cur.Load() != t {
+		if !c.serving(t) {
 			return nil, status.Error(codes.FailedPrecondition, "UNAVAILABLE_IN_CURRENT_MODE: this master is not the serving leader")
 		}
 		return h(ctx, req)
 	}
 }
 
+// serving reports whether t is the serving term and its op log still
+// commits: once the log stops (the term winds down, or a commit failed),
+// nothing the master does is durable, and its reads may miss what the
+// next leader has already acknowledged.
+func (c *Candidate) serving(t *term) bool {
+	return c.ready.Load() && c.cur.Load() == t && (t.log == nil || !t.log.stopped.Load())
+}
+
 // mooncakeGate is gate for calls on Mooncake's wire.
 func (c *Candidate) mooncakeGate(t *term) master.MooncakeGate {
 	return func(ctx context.Context, call string) error {
-		if !c.ready.Load() || c.cur.Load() != t {
+		if !c.serving(t) {
 			return fmt.Errorf("%s: UNAVAILABLE_IN_CURRENT_MODE: this master is not the serving leader", call)
 		}
 		return nil

@@ -52,6 +52,7 @@ type committer struct {
 	known map[string]bool
 
 	master    atomic.Pointer[master.Master]
+	stopped   atomic.Bool // err is set: the gates refuse every call
 	kick      chan struct{}
 	failed    chan struct{} // closed when a commit fails
 	exited    chan struct{}
@@ -147,6 +148,7 @@ func (l *committer) stop(err error) {
 	if l.err == nil {
 		l.err = err
 	}
+	l.stopped.Store(true)
 	l.cond.Broadcast()
 	l.mu.Unlock()
 	select {

@@ -153,4 +153,18 @@ func TestSyncFailsOnceTheLogStopped(t *testing.T) {
 	if err := l.sync(); err == nil {
 		t.Fatal("sync after the log stopped returned nil: the put would be acknowledged but is in no log")
 	}
+	// And the term's gates refuse calls from then on.
+	c.ready.Store(true)
+	tm := &term{log: l}
+	c.cur.Store(tm)
+	if c.serving(tm) {
+		t.Fatal("a term whose op log stopped still serves")
+	}
+	if c.serving(&term{log: newCommitter(c, 8, 0, nil)}) {
+		t.Fatal("a term that is not the current one serves")
+	}
+	c.cur.Store(&term{log: newCommitter(c, 9, 0, nil)})
+	if !c.serving(c.cur.Load()) {
+		t.Fatal("the current term with a live op log does not serve")
+	}
 }
