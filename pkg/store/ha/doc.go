@@ -8,8 +8,9 @@
 // is the plain "<rpc_address>:<rpc_port>" and the view version is the
 // revision of the winning transaction, as in Mooncake, so tools reading
 // Mooncake's view read this one (Mooncake's own clients included: the
-// cluster id loses one trailing '/' in the key, as in theirs). The leader renews its lease every third
-// of the TTL; the others watch the key and campaign when it goes.
+// cluster id loses one trailing '/' in the key, as in theirs). The leader
+// renews its lease every third of the TTL; the others watch the key and
+// campaign when it goes.
 //
 // Op log. The leader's master reports every metadata change (mount,
 // unmount, put end, remove, evict) through master.Config.OnChange, in

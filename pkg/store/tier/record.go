@@ -93,13 +93,14 @@ func alignUp(n uint64) uint64 { return (n + BlockSize - 1) &^ (BlockSize - 1) }
 
 // encodeRecord writes the record of key, version and value into b, which
 // must hold recordLen(len(key), len(value)) bytes; the padding is zeroed.
-func encodeRecord(b []byte, key string, version uint64, value []byte) {
-	encodeRecordAs(b, key, version, value, alignedValue(uint64(len(value))))
+// It returns the value's CRC32C, as the header holds it.
+func encodeRecord(b []byte, key string, version uint64, value []byte) uint32 {
+	return encodeRecordAs(b, key, version, value, alignedValue(uint64(len(value))))
 }
 
 // encodeRecordAs is encodeRecord with the format chosen (tests write MCT1
 // records of any size, as earlier versions did).
-func encodeRecordAs(b []byte, key string, version uint64, value []byte, aligned bool) {
+func encodeRecordAs(b []byte, key string, version uint64, value []byte, aligned bool) uint32 {
 	le := binary.LittleEndian
 	magic, voff := uint32(recordMagic), valueOff(len(key), aligned)
 	if aligned {
@@ -110,12 +111,14 @@ func encodeRecordAs(b []byte, key string, version uint64, value []byte, aligned 
 	le.PutUint64(b[8:], uint64(len(value)))
 	le.PutUint64(b[16:], version)
 	// The value is copied and checksummed in one pass (checkCopy).
-	le.PutUint32(b[24:], checkCopy(0, b[voff:], value))
+	crc := checkCopy(0, b[voff:], value)
+	le.PutUint32(b[24:], crc)
 	copy(b[headerLen:], key)
 	le.PutUint32(b[28:], headerCRC(b[:28], b[headerLen:headerLen+len(key)]))
 	clear(b[headerLen+len(key) : voff])
 	end := voff + uint64(len(value))
 	clear(b[end:alignUp(end)])
+	return crc
 }
 
 func headerCRC(fixed, key []byte) uint32 {

@@ -2,7 +2,6 @@ package tier
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -114,8 +113,7 @@ func (t *Tier) writeBatch(batch []*writeReq) {
 		}
 		fd := t.curFD
 		buf := alignedBuf(int(rl))
-		encodeRecord(buf, r.key, r.version, r.value)
-		crc := binary.LittleEndian.Uint32(buf[24:]) // data_crc
+		crc := encodeRecord(buf, r.key, r.version, r.value)
 		_, err = fd.WriteAt(buf, int64(off))
 		putAligned(buf)
 		if len(b.toSync) == 0 || b.toSync[len(b.toSync)-1] != fd {
