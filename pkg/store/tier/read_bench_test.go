@@ -47,7 +47,7 @@ func BenchmarkRead(b *testing.B) {
 			b.Run(fmt.Sprintf("%dM-c%d", size>>20, conc), func(b *testing.B) {
 				var disk, tier, ratio []float64
 				for range *readRounds {
-					d := readLoop(b, conc, size, func(i int, dst []byte) error {
+					d := readLoop(b, conc, size, true, func(i int, dst []byte) error {
 						tr.mu.Lock()
 						e := tr.index[keys[i%n]]
 						tr.mu.Unlock()
@@ -59,7 +59,7 @@ func BenchmarkRead(b *testing.B) {
 						_, err = fd.ReadAt(dst[:e.len], int64(e.off))
 						return err
 					})
-					t := readLoop(b, conc, size, func(i int, dst []byte) error {
+					t := readLoop(b, conc, size, false, func(i int, dst []byte) error {
 						_, err := tr.Read(context.Background(), keys[i%n], 1, dst)
 						return err
 					})
@@ -77,8 +77,10 @@ func BenchmarkRead(b *testing.B) {
 }
 
 // readLoop runs read from conc goroutines for -tier.read-duration, each
-// into an mmap'd buffer, and returns GB/s of values of size bytes.
-func readLoop(b *testing.B, conc, size int, read func(i int, dst []byte) error) float64 {
+// into a buffer of its own, and returns GB/s of values of size bytes. The
+// buffer is a ReadBuffer with huge (the disk at its best), otherwise
+// mmap'd small pages, as a node's segment is.
+func readLoop(b *testing.B, conc, size int, huge bool, read func(i int, dst []byte) error) float64 {
 	var next, done atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -86,12 +88,19 @@ func readLoop(b *testing.B, conc, size int, read func(i int, dst []byte) error) 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			dst, err := unix.Mmap(-1, 0, size+2*BlockSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+			var dst []byte
+			var err error
+			if huge {
+				dst, err = ReadBuffer(size + 2*BlockSize)
+				defer FreeReadBuffer(dst)
+			} else {
+				dst, err = unix.Mmap(-1, 0, size+2*BlockSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+				defer unix.Munmap(dst)
+			}
 			if err != nil {
 				b.Error(err)
 				return
 			}
-			defer unix.Munmap(dst)
 			for time.Since(start) < *readDuration {
 				if err := read(int(next.Add(1)), dst); err != nil {
 					b.Error(err)

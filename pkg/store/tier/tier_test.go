@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -566,16 +567,23 @@ func TestReadBuffersGivenBack(t *testing.T) {
 }
 
 // Values of alignedMin bytes or more are written with the value on a block
-// (MCT2) and read with O_DIRECT straight into a block-aligned buffer; into
-// any other buffer, and on a filesystem without O_DIRECT, through the other
-// paths. Every path returns the bytes exactly (partial last blocks and
-// several chunks included), reads records an earlier version wrote with
-// the value after the key (MCT1), and catches a flipped byte anywhere in
-// the value, the last partial block included.
+// (MCT2). With O_DIRECT they are read through the huge-page bounce
+// buffers where the kernel gives huge pages, and otherwise straight into
+// a block-aligned buffer; into any other buffer through the bounce
+// buffers; without O_DIRECT straight into the buffer. Every path returns
+// the bytes exactly (partial last blocks and several chunks included),
+// reads records an earlier version wrote with the value after the key
+// (MCT1), and catches a flipped byte anywhere in the value, the last
+// partial block included.
 func TestReadPaths(t *testing.T) {
 	sizes := []int{alignedMin - 1, alignedMin, alignedMin + 100, 2*readChunk + BlockSize + 3}
-	for _, direct := range []bool{true, false} {
-		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+	for _, c := range []struct {
+		direct bool
+		sysfs  string // the kernel's THP setting
+		huge   bool
+	}{{true, "testdata/sysfs-thp-never", false}, {true, "testdata/sysfs-thp-madvise", true}, {false, "testdata/sysfs-thp-madvise", false}} {
+		direct := c.direct
+		t.Run(fmt.Sprintf("direct=%v/huge=%v", direct, c.huge), func(t *testing.T) {
 			dir := t.TempDir()
 			openFile := openOS
 			if !direct {
@@ -599,9 +607,9 @@ func TestReadPaths(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, dataName(1)), legacy, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			tr := open(t, Config{Dir: dir, Capacity: 256 << 20, openFile: openFile})
-			if tr.Direct() != direct {
-				t.Fatalf("Direct() = %v", tr.Direct())
+			tr := open(t, Config{Dir: dir, Capacity: 256 << 20, openFile: openFile, sysfs: c.sysfs})
+			if st := tr.Stats(); st.Direct != direct || st.HugePages != c.huge {
+				t.Fatalf("Direct %v, HugePages %v; want %v, %v", st.Direct, st.HugePages, direct, c.huge)
 			}
 			for i, n := range sizes {
 				k := fmt.Sprintf("new%d", i)
@@ -628,7 +636,7 @@ func TestReadPaths(t *testing.T) {
 						if rec, err := tr.Read(context.Background(), k, ver, dst); err != nil || rec.Size != uint64(n) || !bytes.Equal(dst, want) {
 							t.Fatalf("Read %q (%d bytes) into a buffer %d bytes past a block: %v, equal %v", k, n, shift, err, bytes.Equal(dst, want))
 						}
-						inPlace := !direct || k[0] == 'n' && n >= alignedMin && shift == 0
+						inPlace := !direct || !c.huge && k[0] == 'n' && n >= alignedMin && shift == 0
 						if got := tr.Stats().ReadsInPlace - before; got != map[bool]uint64{false: 0, true: 1}[inPlace] {
 							t.Fatalf("Read %q (%d bytes, %d past a block, O_DIRECT %v): %d reads in place, want in place: %v", k, n, shift, direct, got, inPlace)
 						}
@@ -658,5 +666,47 @@ func TestReadPaths(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The kernel's THP setting decides whether O_DIRECT reads bounce through
+// huge pages: "always" or "madvise" (ReadBuffer asks with MADV_HUGEPAGE),
+// not "never", nor a kernel without THP.
+func TestHugePagesOn(t *testing.T) {
+	for dir, want := range map[string]bool{
+		"testdata/sysfs-thp-always": true, "testdata/sysfs-thp-madvise": true,
+		"testdata/sysfs-thp-never": false, "testdata/sysfs-no-thp": false, "testdata/no-such-dir": false,
+	} {
+		if got := hugePagesOn(dir); got != want {
+			t.Errorf("hugePagesOn(%s) = %v, want %v", dir, got, want)
+		}
+	}
+}
+
+// A read buffer is as long as asked, starts on a huge page, spans whole
+// huge pages (a smaller mapping can have none), is zeroed and writable,
+// and goes back with FreeReadBuffer.
+func TestReadBuffer(t *testing.T) {
+	for _, n := range []int{1, BlockSize, 1 << 20, 2 << 20, 4<<20 + 3} {
+		b, err := ReadBuffer(n)
+		if err != nil {
+			t.Fatalf("ReadBuffer(%d): %v", n, err)
+		}
+		addr := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+		if len(b) != n || addr%hugePage != 0 || cap(b)%hugePage != 0 || cap(b) < n {
+			t.Fatalf("ReadBuffer(%d): len %d cap %d at 0x%x; want len %d, whole huge pages from a huge-page boundary", n, len(b), cap(b), addr, n)
+		}
+		if i := slices.IndexFunc(b[:cap(b)], func(c byte) bool { return c != 0 }); i >= 0 {
+			t.Fatalf("ReadBuffer(%d): byte %d is 0x%x, want zeroed memory", n, i, b[i])
+		}
+		b[0], b[n-1] = 1, 2
+		if err := FreeReadBuffer(b); err != nil {
+			t.Fatalf("FreeReadBuffer: %v", err)
+		}
+	}
+	for _, n := range []int{0, -1} {
+		if _, err := ReadBuffer(n); err == nil {
+			t.Errorf("ReadBuffer(%d): no error", n)
+		}
 	}
 }
