@@ -70,9 +70,10 @@ row's ratio to it: both measured in the same run.
 --on-disk, get rows read objects that live only on that disk: every key is
 offloaded before the row, reads go round the keys, nothing is promoted; each
 such row follows a disk-read row (O_DIRECT reads of the same size and
-concurrency from a file in --ssd-dir: the disk's own throughput, measured for
-half of --duration just before the row's gets and half just after, so both
-see the same disk), and the get row gives its ratio to it.`,
+concurrency from a file in --ssd-dir into huge-page memory: the disk's own
+throughput at its best, measured for half of --duration just before the
+row's gets and half just after, so both see the same disk), and the get row
+gives its ratio to it.`,
 		Example: `  mc bench store --value-size 4K,64K,1M,16M --op get
   mc bench store --value-size 4K --batch 32 --concurrency 1,4,16,64 --plot curve.svg
   mc bench store --master 10.0.0.1:50051 --op mix --get-ratio 0.9 --verify -o json

@@ -70,8 +70,9 @@ type Config struct {
 	// before the row, reads go round the keys so each finds its object
 	// on disk, and objects are never promoted. Each such row follows a
 	// "disk-read" row: O_DIRECT reads of the same size and concurrency
-	// from a file in SSDDir, the disk's own throughput, measured for half
-	// the duration just before the row's gets and half just after.
+	// from a file in SSDDir into huge-page memory (tier.ReadBuffer), the
+	// disk's own throughput at its best, measured for half the duration
+	// just before the row's gets and half just after.
 	OnDisk bool
 	// Progress, when set, is called about every 200 ms during a row.
 	Progress func(Progress)
