@@ -27,8 +27,8 @@ var (
 // run on loopback:
 //   - gets of 1 MiB and 16 MiB objects that live only on a node's disk
 //     tier, against the disk's own throughput: O_DIRECT reads of the same
-//     size and concurrency from a file in the same directory, half just
-//     before the gets and half just after (goal 0.7x);
+//     size and concurrency from a file in the same directory into huge
+//     pages, half just before the gets and half just after (goal 0.7x);
 //   - gets of DRAM-resident objects from a store whose node has a disk
 //     tier against one without (goal 0.95x).
 //
