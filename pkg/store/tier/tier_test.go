@@ -536,11 +536,19 @@ func TestOldValueCheckedAtFirstRead(t *testing.T) {
 
 // Every read gives its bounce buffers back (they are mapped outside the
 // Go heap: one kept would never be freed), whether it succeeds, fails on
-// I/O or fails its checksum, for records of one chunk and of several.
+// I/O or fails its checksum, for records of one chunk and of several,
+// with huge pages (every read bounced) and without (the large ones in
+// place where the filesystem takes O_DIRECT).
 func TestReadBuffersGivenBack(t *testing.T) {
+	for _, sysfs := range []string{"testdata/sysfs-thp-madvise", "testdata/sysfs-thp-never"} {
+		t.Run(filepath.Base(sysfs), func(t *testing.T) { testReadBuffersGivenBack(t, sysfs) })
+	}
+}
+
+func testReadBuffersGivenBack(t *testing.T, sysfs string) {
 	fs := &faults{}
 	dir := t.TempDir()
-	tr := open(t, Config{Dir: dir, Capacity: 64 << 20, openFile: fs.open})
+	tr := open(t, Config{Dir: dir, Capacity: 64 << 20, openFile: fs.open, sysfs: sysfs})
 	big := mustWrite(t, tr, "big", 1, 2*readChunk+5)
 	small := mustWrite(t, tr, "small", 1, 100)
 	mustWrite(t, tr, "doomed", 1, 3*readChunk)
