@@ -88,8 +88,9 @@ type chunk struct {
 // segment) is on small pages, scattered, and a DMA into scattered pages
 // can cost several times one into contiguous memory (ReadBuffer), while
 // the bounce costs a copy fused with the checksum every read pays anyway
-// (checkCopy: 12 GB/s against 17.5 for the checksum alone here). On this
-// VM a 1 MiB load took 1.1-1.7 ms in place and 0.57 ms bounced.
+// (checkCopy ran as fast as the checksum alone on one of this workplace's
+// VMs, 6.5 against 6.4 GB/s, and at 12 against 17.5 on another). There a
+// 1 MiB load took 1.1-1.7 ms in place and 0.57 ms bounced.
 func (t *Tier) readRecord(fd file, e *entry, dst []byte) error {
 	if e.Size > 0 && (!t.direct || !t.hugeBounce && e.aligned && uintptr(unsafe.Pointer(&dst[0]))%BlockSize == 0) {
 		err := t.readInto(fd, e, dst[:e.Size])
@@ -255,10 +256,11 @@ const checkPiece = 4 << 10
 
 // checksum returns crc updated with b, a value a disk's DMA just wrote
 // (so none of it is in the CPU's caches). CRC32C over such memory runs at
-// the speed of its loads, not of the instruction: on this VM 7.5 GB/s
-// straight over b, 18 GB/s when each 4 KiB piece is first copied into a
-// buffer in L1 (memmove streams memory at 20 GB/s) and checksummed there
-// (BenchmarkChecksum). On a value of 1 MiB that is 55 us instead of 135.
+// the speed of its loads, not of the instruction: on two of this
+// workplace's VMs 7.5 and 4.9 GB/s straight over b, 18 and 6.4 GB/s when
+// each 4 KiB piece is first copied into a buffer in L1 and checksummed
+// there (BenchmarkChecksum). On a value of 1 MiB that is 55-164 us
+// instead of 135-213.
 func checksum(crc uint32, b []byte) uint32 {
 	var piece [checkPiece]byte
 	for len(b) > 0 {
@@ -271,9 +273,10 @@ func checksum(crc uint32, b []byte) uint32 {
 
 // checkCopy copies src into dst and returns crc updated with src: each
 // piece is copied first and checksummed in dst, where the copy left it in
-// the cache (src, just written by the disk's DMA, is not): 12 GB/s on
-// this VM, against 6.9 checksumming src then copying each 16 KiB piece
-// and 6.2 in two passes (BenchmarkCheckCopy).
+// the cache (src, just written by the disk's DMA, is not): 12 and 6.5
+// GB/s on two of this workplace's VMs, against 6.9 and 4.3 checksumming
+// src then copying each 16 KiB piece and 6.2 and 3.7 in two passes
+// (BenchmarkCheckCopy).
 func checkCopy(crc uint32, dst, src []byte) uint32 {
 	for len(src) > 0 {
 		n := copy(dst, src[:min(checkPiece, len(src))])
