@@ -13,7 +13,8 @@
 # segment (P2PHANDSHAKE and HTTP metadata); an mc node in the pool, read
 # and written by Mooncake's Python MooncakeDistributedStore; mc bench store
 # against mooncake_master; mooncake_master restarted mid-run; Mooncake's
-# clients on mc serve store; a leader failover under --enable_ha with the
+# clients on mc serve store, the Python one reading objects off mc's disk
+# tier; a leader failover under --enable_ha with the
 # Python client carrying on, on mc's candidates and on mooncake_master's
 # (only with a build made with -DSTORE_USE_ETCD=ON; one SKIP line otherwise).
 set -uo pipefail
@@ -202,6 +203,51 @@ EOF
 	case $out in *"full ok"*) pass "Python client on mc serve store: 256 MiB into a full pool, all puts succeed";; *) fail "Python client: puts into a full pool" "$(echo "$out" | grep -v '^[IWE]20' | tail -1)";; esac
 fi
 kill "$XPID"; wait "$XPID" 2>/dev/null
+
+# ---- Mooncake's Python client reading objects that live on mc's disk tier
+# 48 MiB of 1 MiB values put through mc into a 16 MiB segment with a disk
+# tier: eviction offloads them; the Python client's gets are served by
+# the node reading each record back into its segment. A staged copy lives
+# as long as its read lease: with the 10 s default a 16 MiB segment
+# stages 16 MiB per 10 s, so the lease here is short.
+if [ -n "$PYSTORE" ]; then
+	DP=$(port); DA=$(port)
+	mkdir -p "$W/ssd" "$W/dv"
+	"$MC" serve store --rpc_port "$DP" --metrics_port "$DA" --segment-size "16 MB" --ssd-dir "$W/ssd" --ssd-size "256 MB" \
+		--default_kv_lease_ttl 500 --local-hostname 127.0.0.1 --metadata_server P2PHANDSHAKE >"$W/mc-disk.log" 2>&1 &
+	DPID=$!; PIDS+=("$DPID"); wait_port "$DP"
+	ok=1
+	for i in $(seq 0 47); do
+		head -c 1048576 /dev/urandom >"$W/dv/$i"
+		"$MC" store put "disk/$i" "$W/dv/$i" --master "127.0.0.1:$DP" >/dev/null 2>&1 || ok=0
+	done
+	ondisk=0
+	for _ in $(seq 50); do
+		ondisk=$(curl -sf "http://127.0.0.1:$DA/metrics" | awk '$1 == "file_cache_nums_" {print int($2)}')
+		[ "${ondisk:-0}" -ge 24 ] && break
+		sleep 0.1
+	done
+	if [ $ok = 1 ] && [ "${ondisk:-0}" -ge 24 ]; then pass "mc serve store --ssd-dir: 48 puts into a 16 MiB segment" "$ondisk objects on disk"
+	else fail "mc serve store --ssd-dir: offload on eviction" "puts ok=$ok, objects on disk: ${ondisk:-?}"; fi
+	out=$(LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=$(dirname "$PYSTORE") python3 - "$DP" "$W/dv" <<'EOF' 2>&1
+import os, sys
+from store import MooncakeDistributedStore
+dp, d = sys.argv[1], sys.argv[2]
+s = MooncakeDistributedStore()
+assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", "127.0.0.1:%s" % dp) == 0, "setup"
+bad = [i for i in range(48) if s.get("disk/%d" % i) != open(os.path.join(d, str(i)), "rb").read()]
+assert not bad, "%d gets not byte-exact: %s" % (len(bad), bad[:5])
+s.close()
+print("disk ok")
+EOF
+)
+	hits=$(curl -sf "http://127.0.0.1:$DA/metrics" | awk '$1 == "file_cache_hit_nums_" {print int($2)}')
+	case $out in *"disk ok"*)
+		if [ "${hits:-0}" -ge 24 ]; then pass "Python client gets objects from mc's disk tier, byte-exact" "$hits disk hits"
+		else fail "Python client gets from mc's disk tier" "byte-exact, but only ${hits:-?} disk hits"; fi;;
+	*) fail "Python client gets from mc's disk tier" "$(echo "$out" | grep -v '^[IWE]20' | tail -2)";; esac
+	kill "$DPID"; wait "$DPID" 2>/dev/null
+fi
 
 # ---- leader failover under --enable_ha, Mooncake's Python client carrying on
 # Needs a Mooncake built with -DSTORE_USE_ETCD=ON: without it its clients
