@@ -651,3 +651,43 @@ func TestTierRemovalSurvivesRestarts(t *testing.T) {
 	}
 	checkGets(t, cl, vals)
 }
+
+// A staged copy holds its range for its read lease, and room to stage
+// comes from the segment's other objects, not from leased copies: once a
+// node's segment is full of them a get of another disk object fails with
+// NO_AVAILABLE_HANDLE naming the segment (never a wrong byte, never a
+// hang), and succeeds once their leases have ended.
+func TestStagingBoundedByLeases(t *testing.T) {
+	const lease = 3 * time.Second
+	c := startMaster(t, master.Config{KVLeaseTTL: lease})
+	c.tierNode(4<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{}
+	for i := range 8 {
+		vals[fmt.Sprintf("k%d", i)] = value(1<<20, byte(i))
+	}
+	offloadAll(t, c, cl, vals)
+	failed := ""
+	for i := range 8 {
+		k := fmt.Sprintf("k%d", i)
+		got, err := cl.Get(ctx, k)
+		if err != nil {
+			if !errors.Is(err, store.ErrNoAvailableHandle) || !strings.Contains(err.Error(), "to stage it") {
+				t.Fatalf("get %s with the segment full of staged copies: %v, want NO_AVAILABLE_HANDLE (no room to stage)", k, err)
+			}
+			failed = k
+			break
+		}
+		if !bytes.Equal(got, vals[k]) {
+			t.Fatalf("get %s: wrong bytes", k)
+		}
+	}
+	if failed == "" {
+		t.Fatal("8 disk reads of 1 MiB staged in a 4 MiB segment within one lease: none was refused")
+	}
+	waitFor(t, "the staged copies' leases to end", 4*lease, func() bool { return c.m.Stats().Used == 0 })
+	if got, err := cl.Get(ctx, failed); err != nil || !bytes.Equal(got, vals[failed]) {
+		t.Fatalf("get %s after the leases ended: %v (equal %v)", failed, err, bytes.Equal(got, vals[failed]))
+	}
+}
