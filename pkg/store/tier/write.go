@@ -145,6 +145,14 @@ func (t *Tier) writeBatch(batch []*writeReq) {
 		fd.Close()
 	}
 	var dead []*dataFile
+	// The drop log is held while the batch enters the index, so that the
+	// index stays what a scan of the files under the log would rebuild: a
+	// removal (RemoveAll holds dropMu from its lookup to its last index
+	// change) is never half-way when a record comes in, and a record a
+	// drop covers (reserved before the drop was made, synced after it)
+	// does not enter. Without it a restart could bring back a record the
+	// index had dropped, or drop one it held.
+	t.dropMu.Lock()
 	t.mu.Lock()
 	for _, r := range batch {
 		if r.ent == nil {
@@ -156,6 +164,9 @@ func (t *Tier) writeBatch(batch []*writeReq) {
 		}
 		f := r.ent.file
 		f.entries = append(f.entries, r.ent)
+		if _, dropped := t.drops.covering(r.ent); dropped {
+			continue // removed as it was written: the drop was made after its place was
+		}
 		if old := t.index[r.key]; old != nil {
 			if old.Version > r.version {
 				continue // a newer version is already here
@@ -175,6 +186,7 @@ func (t *Tier) writeBatch(batch []*writeReq) {
 		}
 	}
 	t.mu.Unlock()
+	t.dropMu.Unlock()
 	t.deleteFiles(dead)
 	if len(b.evicted) > 0 && t.cfg.OnEvict != nil {
 		t.cfg.OnEvict(b.evicted)
