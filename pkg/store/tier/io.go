@@ -204,7 +204,9 @@ const hugePage = 2 << 20
 // separate pieces of its buffer: on this workplace's VMs (virtio-blk) a
 // 1 MiB O_DIRECT read into 256 separate 4 KiB pages took 1.6-1.7 ms, into
 // two or three runs of contiguous pages 0.35-0.4 ms, and into huge pages
-// 0.3 ms. FreeReadBuffer unmaps it.
+// 0.3 ms (a scratch program reading the pages' frames from
+// /proc/self/pagemap; BenchmarkRead's bounced/inplace is the measure kept).
+// FreeReadBuffer unmaps it.
 func ReadBuffer(n int) ([]byte, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("read buffer of %d bytes", n)

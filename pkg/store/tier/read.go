@@ -89,8 +89,9 @@ type chunk struct {
 // can cost several times one into contiguous memory (ReadBuffer), while
 // the bounce costs a copy fused with the checksum every read pays anyway
 // (checkCopy ran as fast as the checksum alone on one of this workplace's
-// VMs, 6.5 against 6.4 GB/s, and at 12 against 17.5 on another). There a
-// 1 MiB load took 1.1-1.7 ms in place and 0.57 ms bounced.
+// VMs, 6.5 against 6.4 GB/s, and at 12 against 17.5 on another). There
+// Tier.Read ran at 2.8-3.8x its in-place throughput (BenchmarkRead,
+// bounced/inplace).
 func (t *Tier) readRecord(fd file, e *entry, dst []byte) error {
 	if e.Size > 0 && (!t.direct || !t.hugeBounce && e.aligned && uintptr(unsafe.Pointer(&dst[0]))%BlockSize == 0) {
 		err := t.readInto(fd, e, dst[:e.Size])
@@ -290,9 +291,10 @@ func checkCopy(crc uint32, dst, src []byte) uint32 {
 // once. Two, not more: reads in flight together share the device and
 // complete together, so with four or eight of them the first chunk came
 // only when nearly all had, and its checksum and copy followed the reads
-// instead of overlapping them (a 16 MiB Tier.Read here: 2 MiB chunks two
-// at once 8.4 ms, eight at once 9.9, 4 MiB four at once 10.8; the disk's
-// own 16 MiB read 5.3).
+// instead of overlapping them (a 16 MiB Tier.Read here, timed by a loop
+// run during the change and not kept: 2 MiB chunks two at once 8.4 ms,
+// eight at once 9.9, 4 MiB four at once 10.8; the disk's own 16 MiB read
+// 5.3).
 const chunksInFlight = 2
 
 // chunkReader reads a record in chunks of readChunk, up to

@@ -21,12 +21,14 @@ var (
 	readRounds   = flag.Int("tier.read-rounds", 3, "BenchmarkRead: rounds (medians are reported)")
 )
 
-// BenchmarkRead is Tier.Read (checksummed, copied into an mmap'd buffer,
-// as the node's segment is) against the disk's own O_DIRECT reads of the
-// same records' bytes, in the same run, rounds interleaved: 512 MiB of
-// 1 MiB and of 16 MiB records in $TMPDIR (which must be on the disk to
-// measure), read going round the records by 1 and by 4 readers. Run with
-// -benchtime 1x.
+// BenchmarkRead is Tier.Read (checksummed, into an mmap'd buffer on small
+// pages, as the node's segment is) against the disk's own O_DIRECT reads
+// of the same records' bytes into huge pages, in the same run, rounds
+// interleaved: 512 MiB of 1 MiB and of 16 MiB records in $TMPDIR (which
+// must be on the disk to measure), read going round the records by 1 and
+// by 4 readers. Where the tier reads through huge-page bounce buffers it
+// is measured a second time reading in place, as it does without huge
+// pages (bounced/inplace). Run with -benchtime 1x.
 func BenchmarkRead(b *testing.B) {
 	for _, size := range []int{1 << 20, 16 << 20} {
 		dir := b.TempDir()
@@ -45,7 +47,7 @@ func BenchmarkRead(b *testing.B) {
 		}
 		for _, conc := range []int{1, 4} {
 			b.Run(fmt.Sprintf("%dM-c%d", size>>20, conc), func(b *testing.B) {
-				var disk, tier, ratio []float64
+				var disk, tier, ratio, inPlace, gain []float64
 				for range *readRounds {
 					d := readLoop(b, conc, size, true, func(i int, dst []byte) error {
 						tr.mu.Lock()
@@ -64,11 +66,24 @@ func BenchmarkRead(b *testing.B) {
 						return err
 					})
 					disk, tier, ratio = append(disk, d), append(tier, t), append(ratio, t/d)
+					if tr.direct && tr.hugeBounce {
+						tr.hugeBounce = false
+						p := readLoop(b, conc, size, false, func(i int, dst []byte) error {
+							_, err := tr.Read(context.Background(), keys[i%n], 1, dst)
+							return err
+						})
+						tr.hugeBounce = true
+						inPlace, gain = append(inPlace, p), append(gain, t/p)
+					}
 				}
 				med := func(x []float64) float64 { slices.Sort(x); return x[len(x)/2] }
 				b.ReportMetric(med(disk), "disk-GB/s")
 				b.ReportMetric(med(tier), "read-GB/s")
 				b.ReportMetric(med(ratio), "read/disk")
+				if len(inPlace) > 0 {
+					b.ReportMetric(med(inPlace), "inplace-GB/s")
+					b.ReportMetric(med(gain), "bounced/inplace")
+				}
 			})
 		}
 		tr.Close()
