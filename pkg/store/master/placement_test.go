@@ -230,8 +230,9 @@ func TestEmptySegmentDoesNotTakeEveryPut(t *testing.T) {
 }
 
 // A staging range for a disk read starts on a page when one can be had
-// (the node then reads the value with O_DIRECT straight into it), and
-// anywhere when none can: alignment saves a copy, it never fails a read.
+// (a node without huge pages then reads the value with O_DIRECT straight
+// into it), and anywhere when none can: alignment saves a copy, it never
+// fails a read.
 func TestStagingAlignedWhenItCan(t *testing.T) {
 	m, _ := newTestMaster(t, Config{})
 	const size = 1_050_000

@@ -6,6 +6,9 @@ import "github.com/kvcache-ops/mc/pkg/store"
 // 4 KiB boundary, so that the node can read the record's value from its
 // disk with O_DIRECT straight into the range (the block alignment
 // O_DIRECT needs of memory) instead of through a bounce buffer and a copy.
+// A node whose kernel gives huge pages bounces all the same (tier's
+// readRecord: faster than a DMA into the segment's small pages); the
+// master does not know which kind a node is.
 const stagingAlign = 4096
 
 // placeOn allocates size bytes on one segment only, in regions of the

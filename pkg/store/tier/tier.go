@@ -337,7 +337,7 @@ func Open(cfg Config) (*Tier, error) {
 	}
 	go t.writer()
 	s := t.Stats()
-	t.log.Info(fmt.Sprintf("disk tier %s (id %s): %d records in %d files, %d of %d bytes used, O_DIRECT %v, reads through huge pages %v", cfg.Dir, t.id, s.Records, s.Files, s.Used, s.Capacity, t.direct, t.direct && t.hugeBounce))
+	t.log.Info(fmt.Sprintf("disk tier %s (id %s): %d records in %d files, %d of %d bytes used, O_DIRECT %v, reads through huge pages %v", cfg.Dir, t.id, s.Records, s.Files, s.Used, s.Capacity, s.Direct, s.HugePages))
 	return t, nil
 }
 

@@ -27,7 +27,9 @@ const maxBatch = 64
 
 // Write appends key's value as the given version and returns once it is
 // durable (written and fsynced) and readable. An older record of the key
-// is superseded. When the tier lacks room it first evicts whole files,
+// is superseded; the record is not readable when a newer version of the
+// key already is, nor when a Remove made while it was written covers it
+// (the removal counts as after it, as a restart would find). When the tier lacks room it first evicts whole files,
 // oldest first, reporting their records to Config.OnEvict; when nothing
 // can be evicted it fails with ErrFull. The value is not retained after
 // Write returns; while the write is queued a cancelled ctx abandons it.
