@@ -406,6 +406,12 @@ func TestTierMasterRestart(t *testing.T) {
 	c.stop()
 	c2 := startMasterOn(t, addr, master.Config{KVLeaseTTL: 100 * time.Millisecond})
 	waitFor(t, "the tier to re-attach to the new master", 10*time.Second, func() bool { return c2.m.Stats().Keys == 2 })
+	// The client reconnects by itself, within gRPC's reconnect backoff
+	// (at most a second); until then a single master's calls fail fast.
+	waitFor(t, "the client to reach the new master", 10*time.Second, func() bool {
+		_, err := cl.Exist(context.Background(), "x")
+		return err == nil
+	})
 	checkGets(t, cl, vals)
 }
 
