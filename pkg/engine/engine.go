@@ -511,6 +511,28 @@ func (e *Engine) UnregisterMemory(ctx context.Context, m *Memory) error {
 	return nil
 }
 
+// Renew replaces registered memory m with a new buffer of the same size
+// and location at a new address, with new registrations (rkeys) and a new
+// memfd, and unregisters m (waiting, as UnregisterMemory does, for the
+// transfers using it). Its contents are not carried over.
+//
+// It is how an owner revokes every grant of its memory at once: a peer
+// holding m's address, rkey or region, however late it acts, reaches
+// nothing (tcp: no registered buffer there; rdma: a remote access error;
+// shm: a retired region), never the new buffer. If m cannot be
+// unregistered in time, the new buffer is given up and m stays.
+func (e *Engine) Renew(ctx context.Context, m *Memory) (*Memory, error) {
+	n, err := e.RegisterMemory(ctx, m.Len(), m.location, m.remote)
+	if err != nil {
+		return nil, fmt.Errorf("renew memory at 0x%x: %w", m.addr, err)
+	}
+	if err := e.UnregisterMemory(ctx, m); err != nil {
+		_ = e.UnregisterMemory(ctx, n)
+		return nil, fmt.Errorf("renew memory: %w", err)
+	}
+	return n, nil
+}
+
 // Memory returns the registered buffers, by address.
 func (e *Engine) Memory() []*Memory { return append([]*Memory(nil), e.reg.list()...) }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/engine/shm"
 	"github.com/kvcache-ops/mc/pkg/engine/tcp"
+	"github.com/kvcache-ops/mc/pkg/engine/vmem"
 )
 
 // Memory is a registered buffer. Its bytes come from an anonymous mmap (or,
@@ -26,6 +27,9 @@ type Memory struct {
 	location string
 	remote   bool
 	region   *shm.Region // memfd backing, when same-host peers may map it
+	// placed: mapped by vmem (remote memory): its range is reserved,
+	// never reused, once released.
+	placed bool
 
 	// refs counts transfers using the buffer; -1 means unregistered.
 	// Acquire fails once it is -1, so the unmap can never race a copy.
@@ -59,6 +63,14 @@ func (m *Memory) acquire() bool {
 		}
 	}
 }
+
+// Pin holds m registered (UnregisterMemory waits for Unpin) while the
+// caller works on its bytes outside a transfer; false once m is
+// unregistered.
+func (m *Memory) Pin() bool { return m.acquire() }
+
+// Unpin ends a Pin.
+func (m *Memory) Unpin() { m.refs.Add(-1) }
 
 // Release implements tcp.Ref.
 func (m *Memory) Release() { m.refs.Add(-1) }
@@ -170,7 +182,15 @@ func allocate(size int, location string, remote bool) (*Memory, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("register memory: size %d must be positive", size)
 	}
-	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	var b []byte
+	var err error
+	if remote {
+		// Peers address it: an address given up must never name memory
+		// again (a stalled writer's grant would land in it).
+		b, err = vmem.Map(-1, 0, size)
+	} else {
+		b, err = unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("register memory: mmap %d bytes: %w", size, err)
 	}
@@ -179,6 +199,7 @@ func allocate(size int, location string, remote bool) (*Memory, error) {
 		b:        b,
 		location: location,
 		remote:   remote,
+		placed:   remote,
 	}, nil
 }
 
@@ -217,6 +238,9 @@ func allocateShared(t *shmTransport, size int, location string) (*Memory, error)
 func (m *Memory) unmap() error {
 	if m.region != nil {
 		return m.region.Close()
+	}
+	if m.placed {
+		return vmem.Release(m.b)
 	}
 	return unix.Munmap(m.b)
 }

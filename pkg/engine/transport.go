@@ -91,6 +91,11 @@ func (s *Segment) index() {
 // holds reports whether [addr, addr+n) lies inside one of the segment's
 // buffers. Checking before sending keeps a bad address from costing the
 // lane (the server closes the connection after rejecting).
+// Holds reports whether the segment's descriptor, as this handle read it,
+// has a buffer holding [addr, addr+n): false means the handle is stale
+// (the peer registered new memory since) or the range is bad.
+func (s *Segment) Holds(addr, n uint64) bool { return s.holds(addr, n) }
+
 func (s *Segment) holds(addr, n uint64) bool {
 	if s.localSeg {
 		return s.e.reg.find(addr, n) != nil

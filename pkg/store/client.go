@@ -64,6 +64,9 @@ type Client struct {
 	ownsEng bool
 	host    string
 
+	// segMem and segInfo change when the segment is renewed (segMu):
+	// readers outside the ping loop take them with segment().
+	segMu   sync.Mutex
 	segMem  *engine.Memory
 	segInfo SegmentInfo
 
@@ -91,6 +94,10 @@ type Client struct {
 	// racing Close gets an error, never a read of unmapped memory.
 	ops    sync.RWMutex
 	closed atomic.Bool
+
+	// afterPutStart, if set (tests only), runs between a put's grant and
+	// its transfer.
+	afterPutStart func(keys []string)
 }
 
 var errClientClosed = &Error{Code: UnavailableInCurrentStatus, Msg: "client closed"}
@@ -141,6 +148,9 @@ type ClientStats struct {
 	Pings        uint64
 	PingFailures uint64
 	Remounts     uint64
+	// Renewals counts segment renewals: re-mounts on a master that no
+	// longer knew the segment, which revoke every earlier grant in it.
+	Renewals uint64
 	// EvictedKeys counts the keys the master said it evicted from this
 	// client's regions.
 	EvictedKeys uint64
@@ -272,13 +282,32 @@ func (c *Client) mountSegment(ctx context.Context) error {
 		return fmt.Errorf("register segment of %d bytes: %w", c.cfg.SegmentSize, err)
 	}
 	c.segMem = mem
-	// Fault the segment in behind the mount, so puts do not pay page
-	// faults (they halved 1 MiB put throughput) and start-up stays quick.
 	c.populated = make(chan struct{})
+	c.populate(mem, c.populated)
+	name := c.cfg.SegmentName
+	if name == "" {
+		name = c.eng.SegmentName()
+	}
+	c.segInfo = SegmentInfo{
+		ID: NewUUID(), Name: name, Base: mem.Addr(), Size: uint64(mem.Len()),
+		Endpoint: c.eng.SegmentName(), Protocol: c.eng.Config().Protocol,
+	}
+	if c.segInfo.Protocol == "" {
+		c.segInfo.Protocol = "tcp"
+	}
+	return c.w.mount(ctx, c.segInfo)
+}
+
+// populate faults mem in behind the mount, so puts do not pay page
+// faults (they halved 1 MiB put throughput) and start-up stays quick;
+// done (if not nil) closes when it is over.
+func (c *Client) populate(mem *engine.Memory, done chan struct{}) {
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		defer close(c.populated)
+		if done != nil {
+			defer close(done)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go func() {
@@ -295,29 +324,65 @@ func (c *Client) mountSegment(ctx context.Context) error {
 		}
 		c.log.Debug(fmt.Sprintf("segment of %d bytes populated in %s", mem.Len(), time.Since(t0).Round(time.Millisecond)))
 	}()
-	name := c.cfg.SegmentName
-	if name == "" {
-		name = c.eng.SegmentName()
-	}
-	c.segInfo = SegmentInfo{
-		ID: NewUUID(), Name: name, Base: mem.Addr(), Size: uint64(mem.Len()),
-		Endpoint: c.eng.SegmentName(), Protocol: c.eng.Config().Protocol,
-	}
-	if c.segInfo.Protocol == "" {
-		c.segInfo.Protocol = "tcp"
-	}
-	return c.remount(ctx)
+}
+
+// segment is the node's segment memory and description now (nil, zero
+// for a pure client).
+func (c *Client) segment() (*engine.Memory, SegmentInfo) {
+	c.segMu.Lock()
+	defer c.segMu.Unlock()
+	return c.segMem, c.segInfo
 }
 
 const maxInt = int(^uint(0) >> 1)
 
-// remount (re-)registers this client and its segment with the master.
+// remount registers this client and its segment with the master again.
+// A master that no longer knows the segment (a restart, a new HA leader
+// with nothing of it in its op log, or it dropped this node) cannot know
+// what was granted in it before: a writer holding such a grant, stalled
+// by SIGSTOP, GC or a slow link, would write over objects placed anew.
+// So the segment is renewed first (new memory at a new address, new
+// rkeys and memfd: every earlier grant now reaches nothing) and mounted
+// as a new incarnation. Its old contents go, as the master has forgotten
+// them anyway.
 func (c *Client) remount(ctx context.Context) error {
-	var segs []SegmentInfo
-	if c.segMem != nil {
-		segs = []SegmentInfo{c.segInfo}
+	mem, info := c.segment()
+	if mem == nil {
+		return c.w.remount(ctx, nil)
 	}
-	return c.w.remount(ctx, segs)
+	err := c.w.remount(ctx, []SegmentInfo{info})
+	if CodeOf(err) != SegmentNotFound {
+		return err
+	}
+	if err := c.renewSegment(ctx); err != nil {
+		return err
+	}
+	_, info = c.segment()
+	return c.w.mount(ctx, info)
+}
+
+// renewSegment replaces the segment's memory (engine.Renew) and gives the
+// segment a new id: the master must not take it for the memory it knew.
+func (c *Client) renewSegment(ctx context.Context) error {
+	old, info := c.segment()
+	t0 := time.Now()
+	mem, err := c.eng.Renew(ctx, old)
+	if err != nil {
+		return fmt.Errorf("renew segment %q: %w", info.Name, err)
+	}
+	c.segMu.Lock()
+	c.segMem = mem
+	c.segInfo.ID = NewUUID()
+	c.segInfo.Base = mem.Addr()
+	info = c.segInfo
+	c.segMu.Unlock()
+	c.mu.Lock()
+	c.stats.Renewals++
+	c.mu.Unlock()
+	c.log.Info(fmt.Sprintf("renewed segment %s for a master that did not know it: %d bytes at 0x%x (was 0x%x), id %s, in %s; grants of the old memory reach nothing",
+		info.Name, mem.Len(), mem.Addr(), old.Addr(), info.ID, time.Since(t0).Round(time.Microsecond)))
+	c.populate(mem, nil)
+	return nil
 }
 
 func (c *Client) pingLoop() {
@@ -390,10 +455,11 @@ func (c *Client) ping(ctx context.Context) bool {
 		// it (mooncake_master's built-in HTTP one): publish the segment
 		// again so peers find it.
 		if err := c.eng.Republish(ctx); err != nil {
-			c.log.Warn(fmt.Sprintf("re-publish segment %s after re-mount: %v", c.segInfo.Name, err))
+			_, info := c.segment()
+			c.log.Warn(fmt.Sprintf("re-publish segment %s after re-mount: %v", info.Name, err))
 		}
-		if c.segMem != nil {
-			c.log.Info(fmt.Sprintf("re-mounted segment %s on master %s", c.segInfo.Name, c.cfg.Master))
+		if mem, info := c.segment(); mem != nil {
+			c.log.Info(fmt.Sprintf("re-mounted segment %s on master %s", info.Name, c.cfg.Master))
 		}
 	}
 	return true
@@ -407,7 +473,10 @@ func (c *Client) Engine() *engine.Engine { return c.eng }
 
 // Segment describes the segment this client contributes (ok false for a
 // pure client).
-func (c *Client) Segment() (SegmentInfo, bool) { return c.segInfo, c.segMem != nil }
+func (c *Client) Segment() (SegmentInfo, bool) {
+	mem, info := c.segment()
+	return info, mem != nil
+}
 
 // ViewVersion is the master view version from the last ping.
 func (c *Client) ViewVersion() uint64 {
@@ -430,11 +499,11 @@ func (c *Client) Close(ctx context.Context) error {
 		close(c.stop)
 		c.wg.Wait()
 		c.evicted.close()
-		if c.segMem != nil {
-			if err = c.w.unmount(ctx, c.segInfo.ID); err != nil {
-				err = fmt.Errorf("unmount segment %q: %w", c.segInfo.Name, err)
+		if mem, info := c.segment(); mem != nil {
+			if err = c.w.unmount(ctx, info.ID); err != nil {
+				err = fmt.Errorf("unmount segment %q: %w", info.Name, err)
 			} else {
-				c.log.Info(fmt.Sprintf("unmounted segment %s from master %s", c.segInfo.Name, c.cfg.Master))
+				c.log.Info(fmt.Sprintf("unmounted segment %s from master %s", info.Name, c.cfg.Master))
 			}
 		}
 		// Leave, so the master's client count is true at once rather
@@ -456,7 +525,8 @@ func (c *Client) closeLocal(ctx context.Context) {
 		if c.ownsEng {
 			c.eng.Close()
 		} else {
-			for _, m := range []*engine.Memory{c.stage, c.segMem} {
+			seg, _ := c.segment()
+			for _, m := range []*engine.Memory{c.stage, seg} {
 				if m != nil {
 					c.eng.UnregisterMemory(ctx, m)
 				}

@@ -115,11 +115,12 @@ func (c *Client) runDrainTasks(ctx context.Context, tasks []drainTask) []*pb.Dra
 	}
 	out := make([]*pb.DrainTaskResult, len(tasks))
 	reqs := make([]xfer, 0, len(tasks))
-	base, end := c.segInfo.Base, c.segInfo.Base+c.segInfo.Size
+	_, seg := c.segment()
+	base, end := seg.Base, seg.Base+seg.Size
 	for i, t := range tasks {
 		out[i] = &pb.DrainTaskResult{Id: t.id}
 		if t.size == 0 || t.srcAddr < base || t.srcAddr+t.size > end || t.srcAddr+t.size < t.srcAddr || t.dst.Len != t.size {
-			out[i].Code, out[i].Message = int32(InvalidParams), fmt.Sprintf("copy of %q: %d bytes at 0x%x is not inside this node's segment 0x%x+%d", t.key, t.size, t.srcAddr, base, c.segInfo.Size)
+			out[i].Code, out[i].Message = int32(InvalidParams), fmt.Sprintf("copy of %q: %d bytes at 0x%x is not inside this node's segment 0x%x+%d", t.key, t.size, t.srcAddr, base, seg.Size)
 			continue
 		}
 		reqs = append(reqs, xfer{item: i, op: engine.Write, local: t.srcAddr, rep: t.dst})

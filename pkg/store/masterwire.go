@@ -16,9 +16,15 @@ import (
 // Every method bounds itself by the client's RPC timeout and returns store
 // errors (*Error) that name the master.
 type masterWire interface {
-	// remount registers the client with its segments (none for a pure
-	// client) and is also the first contact: it fails when the master is
-	// not there or speaks another version.
+	// mount registers the client with a new segment (a fresh
+	// incarnation: new id, new memory) and is a node's first contact.
+	mount(ctx context.Context, seg SegmentInfo) error
+	// remount registers the client again with its segments (none for a
+	// pure client, for which it is also the first contact: it fails when
+	// the master is not there or speaks another version). A segment the
+	// master does not know fails with SEGMENT_NOT_FOUND: the master
+	// cannot know what it (or its predecessor) granted in that memory,
+	// so the node must renew it and mount it anew.
 	remount(ctx context.Context, segs []SegmentInfo) error
 	ping(ctx context.Context) (pingResult, error)
 	// unmount takes a segment away gracefully (reads in flight finish).

@@ -178,6 +178,10 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 		}
 		return
 	}
+	if c.afterPutStart != nil {
+		// Tests stall a writer here, between its grant and its bytes.
+		c.afterPutStart(keys)
+	}
 	var reqs []xfer
 	for j, i := range idx {
 		if listErrs[j] != nil {
@@ -401,6 +405,12 @@ func (c *Client) transfer(ctx context.Context, reqs []xfer, n int) []error {
 	segs := make([]*engine.Segment, 0, len(reqs))
 	for _, x := range reqs {
 		seg, err := c.openSegment(ctx, x.rep.Endpoint)
+		if err == nil && !seg.Holds(x.rep.Addr, x.rep.Len) {
+			// The node renewed its memory since this handle read its
+			// descriptor: read it again, once.
+			c.dropSegment(x.rep.Endpoint, seg)
+			seg, err = c.openSegment(ctx, x.rep.Endpoint)
+		}
 		if err != nil {
 			failed[x.item] = err
 			continue

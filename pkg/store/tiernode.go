@@ -36,12 +36,10 @@ type TierConfig struct {
 // tier evicted. After a restart it reports its records again; the master
 // decides by version which come back.
 type TierNode struct {
-	c    *Client
-	t    *tier.Tier
-	log  *slog.Logger
-	mem  []byte // the node's segment
-	base uint64
-	sem  chan struct{}
+	c   *Client
+	t   *tier.Tier
+	log *slog.Logger
+	sem chan struct{}
 
 	mu sync.Mutex // one sender on the stream at a time
 	st pb.Tier_AttachClient
@@ -103,7 +101,7 @@ func OpenTier(cfg TierConfig) (*TierNode, error) {
 
 // Attach attaches the tier to node c and keeps it attached until Close.
 func (n *TierNode) Attach(c *Client) error {
-	if c.segMem == nil {
+	if mem, _ := c.segment(); mem == nil {
 		return errors.New("a disk tier needs a segment of this node's (a segment size > 0)")
 	}
 	if _, ok := c.w.(*grpcWire); !ok {
@@ -112,7 +110,7 @@ func (n *TierNode) Attach(c *Client) error {
 	if n.c != nil {
 		return errors.New("disk tier already attached")
 	}
-	n.c, n.mem, n.base = c, c.segMem.Bytes(), c.segInfo.Base
+	n.c = c
 	go n.run()
 	return nil
 }
@@ -182,7 +180,8 @@ func (n *TierNode) session() error {
 		return err
 	}
 	recs := n.t.Records()
-	hello := &pb.TierHello{ClientId: UUIDToPB(n.c.id), SegmentId: UUIDToPB(n.c.segInfo.ID), TierId: n.t.ID(),
+	_, seg := n.c.segment()
+	hello := &pb.TierHello{ClientId: UUIDToPB(n.c.id), SegmentId: UUIDToPB(seg.ID), TierId: n.t.ID(),
 		Capacity: n.t.Capacity(), Records: make([]*pb.TierRecord, len(recs))}
 	for i, r := range recs {
 		hello.Records[i] = &pb.TierRecord{Key: r.Key, Size: r.Size, Version: r.Version}
@@ -247,11 +246,20 @@ func (n *TierNode) do(ctx context.Context, cmd *pb.TierCommand) *pb.TierResult {
 		res.Code, res.Message = int32(code), err.Error()
 		return res
 	}
-	off := cmd.GetAddr() - n.base
-	if cmd.GetAddr() < n.base || off > uint64(len(n.mem)) || cmd.GetSize() > uint64(len(n.mem))-off {
-		return fail(InvalidParams, fmt.Errorf("range 0x%x+%d is outside this node's segment 0x%x+%d", cmd.GetAddr(), cmd.GetSize(), n.base, len(n.mem)))
+	// The segment as it is now, held registered while the bytes move: a
+	// command the master sent for memory since renewed falls outside it
+	// (the new memory is elsewhere) and is refused.
+	seg, _ := n.c.segment()
+	if seg == nil || !seg.Pin() {
+		return fail(InvalidParams, fmt.Errorf("range 0x%x+%d: this node's segment is being renewed", cmd.GetAddr(), cmd.GetSize()))
 	}
-	b := n.mem[off : off+cmd.GetSize()]
+	defer seg.Unpin()
+	mem, base := seg.Bytes(), seg.Addr()
+	off := cmd.GetAddr() - base
+	if cmd.GetAddr() < base || off > uint64(len(mem)) || cmd.GetSize() > uint64(len(mem))-off {
+		return fail(InvalidParams, fmt.Errorf("range 0x%x+%d is outside this node's segment 0x%x+%d", cmd.GetAddr(), cmd.GetSize(), base, len(mem)))
+	}
+	b := mem[off : off+cmd.GetSize()]
 	switch cmd.GetKind() {
 	case pb.TierCommand_OFFLOAD:
 		err := n.t.Write(ctx, cmd.GetKey(), cmd.GetVersion(), b)

@@ -181,6 +181,22 @@ func (w *grpcWire) invoke(ctx context.Context, what string, f func(context.Conte
 	return Errorf(RPCFail, "%s: master %s: %s", what, w.cfg.master, st.Message())
 }
 
+func (w *grpcWire) mount(ctx context.Context, seg SegmentInfo) error {
+	req := &pb.MountSegmentRequest{ClientId: UUIDToPB(w.cfg.id), Segment: SegmentToPB(seg)}
+	var resp *pb.Result
+	err := w.call(ctx, "mount segment", func(ctx context.Context) (err error) {
+		resp, err = w.rpc.MountSegment(ctx, req, failFast)
+		return err
+	})
+	if err == nil {
+		err = ResultFromPB(resp)
+	}
+	if err != nil {
+		return fmt.Errorf("mount segment %q: %w", seg.Name, err)
+	}
+	return nil
+}
+
 func (w *grpcWire) remount(ctx context.Context, segs []SegmentInfo) error {
 	req := &pb.ReMountSegmentRequest{ClientId: UUIDToPB(w.cfg.id)}
 	what := "connect" // a client with no segment only registers itself

@@ -24,16 +24,15 @@ type mooncakeWire struct {
 	log *slog.Logger
 	mc  *mooncake.Client
 
-	mu      sync.Mutex
-	ready   bool // ServiceReady answered with our version
-	mounted map[UUID]bool
+	mu    sync.Mutex
+	ready bool // ServiceReady answered with our version
 }
 
 // dialMooncake prepares a client of the Mooncake master at addr; the
 // first call connects.
 func dialMooncake(addr string, cfg wireConfig, log *slog.Logger) (*mooncakeWire, error) {
 	opts := &cororpc.Options{CallTimeout: cfg.timeout, DialTimeout: cfg.timeout, Logger: log}
-	return &mooncakeWire{cfg: cfg, log: log, mc: mooncake.NewClient(addr, opts), mounted: make(map[UUID]bool)}, nil
+	return &mooncakeWire{cfg: cfg, log: log, mc: mooncake.NewClient(addr, opts)}, nil
 }
 
 // speaksMooncake reports whether addr answers Mooncake's ServiceReady: a
@@ -127,43 +126,34 @@ func toMooncakeSegment(s SegmentInfo) mooncake.Segment {
 	return mooncake.Segment{ID: toMooncakeUUID(s.ID), Name: s.Name, Base: s.Base, Size: s.Size, TEEndpoint: s.Endpoint, Protocol: s.Protocol}
 }
 
+func (w *mooncakeWire) mount(ctx context.Context, seg SegmentInfo) error {
+	ctx, cancel := w.bound(ctx)
+	defer cancel()
+	if err := w.hello(ctx); err != nil {
+		return err
+	}
+	if err := w.mc.MountSegment(ctx, toMooncakeSegment(seg), w.id()); err != nil {
+		return fmt.Errorf("mount segment %q: %w", seg.Name, w.err("mount segment", ctx, err))
+	}
+	return nil
+}
+
 func (w *mooncakeWire) remount(ctx context.Context, segs []SegmentInfo) error {
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	if err := w.hello(ctx); err != nil {
 		return err
 	}
-	if len(segs) == 0 {
-		// A pure client has nothing to mount; Mooncake's master learns
-		// of it from its first put or ping.
-		return nil
+	if len(segs) > 0 {
+		// Mooncake's master takes any segment back (ReMountSegment), but
+		// one that asks for it forgot the client, and with it what it
+		// granted in the segment before: a writer stalled since would
+		// land on objects placed anew. So the node renews the segment's
+		// memory and mounts it as new.
+		return Errorf(SegmentNotFound, "master %s no longer knows segment %q: it must be mounted anew", w.cfg.master, segs[0].Name)
 	}
-	w.mu.Lock()
-	first := true
-	for _, s := range segs {
-		first = first && !w.mounted[s.ID]
-	}
-	w.mu.Unlock()
-	if first {
-		// A segment's first mount is MountSegment, as Mooncake's client
-		// does; ReMountSegment is the answer to NEED_REMOUNT.
-		for _, s := range segs {
-			if err := w.mc.MountSegment(ctx, toMooncakeSegment(s), w.id()); err != nil {
-				return fmt.Errorf("mount segment %q: %w", s.Name, w.err("mount segment", ctx, err))
-			}
-			w.mu.Lock()
-			w.mounted[s.ID] = true
-			w.mu.Unlock()
-		}
-		return nil
-	}
-	ms := make([]mooncake.Segment, len(segs))
-	for i, s := range segs {
-		ms[i] = toMooncakeSegment(s)
-	}
-	if err := w.mc.ReMountSegment(ctx, ms, w.id()); err != nil {
-		return w.err("re-mount segments", ctx, err)
-	}
+	// A pure client has nothing to mount; Mooncake's master learns of it
+	// from its first put or ping.
 	return nil
 }
 

@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvcache-ops/mc/pkg/engine/vmem"
 )
 
 // Region is one registered buffer backed by a memfd: the owner's side.
@@ -61,7 +63,9 @@ func NewRegion(size int, t Token, id uint64) (*Region, error) {
 		return fail("map header", err)
 	}
 	r.hdr = hdr
-	if r.data, err = unix.Mmap(fd, int64(page), size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+	// Peers address the data by the owner's virtual address: it is placed
+	// where no earlier region was, and reserved when closed.
+	if r.data, err = vmem.Map(fd, int64(page), size); err != nil {
 		return fail("map data", err)
 	}
 	r.hdr.set(offMagic, magic)
@@ -124,7 +128,7 @@ func (r *Region) Close() error {
 func (r *Region) unmap() error {
 	var errs []error
 	if r.data != nil {
-		errs = append(errs, unix.Munmap(r.data))
+		errs = append(errs, vmem.Release(r.data))
 		r.data = nil
 	}
 	if r.hdr != nil {

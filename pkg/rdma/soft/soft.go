@@ -25,6 +25,7 @@ package soft
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
@@ -257,11 +258,14 @@ func newNIC(dc DeviceConfig, ip netip.Addr, retry time.Duration) (*nic, error) {
 		qps:          map[uint32]*qp{},
 		nextQPN:      0x100, // low QPNs are special (QP0/QP1) on real NICs
 		mrs:          map[uint32]*mr{},
-		nextKey:      0x1000,
-		handles:      map[*device]struct{}{},
-		links:        map[netip.AddrPort]*link{},
-		conns:        map[net.Conn]struct{}{},
-		dropped:      map[uint16]bool{},
+		// Keys start at random, as a real NIC's carry a variant byte: a
+		// key from an earlier process (a peer's stale rkey) must not name
+		// a region of this one.
+		nextKey: 0x1000 + rand.Uint32N(1<<30),
+		handles: map[*device]struct{}{},
+		links:   map[netip.AddrPort]*link{},
+		conns:   map[net.Conn]struct{}{},
+		dropped: map[uint16]bool{},
 	}
 	n.wg.Add(2)
 	go n.acceptLoop()

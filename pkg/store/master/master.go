@@ -358,7 +358,19 @@ func (m *Master) MountSegment(client store.UUID, seg store.SegmentInfo) error {
 		return store.Errorf(store.InvalidParams, "mount segment %q: no client id", seg.Name)
 	}
 	c := m.touchClient(client)
-	if err := m.space.mount(client, seg); err != nil {
+	err := m.space.mount(client, seg)
+	if old := m.space.supersededBy(seg); store.CodeOf(err) == store.SegmentAlreadyExists && old != nil {
+		// The same name at the same endpoint with a new id: the node
+		// restarted (or renewed its memory) before this master dropped
+		// the old incarnation. That memory is gone, and its objects
+		// with it: unmount it now and mount the new one.
+		m.log.Warn(fmt.Sprintf("segment %s at %s mounted again as %s: the earlier incarnation %s is gone, unmounting it and the objects on it", seg.Name, seg.Endpoint, seg.ID, old.info.ID))
+		if uerr := m.UnmountSegment(store.UUID{}, old.info.ID); uerr != nil && store.CodeOf(uerr) != store.SegmentNotFound {
+			return uerr
+		}
+		err = m.space.mount(client, seg)
+	}
+	if err != nil {
 		return err
 	}
 	m.clientsMu.Lock()
@@ -387,6 +399,33 @@ func (m *Master) ReMountSegment(client store.UUID, segs []store.SegmentInfo) []e
 			}
 		}
 		errs[i] = err
+	}
+	return errs
+}
+
+// ReMountKnown is ReMountSegment for mc's nodes, which can renew their
+// memory: it takes back only a segment this master knows (mounted by
+// the client, or restored from the HA op log with the replicas on it).
+// Any other fails with SEGMENT_NOT_FOUND: this master cannot know what
+// was granted in that memory before it (a restart) or before it dropped
+// the segment, and a writer holding such a grant would land on the
+// objects it placed anew. The node then renews the memory and mounts it
+// as a new segment (Client.remount).
+func (m *Master) ReMountKnown(client store.UUID, segs []store.SegmentInfo) []error {
+	errs := make([]error, len(segs))
+	var take []store.SegmentInfo
+	var at []int
+	for i, s := range segs {
+		if m.space.knows(s.ID, client) {
+			take = append(take, s)
+			at = append(at, i)
+			continue
+		}
+		errs[i] = store.Errorf(store.SegmentNotFound, "segment %q (%s) is not known to this master: mount it anew, with new memory", s.Name, s.ID)
+	}
+	m.touchClient(client)
+	for j, err := range m.ReMountSegment(client, take) {
+		errs[at[j]] = err
 	}
 	return errs
 }

@@ -458,7 +458,7 @@ func (s *rpcServer) ReMountSegment(_ context.Context, r *pb.ReMountSegmentReques
 	for i, x := range r.Segments {
 		segs[i] = store.SegmentFromPB(x)
 	}
-	res, failed := results(s.durable(s.m.ReMountSegment(store.UUIDFromPB(r.ClientId), segs)))
+	res, failed := results(s.durable(s.m.ReMountKnown(store.UUIDFromPB(r.ClientId), segs)))
 	s.m.m.Op("remount_segment", failed)
 	return &pb.ReMountSegmentResponse{Results: res.Results}, nil
 }

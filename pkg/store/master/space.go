@@ -207,6 +207,28 @@ func (s *space) staleRestored(cut int64) []*segment {
 	return out
 }
 
+// supersededBy is the mounted segment that info replaces: same name and
+// transfer endpoint, another id (nil if none).
+func (s *space) supersededBy(info store.SegmentInfo) *segment {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.byName[info.Name]; old != nil && old.info.ID != info.ID && old.info.Endpoint == info.Endpoint {
+		return old
+	}
+	return nil
+}
+
+// knows reports whether segment id is mounted by client, or expected
+// back with restored replicas on it.
+func (s *space) knows(id, client store.UUID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seg := s.segs[id]; seg != nil {
+		return seg.owner == client
+	}
+	return len(s.restored[id]) > 0
+}
+
 func (s *space) ownedBy(id, client store.UUID) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
