@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/rdma/soft"
 	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/ha"
 	"github.com/kvcache-ops/mc/pkg/store/master"
 )
 
@@ -59,17 +61,32 @@ func stall(w *store.Client, key string) (granted, release chan struct{}) {
 	return granted, release
 }
 
+// clientMaker makes a client (a node with a segment size > 0).
+type clientMaker func(segSize uint64, mod ...func(*store.Config)) *store.Client
+
 // fenceScenario: a writer is granted a range of the node's segment and
 // stalls; change() makes the master forget that grant (a restart, the
 // node dropped); then another client fills the segment anew and the
 // writer resumes. Its put must fail and every new object must read back
 // its own bytes: the stalled writer's bytes never land on them.
-func fenceScenario(t *testing.T, tr fenceTransport, c *cluster, change func(node *store.Client) *cluster) {
+//
+// With HA the next leader has the grant from the op log and holds its
+// range for the writer, so the writer may finish: then its object must
+// read back its own bytes (carried says which outcome is expected).
+func fenceScenario(t *testing.T, tr fenceTransport, mk clientMaker, carried bool, change func(node *store.Client) clientMaker) {
 	ctx := context.Background()
-	node := c.client(16<<20, func(cfg *store.Config) { cfg.EngineConfig = tr.cfg(t, "node") })
-	w := c.client(0, func(cfg *store.Config) { cfg.EngineConfig = tr.cfg(t, "writer") })
+	node := mk(16<<20, func(cfg *store.Config) { cfg.EngineConfig = tr.cfg(t, "node") })
+	w := mk(0, func(cfg *store.Config) { cfg.EngineConfig = tr.cfg(t, "writer") })
 	if seg, _ := node.Segment(); tr.name == "rdma-soft" && seg.Protocol != "rdma" {
 		t.Fatalf("node's segment protocol %q, want rdma", seg.Protocol)
+	}
+	// Objects on the segment before the change: with HA the next leader
+	// has them from the op log and takes the segment back as it is.
+	const kept = 3
+	for i := range kept {
+		if err := w.Put(ctx, fmt.Sprintf("kept-%d", i), value(512<<10, byte(100+i))); err != nil {
+			t.Fatalf("put kept-%d: %v", i, err)
+		}
 	}
 	granted, release := stall(w, "stale")
 	stale := bytes.Repeat([]byte{0xEE}, 4<<20)
@@ -82,23 +99,27 @@ func fenceScenario(t *testing.T, tr fenceTransport, c *cluster, change func(node
 	case <-time.After(10 * time.Second):
 		t.Fatal("no grant for the stalled put")
 	}
-	c2 := change(node)
-	r := c2.client(0, func(cfg *store.Config) { cfg.EngineConfig = tr.cfg(t, "reader") })
-	const n = 12
+	mk2 := change(node)
+	r := mk2(0, func(cfg *store.Config) { cfg.EngineConfig = tr.cfg(t, "reader") })
+	const n = 8
 	for i := range n {
 		if err := r.Put(ctx, fmt.Sprintf("new-%d", i), value(1<<20, byte(i+1))); err != nil {
 			t.Fatalf("put new-%d after the change: %v", i, err)
 		}
 	}
 	close(release)
+	var staleErr error
 	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("the stalled writer's put succeeded; want an error")
-		}
-		t.Logf("stalled writer: %v", err)
+	case staleErr = <-done:
+		t.Logf("stalled writer: %v", staleErr)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the stalled writer never finished")
+	}
+	switch {
+	case staleErr == nil && !carried:
+		t.Fatal("the stalled writer's put succeeded; want an error")
+	case staleErr != nil && carried:
+		t.Fatalf("the stalled writer's grant was carried over, but its put failed: %v", staleErr)
 	}
 	wrong := 0
 	for i := range n {
@@ -115,8 +136,109 @@ func fenceScenario(t *testing.T, tr fenceTransport, c *cluster, change func(node
 	if wrong > 0 {
 		t.Fatalf("%d of %d objects read back another object's bytes", wrong, n)
 	}
-	if ok, _ := r.Exist(ctx, "stale"); ok {
-		t.Fatal("the stalled writer's object exists")
+	if staleErr == nil {
+		if got, err := r.Get(ctx, "stale"); err != nil || !bytes.Equal(got, stale) {
+			t.Fatalf("get of the stalled writer's acknowledged object: %v (or wrong bytes)", err)
+		}
+	} else if ok, _ := r.Exist(ctx, "stale"); ok {
+		t.Fatal("the stalled writer's put failed, yet its object exists")
+	}
+	// What survived the change reads back its own bytes too.
+	for i := range kept {
+		k := fmt.Sprintf("kept-%d", i)
+		if got, err := r.Get(ctx, k); err == nil && !bytes.Equal(got, value(512<<10, byte(100+i))) {
+			t.Fatalf("get %s: another object's bytes", k)
+		}
+	}
+}
+
+// haCluster is an embedded etcd and two HA candidates; client returns a
+// client of the cluster through etcd://.
+type haCluster struct {
+	t       *testing.T
+	direct  string
+	cluster string
+	eps     []string
+	cands   []*ha.Candidate
+}
+
+func startHA(t *testing.T) *haCluster {
+	e, err := meta.StartEtcd(context.Background(), meta.EtcdConfig{Listen: "127.0.0.1:0", NoFsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	h := &haCluster{t: t, eps: e.Endpoints(), direct: "etcd://" + strings.Join(e.Endpoints(), ";"), cluster: strings.ReplaceAll(t.Name(), "/", "_")}
+	h.candidate()
+	h.candidate()
+	return h
+}
+
+func (h *haCluster) candidate() {
+	c, err := ha.Start(context.Background(), ha.Config{
+		Endpoints: h.eps, ClusterID: h.cluster, RPCAddress: "127.0.0.1:0", AdminAddress: "127.0.0.1:0",
+		LeaseTTL: 2 * time.Second, Master: master.Config{RegionSize: 1 << 20},
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(c.Close)
+	h.cands = append(h.cands, c)
+}
+
+func (h *haCluster) leader() *ha.Candidate {
+	h.t.Helper()
+	var l *ha.Candidate
+	waitFor(h.t, "an HA leader", 10*time.Second, func() bool {
+		for _, c := range h.cands {
+			if c.Leading() {
+				l = c
+				return true
+			}
+		}
+		return false
+	})
+	return l
+}
+
+func (h *haCluster) client(segSize uint64, mod ...func(*store.Config)) *store.Client {
+	h.t.Helper()
+	cfg := store.Config{Master: h.direct, ClusterID: h.cluster, EngineConfig: engineConfig(), SegmentSize: segSize,
+		PingInterval: 50 * time.Millisecond, StagingSize: 8 << 20}
+	for _, f := range mod {
+		f(&cfg)
+	}
+	cl, err := store.New(context.Background(), cfg)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		cl.Close(ctx)
+	})
+	return cl
+}
+
+// The HA leader is killed while a writer holds a grant; the next leader
+// has the segment's objects from the op log and the node re-mounts with
+// them.
+func TestFenceHAFailover(t *testing.T) {
+	for _, tr := range fenceTransports() {
+		t.Run(tr.name, func(t *testing.T) {
+			h := startHA(t)
+			old := h.leader()
+			fenceScenario(t, tr, h.client, true, func(node *store.Client) clientMaker {
+				before := node.Stats().Remounts
+				old.Kill()
+				next := h.leader()
+				waitFor(t, "the node to re-mount on the next leader", 10*time.Second, func() bool {
+					m := next.Master()
+					return m != nil && len(m.Segments()) == 1 && node.Stats().Remounts > before
+				})
+				return h.client
+			})
+		})
 	}
 }
 
@@ -126,13 +248,13 @@ func TestFenceMasterRestart(t *testing.T) {
 	for _, tr := range fenceTransports() {
 		t.Run(tr.name, func(t *testing.T) {
 			c := startMaster(t, master.Config{})
-			fenceScenario(t, tr, c, func(node *store.Client) *cluster {
+			fenceScenario(t, tr, c.client, false, func(node *store.Client) clientMaker {
 				c.stop()
 				c2 := startMasterOn(t, c.addr, master.Config{})
 				waitFor(t, "the node to re-mount on the new master", 10*time.Second, func() bool {
 					return len(c2.m.Segments()) == 1 && node.Stats().Renewals > 0
 				})
-				return c2
+				return c2.client
 			})
 		})
 	}
@@ -145,14 +267,14 @@ func TestFenceNodeRemount(t *testing.T) {
 	for _, tr := range fenceTransports() {
 		t.Run(tr.name, func(t *testing.T) {
 			c := startMaster(t, master.Config{})
-			fenceScenario(t, tr, c, func(node *store.Client) *cluster {
+			fenceScenario(t, tr, c.client, false, func(node *store.Client) clientMaker {
 				if err := c.m.UnregisterClient(node.ID()); err != nil {
 					t.Fatal(err)
 				}
 				waitFor(t, "the node to re-mount", 10*time.Second, func() bool {
 					return len(c.m.Segments()) == 1 && node.Stats().Renewals > 0
 				})
-				return c
+				return c.client
 			})
 		})
 	}

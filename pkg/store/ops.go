@@ -176,6 +176,15 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 		for _, i := range idx {
 			errs[i] = err
 		}
+		if unsure(err) {
+			// The grants may have been made (and, with HA, logged)
+			// with the answer lost: give them back (see below).
+			ks := make([]string, len(idx))
+			for j, i := range idx {
+				ks[j] = keys[i]
+			}
+			c.w.putRevoke(context.WithoutCancel(ctx), ks, upsert)
+		}
 		return
 	}
 	if c.afterPutStart != nil {
@@ -183,9 +192,13 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 		c.afterPutStart(keys)
 	}
 	var reqs []xfer
+	var lost []string
 	for j, i := range idx {
 		if listErrs[j] != nil {
 			errs[i] = listErrs[j]
+			if unsure(listErrs[j]) {
+				lost = append(lost, keys[i])
+			}
 			continue
 		}
 		for _, r := range lists[j] {
@@ -207,15 +220,39 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 		end = append(end, keys[i])
 		endIdx = append(endIdx, i)
 	}
-	if len(revoke) > 0 {
+	// Grants the master may have made (and, with HA, logged) though it
+	// answered with an error go back too.
+	if revoke = append(revoke, lost...); len(revoke) > 0 {
 		c.w.putRevoke(context.WithoutCancel(ctx), revoke, upsert)
 	}
 	if len(end) > 0 {
 		res := c.w.putEnd(ctx, end, upsert)
+		var again []string
 		for j, i := range endIdx {
 			errs[i] = res[j]
+			if unsure(res[j]) {
+				again = append(again, end[j])
+			}
+		}
+		if len(again) > 0 {
+			// The end may not have reached the master (a failover, a
+			// lost connection): give the grant back, so the next HA
+			// leader, which has it from the op log, does not hold the
+			// key as being written until the discard timeout. An end
+			// that did land makes the revoke fail harmlessly.
+			c.w.putRevoke(context.WithoutCancel(ctx), again, upsert)
 		}
 	}
+}
+
+// unsure reports whether a call that failed with err may still have
+// taken effect on the master (its answer lost on the way).
+func unsure(err error) bool {
+	switch CodeOf(err) {
+	case RPCFail, RPCTimeout, UnavailableInCurrentMode:
+		return true
+	}
+	return false
 }
 
 // Get returns the value of key. It is read into the client's staging

@@ -285,22 +285,64 @@ func (w *grpcWire) putEnd(ctx context.Context, keys []string, upsert bool) []err
 	})
 }
 
+// putRevoke gives grants back. A revoke is safe to repeat (a second one
+// finds nothing), and one that does not land leaves, with HA, a grant the
+// next leader holds until the discard timeout: following HA masters, it
+// is asked again through a failover, within the RPC timeout, until the
+// master answers for every key.
 func (w *grpcWire) putRevoke(ctx context.Context, keys []string, upsert bool) []error {
-	return w.keysCall(ctx, "put revoke", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
-		if upsert {
-			return w.ses.BatchUpsertRevoke(ctx, r)
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.timeout)
+	defer cancel()
+	out := make([]error, len(keys))
+	idx := make([]int, len(keys))
+	for i := range idx {
+		idx[i] = i
+	}
+	for {
+		ks := make([]string, len(idx))
+		for j, i := range idx {
+			ks[j] = keys[i]
 		}
-		return w.ses.BatchPutRevoke(ctx, r)
-	})
+		res := w.keysCallAgain(ctx, "put revoke", ks, w.leaderR != nil, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+			if upsert {
+				return w.ses.BatchUpsertRevoke(ctx, r)
+			}
+			return w.ses.BatchPutRevoke(ctx, r)
+		})
+		var left []int
+		for j, i := range idx {
+			out[i] = res[j]
+			if unsure(res[j]) {
+				left = append(left, i)
+			}
+		}
+		if len(left) == 0 || ctx.Err() != nil || w.leaderR == nil {
+			// A single master that did not answer is down: the grants
+			// go with its state.
+			return out
+		}
+		idx = left
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return out
+		}
+	}
 }
 
 func (w *grpcWire) keysCall(ctx context.Context, what string, keys []string, f func(context.Context, *pb.BatchKeysRequest) (*pb.BatchResults, error)) []error {
+	return w.keysCallAgain(ctx, what, keys, false, f)
+}
+
+// keysCallAgain is keysCall; with again, the call is asked again through
+// a failover (for calls safe to repeat).
+func (w *grpcWire) keysCallAgain(ctx context.Context, what string, keys []string, again bool, f func(context.Context, *pb.BatchKeysRequest) (*pb.BatchResults, error)) []error {
 	out := make([]error, len(keys))
 	var resp *pb.BatchResults
-	err := w.call(ctx, what, func(ctx context.Context) (err error) {
+	err := w.invoke(ctx, what, func(ctx context.Context) (err error) {
 		resp, err = f(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys})
 		return err
-	})
+	}, again)
 	if err == nil && len(resp.Results) != len(keys) {
 		err = Errorf(RPCFail, "%s: master answered %d items for %d", what, len(resp.Results), len(keys))
 	}

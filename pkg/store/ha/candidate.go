@@ -453,6 +453,11 @@ func (c *Candidate) lead(t *term) (abandoned clientv3.LeaseID) {
 
 func (c *Candidate) margin() time.Duration { return c.cfg.LeaseTTL / 5 }
 
+// takeoverGrace bounds how long a new leader's puts wait for the
+// segments of its op log to mount again (nodes re-mount within a ping of
+// the view change; one that is not back by then is dead or cut off).
+const takeoverGrace = 3 * time.Second
+
 // serveTerm runs a term until it must end, and says why.
 func (c *Candidate) serveTerm(t *term, deadline time.Time) string {
 	// The old leader can no longer append (its fence broke with its
@@ -465,7 +470,11 @@ func (c *Candidate) serveTerm(t *term, deadline time.Time) string {
 	}
 	c.setState(stateWarmup)
 	c.stateMu.Lock()
-	objs, dropped := c.st.restored()
+	release := c.cfg.Master.PutReleaseTimeout
+	if release <= 0 {
+		release = master.DefaultPutReleaseTimeout
+	}
+	objs, dropped := c.st.restoredAt(time.Now(), release)
 	drains := c.st.drainJobs()
 	from := c.st.Seq
 	segs := make(map[string]store.SegmentInfo, len(c.st.Segments))
@@ -487,6 +496,13 @@ func (c *Candidate) serveTerm(t *term, deadline time.Time) string {
 		close(t.log.exited)
 		return fmt.Sprintf("restore %d objects: %v", len(objs), err)
 	}
+	// Puts wait (up to takeoverGrace) for the nodes the log knows to
+	// mount again: they follow the view at once.
+	names := make([]string, 0, len(segs))
+	for n := range segs {
+		names = append(names, n)
+	}
+	m.ExpectSegments(names, takeoverGrace)
 	t.m = m
 	t.log.master.Store(m)
 	m.Start()

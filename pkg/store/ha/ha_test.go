@@ -498,11 +498,12 @@ func TestStandbyFarBehind(t *testing.T) {
 		t.Fatalf("standby /metrics lacks the op log position and lag:\n%s", body)
 	}
 	_, body = getText(t, "http://"+a.AdminAddr+"/metrics")
-	if !strings.Contains(body, "mc_store_ha_snapshots_total 5") && !strings.Contains(body, "mc_store_ha_snapshots_total 6") {
-		t.Errorf("leader /metrics: want 5 or 6 snapshots after ~650 records at 100 per snapshot:\n%s", grepLines(body, "mc_store_ha_"))
+	// Two records a put (its grant and its end): ~1300 records.
+	if !strings.Contains(body, "mc_store_ha_snapshots_total 12") && !strings.Contains(body, "mc_store_ha_snapshots_total 13") {
+		t.Errorf("leader /metrics: want 12 or 13 snapshots after ~1300 records at 100 per snapshot:\n%s", grepLines(body, "mc_store_ha_"))
 	}
 	// Mooncake's names for the same snapshots (its dashboard's panel).
-	for _, n := range []string{"5", "6"} {
+	for _, n := range []string{"12", "13"} {
 		if strings.Contains(body, "mc_store_ha_snapshots_total "+n) &&
 			(!strings.Contains(body, "master_snapshot_success "+n) || !strings.Contains(body, "master_snapshot_duration_ms_count "+n) ||
 				!strings.Contains(body, "master_snapshot_fail 0")) {
@@ -653,11 +654,13 @@ func TestKillDuringBatchPut(t *testing.T) {
 	wg.Wait()
 	rd := h.client(0)
 	var ok, failed []string
+	why := map[string]error{}
 	for _, r := range results {
 		if r.err == nil {
 			ok = append(ok, r.key)
 		} else {
 			failed = append(failed, r.key)
+			why[r.key] = r.err
 		}
 	}
 	if len(ok) == 0 {
@@ -679,7 +682,7 @@ func TestKillDuringBatchPut(t *testing.T) {
 		case err == nil:
 			present++
 		case !errors.Is(err, store.ErrObjectNotFound):
-			t.Fatalf("failed item %q: %v (visible but unreadable)", k, err)
+			t.Fatalf("failed item %q (put: %v): %v (visible but unreadable)", k, why[k], err)
 		}
 	}
 	t.Logf("%d items stored and verified; %d reported failed (%d of them committed before the kill, whole)", len(ok), len(failed), present)
@@ -759,5 +762,71 @@ func TestViewUnderMooncakesKey(t *testing.T) {
 	}
 	if got, err := cl.Get(ctx, "k"); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("get through cluster id %q of a leader started with %q: %v", name, name+"/", err)
+	}
+}
+
+// A new leader holds puts until the segments its op log knows mount
+// again: none fails NO_AVAILABLE_HANDLE ("no segment is mounted") for a
+// takeover that is already over.
+func TestTakeoverPutsWaitForSegments(t *testing.T) {
+	h := newHarness(t)
+	h.candidate()
+	h.candidate()
+	old := h.leader(5 * time.Second)
+	h.client(32 << 20)
+	cl := h.client(0)
+	ctx := context.Background()
+	for i := range 5 {
+		if err := cl.Put(ctx, fmt.Sprintf("pre-%d", i), value("pre", 4096)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var noHandle []error
+	ok := 0
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			err := cl.Put(ctx, fmt.Sprintf("k-%d", i), value("k", 4096))
+			mu.Lock()
+			if err == nil {
+				ok++
+			} else if store.CodeOf(err) == store.NoAvailableHandle {
+				noHandle = append(noHandle, err)
+			}
+			mu.Unlock()
+		}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	h.forget(old)
+	old.Kill()
+	h.leader(testLease + 3*time.Second)
+	mu.Lock()
+	base := ok
+	mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := ok
+		mu.Unlock()
+		if n >= base+50 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("puts did not resume after the failover (%d acknowledged)", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	<-done
+	if len(noHandle) > 0 {
+		t.Fatalf("%d puts failed NO_AVAILABLE_HANDLE across the takeover, first: %v", len(noHandle), noHandle[0])
 	}
 }

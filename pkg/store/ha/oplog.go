@@ -80,7 +80,7 @@ func newCommitter(c *Candidate, viewRev int64, from uint64, segments map[string]
 // key's lock, so it only queues.
 func (l *committer) onChange(ch master.Change) {
 	var extra []record
-	if ch.Op == master.OpPutEnd {
+	if ch.Op == master.OpPutEnd || ch.Op == master.OpPutStart {
 		// A put can complete on a segment whose mount record is not
 		// queued yet (the mount emits after the space is usable): queue
 		// the mount first, so the put's replicas can be located.

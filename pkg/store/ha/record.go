@@ -3,6 +3,7 @@ package ha
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -28,6 +29,9 @@ type record struct {
 	Tier string `json:"t,omitempty"`
 	// Drain is a drain job as it was created or ended.
 	Drain *master.DrainJob `json:"dj,omitempty"`
+	// W and At: a put_start's writer and start (unix nanos).
+	W  *store.UUID `json:"w,omitempty"`
+	At int64       `json:"at,omitempty"`
 }
 
 // rep is where one replica is: segment name and address. The segment's
@@ -57,6 +61,14 @@ func recordOf(c master.Change) record {
 		r.Size, r.Ver, r.Tier = c.Size, c.Version, c.Tier
 	case master.OpDrain:
 		r.Drain = c.Drain
+	case master.OpPutStart:
+		r.Size = c.Size
+		r.Reps = make([]rep, len(c.Replicas))
+		for i, x := range c.Replicas {
+			r.Reps[i] = rep{Seg: x.Segment, Addr: x.Addr}
+		}
+		w := c.Client
+		r.W, r.At = &w, c.Started.UnixNano()
 	}
 	return r
 }
@@ -103,6 +115,39 @@ type state struct {
 	Objects  map[string]*object           `json:"objects"`
 	// Drains are the drain jobs by id (the latest record of each).
 	Drains map[string]*master.DrainJob `json:"drains,omitempty"`
+	// Pending are the puts granted and not yet ended, revoked or
+	// discarded, by key: their writers may be writing into them.
+	Pending map[string]*pendingPut `json:"pending,omitempty"`
+	// Stale are the ranges of puts discarded or superseded while their
+	// writers might still write: held until their release timeout.
+	Stale []*pendingPut `json:"stale,omitempty"`
+}
+
+// pendingPut is a grant as the op log knows it.
+type pendingPut struct {
+	Key    string     `json:"k,omitempty"` // stale ones: for the record
+	Size   uint64     `json:"z"`
+	Reps   []rep      `json:"r"`
+	Writer store.UUID `json:"w"`
+	At     int64      `json:"at"`
+	Seq    uint64     `json:"s"`
+}
+
+// maxStale bounds the stale grants kept: past it the oldest go (their
+// release timeout is long over in any but a pathological log).
+const maxStale = 1 << 16
+
+// staleOut moves key's pending grant, if any, to the stale ones.
+func (s *state) staleOut(key string) {
+	p := s.Pending[key]
+	if p == nil {
+		return
+	}
+	delete(s.Pending, key)
+	s.Stale = append(s.Stale, p)
+	if n := len(s.Stale) - maxStale; n > 0 {
+		s.Stale = append(s.Stale[:0], s.Stale[n:]...)
+	}
 }
 
 func newState() *state {
@@ -128,6 +173,16 @@ func (s *state) apply(r record) {
 		if cur, ok := s.Segments[r.Segment.Name]; ok && cur.ID == r.Segment.ID {
 			delete(s.Segments, r.Segment.Name)
 		}
+		// Grants in the segment go with it: its node renews its memory
+		// before it mounts again, so a late write there reaches nothing.
+		for k, p := range s.Pending {
+			if slices.ContainsFunc(p.Reps, func(x rep) bool { return x.Seg == r.Segment.Name }) {
+				delete(s.Pending, k)
+			}
+		}
+		s.Stale = slices.DeleteFunc(s.Stale, func(p *pendingPut) bool {
+			return slices.ContainsFunc(p.Reps, func(x rep) bool { return x.Seg == r.Segment.Name })
+		})
 		// The master drops the segment's replicas without a record each.
 		for k, o := range s.Objects {
 			kept := o.Reps[:0]
@@ -140,9 +195,28 @@ func (s *state) apply(r record) {
 				delete(s.Objects, k)
 			}
 		}
+	case "put_start":
+		if s.Pending == nil {
+			s.Pending = make(map[string]*pendingPut)
+		}
+		// A grant of the key before this one was abandoned (the master
+		// replaces a put only after its discard timeout): its writer may
+		// still write until its release.
+		s.staleOut(r.Key)
+		p := &pendingPut{Key: r.Key, Size: r.Size, Reps: append([]rep(nil), r.Reps...), At: r.At, Seq: r.Seq}
+		if r.W != nil {
+			p.Writer = *r.W
+		}
+		s.Pending[r.Key] = p
+	case "revoke":
+		delete(s.Pending, r.Key)
 	case "put_end":
+		delete(s.Pending, r.Key)
 		s.Objects[r.Key] = &object{Size: r.Size, Reps: append([]rep(nil), r.Reps...), SoftPin: r.SoftPin, HardPin: r.HardPin, Seq: r.Seq}
-	case "remove", "evict", "discard":
+	case "discard":
+		delete(s.Objects, r.Key)
+		s.staleOut(r.Key)
+	case "remove", "evict":
 		delete(s.Objects, r.Key)
 	case "disk_only":
 		// Its DRAM replicas are gone (freed, maybe reused): only the
@@ -172,40 +246,83 @@ func (s *state) apply(r record) {
 	}
 }
 
-// restored turns the state into what master.Restore installs. Replicas
-// on a segment the log never saw mounted cannot be located and are
-// dropped. Where two replicas overlap on a segment, the older one's space
-// was freed and reused before its remove was committed: the newer wins.
+// restored turns the state into what master.Restore installs, with the
+// master's default release timeout and the time now (restoredAt).
 func (s *state) restored() (objs []master.RestoredObject, dropped int) {
-	type span struct {
-		key       string
-		idx       int
-		addr, end uint64
-		seq       uint64
+	return s.restoredAt(time.Now(), master.DefaultPutReleaseTimeout)
+}
+
+// restoredAt turns the state into what master.Restore installs: complete
+// objects, the puts still being written (Pending) and the ranges of
+// abandoned ones still within their release timeout (reservations).
+// Replicas on a segment the log never saw mounted cannot be located and
+// are dropped. Where two ranges overlap on a segment, the older one's
+// space was freed and reused before its end was committed: the newer
+// wins.
+func (s *state) restoredAt(now time.Time, release time.Duration) (objs []master.RestoredObject, dropped int) {
+	// entry is anything that holds ranges: an object, a pending put or a
+	// stale grant.
+	type entry struct {
+		key     string
+		size    uint64
+		reps    []rep
+		seq     uint64
+		obj     *object
+		pending *pendingPut
+		stale   bool
 	}
-	bySeg := make(map[string][]*span)
-	for k, o := range s.Objects {
-		for i, x := range o.Reps {
-			if seg, ok := s.Segments[x.Seg]; !ok || !inside(seg, x.Addr, o.Size) {
-				continue
-			}
-			bySeg[x.Seg] = append(bySeg[x.Seg], &span{key: k, idx: i, addr: x.Addr, end: x.Addr + o.Size, seq: o.Seq})
+	var entries []*entry
+	keys := make([]string, 0, len(s.Objects))
+	for k := range s.Objects {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		o := s.Objects[k]
+		entries = append(entries, &entry{key: k, size: o.Size, reps: o.Reps, seq: o.Seq, obj: o})
+	}
+	pkeys := make([]string, 0, len(s.Pending))
+	for k := range s.Pending {
+		pkeys = append(pkeys, k)
+	}
+	sort.Strings(pkeys)
+	for _, k := range pkeys {
+		p := s.Pending[k]
+		entries = append(entries, &entry{key: k, size: p.Size, reps: p.Reps, seq: p.Seq, pending: p})
+	}
+	for _, p := range s.Stale {
+		if now.Sub(time.Unix(0, p.At)) < release {
+			entries = append(entries, &entry{key: p.Key, size: p.Size, reps: p.Reps, seq: p.Seq, pending: p, stale: true})
 		}
 	}
-	drop := make(map[string]map[int]bool)
+	type span struct {
+		e         *entry
+		idx       int
+		addr, end uint64
+	}
+	bySeg := make(map[string][]*span)
+	for _, e := range entries {
+		for i, x := range e.reps {
+			if seg, ok := s.Segments[x.Seg]; !ok || !inside(seg, x.Addr, e.size) {
+				continue
+			}
+			bySeg[x.Seg] = append(bySeg[x.Seg], &span{e: e, idx: i, addr: x.Addr, end: x.Addr + e.size})
+		}
+	}
+	drop := make(map[*entry]map[int]bool)
 	for _, spans := range bySeg {
 		sort.Slice(spans, func(i, j int) bool { return spans[i].addr < spans[j].addr })
 		var last *span
 		for _, sp := range spans {
 			if last != nil && sp.addr < last.end {
 				loser := last
-				if sp.seq < last.seq {
+				if sp.e.seq < last.e.seq {
 					loser = sp
 				}
-				if drop[loser.key] == nil {
-					drop[loser.key] = make(map[int]bool)
+				if drop[loser.e] == nil {
+					drop[loser.e] = make(map[int]bool)
 				}
-				drop[loser.key][loser.idx] = true
+				drop[loser.e][loser.idx] = true
 				if loser == last {
 					last = sp
 				}
@@ -214,35 +331,77 @@ func (s *state) restored() (objs []master.RestoredObject, dropped int) {
 			last = sp
 		}
 	}
-	keys := make([]string, 0, len(s.Objects))
-	for k := range s.Objects {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		o := s.Objects[k]
-		if store.CheckKey(k) != nil {
-			dropped++
-			continue
-		}
-		ro := master.RestoredObject{Key: k, Size: o.Size, HardPin: o.HardPin, DiskTier: o.DiskTier, DiskVersion: o.DiskVer}
-		if o.SoftPin != 0 {
-			ro.SoftPin = time.Unix(0, o.SoftPin)
-		}
-		for i, x := range o.Reps {
+	located := func(e *entry) []master.RestoredReplica {
+		var out []master.RestoredReplica
+		for i, x := range e.reps {
 			seg, ok := s.Segments[x.Seg]
-			if !ok || drop[k][i] || !inside(seg, x.Addr, o.Size) {
+			if !ok || drop[e][i] || !inside(seg, x.Addr, e.size) {
 				continue
 			}
-			ro.Replicas = append(ro.Replicas, master.RestoredReplica{Segment: seg, Addr: x.Addr})
+			out = append(out, master.RestoredReplica{Segment: seg, Addr: x.Addr})
 		}
-		if len(ro.Replicas) == 0 && ro.DiskTier == "" {
-			dropped++
+		return out
+	}
+	// A key with a put pending newer than its complete object is being
+	// rewritten (an upsert): in place, the object's bytes are torn and it
+	// is restored as the pending put; resized, the object stays and the
+	// new range is held as a reservation.
+	rewritten := make(map[string]bool)
+	for _, e := range entries {
+		if e.pending == nil || e.stale {
 			continue
 		}
-		objs = append(objs, ro)
+		if o := s.Objects[e.key]; o != nil && o.Seq < e.seq {
+			rewritten[e.key] = true
+		}
+	}
+	for _, e := range entries {
+		switch {
+		case e.obj != nil:
+			if store.CheckKey(e.key) != nil {
+				dropped++
+				continue
+			}
+			if rewritten[e.key] && inPlace(e.obj, s.Pending[e.key]) {
+				continue // the pending put stands for it
+			}
+			o := e.obj
+			ro := master.RestoredObject{Key: e.key, Size: o.Size, HardPin: o.HardPin, DiskTier: o.DiskTier, DiskVersion: o.DiskVer}
+			if o.SoftPin != 0 {
+				ro.SoftPin = time.Unix(0, o.SoftPin)
+			}
+			ro.Replicas = located(e)
+			if len(ro.Replicas) == 0 && ro.DiskTier == "" {
+				dropped++
+				continue
+			}
+			objs = append(objs, ro)
+		default:
+			reps := located(e)
+			if len(reps) == 0 {
+				continue
+			}
+			ro := master.RestoredObject{Key: e.key, Size: e.size, Replicas: reps, Pending: true, Writer: e.pending.Writer, Started: time.Unix(0, e.pending.At)}
+			if e.stale || store.CheckKey(e.key) != nil || (rewritten[e.key] && !inPlace(s.Objects[e.key], e.pending)) {
+				ro = master.RestoredObject{Key: e.key, Size: e.size, Replicas: reps, ReserveUntil: time.Unix(0, e.pending.At).Add(release)}
+			}
+			objs = append(objs, ro)
+		}
 	}
 	return objs, dropped
+}
+
+// inPlace reports whether pending put p rewrites object o's own ranges.
+func inPlace(o *object, p *pendingPut) bool {
+	if o == nil || p == nil || o.Size != p.Size || len(o.Reps) != len(p.Reps) {
+		return false
+	}
+	for i := range o.Reps {
+		if o.Reps[i] != p.Reps[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // inside reports whether [addr, addr+size) lies in seg: a record that

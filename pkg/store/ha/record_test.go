@@ -2,6 +2,7 @@ package ha
 
 import (
 	"testing"
+	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/master"
@@ -166,5 +167,72 @@ func TestSyncFailsOnceTheLogStopped(t *testing.T) {
 	c.cur.Store(&term{log: newCommitter(c, 9, 0, nil)})
 	if !c.serving(c.cur.Load()) {
 		t.Fatal("the current term with a live op log does not serve")
+	}
+}
+
+// Grants (put_start) the op log holds come back as puts still being
+// written, or, once abandoned (discarded, superseded), as reservations
+// until their release timeout; ended, revoked or unmounted ones do not.
+func TestRestoredGrants(t *testing.T) {
+	now := time.Unix(10000, 0)
+	at := func(d time.Duration) int64 { return now.Add(-d).UnixNano() }
+	w := store.UUID{First: 7}
+	s := newState()
+	for _, r := range []record{
+		{Seq: 1, Op: "mount", Segment: seg("a", 1)},
+		{Seq: 2, Op: "mount", Segment: seg("b", 2)},
+		{Seq: 3, Op: "put_start", Key: "writing", Size: 0x100, Reps: []rep{{"a", 0x1000}}, W: &w, At: at(time.Second)},
+		{Seq: 4, Op: "put_start", Key: "ended", Size: 0x100, Reps: []rep{{"a", 0x2000}}, W: &w, At: at(time.Second)},
+		{Seq: 5, Op: "put_end", Key: "ended", Size: 0x100, Reps: []rep{{"a", 0x2000}}},
+		{Seq: 6, Op: "put_start", Key: "revoked", Size: 0x100, Reps: []rep{{"a", 0x3000}}, W: &w, At: at(time.Second)},
+		{Seq: 7, Op: "revoke", Key: "revoked"},
+		{Seq: 8, Op: "put_start", Key: "dropped", Size: 0x100, Reps: []rep{{"a", 0x4000}}, W: &w, At: at(time.Minute)},
+		{Seq: 9, Op: "discard", Key: "dropped"},
+		{Seq: 10, Op: "put_start", Key: "again", Size: 0x100, Reps: []rep{{"a", 0x5000}}, W: &w, At: at(time.Hour)},
+		{Seq: 11, Op: "put_start", Key: "again", Size: 0x100, Reps: []rep{{"a", 0x6000}}, W: &w, At: at(time.Minute)},
+		{Seq: 12, Op: "put_start", Key: "onb", Size: 0x100, Reps: []rep{{"b", 0x1000}}, W: &w, At: at(time.Second)},
+		{Seq: 13, Op: "unmount", Segment: seg("b", 2)},
+		{Seq: 14, Op: "put_end", Key: "up", Size: 0x100, Reps: []rep{{"a", 0x7000}}},
+		{Seq: 15, Op: "put_start", Key: "up", Size: 0x100, Reps: []rep{{"a", 0x7000}}, W: &w, At: at(time.Second)},
+	} {
+		s.apply(r)
+	}
+	// Through a snapshot, as a standby or the next leader reads it.
+	b, err := s.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err = decodeState(b); err != nil {
+		t.Fatal(err)
+	}
+	objs, _ := s.restoredAt(now, 10*time.Minute)
+	type got struct {
+		pending  bool
+		reserved bool
+		addr     uint64
+	}
+	seen := map[string][]got{}
+	for _, o := range objs {
+		for _, r := range o.Replicas {
+			seen[o.Key] = append(seen[o.Key], got{o.Pending, !o.ReserveUntil.IsZero(), r.Addr})
+			if o.Pending && (o.Writer != w || now.Sub(o.Started) > time.Minute) {
+				t.Errorf("%q restored with writer %v started %v", o.Key, o.Writer, o.Started)
+			}
+		}
+	}
+	want := map[string][]got{
+		"writing": {{true, false, 0x1000}},
+		"ended":   {{false, false, 0x2000}},
+		"dropped": {{false, true, 0x4000}}, // discarded a minute ago: held
+		"again":   {{true, false, 0x6000}}, // the hour-old grant is past release
+		"up":      {{true, false, 0x7000}}, // rewritten in place: torn
+	}
+	if len(seen) != len(want) {
+		t.Fatalf("restored %v, want %v", seen, want)
+	}
+	for k, w := range want {
+		if len(seen[k]) != 1 || seen[k][0] != w[0] {
+			t.Errorf("%q: restored %v, want %v", k, seen[k], w)
+		}
 	}
 }

@@ -197,10 +197,17 @@ const (
 	// OpDrain: a drain job was created or ended (Drain), so that a new
 	// HA leader can answer for it.
 	OpDrain
+	// OpPutStart: space was granted to a writer (Client) for Key at
+	// Replicas, at Started. A next HA leader must hold that space as the
+	// writer's until the put ends, is revoked or is released: the writer
+	// may still be writing into it.
+	OpPutStart
+	// OpRevoke: the writer gave a put's space back (it stopped writing).
+	OpRevoke
 )
 
 func (o ChangeOp) String() string {
-	return [...]string{"", "mount", "unmount", "put_end", "remove", "evict", "discard", "disk_only", "promote", "drain"}[o]
+	return [...]string{"", "mount", "unmount", "put_end", "remove", "evict", "discard", "disk_only", "promote", "drain", "put_start", "revoke"}[o]
 }
 
 // Change is one metadata change, as the OnChange hook sees it.
@@ -219,6 +226,8 @@ type Change struct {
 	Tier    string
 	// Drain is the job of a drain change.
 	Drain *DrainJob
+	// Started is when a put started (put_start).
+	Started time.Time
 }
 
 // Master is the store's metadata service. Its methods are safe for
@@ -232,6 +241,8 @@ type Master struct {
 	pend   pending
 	tiers  tiers
 	drains drains
+	// takeover holds puts while a new HA leader's segments mount again.
+	takeover takeover
 	// evictMu serializes allocation-failure eviction (evictForPuts).
 	evictMu sync.Mutex
 	m       *Metrics
@@ -377,6 +388,7 @@ func (m *Master) MountSegment(client store.UUID, seg store.SegmentInfo) error {
 	c.segments[seg.ID] = struct{}{}
 	m.clientsMu.Unlock()
 	m.emit(Change{Op: OpMount, Segment: seg, Client: client})
+	m.takeover.mounted(seg.Name)
 	m.log.Info(fmt.Sprintf("mounted segment %s (%s) of %s at 0x%x from client %s via %s", seg.Name, seg.ID, fmtBytes(seg.Size), seg.Base, client, seg.Endpoint))
 	return nil
 }

@@ -63,6 +63,7 @@ func failAll(out []ReplicaResult, err error) []ReplicaResult {
 // OBJECT_ALREADY_EXISTS; an older unfinished put is replaced.
 func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig) []ReplicaResult {
 	m.touchClient(client)
+	m.awaitTakeover()
 	out := make([]ReplicaResult, len(items))
 	if err := checkConfig(cfg); err != nil {
 		return failAll(out, err)
@@ -73,6 +74,7 @@ func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, 
 		out[i] = m.putStart(client, host, it, cfg, ar)
 	}
 	m.evictForPuts(client, host, items, cfg, out, ar)
+	m.syncStarts(client, items, out)
 	for i, r := range out {
 		if r.Err == nil {
 			m.m.valueSize.Observe(float64(items[i].Size))
@@ -137,7 +139,38 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 	o.replicas = refs
 	sh.objects[it.Key] = o
 	m.pend.addPut(it.Key, o, now)
+	if m.cfg.OnChange != nil {
+		m.emit(Change{Op: OpPutStart, Key: o.key, Size: o.size, Replicas: o.descriptors(false), Client: client, Started: time.Unix(0, now)})
+	}
 	return ReplicaResult{Replicas: ar.take(o)}
+}
+
+// syncStarts makes the grants in out durable when HA asks for it
+// (Config.Sync): a next leader that did not know a grant would place new
+// objects in its range while the writer may still write there. Grants
+// that cannot be made durable are revoked and fail.
+func (m *Master) syncStarts(client store.UUID, items []PutItem, out []ReplicaResult) {
+	if m.cfg.Sync == nil || m.cfg.OnChange == nil {
+		return
+	}
+	any := false
+	for _, r := range out {
+		any = any || r.Err == nil
+	}
+	if !any {
+		return
+	}
+	err := m.cfg.Sync()
+	if err == nil {
+		return
+	}
+	e := store.Errorf(store.UnavailableInCurrentMode, "grant not committed to the HA op log: %v", err)
+	for i := range out {
+		if out[i].Err == nil {
+			_ = m.revoke(client, items[i].Key)
+			out[i] = ReplicaResult{Err: e}
+		}
+	}
 }
 
 // BatchPutEnd marks each put complete: from now on readers see it.
@@ -235,12 +268,14 @@ func (m *Master) revoke(client store.UUID, key string) error {
 	case o.upsert != nil:
 		m.space.free(o.upsert.refs, o.upsert.size)
 		o.upsert, o.putStart = nil, 0
+		m.emit(Change{Op: OpRevoke, Key: key})
 		return nil
 	case o.state == stateComplete:
 		return store.Errorf(store.InvalidWrite, "key %q is complete: remove it instead", key)
 	}
 	sh.remove(key, o)
 	m.space.free(o.replicas, o.size)
+	m.emit(Change{Op: OpRevoke, Key: key})
 	if o.inPlace {
 		// A same-size upsert was rewriting the bytes: the old version
 		// is torn, so the object is gone.
@@ -255,6 +290,7 @@ func (m *Master) revoke(client store.UUID, key string) error {
 // readable until the End.
 func (m *Master) BatchUpsertStart(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig) []ReplicaResult {
 	m.touchClient(client)
+	m.awaitTakeover()
 	out := make([]ReplicaResult, len(items))
 	if err := checkConfig(cfg); err != nil {
 		return failAll(out, err)
@@ -262,6 +298,7 @@ func (m *Master) BatchUpsertStart(client store.UUID, host string, items []PutIte
 	for i, it := range items {
 		out[i] = m.upsertStart(client, host, it, cfg)
 	}
+	m.syncStarts(client, items, out)
 	return out
 }
 
@@ -307,6 +344,9 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		o.softPin, o.hardPin = pin, cfg.HardPin
 		o.state, o.inPlace = stateProcessing, true
 		m.pend.addPut(it.Key, o, now)
+		if m.cfg.OnChange != nil {
+			m.emit(Change{Op: OpPutStart, Key: o.key, Size: o.size, Replicas: o.descriptors(false), Client: client, Started: time.Unix(0, now)})
+		}
 		return ReplicaResult{Replicas: o.descriptors(false)}
 	}
 	refs, err := m.space.place(nil, client, host, it.Size, cfg)
@@ -329,6 +369,9 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 	out := make([]store.Replica, len(refs))
 	for i, r := range refs {
 		out[i] = r.descriptor(it.Size, false)
+	}
+	if m.cfg.OnChange != nil {
+		m.emit(Change{Op: OpPutStart, Key: o.key, Size: it.Size, Replicas: out, Client: client, Started: time.Unix(0, now)})
 	}
 	return ReplicaResult{Replicas: out}
 }

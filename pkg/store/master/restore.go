@@ -1,6 +1,8 @@
 package master
 
 import (
+	"cmp"
+	"slices"
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
@@ -21,6 +23,17 @@ type RestoredObject struct {
 	// attaches and reports the record at that version.
 	DiskTier    string
 	DiskVersion uint64
+	// Pending marks a put that was started (granted) and not ended: it is
+	// restored as being written by Writer since Started, so its range
+	// stays the writer's (it may still be writing there), the writer can
+	// still end it, and the usual timeouts discard and release it.
+	Pending bool
+	Writer  store.UUID
+	Started time.Time
+	// ReserveUntil, when set, makes the entry a reservation, not an
+	// object: a range a discarded or superseded put may still write,
+	// held until then (Key is ignored).
+	ReserveUntil time.Time
 }
 
 // RestoredReplica is where one copy of a restored object lives.
@@ -43,17 +56,27 @@ func (m *Master) Restore(objs []RestoredObject) error {
 	placeholders := make(map[store.UUID]*segment)
 	var refs []*restoredRef
 	built := make([]*Object, 0, len(objs))
+	type reservation struct {
+		until int64
+		size  uint64
+		refs  []replicaRef
+	}
+	var reserve []reservation
 	for _, ro := range objs {
-		if err := store.CheckKey(ro.Key); err != nil {
+		reserved := !ro.ReserveUntil.IsZero()
+		if err := store.CheckKey(ro.Key); err != nil && !reserved {
 			return err
 		}
 		if ro.Size == 0 {
 			return store.Errorf(store.InvalidReplica, "restore %q: size 0", ro.Key)
 		}
-		if len(ro.Replicas) == 0 && ro.DiskTier == "" {
+		if len(ro.Replicas) == 0 && (ro.DiskTier == "" || ro.Pending || reserved) {
 			return store.Errorf(store.InvalidReplica, "restore %q: no replica", ro.Key)
 		}
 		o := &Object{key: ro.Key, size: ro.Size, state: stateComplete, hardPin: ro.HardPin}
+		if ro.Pending {
+			o.state, o.writer, o.putStart = stateProcessing, ro.Writer, ro.Started.UnixNano()
+		}
 		if ro.DiskTier != "" {
 			o.tier = &objTier{node: m.tiers.placeholder(ro.DiskTier, m.now()), version: ro.DiskVersion}
 			m.tiers.seeVersion(ro.DiskVersion)
@@ -78,6 +101,10 @@ func (m *Master) Restore(objs []RestoredObject) error {
 			o.replicas = append(o.replicas, replicaRef{reg: reg, addr: r.Addr})
 			refs = append(refs, &restoredRef{reg: reg, addr: r.Addr, size: ro.Size})
 		}
+		if reserved {
+			reserve = append(reserve, reservation{until: ro.ReserveUntil.UnixNano(), size: ro.Size, refs: o.replicas})
+			continue
+		}
 		built = append(built, o)
 	}
 	m.space.mu.Lock()
@@ -100,6 +127,11 @@ func (m *Master) Restore(objs []RestoredObject) error {
 		}
 	}
 	m.space.mu.Unlock()
+	// Pending puts join the discard queue oldest first, as it expects.
+	slices.SortStableFunc(built, func(a, b *Object) int { return cmp.Compare(a.putStart, b.putStart) })
+	for _, r := range reserve {
+		m.pend.addRelease(r.until, r.size, r.refs)
+	}
 	for _, o := range built {
 		sh := m.shardOf(o.key)
 		sh.mu.Lock()
@@ -118,6 +150,13 @@ func (m *Master) Restore(objs []RestoredObject) error {
 			}
 		}
 		sh.objects[o.key] = o
+		if o.state == stateProcessing {
+			// Complete at its writer's PutEnd, or discarded and released
+			// on the usual timeouts from when it started.
+			m.pend.addPut(o.key, o, o.putStart)
+			sh.mu.Unlock()
+			continue
+		}
 		if len(o.replicas) > 0 {
 			sh.track(o, 0)
 		}
