@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -498,6 +499,10 @@ func TestStoreKeysCheckedBeforeConnecting(t *testing.T) {
 		{[]string{"put", long, "-"}, 1, `store put: invalid key "` + long[:64] + `"...: key of 4097 bytes exceeds the limit of 4096`},
 		{[]string{"get", ""}, 1, `store get: invalid key "": empty key`},
 		{[]string{"get", "a\x00b"}, 1, `store get: invalid key "a\x00b": key contains a NUL byte at 1`},
+		{[]string{"put", "a\nb", src}, 1, `store put: invalid key "a\nb": key contains control character '\n' at byte 1`},
+		{[]string{"get", "bad\xff"}, 1, `store get: invalid key "bad\xff": key is not valid UTF-8 (byte 0xff at 3)`},
+		{[]string{"exists", "tab\t"}, 2, `store exists: invalid key "tab\t": key contains control character '\t' at byte 3`},
+		{[]string{"rm", "ok", "x\r"}, 1, `store rm: invalid key "x\r" (argument 2): key contains control character '\r' at byte 1`},
 		{[]string{"exists", ""}, 2, `store exists: invalid key "": empty key`},
 		{[]string{"rm", "ok", ""}, 1, `store rm: invalid key "" (argument 2): empty key`},
 		{[]string{"query", long}, 1, `store query: invalid key "` + long[:64] + `"...: key of 4097 bytes`},
@@ -512,6 +517,32 @@ func TestStoreKeysCheckedBeforeConnecting(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if n, r := dials.Load(), reqs.Load(); n != 0 || r != 0 {
 		t.Errorf("bad keys still reached the master: %d connections, %d admin requests", n, r)
+	}
+}
+
+// mc store ls prints each key on one line as it is, or Go-quoted when it
+// is not a key mc would store (a mooncake_master accepts any bytes) or
+// starts with a quote: a listing never shows one key as two (issue 34.6).
+// The JSON output carries the keys as JSON strings.
+func TestStoreLsQuotesKeys(t *testing.T) {
+	isolateEnv(t)
+	adm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/get_all_keys" {
+			http.NotFound(w, r)
+			return
+		}
+		io.WriteString(w, "plain/key 1\n\"quoted\"\ntab\there\nbad\xff\nc1\u0085\n")
+	}))
+	defer adm.Close()
+	out, errs, code := execMC(t, "store", "ls", "--admin", adm.URL)
+	want := "\"\\\"quoted\\\"\"\n\"bad\\xff\"\n\"c1\\u0085\"\nplain/key 1\n\"tab\\there\"\n"
+	if code != 0 || out != want {
+		t.Fatalf("mc store ls: exit %d, stdout %q, stderr %q; want %q", code, out, errs, want)
+	}
+	out, _, code = execMC(t, "store", "ls", "--admin", adm.URL, "-o", "json")
+	var got struct{ Keys []string }
+	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil || len(got.Keys) != 5 || got.Keys[4] != "tab\there" {
+		t.Fatalf("mc store ls -o json: exit %d, %q (%v)", code, out, err)
 	}
 }
 
