@@ -719,3 +719,39 @@ func TestServeStoreExportsMooncakeDashboardMetrics(t *testing.T) {
 		}
 	}
 }
+
+// A bench store row in which no operation succeeded is marked failed, its
+// figures "-", the note says why, and the run exits 1 (issue 35.5: a put
+// row that was all errors, on a store full of hard-pinned values, printed
+// 0 ops/s and exited 0). A value larger than any segment is refused at
+// once, before a row.
+func TestBenchStoreRowThatMeasuredNothing(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "16M")
+	m := []string{"--master", rpc, "--admin", admin}
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, make([]byte, 4<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		_, errs, code := execMC(t, append([]string{"store", "put", "--hard-pin", fmt.Sprint("pinned/", i), src}, m...)...)
+		if code != 0 {
+			if i == 0 {
+				t.Fatalf("put: %s", errs)
+			}
+			break
+		}
+	}
+	out, errs, code := execMC(t, "bench", "store", "--master", rpc, "--value-size", "1M", "--op", "put", "--duration", "0.3")
+	if code != 1 || !strings.Contains(out, "put (failed)") || !strings.Contains(out, "1M put x1: failed, measured nothing: all ") ||
+		errs != "mc: bench store: 1 of 1 row(s) measured nothing (1M put x1)\n" {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr: %q", code, out, errs)
+	}
+	for _, op := range []string{"put", "get"} {
+		t0 := time.Now()
+		out, errs, code = execMC(t, "bench", "store", "--master", rpc, "--value-size", "32M", "--op", op, "--duration", "0.3")
+		if code != 1 || out != "" || !strings.HasPrefix(errs, "mc: bench store: 32M "+op+" x1: value size 32M does not fit the store: NO_AVAILABLE_HANDLE") || time.Since(t0) > 3*time.Second {
+			t.Fatalf("%s of a value larger than the segment: exit %d after %s, stdout %q, stderr %q", op, code, time.Since(t0), out, errs)
+		}
+	}
+}
