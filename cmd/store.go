@@ -577,7 +577,7 @@ func (o storeClientOptions) adminURL() (string, error) {
 		v, ok, err := store.ReadView(ctx, cli, store.ClusterID(""))
 		switch {
 		case err != nil:
-			return "", err
+			return "", fmt.Errorf("master %s: no leader within 5s (is etcd up, and a master elected?): %w", o.Master, err)
 		case !ok:
 			return "", fmt.Errorf("no store master leader in etcd %s (cluster %q)", o.Master, store.ClusterID(""))
 		}
@@ -1008,7 +1008,7 @@ stores any bytes) or starts with a quote.`,
 			}
 			a, err := o.admin()
 			if err != nil {
-				return err
+				return fmt.Errorf("ls: %w", err)
 			}
 			keys, err := a.Keys(cmd.Context(), prefix)
 			if err != nil {
@@ -1109,7 +1109,7 @@ func newStoreStatCmd(p *printer) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			a, err := o.admin()
 			if err != nil {
-				return err
+				return fmt.Errorf("stat: %w", err)
 			}
 			return runStoreStat(cmd.Context(), a, p)
 		},
@@ -1205,7 +1205,7 @@ mooncake_master, whose /query_key does not decode its value.`,
 			}
 			a, err := o.admin()
 			if err != nil {
-				return err
+				return fmt.Errorf("query: %w", err)
 			}
 			return runStoreQuery(cmd.Context(), a, args, p)
 		},

@@ -755,3 +755,33 @@ func TestBenchStoreRowThatMeasuredNothing(t *testing.T) {
 		}
 	}
 }
+
+// With --master etcd://... and etcd unreachable, mc store's verbs fail
+// with one line naming the verb and what was waited for (issue 34.4: put
+// and get panicked in the client's cleanup; ls, stat and query printed
+// etcd's error without the verb).
+func TestStoreEtcdUnreachable(t *testing.T) {
+	isolateEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "etcd://" + ln.Addr().String()
+	ln.Close()
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"put", "k", src}, `mc: put "k": master ` + dead + `: no leader within 5s (is etcd up, and a master elected?): `},
+		{[]string{"ls"}, "mc: ls: master " + dead + ": no leader within 5s (is etcd up, and a master elected?): "},
+	} {
+		_, errs, code := execMC(t, append(append([]string{"store"}, c.args...), "--master", dead)...)
+		if code != 1 || !strings.HasPrefix(errs, c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc store %s: exit %d, stderr %q; want 1 and one line starting %q", c.args[0], code, errs, c.want)
+		}
+	}
+}
