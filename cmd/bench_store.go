@@ -53,6 +53,9 @@ against a store for --duration per row, one row per value size, op and
 concurrency, and prints objects/s, GB/s, per-call latency percentiles (a call
 moves --batch keys) and errors. Gets read keys written before the timed
 loop; --verify checks every byte read. Each row removes the keys it wrote.
+A row in which no operation succeeded is marked failed, its figures "-",
+and the run exits 1 after printing every row. A value size larger than any
+segment is refused before the run (one put of that size tells).
 
 With no --master it starts a master and a node (--segment-size) in this
 process and benchmarks them from a separate client engine, as mc bench
@@ -231,6 +234,9 @@ func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
 	if corrupt > 0 {
 		return fmt.Errorf("bench store: %d gets returned wrong bytes", corrupt)
 	}
+	if err := sbench.Failed(results); err != nil {
+		return fmt.Errorf("bench store: %w", err)
+	}
 	return nil
 }
 
@@ -263,8 +269,19 @@ func printStoreResults(p *printer, results []sbench.Result) error {
 			}
 			row = append(row, ratio)
 		}
+		if r.Error != "" {
+			// Zeros would read as a measurement: the row is marked, and
+			// the note says why it measured nothing.
+			for i := 4; i <= 8; i++ {
+				row[i] = "-"
+			}
+			row[1] += " (failed)"
+		}
 		rows = append(rows, row)
-		if r.FirstError != "" {
+		switch {
+		case r.Error != "":
+			notes = append(notes, fmt.Sprintf("%s %s x%d: failed, measured nothing: %s", ebench.FormatSize(r.ValueSize), r.Op, r.Concurrency, r.Error))
+		case r.FirstError != "":
 			notes = append(notes, fmt.Sprintf("%s %s x%d: first error: %s", ebench.FormatSize(r.ValueSize), r.Op, r.Concurrency, r.FirstError))
 		}
 	}

@@ -577,7 +577,7 @@ func (o storeClientOptions) adminURL() (string, error) {
 		v, ok, err := store.ReadView(ctx, cli, store.ClusterID(""))
 		switch {
 		case err != nil:
-			return "", err
+			return "", fmt.Errorf("master %s: no leader within 5s (is etcd up, and a master elected?): %w", o.Master, err)
 		case !ok:
 			return "", fmt.Errorf("no store master leader in etcd %s (cluster %q)", o.Master, store.ClusterID(""))
 		}
@@ -993,7 +993,9 @@ mooncake_master too), those starting with --prefix if given. --regex RE
 asks the master's RPC (--master) instead, for the keys the RE2 pattern
 (Go's regexp syntax) finds anywhere in them, as Mooncake's
 GetReplicaListByRegex, and says how many matched on standard error (in the
-JSON output: matched); the master lists at most 16384 of them.`,
+JSON output: matched); the master lists at most 16384 of them. Keys print
+one to a line, Go-quoted when one breaks mc's key rule (a mooncake_master
+stores any bytes) or starts with a quote.`,
 		Example: `  mc store ls --prefix model:llama-70b@
   mc store ls --regex '^model:llama-70b@rank[0-3]/'`,
 		Args: cobra.NoArgs,
@@ -1006,7 +1008,7 @@ JSON output: matched); the master lists at most 16384 of them.`,
 			}
 			a, err := o.admin()
 			if err != nil {
-				return err
+				return fmt.Errorf("ls: %w", err)
 			}
 			keys, err := a.Keys(cmd.Context(), prefix)
 			if err != nil {
@@ -1019,7 +1021,7 @@ JSON output: matched); the master lists at most 16384 of them.`,
 				return p.PrintJSON(map[string]any{"keys": keys})
 			}
 			for _, k := range keys {
-				fmt.Fprintln(p.Out, k)
+				fmt.Fprintln(p.Out, listedKey(k))
 			}
 			return nil
 		},
@@ -1029,6 +1031,17 @@ JSON output: matched); the master lists at most 16384 of them.`,
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only keys starting with this")
 	cmd.Flags().StringVar(&pattern, "regex", "", "only keys this RE2 pattern finds (Go's regexp syntax, unanchored), through the master's RPC")
 	return cmd
+}
+
+// listedKey is a key as mc store ls prints it, one to a line: as it is
+// when mc's key rule (store.CheckKey) allows it, Go-quoted when not (a
+// mooncake_master stores any bytes) or when it starts with a quote, so
+// that no line reads as two keys or as another key.
+func listedKey(k string) string {
+	if store.CheckKey(k) != nil || strings.HasPrefix(k, `"`) {
+		return strconv.Quote(k)
+	}
+	return k
 }
 
 func runStoreLsRegex(ctx context.Context, o storeClientOptions, pattern string, p *printer) error {
@@ -1052,7 +1065,7 @@ func runStoreLsRegex(ctx context.Context, o storeClientOptions, pattern string, 
 		return p.PrintJSON(map[string]any{"pattern": pattern, "keys": keys, "matched": m.Matched})
 	}
 	for _, k := range m.Keys {
-		fmt.Fprintln(p.Out, k)
+		fmt.Fprintln(p.Out, listedKey(k))
 	}
 	// On standard error, so that the listing pipes as plain ls does.
 	if m.Matched > uint64(len(m.Keys)) {
@@ -1096,7 +1109,7 @@ func newStoreStatCmd(p *printer) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			a, err := o.admin()
 			if err != nil {
-				return err
+				return fmt.Errorf("stat: %w", err)
 			}
 			return runStoreStat(cmd.Context(), a, p)
 		},
@@ -1192,7 +1205,7 @@ mooncake_master, whose /query_key does not decode its value.`,
 			}
 			a, err := o.admin()
 			if err != nil {
-				return err
+				return fmt.Errorf("query: %w", err)
 			}
 			return runStoreQuery(cmd.Context(), a, args, p)
 		},

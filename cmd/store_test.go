@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -498,6 +499,10 @@ func TestStoreKeysCheckedBeforeConnecting(t *testing.T) {
 		{[]string{"put", long, "-"}, 1, `store put: invalid key "` + long[:64] + `"...: key of 4097 bytes exceeds the limit of 4096`},
 		{[]string{"get", ""}, 1, `store get: invalid key "": empty key`},
 		{[]string{"get", "a\x00b"}, 1, `store get: invalid key "a\x00b": key contains a NUL byte at 1`},
+		{[]string{"put", "a\nb", src}, 1, `store put: invalid key "a\nb": key contains control character '\n' at byte 1`},
+		{[]string{"get", "bad\xff"}, 1, `store get: invalid key "bad\xff": key is not valid UTF-8 (byte 0xff at 3)`},
+		{[]string{"exists", "tab\t"}, 2, `store exists: invalid key "tab\t": key contains control character '\t' at byte 3`},
+		{[]string{"rm", "ok", "x\r"}, 1, `store rm: invalid key "x\r" (argument 2): key contains control character '\r' at byte 1`},
 		{[]string{"exists", ""}, 2, `store exists: invalid key "": empty key`},
 		{[]string{"rm", "ok", ""}, 1, `store rm: invalid key "" (argument 2): empty key`},
 		{[]string{"query", long}, 1, `store query: invalid key "` + long[:64] + `"...: key of 4097 bytes`},
@@ -512,6 +517,32 @@ func TestStoreKeysCheckedBeforeConnecting(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if n, r := dials.Load(), reqs.Load(); n != 0 || r != 0 {
 		t.Errorf("bad keys still reached the master: %d connections, %d admin requests", n, r)
+	}
+}
+
+// mc store ls prints each key on one line as it is, or Go-quoted when it
+// is not a key mc would store (a mooncake_master accepts any bytes) or
+// starts with a quote: a listing never shows one key as two (issue 34.6).
+// The JSON output carries the keys as JSON strings.
+func TestStoreLsQuotesKeys(t *testing.T) {
+	isolateEnv(t)
+	adm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/get_all_keys" {
+			http.NotFound(w, r)
+			return
+		}
+		io.WriteString(w, "plain/key 1\n\"quoted\"\ntab\there\nbad\xff\nc1\u0085\n")
+	}))
+	defer adm.Close()
+	out, errs, code := execMC(t, "store", "ls", "--admin", adm.URL)
+	want := "\"\\\"quoted\\\"\"\n\"bad\\xff\"\n\"c1\\u0085\"\nplain/key 1\n\"tab\\there\"\n"
+	if code != 0 || out != want {
+		t.Fatalf("mc store ls: exit %d, stdout %q, stderr %q; want %q", code, out, errs, want)
+	}
+	out, _, code = execMC(t, "store", "ls", "--admin", adm.URL, "-o", "json")
+	var got struct{ Keys []string }
+	if err := json.Unmarshal([]byte(out), &got); code != 0 || err != nil || len(got.Keys) != 5 || got.Keys[4] != "tab\there" {
+		t.Fatalf("mc store ls -o json: exit %d, %q (%v)", code, out, err)
 	}
 }
 
@@ -685,6 +716,72 @@ func TestServeStoreExportsMooncakeDashboardMetrics(t *testing.T) {
 	} {
 		if vals[name] != want {
 			t.Errorf("%s = %v, want %v", name, vals[name], want)
+		}
+	}
+}
+
+// A bench store row in which no operation succeeded is marked failed, its
+// figures "-", the note says why, and the run exits 1 (issue 35.5: a put
+// row that was all errors, on a store full of hard-pinned values, printed
+// 0 ops/s and exited 0). A value larger than any segment is refused at
+// once, before a row.
+func TestBenchStoreRowThatMeasuredNothing(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "16M")
+	m := []string{"--master", rpc, "--admin", admin}
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, make([]byte, 4<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		_, errs, code := execMC(t, append([]string{"store", "put", "--hard-pin", fmt.Sprint("pinned/", i), src}, m...)...)
+		if code != 0 {
+			if i == 0 {
+				t.Fatalf("put: %s", errs)
+			}
+			break
+		}
+	}
+	out, errs, code := execMC(t, "bench", "store", "--master", rpc, "--value-size", "1M", "--op", "put", "--duration", "0.3")
+	if code != 1 || !strings.Contains(out, "put (failed)") || !strings.Contains(out, "1M put x1: failed, measured nothing: all ") ||
+		errs != "mc: bench store: 1 of 1 row(s) measured nothing (1M put x1)\n" {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr: %q", code, out, errs)
+	}
+	for _, op := range []string{"put", "get"} {
+		t0 := time.Now()
+		out, errs, code = execMC(t, "bench", "store", "--master", rpc, "--value-size", "32M", "--op", op, "--duration", "0.3")
+		if code != 1 || out != "" || !strings.HasPrefix(errs, "mc: bench store: 32M "+op+" x1: value size 32M does not fit the store: NO_AVAILABLE_HANDLE") || time.Since(t0) > 3*time.Second {
+			t.Fatalf("%s of a value larger than the segment: exit %d after %s, stdout %q, stderr %q", op, code, time.Since(t0), out, errs)
+		}
+	}
+}
+
+// With --master etcd://... and etcd unreachable, mc store's verbs fail
+// with one line naming the verb and what was waited for (issue 34.4: put
+// and get panicked in the client's cleanup; ls, stat and query printed
+// etcd's error without the verb).
+func TestStoreEtcdUnreachable(t *testing.T) {
+	isolateEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "etcd://" + ln.Addr().String()
+	ln.Close()
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"put", "k", src}, `mc: put "k": master ` + dead + `: no leader within 5s (is etcd up, and a master elected?): `},
+		{[]string{"ls"}, "mc: ls: master " + dead + ": no leader within 5s (is etcd up, and a master elected?): "},
+	} {
+		_, errs, code := execMC(t, append(append([]string{"store"}, c.args...), "--master", dead)...)
+		if code != 1 || !strings.HasPrefix(errs, c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc store %s: exit %d, stderr %q; want 1 and one line starting %q", c.args[0], code, errs, c.want)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/kvcache-ops/mc/pkg/store/mooncake"
 )
@@ -149,7 +151,21 @@ const (
 	RPCConnWindow = 16 << 20
 )
 
-// CheckKey validates a key: non-empty, at most MaxKeyLength bytes, no NUL.
+// CheckKey validates a key against mc's key rule, the same on every path:
+// the client refuses a key that breaks it before any RPC, and the master
+// refuses it on both wires (INVALID_KEY either way). A key is
+//   - not empty (mooncake_master refuses an empty key's put too, as
+//     INVALID_PARAMS),
+//   - at most MaxKeyLength bytes (mooncake_master has no limit),
+//   - valid UTF-8: mc's gRPC carries keys as protobuf strings, which
+//     must be, so an invalid key could reach the master by one wire and
+//     never be listed, read or removed through the other,
+//   - free of control characters (C0, DEL, C1; NUL among them), so a key
+//     prints as one line in `mc store ls`, the admin API's key list and
+//     the logs, and never as two keys.
+//
+// mooncake_master (at 3b5a594) refuses only the empty key; mc is stricter
+// on purpose, and a key it accepts means the same to both.
 func CheckKey(key string) error {
 	switch {
 	case key == "":
@@ -157,10 +173,26 @@ func CheckKey(key string) error {
 	case len(key) > MaxKeyLength:
 		return Errorf(InvalidKey, "key of %d bytes exceeds the limit of %d", len(key), MaxKeyLength)
 	}
-	for i := 0; i < len(key); i++ {
-		if key[i] == 0 {
-			return Errorf(InvalidKey, "key contains a NUL byte at %d", i)
+	for i := 0; i < len(key); {
+		b := key[i]
+		if b < utf8.RuneSelf {
+			switch {
+			case b == 0:
+				return Errorf(InvalidKey, "key contains a NUL byte at %d", i)
+			case b < 0x20 || b == 0x7f:
+				return Errorf(InvalidKey, "key contains control character %q at byte %d", rune(b), i)
+			}
+			i++
+			continue
 		}
+		r, n := utf8.DecodeRuneInString(key[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			return Errorf(InvalidKey, "key is not valid UTF-8 (byte 0x%02x at %d)", b, i)
+		case unicode.IsControl(r):
+			return Errorf(InvalidKey, "key contains control character %q at byte %d", r, i)
+		}
+		i += n
 	}
 	return nil
 }

@@ -92,6 +92,10 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, o
 	src := make([]local, len(keys))
 	defer c.unstage(ctx, src)
 	for i, v := range values {
+		if err := CheckKey(keys[i]); err != nil {
+			errs[i] = err // before staging: the key is refused anyway
+			continue
+		}
 		if len(v) == 0 {
 			errs[i] = Errorf(InvalidParams, "key %q: a value of 0 bytes cannot be stored", keys[i])
 			continue
@@ -158,11 +162,15 @@ func (c *Client) Upsert(ctx context.Context, key string, value []byte, opts ...P
 	return errs[0]
 }
 
-// put runs the put protocol for the items whose errs entry is nil.
+// put runs the put protocol for the items whose errs entry is nil and
+// whose key keeps the key rule (CheckKey).
 func (c *Client) put(ctx context.Context, keys []string, src []local, rc ReplicateConfig, errs []error, upsert bool) {
 	items := make([]putItem, 0, len(keys))
 	idx := make([]int, 0, len(keys))
 	for i, k := range keys {
+		if errs[i] == nil {
+			errs[i] = CheckKey(k)
+		}
 		if errs[i] == nil {
 			items = append(items, putItem{key: k, n: src[i].n})
 			idx = append(idx, i)
@@ -342,16 +350,21 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, slices []Slice
 // replicaLists asks the master where each key's replicas are (granting a
 // read lease).
 func (c *Client) replicaLists(ctx context.Context, keys []string, errs []error) [][]Replica {
-	lists, listErrs, err := c.w.replicaLists(ctx, keys)
 	out := make([][]Replica, len(keys))
-	for i := range keys {
+	send, idx := validKeys(keys, errs)
+	if len(send) == 0 {
+		return out
+	}
+	lists, listErrs, err := c.w.replicaLists(ctx, send)
+	for j := range send {
+		i := at(idx, j)
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		switch reps := lists[i]; {
-		case listErrs[i] != nil:
-			errs[i] = listErrs[i]
+		switch reps := lists[j]; {
+		case listErrs[j] != nil:
+			errs[i] = listErrs[j]
 		case len(reps) == 0:
 			errs[i] = Errorf(ObjectNotFound, "key %q has no complete replica", keys[i])
 		default:
@@ -543,7 +556,19 @@ func (c *Client) BatchExist(ctx context.Context, keys []string) ([]bool, []error
 		return make([]bool, len(keys)), failAll(make([]error, len(keys)), err)
 	}
 	defer c.leave()
-	return c.w.exist(ctx, keys)
+	ex, errs := make([]bool, len(keys)), make([]error, len(keys))
+	send, idx := validKeys(keys, errs)
+	if len(send) == 0 {
+		return ex, errs
+	}
+	sex, serrs := c.w.exist(ctx, send)
+	if idx == nil {
+		return sex, serrs
+	}
+	for j, i := range idx {
+		ex[i], errs[i] = sex[j], serrs[j]
+	}
+	return ex, errs
 }
 
 // Remove removes key; a key being read is refused (OBJECT_HAS_LEASE)
@@ -558,7 +583,19 @@ func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []e
 		return failAll(make([]error, len(keys)), err)
 	}
 	defer c.leave()
-	return c.w.remove(ctx, keys, force)
+	errs := make([]error, len(keys))
+	send, idx := validKeys(keys, errs)
+	if len(send) == 0 {
+		return errs
+	}
+	serrs := c.w.remove(ctx, send, force)
+	if idx == nil {
+		return serrs
+	}
+	for j, i := range idx {
+		errs[i] = serrs[j]
+	}
+	return errs
 }
 
 // RemoveAll removes every stored object not being read and returns how
@@ -577,5 +614,47 @@ func (c *Client) Query(ctx context.Context, key string) ([]Replica, error) {
 		return nil, err
 	}
 	defer c.leave()
+	if err := CheckKey(key); err != nil {
+		return nil, err
+	}
 	return c.w.query(ctx, key)
+}
+
+// validKeys refuses, in errs, each key that breaks the key rule
+// (CheckKey), so that it never reaches the wire: mc's gRPC cannot even
+// encode a key that is not UTF-8, and the whole batch would fail with
+// it. It returns the keys to send and, when some were refused, their
+// indices in keys (idx is nil when every key is sent: see at).
+func validKeys(keys []string, errs []error) (send []string, idx []int) {
+	for i, k := range keys {
+		if err := CheckKey(k); err != nil {
+			errs[i] = err
+			if idx == nil {
+				idx = make([]int, i, len(keys))
+				for j := range idx {
+					idx[j] = j
+				}
+			}
+			continue
+		}
+		if idx != nil {
+			idx = append(idx, i)
+		}
+	}
+	if idx == nil {
+		return keys, nil
+	}
+	send = make([]string, len(idx))
+	for j, i := range idx {
+		send[j] = keys[i]
+	}
+	return send, idx
+}
+
+// at is the index in keys of the j-th key validKeys sent.
+func at(idx []int, j int) int {
+	if idx == nil {
+		return j
+	}
+	return idx[j]
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"unicode/utf8"
 
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
@@ -23,6 +24,10 @@ func (c *Client) GetReplicaListByRegex(ctx context.Context, pattern string) (Reg
 		return RegexMatch{}, err
 	}
 	defer c.leave()
+	if !utf8.ValidString(pattern) {
+		// mc's gRPC cannot carry it, and no key (CheckKey) could match it.
+		return RegexMatch{}, Errorf(InvalidParams, "pattern %q is not valid UTF-8", pattern)
+	}
 	return c.w.replicaListByRegex(ctx, pattern)
 }
 
@@ -43,6 +48,10 @@ func (c *Client) RemoveByRegex(ctx context.Context, pattern string, force, dryRu
 		return RegexRemoval{}, err
 	}
 	defer c.leave()
+	if !utf8.ValidString(pattern) {
+		// mc's gRPC cannot carry it, and no key (CheckKey) could match it.
+		return RegexRemoval{}, Errorf(InvalidParams, "pattern %q is not valid UTF-8", pattern)
+	}
 	return c.w.removeByRegex(ctx, pattern, force, dryRun)
 }
 

@@ -37,8 +37,10 @@ type grpcWire struct {
 }
 
 // dialGRPC prepares the connection (gRPC dials lazily; the first call
-// finds out whether the master is there).
-func dialGRPC(ctx context.Context, cfg wireConfig, etcdEndpoints []string, log *slog.Logger) (*grpcWire, error) {
+// finds out whether the master is there). It returns the masterWire
+// interface, nil on failure: a nil *grpcWire in the Client's wire would
+// be a non-nil interface that New's cleanup closes (issue 34.4).
+func dialGRPC(ctx context.Context, cfg wireConfig, etcdEndpoints []string, log *slog.Logger) (masterWire, error) {
 	w := &grpcWire{cfg: cfg, log: log, newView: make(chan struct{}, 1), stop: make(chan struct{})}
 	target := cfg.master
 	dialOpts := []grpc.DialOption{
@@ -93,7 +95,7 @@ func findLeader(ctx context.Context, endpoints []string, cfg wireConfig) (*leade
 	v, err := WaitView(wctx, cli, cfg.clusterID)
 	if err != nil {
 		cli.Close()
-		return nil, nil, fmt.Errorf("master %s: %w", cfg.master, err)
+		return nil, nil, fmt.Errorf("master %s: no leader within %s (is etcd up, and a master elected?): %w", cfg.master, cfg.timeout, err)
 	}
 	return &leaderResolver{addr: DialAddr(v.Leader), ccs: make(map[*leaderConn]struct{})}, cli, nil
 }

@@ -29,8 +29,9 @@ type mooncakeWire struct {
 }
 
 // dialMooncake prepares a client of the Mooncake master at addr; the
-// first call connects.
-func dialMooncake(addr string, cfg wireConfig, log *slog.Logger) (*mooncakeWire, error) {
+// first call connects. Like dialGRPC it returns the interface, so a
+// failure is a nil masterWire.
+func dialMooncake(addr string, cfg wireConfig, log *slog.Logger) (masterWire, error) {
 	opts := &cororpc.Options{CallTimeout: cfg.timeout, DialTimeout: cfg.timeout, Logger: log}
 	return &mooncakeWire{cfg: cfg, log: log, mc: mooncake.NewClient(addr, opts)}, nil
 }

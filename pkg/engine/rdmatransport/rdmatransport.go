@@ -170,7 +170,11 @@ func OpenProvider(devices []string) (rdma.Provider, error) {
 		}
 		cfg.Devices = append(cfg.Devices, d)
 	}
-	return soft.New(cfg)
+	sp, err := soft.New(cfg)
+	if err != nil {
+		return nil, err // a nil rdma.Provider, not a nil *soft.Provider in one
+	}
+	return sp, nil
 }
 
 // ParseDevices splits a --device_name list.
@@ -191,7 +195,13 @@ func ParseDevices(s string) ([]string, error) {
 
 // Factory returns the TransportFactory for engine.Config.Transports.
 func Factory(cfg Config) engine.TransportFactory {
-	return func(e *engine.Engine) (engine.Transport, error) { return New(e, cfg) }
+	return func(e *engine.Engine) (engine.Transport, error) {
+		t, err := New(e, cfg)
+		if err != nil {
+			return nil, err // a nil engine.Transport, not a nil *Transport in one
+		}
+		return t, nil
+	}
 }
 
 // Transport is the RDMA transport of one engine.

@@ -383,3 +383,14 @@ func TestSimultaneousConnectFailsNoSlice(t *testing.T) {
 		}
 	}
 }
+
+// A provider that cannot be made is a nil interface beside the error, not
+// a nil *soft.Provider in one (issue 34.4's shape: a caller's cleanup
+// that closes what is non-nil would call into it).
+func TestOpenProviderFailureIsNil(t *testing.T) {
+	t.Setenv("MC_RDMA_PROVIDER", "soft")
+	p, err := rdmatransport.OpenProvider([]string{"dup0", "dup0"})
+	if err == nil || p != nil {
+		t.Fatalf("OpenProvider of a device named twice: %#v, %v; want a nil provider and an error", p, err)
+	}
+}

@@ -32,7 +32,7 @@ func Open(kind string) (rdma.Provider, error) {
 	}
 	switch strings.ToLower(strings.TrimSpace(kind)) {
 	case "soft":
-		return soft.NewFromEnv()
+		return openSoft()
 	case "ibverbs":
 		return ibverbs.New(opts)
 	case "", "auto":
@@ -45,7 +45,7 @@ func Open(kind string) (rdma.Provider, error) {
 		if err != nil && !errors.Is(err, ibverbs.ErrNotBuilt) && !errors.Is(err, rdma.ErrNoDevices) {
 			return nil, err
 		}
-		return soft.NewFromEnv()
+		return openSoft()
 	}
 	return nil, fmt.Errorf("rdma provider %q: want soft, ibverbs or auto", kind)
 }
@@ -62,4 +62,15 @@ func ibverbsOptions(getenv func(string) string) (ibverbs.Options, error) {
 		o.GIDIndex = n
 	}
 	return o, nil
+}
+
+// openSoft returns the soft provider as an rdma.Provider, nil on failure:
+// returning soft.NewFromEnv's (*soft.Provider)(nil) would make a non-nil
+// interface that a caller's cleanup could close.
+func openSoft() (rdma.Provider, error) {
+	p, err := soft.NewFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
 }

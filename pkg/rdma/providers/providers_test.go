@@ -26,8 +26,12 @@ func TestOpen(t *testing.T) {
 		t.Fatal("unknown provider accepted")
 	}
 	t.Setenv("MC_SOFT_NICS", "a:zz")
-	if _, err := Open("soft"); err == nil {
-		t.Fatal("bad MC_SOFT_NICS accepted")
+	for _, kind := range []string{"soft", "auto"} {
+		// A failed open is a nil interface, not a nil *soft.Provider in
+		// one that a caller's "if p != nil { close }" would call into.
+		if p, err := Open(kind); err == nil || p != nil {
+			t.Fatalf("%q with bad MC_SOFT_NICS: %#v, %v; want a nil provider and an error", kind, p, err)
+		}
 	}
 }
 

@@ -123,7 +123,11 @@ func (p *Provider) Open(name string) (rdma.Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	return n.open()
+	d, err := n.open()
+	if err != nil {
+		return nil, err // a nil rdma.Device, not a nil *device in one
+	}
+	return d, nil
 }
 
 func (p *Provider) nic(name string) (*nic, error) {

@@ -18,6 +18,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,6 +111,10 @@ type Result struct {
 	// FirstError says what the first error was (not in the stable JSON
 	// contract; empty when Errors is 0).
 	FirstError string `json:"first_error,omitempty"`
+	// Error is set on a row that measured nothing (no operation
+	// succeeded): why. Its figures are zeros, not a measurement, and
+	// Run's caller fails the run (ErrNothingMeasured).
+	Error string `json:"error,omitempty"`
 	// DiskReads counts the disk-tier loads an on-disk get row made (one
 	// per get: a row where gets found staging copies left in memory is
 	// refused).
@@ -173,6 +178,16 @@ func (c *Config) check() error {
 	if c.SegmentSize == 0 {
 		c.SegmentSize = DefaultSegmentSize
 	}
+	if c.Master == "" {
+		// Refused before the embedded store starts (faulting in its
+		// segment), not after a row of failed puts.
+		for _, v := range c.ValueSizes {
+			if uint64(v) > c.SegmentSize {
+				return fmt.Errorf("value size %s is larger than the embedded store's segment (%s): give a --segment-size of at least %s or a smaller --value-size",
+					ebench.FormatSize(v), ebench.FormatSize(int64(c.SegmentSize)), ebench.FormatSize(v))
+			}
+		}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -192,9 +207,14 @@ func (c *Config) check() error {
 	return nil
 }
 
+// ErrNothingMeasured is what Run's caller reports when a row has Error
+// set: the run completed, but a row measured nothing.
+var ErrNothingMeasured = errors.New("measured nothing")
+
 // Run runs every row and returns the results in order. A row that cannot
-// run at all (no room for its keys) ends the run with an error after the
-// rows that ran.
+// run at all (no room for its keys, a value larger than any segment)
+// ends the run with an error after the rows that ran; a row in which no
+// operation succeeded is returned with Error set (see Failed).
 func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
@@ -304,6 +324,21 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	return out, nil
 }
 
+// Failed returns the rows that measured nothing, as an error wrapping
+// ErrNothingMeasured that names them, or nil.
+func Failed(rows []Result) error {
+	var names []string
+	for _, r := range rows {
+		if r.Error != "" {
+			names = append(names, fmt.Sprintf("%s %s x%d", ebench.FormatSize(r.ValueSize), r.Op, r.Concurrency))
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d of %d row(s) %w (%s)", len(names), len(rows), ErrNothingMeasured, strings.Join(names, ", "))
+}
+
 type runner struct {
 	cfg     Config
 	c       *store.Client
@@ -315,6 +350,8 @@ type runner struct {
 	// probe is an on-disk get row's disk-read baseline, measured around
 	// the row's gets.
 	probe *diskFile
+	// fits records the value sizes a probe put showed the store takes.
+	fits map[int64]bool
 }
 
 func (r *runner) getKey(vs int64, i int) string {
@@ -336,7 +373,7 @@ func seedOf(key string) uint64 {
 
 // prefill puts the keys gets read, not timed.
 func (r *runner) prefill(ctx context.Context, vs int64, n int) error {
-	chunk := int(max(16, min(1024, (16<<20)/vs)))
+	chunk := prefillChunk(vs)
 	buf, err := r.c.RegisterBuffer(ctx, int(vs)*chunk)
 	if err != nil {
 		return err
@@ -362,7 +399,7 @@ func (r *runner) prefill(ctx context.Context, vs int64, n int) error {
 			for k, err := range r.c.BatchPutFrom(ctx, keys, slices, softPin) {
 				switch {
 				case err == nil, errors.Is(err, store.ErrObjectAlreadyExists):
-				case errors.Is(err, store.ErrNoAvailableHandle) && time.Now().Before(deadline):
+				case errors.Is(err, store.ErrNoAvailableHandle) && !tooLarge(err) && time.Now().Before(deadline):
 					retry = append(retry, k)
 				default:
 					return fmt.Errorf("prefill %s: %w", keys[k], err)
@@ -382,6 +419,11 @@ func (r *runner) prefill(ctx context.Context, vs int64, n int) error {
 	}
 	return nil
 }
+
+// prefillChunk is how many values prefill puts per call: at most 1024
+// and 256 MiB of buffer, one value when larger (a fixed minimum of 16
+// values of 4 GB asked the kernel for 64 GB).
+func prefillChunk(vs int64) int { return int(min(1024, max(1, (256<<20)/vs))) }
 
 // survivors waits for the store to stop evicting the keys prefill wrote
 // and returns those it kept. The working set's default size comes from
@@ -455,6 +497,9 @@ func (r *runner) keyCount(vs int64, workers int) int {
 
 func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Result, error) {
 	res := Result{ValueSize: vs, Op: op, Concurrency: workers, Batch: r.cfg.Batch}
+	if err := r.fit(ctx, vs); err != nil {
+		return res, err
+	}
 	nkeys := 0
 	if op != "put" {
 		nkeys = r.keyCount(vs, workers)
@@ -507,6 +552,12 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 		}
 		ws[i] = &worker{r: r, id: i, vs: vs, op: op, getKeys: getKeys, buf: buf, rng: rand.New(rand.NewPCG(uint64(i), uint64(r.run)))}
 		ws[i].putPrefix = fmt.Sprintf("bench/%d/%x/put/", vs, r.run)
+		if op != "get" {
+			// Put values carry a recognisable pattern, written before
+			// the clock starts (for a value of GBs it takes seconds)
+			// and reused for every put.
+			ebench.FillPattern(buf.Bytes(), 0, uint64(i))
+		}
 		if r.cfg.Verify {
 			ws[i].want = make([]byte, vs)
 		}
@@ -595,7 +646,52 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 	res.P50us = us(ebench.Percentile(lat, 0.50))
 	res.P99us = us(ebench.Percentile(lat, 0.99))
 	res.P999us = us(ebench.Percentile(lat, 0.999))
+	if ops.Load() == 0 && ctx.Err() == nil {
+		switch {
+		case res.Errors > 0:
+			res.Error = fmt.Sprintf("all %d %ss failed, the first: %s", res.Errors, op, res.FirstError)
+		default:
+			res.Error = fmt.Sprintf("no %s completed in %s: give a longer --duration or a smaller --value-size", op, elapsed.Round(time.Millisecond))
+		}
+	}
 	return res, ctx.Err()
+}
+
+// fit refuses, at once, a value size the store cannot hold in any
+// segment: one put of that size, not timed, before the row (and only
+// the first time). A store that says so is not asked again for 10 s of
+// prefill retries or a row of failed puts.
+func (r *runner) fit(ctx context.Context, vs int64) error {
+	if r.fits[vs] {
+		return nil
+	}
+	buf, err := r.c.RegisterBuffer(ctx, int(vs))
+	if err != nil {
+		return fmt.Errorf("buffer for a value of %s: %w", ebench.FormatSize(vs), err)
+	}
+	defer r.c.ReleaseBuffer(context.WithoutCancel(ctx), buf)
+	key := fmt.Sprintf("bench/%d/%x/fit", vs, r.run)
+	err = r.c.PutFrom(ctx, key, store.Slice{Buf: buf, Len: int(vs)})
+	if err == nil {
+		r.c.Remove(context.WithoutCancel(ctx), key, true)
+	}
+	if tooLarge(err) {
+		return fmt.Errorf("value size %s does not fit the store: %w", ebench.FormatSize(vs), err)
+	}
+	// Other failures (a full store that will evict, a master away) are
+	// the row's to meet and count.
+	if r.fits == nil {
+		r.fits = make(map[int64]bool)
+	}
+	r.fits[vs] = true
+	return nil
+}
+
+// tooLarge reports a put refused because no segment of the store is as
+// large as the value (mc's master says so; a mooncake_master's bare
+// NO_AVAILABLE_HANDLE does not tell).
+func tooLarge(err error) bool {
+	return errors.Is(err, store.ErrNoAvailableHandle) && strings.Contains(err.Error(), "larger than any segment")
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
@@ -632,11 +728,6 @@ func (w *worker) loop(ctx context.Context, stop *atomic.Bool, ops, bytesDone *at
 	sl := make([]store.Slice, b)
 	for i := range sl {
 		sl[i] = store.Slice{Buf: w.buf, Off: i * int(w.vs), Len: int(w.vs)}
-	}
-	if w.op != "get" {
-		// Put values carry a recognisable pattern; written once, the
-		// buffer is reused for every put.
-		ebench.FillPattern(w.buf.Bytes(), 0, uint64(w.id))
 	}
 	for !stop.Load() && ctx.Err() == nil {
 		get := w.op == "get" || w.op == "mix" && w.rng.Float64() < w.r.cfg.GetRatio
