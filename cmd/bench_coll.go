@@ -46,6 +46,8 @@ type benchCollOptions struct {
 	Group       string
 	BindAddress string
 	EmitRows    bool // internal: JSON lines of every row, for the parent
+	// exit ends the killed rank of the drill; nil: the process exits.
+	exit func()
 }
 
 func newBenchCollCmd(p *printer) *cobra.Command {
@@ -73,10 +75,17 @@ an embedded etcd on a loopback port as their rendezvous. With --rank,
 anywhere (rank 0 prints); --store is an etcd (host:port or etcd://) or
 HTTP metadata server (http://host:port/path).
 
+A run needs every rank: one that starts with fewer active ranks than
+--world-size fails naming the missing ones. A run that finishes removes
+its records from the store, so the --group name serves the next run; an
+interrupted run leaves them, and the next run of that name fails: pick
+another --group.
+
 --kill-rank R --kill-after K is a failure drill: rank R exits after K
 collectives; the others find it failed, the collective in flight is
 retried over the survivors and the sweep goes on. Rows show the ranks
-that were active and those that failed while the row ran.
+that were active and those that failed while the row ran; the run then
+exits 1, since rank R did not finish.
 
 Exit status: 0 when every rank finished (and every checked row was
 right), 1 otherwise.`,
@@ -112,7 +121,7 @@ right), 1 otherwise.`,
 	fs.IntVar(&o.Rank, "rank", 0, "run as this rank of a group (with --world-size and --store)")
 	fs.IntVar(&o.WorldSize, "world-size", 0, "ranks of the group (with --rank)")
 	fs.StringVar(&o.Store, "store", "", "rendezvous: etcd host:port, etcd://..., or http://host:port/path (with --rank)")
-	fs.StringVar(&o.Group, "group", "mc-bench-coll", "group name in the store (one per run)")
+	fs.StringVar(&o.Group, "group", "mc-bench-coll", "group name in the store (with --rank; free again once a run finishes)")
 	fs.StringVar(&o.BindAddress, "bind-address", "127.0.0.1", "address this rank's engine listens on (with --rank)")
 	fs.BoolVar(&o.EmitRows, "emit-rows", false, "write every row as a JSON line (used by the launching process)")
 	_ = fs.MarkHidden("emit-rows")
@@ -191,7 +200,31 @@ func runBenchColl(ctx context.Context, o benchCollOptions, p *printer) error {
 	if err != nil {
 		return err
 	}
-	return printCollRows(p, rows)
+	if err := printCollRows(p, rows); err != nil {
+		return err
+	}
+	return unfinished(collbench.Unfinished(rows, o.Ranks))
+}
+
+// unfinished fails a run some ranks did not finish: the rows then
+// measured fewer ranks than asked for.
+func unfinished(ranks []int) error {
+	if len(ranks) == 0 {
+		return nil
+	}
+	return fmt.Errorf("bench coll: %s did not finish the sweep (failed during it: the rows above name the ranks each was measured on)", rankList(ranks))
+}
+
+// rankList is "rank 1" or "ranks 1,3".
+func rankList(ranks []int) string {
+	s := make([]string, len(ranks))
+	for i, r := range ranks {
+		s[i] = strconv.Itoa(r)
+	}
+	if len(s) == 1 {
+		return "rank " + s[0]
+	}
+	return "ranks " + strings.Join(s, ",")
 }
 
 // runBenchCollRank is one rank: engine, group, sweep.
@@ -237,11 +270,27 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 		Slots: o.Slots, SlotSize: slot, Timeout: o.Timeout,
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("bench coll: %w (a --group whose earlier run did not finish keeps its records: use another --group)", err)
 	}
 	defer g.Close()
+	// A rank whose record is there but whose engine is not (an earlier
+	// run's, left behind) is marked failed at once: a sweep over the rest
+	// would measure fewer ranks than asked for.
+	if act := g.ActiveRanks(); len(act) < o.WorldSize {
+		var missing []int
+		for r := range o.WorldSize {
+			if !slices.Contains(act, r) {
+				missing = append(missing, r)
+			}
+		}
+		return fmt.Errorf("bench coll: group %q has %d of %d ranks active, %s missing (not started, failed, or records a run that did not finish left in the store: use another --group)",
+			o.Group, len(act), o.WorldSize, rankList(missing))
+	}
 	cfg.Exit = func() {
 		fmt.Fprintf(p.Err, "exiting after %d collectives (--kill-rank %d --kill-after %d)\n", o.KillAfter, o.KillRank, o.KillAfter)
+		if o.exit != nil {
+			o.exit()
+		}
 		os.Exit(0)
 	}
 	var rows []collbench.Result
@@ -256,10 +305,27 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 	if err := collbench.RunRank(ctx, g, eng, cfg, emit); err != nil {
 		return err
 	}
-	if o.EmitRows || len(rows) == 0 || rows[len(rows)-1].ActiveRanks[0] != o.Rank {
-		return nil
+	var gone []int
+	act := g.ActiveRanks()
+	for r := range o.WorldSize {
+		if !slices.Contains(act, r) {
+			gone = append(gone, r)
+		}
 	}
-	return printCollRows(p, rows)
+	// Every rank still active removes the group's records together, so
+	// the name is free for the next run.
+	if err := g.Finish(ctx); err != nil {
+		return fmt.Errorf("bench coll: %w", err)
+	}
+	if o.EmitRows {
+		return nil // the launching process judges the merged rows
+	}
+	if len(rows) > 0 && rows[len(rows)-1].ActiveRanks[0] == o.Rank {
+		if err := printCollRows(p, rows); err != nil {
+			return err
+		}
+	}
+	return unfinished(gone)
 }
 
 func printCollRows(p *printer, rows []collbench.Result) error {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -117,5 +119,92 @@ func TestBenchCollBadFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("%v: %v, want an error naming %q", c.args, err, c.want)
 		}
+	}
+}
+
+// A group name is free again once a run finished: the same --group twice
+// runs both times over both ranks, and the store keeps none of its
+// records. Records an unfinished run left (a rank's record, its engine
+// gone) fail the next run naming the missing rank instead of a sweep
+// over the rest. A rank that leaves mid-sweep (the drill) fails the run
+// after the rows are printed, and the survivors still clear the records.
+func TestBenchCollGroupRunsAndMissingRanks(t *testing.T) {
+	isolateEnv(t)
+	srv := httptest.NewServer(meta.NewHTTPHandler())
+	defer srv.Close()
+	store := srv.URL + "/metadata"
+	opts := func(rank, world int, group string) benchCollOptions {
+		return benchCollOptions{Collective: "all_reduce", MinBytes: 1 << 10, MaxBytes: 16 << 10, Factor: 4, Iters: 2, Warmup: 1,
+			Check: true, KillRank: -1, SlotSize: 4 << 10, Slots: 2, Timeout: 10 * time.Second, Protocol: "tcp",
+			Rank: rank, WorldSize: world, Store: store, Group: group, BindAddress: "127.0.0.1"}
+	}
+	pair := func(group string) (string, [2]error) {
+		var errs [2]error
+		var out0 bytes.Buffer
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := opts(1, 2, group)
+			o.EmitRows = true
+			errs[1] = runBenchCollRank(context.Background(), o, &printer{Out: io.Discard, Err: io.Discard, format: "table"})
+		}()
+		errs[0] = runBenchCollRank(context.Background(), opts(0, 2, group), &printer{Out: &out0, Err: io.Discard, format: "table"})
+		wg.Wait()
+		return out0.String(), errs
+	}
+	be, err := meta.Open(context.Background(), store, meta.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	st, err := meta.StoreOf(be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for run := 1; run <= 2; run++ {
+		out, errs := pair("again")
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("run %d of --group again: %v", run, errs)
+		}
+		if strings.Count(out, "│ 0,1 ") != 3 || strings.Count(out, "│ yes ") != 3 {
+			t.Fatalf("run %d: want three rows over ranks 0,1:\n%s", run, out)
+		}
+		if _, found, err := st.ReadKey(context.Background(), "mc-coll/again/size"); err != nil || found {
+			t.Fatalf("run %d left the group's records (%v)", run, err)
+		}
+	}
+
+	// An earlier run's records for a group of two, rank 1's engine gone.
+	st.WriteKey(context.Background(), "mc-coll/left/size", []byte(`{"initial":2,"size":2}`))
+	st.WriteKey(context.Background(), "mc-coll/left/rank/1", []byte(`{"segment":"left-rank1","inbox":4096,"inbox_len":65536,"capacity":2,"slots":2,"slot_size":4096,"epoch":0}`))
+	var out bytes.Buffer
+	err = runBenchCollRank(context.Background(), opts(0, 2, "left"), &printer{Out: &out, Err: io.Discard, format: "table"})
+	if err == nil || !strings.Contains(err.Error(), "1 of 2 ranks active, rank 1 missing") || out.Len() > 0 {
+		t.Fatalf("rank 0 over a left-behind rank 1: err %v, output:\n%s", err, out.String())
+	}
+
+	// The drill's rank 1 leaves after 3 collectives (its goroutine ends
+	// as its process would, closing its engine): rank 0 goes on alone,
+	// prints what it measured, and fails the run naming rank 1.
+	var out0 bytes.Buffer
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		o := opts(1, 2, "drill")
+		o.KillRank, o.KillAfter, o.EmitRows, o.exit = 1, 3, true, runtime.Goexit
+		runBenchCollRank(context.Background(), o, &printer{Out: io.Discard, Err: io.Discard, format: "table"})
+		t.Error("rank 1 did not leave")
+	}()
+	o := opts(0, 2, "drill")
+	o.KillRank, o.KillAfter = 1, 3
+	err = runBenchCollRank(context.Background(), o, &printer{Out: &out0, Err: io.Discard, format: "table"})
+	wg.Wait()
+	if err == nil || !strings.Contains(err.Error(), "rank 1 did not finish") || !strings.Contains(out0.String(), "│ 0 ") {
+		t.Fatalf("rank 0 after rank 1 left: err %v, output:\n%s", err, out0.String())
+	}
+	if _, found, err := st.ReadKey(context.Background(), "mc-coll/drill/size"); err != nil || found {
+		t.Fatalf("the drill left the group's records (%v)", err)
 	}
 }

@@ -37,6 +37,7 @@ type qpLeakOptions struct {
 	NumQPPerEP  int
 	MaxEPPerCtx int
 	MaxQP       int64
+	Horizon     time.Duration
 	TEVersion   string
 	Watch       time.Duration
 	Interval    time.Duration
@@ -61,6 +62,9 @@ EVICTIONS_WITHOUT_RECLAIM, QP_GROWTH, QP_ERROR_STATE_PILE, NO_EVICTION_LOGS,
 NO_PERIODIC_RECLAIM.
 
 Several --rdma files are snapshots, ordered by modification time or by --at.
+With --max-qp, a NIC whose QP count reaches max_qp within --horizon (24h) at
+the pace of the last two snapshots is a QP_GROWTH finding, however far below
+the ceiling it still is.
 Without --rdma it runs 'rdma -j resource show' itself. --watch samples live
 every --interval, tails the logs and prints growth per NIC as it goes.
 Positional FILEs are sorted into rdma captures and logs by their content.
@@ -83,6 +87,7 @@ Exit status: 0 healthy, 1 suspect, 2 leak, 3 unknown (input unreadable).`,
 	f.IntVar(&o.NumQPPerEP, "num-qp-per-ep", 0, "QPs per endpoint (Mooncake MC_NUM_QP_PER_EP); 0: assume Mooncake's default, 2")
 	f.IntVar(&o.MaxEPPerCtx, "max-ep-per-ctx", 0, "endpoint store size per NIC (Mooncake MC_MAX_EP_PER_CTX); 0: the peers in the logs, else assume Mooncake's default, 65536")
 	f.Int64Var(&o.MaxQP, "max-qp", 0, "the NIC's max_qp (ibv_devinfo -v), for the time left at the current growth; 0: unknown")
+	durationVar(f, &o.Horizon, "horizon", diag.DefaultHorizon, "with --max-qp and timed snapshots: a NIC that reaches max_qp within this time at the latest pace is a QP_GROWTH finding")
 	f.StringVar(&o.TEVersion, "te-version", "", "the transfer engine's Mooncake version, when the logs do not say it")
 	durationVar(f, &o.Watch, "watch", 0, "sample live for this long, tailing the logs, then report")
 	durationVar(f, &o.Interval, "interval", 10*time.Second, "time between live samples with --watch")
@@ -106,6 +111,9 @@ func runQPLeak(ctx context.Context, o qpLeakOptions, p *printer) error {
 	}
 	if o.MaxEPPerCtx < 0 || o.MaxQP < 0 {
 		return unknown(errors.New("--max-ep-per-ctx and --max-qp cannot be negative"))
+	}
+	if o.Horizon <= 0 {
+		return unknown(fmt.Errorf("invalid --horizon %v: want a positive duration", o.Horizon))
 	}
 	for _, a := range o.Args {
 		kind, err := diag.Classify(a)
@@ -134,7 +142,7 @@ func runQPLeak(ctx context.Context, o qpLeakOptions, p *printer) error {
 	if len(at) > 0 && len(at) != len(o.RDMA) {
 		return unknown(fmt.Errorf("%d --at stamps for %d --rdma files: give one per file, in the same order", len(at), len(o.RDMA)))
 	}
-	opts := diag.Options{NumQPPerEP: o.NumQPPerEP, MaxEPPerCtx: o.MaxEPPerCtx, MaxQP: o.MaxQP, TEVersion: o.TEVersion}
+	opts := diag.Options{NumQPPerEP: o.NumQPPerEP, MaxEPPerCtx: o.MaxEPPerCtx, MaxQP: o.MaxQP, TEVersion: o.TEVersion, Horizon: o.Horizon}
 	sampler := diag.Sampler{Bin: o.RDMABin, PerQP: o.PerQP}
 	if o.Watch > 0 {
 		return watchQPLeak(ctx, o, opts, sampler, p)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,6 +29,18 @@ func TestDiagQPLeakVerdictsAndExitCodes(t *testing.T) {
 	enomem := filepath.Join(dir, "te.INFO")
 	os.WriteFile(enomem, []byte("I0307 09:00:00.000001  4101 x.cpp:1] Using SIEVE endpoint store\n"+
 		"E0307 09:00:01.000001  4101 rdma_endpoint.cpp:77] Failed to create QP: Cannot allocate memory [12]\n"), 0o644)
+	// Four NICs alike at +3,760 QPs an hour, 1.5 h from max_qp 16384.
+	var filling []string
+	for i, qp := range []int{6984, 10744} {
+		var b strings.Builder
+		for n := range 4 {
+			fmt.Fprintf(&b, "%d: mlx5_%d: pd 99 cq 95 qp %d cm_id 0 mr 848 ctx 98\n", n, n, qp)
+		}
+		p := filepath.Join(dir, fmt.Sprintf("filling-%d.txt", i))
+		os.WriteFile(p, []byte(b.String()), 0o644)
+		filling = append(filling, p)
+	}
+	fillingArgs := []string{"--rdma", filling[0], "--rdma", filling[1], "--at", "2026-03-07T09:00:00Z,2026-03-07T10:00:00Z", "--max-qp", "16384"}
 	cases := []struct {
 		name string
 		args []string
@@ -48,6 +61,12 @@ func TestDiagQPLeakVerdictsAndExitCodes(t *testing.T) {
 		{"growth", []string{"--rdma", diagTD + "growth/rdma-1.json," + diagTD + "growth/rdma-2.json",
 			"--at", "2026-03-07T11:30:00Z,2026-03-07 11:40:00", "--max-ep-per-ctx", "256", "--max-qp", "131072"},
 			2, []string{"QP_GROWTH", "growth/h", "+3600"}},
+		// Due at max_qp within the horizon: a finding, however far below
+		// the ceiling; past a shorter horizon, healthy.
+		{"filling", fillingArgs,
+			1, []string{"verdict: suspect", "QP_GROWTH", "in about 1.5h", "24.0h", "1h30m0s"}},
+		{"filling-horizon", append(fillingArgs, "--horizon", "1h"),
+			0, []string{"verdict: healthy"}},
 		{"perqp", []string{"--rdma", diagTD + "perqp/rdma-qp.txt", "--max_ep_per_ctx", "256"},
 			2, []string{"QP_ERROR_STATE_PILE", "QP owners", "python3"}},
 		// QP counts alone: a known ceiling from Mooncake's defaults, and
@@ -165,6 +184,7 @@ func TestDiagQPLeakUnknown(t *testing.T) {
 		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--at", "yesterday"}, `invalid --at "yesterday"`},
 		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--at", "1,2"}, "2 --at stamps for 1 --rdma files"},
 		{[]string{"--num-qp-per-ep", "-1", "--rdma", diagTD + "leak/rdma.txt"}, "--num-qp-per-ep"},
+		{[]string{"--horizon", "0", "--rdma", diagTD + "leak/rdma.txt"}, "invalid --horizon 0s"},
 		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--log", dir}, "is a directory"},
 		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--log", cutGzip}, "cut.gz: unexpected EOF"},
 		{[]string{"--rdma-bin", nonetlink}, "no RDMA netlink"},

@@ -162,6 +162,10 @@ func runSimConductor(o simConductorOptions, p *printer) error {
 	if err != nil {
 		return err
 	}
+	if len(reqs) == 0 {
+		// A simulation of nothing would print a row of zeros as if it ran.
+		return fmt.Errorf("trace %s: no request", o.Trace)
+	}
 	var results []conductor.Result
 	for _, s := range scheds {
 		for _, r := range rejs {

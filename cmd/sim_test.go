@@ -68,8 +68,18 @@ func TestSimConductor(t *testing.T) {
 		}
 	}
 	bad := filepath.Join(dir, "bad.jsonl")
-	os.WriteFile(bad, []byte("{\"timestamp\": 1, \"hash_ids\": [1]}\nnot json\n"), 0o644)
+	os.WriteFile(bad, []byte("{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\nnot json\n"), 0o644)
 	if _, errs, code := execMC(t, "sim", "conductor", "--trace", bad); code != 1 || !strings.Contains(errs, "line 2") {
 		t.Errorf("malformed trace: %d %q", code, errs)
+	}
+	os.WriteFile(bad, nil, 0o644)
+	if out, errs, code := execMC(t, "sim", "conductor", "--trace", bad); code != 1 || out != "" || !strings.Contains(errs, "no request") {
+		t.Errorf("mc sim conductor on an empty trace: exit %d, stdout %q, stderr %q; want an error, no row", code, out, errs)
+	}
+	// A line without the fields of a request is not a request at time 0.
+	os.WriteFile(bad, []byte("{\"garbage\": 1}\n"), 0o644)
+	if out, errs, code := execMC(t, "sim", "conductor", "--trace", bad); code != 1 || out != "" || strings.Count(errs, "\n") != 1 ||
+		!strings.HasPrefix(errs, "mc: ") || !strings.Contains(errs, "line 1: missing required field(s) timestamp, input_length, output_length, hash_ids") {
+		t.Errorf("mc sim conductor on {\"garbage\": 1}: exit %d, stdout %q, stderr %q; want one line naming line 1 and the missing fields", code, out, errs)
 	}
 }

@@ -81,7 +81,9 @@ func TestStoreReplayBadInput(t *testing.T) {
 	}{
 		{[]string{"store", "replay"}, "trace"},
 		{[]string{"store", "replay", "--trace", "/nonexistent/t.jsonl"}, "trace"},
-		{[]string{"store", "replay", "--trace", writeTrace(t, "{\"timestamp\": 1}\nnope\n")}, "line 2"},
+		{[]string{"store", "replay", "--trace", writeTrace(t, "{\"timestamp\": 1, \"input_length\": 0, \"output_length\": 0, \"hash_ids\": []}\nnope\n")}, "line 2"},
+		{[]string{"store", "replay", "--trace", writeTrace(t, "{\"garbage\": 1}\n")}, "line 1: missing required field(s) timestamp, input_length, output_length, hash_ids"},
+		{[]string{"store", "replay", "--trace", writeTrace(t, tinyTrace+"{\"timestamp\": 9, \"input_length\": 512, \"hash_ids\": [4]}\n")}, "line 5: missing required field(s) output_length"},
 		{[]string{"store", "replay", "--trace", tr, "--policy", "mru"}, "--policy"},
 		{[]string{"store", "replay", "--trace", tr, "--capacity-blocks", "0"}, "--capacity-blocks"},
 		{[]string{"store", "replay", "--trace", tr, "--online", "--capacity-blocks", "1,2"}, "at most one"},

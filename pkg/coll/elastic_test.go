@@ -315,3 +315,76 @@ func TestBackends(t *testing.T) {
 		})
 	}
 }
+
+// A group that finished leaves nothing in the store, also after a rank
+// failed during the run, so a new group of the same name forms with every
+// rank active. Without Finish the old records stay: New takes a rank's
+// old record for the rank being present, and a rank marked failed cannot
+// create its slot again.
+func TestFinishFreesTheName(t *testing.T) {
+	t.Run("memory", func(t *testing.T) {
+		finishTwice(t, newCluster(t, meta.NewMemory(), 3, 3, testConfig()))
+	})
+	t.Run("http", func(t *testing.T) { // no listing: the keys are removed one by one
+		srv := httptest.NewServer(meta.NewHTTPHandler())
+		defer srv.Close()
+		be, err := meta.Open(context.Background(), srv.URL+"/metadata", meta.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer be.Close()
+		finishTwice(t, newCluster(t, be, 3, 3, testConfig()))
+	})
+}
+
+func finishTwice(t *testing.T, c *testCluster) {
+	t.Helper()
+	ctx := ctxT(t)
+	c.each(func(r int, g *Group) error { return g.Barrier(ctx) })
+	c.kill(2) // fails during the run
+	errs := c.parallel(2, func(r int) error { return c.groups[r].Finish(ctx) })
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("finish rank %d: %v", r, err)
+		}
+	}
+	if kvs, err := c.st.ListKeys(ctx, "mc-coll/"+c.name+"/"); err == nil && len(kvs) > 0 {
+		t.Fatalf("records left after every rank finished: %v", kvs)
+	}
+	for _, k := range []string{"size", "state/2", "rank/0", "rank/1", "rank/2", "done/0"} {
+		if _, found, err := c.st.ReadKey(ctx, "mc-coll/"+c.name+"/"+k); err != nil || found {
+			t.Fatalf("record %s left (%v)", k, err)
+		}
+	}
+	for r := range c.groups {
+		c.groups[r] = nil
+		if c.engines[r] != nil {
+			c.engines[r].Close()
+		}
+		c.engines[r] = c.newEngine(r)
+	}
+	// The same name again: every rank comes up active and they reduce.
+	errs = c.parallel(3, func(r int) error {
+		g, err := New(ctx, c.config(r, 3, 3))
+		c.groups[r] = g
+		return err
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("second group, rank %d: %v", r, err)
+		}
+	}
+	c.each(func(r int, g *Group) error {
+		if act := g.ActiveRanks(); len(act) != 3 {
+			return fmt.Errorf("second group active %v", act)
+		}
+		v := []float64{float64(r)}
+		if err := AllReduceOf(ctx, g, v, Sum); err != nil {
+			return err
+		}
+		if v[0] != 3 {
+			return fmt.Errorf("sum %v, want 3", v[0])
+		}
+		return nil
+	})
+}

@@ -724,6 +724,60 @@ func (g *Group) Close() error {
 	return g.release()
 }
 
+// Finish ends the group's run on this rank, and every active rank calls
+// it: after a barrier (every active rank is past its last collective)
+// the rank records under done/<r> that it finished, and the one that
+// finds every active rank done removes the group's records from the
+// store. Then it closes the group. Records left in the store would be
+// taken by the next group of that name for ranks present (New waits for
+// a record per rank, and an old one passes) or say its ranks failed, so
+// a name is free again only after a Finish. Root groups only.
+func (g *Group) Finish(ctx context.Context) error {
+	if g.root != nil {
+		return errors.New("finish: a subgroup's records are its root group's")
+	}
+	var err error
+	for range 4 {
+		// A rank failing now fails the barrier; the survivors go again.
+		if err = g.Barrier(ctx); !errors.Is(err, ErrRankFailed) {
+			break
+		}
+	}
+	if err != nil {
+		g.Close()
+		return fmt.Errorf("finish group %q rank %d: %w", g.cfg.Group, g.rank, err)
+	}
+	act := g.ActiveRanks()
+	// Past the barrier the records go even when ctx ends now (an
+	// interrupt): one rank's missing done record keeps them all.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.Timeout)
+	defer cancel()
+	if err := g.finished(fctx, act); err != nil {
+		g.Close()
+		return fmt.Errorf("finish group %q rank %d: %w", g.cfg.Group, g.rank, err)
+	}
+	return g.Close()
+}
+
+// finished records this rank done and removes the group's records when
+// every rank of act is.
+func (g *Group) finished(ctx context.Context, act []int) error {
+	if err := g.z.put(ctx, "done/"+strconv.Itoa(g.rank), struct{}{}); err != nil {
+		return err
+	}
+	recs, err := g.z.records(ctx, "done/", len(g.members))
+	if err != nil {
+		return err
+	}
+	for _, r := range act {
+		if recs[r] == nil {
+			return nil // a later rank removes them
+		}
+	}
+	slog.Debug("coll: every rank finished, removing the group's records", "group", g.cfg.Group, "rank", g.rank)
+	return g.z.removeAll(ctx, len(g.members))
+}
+
 func (g *Group) release() error {
 	ctx := context.Background()
 	var errs []error

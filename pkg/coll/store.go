@@ -19,6 +19,7 @@ import (
 //	subgroups       {"count":k}                subgroups created so far (a joiner starts there)
 //	rank/<r>        rankInfo                   the root group's ranks
 //	sub<k>/rank/<i> rankInfo                   subgroup k's members
+//	done/<r>        {}                         rank r finished the run (Finish); the last one removes every key
 type rendezvous struct {
 	st   meta.Store
 	root string
@@ -156,4 +157,42 @@ func (z *rendezvous) setState(ctx context.Context, r, initial int, active bool) 
 		return nil
 	}
 	return z.put(ctx, stateKey(r), rankState{Active: active, Epoch: s.Epoch + 1})
+}
+
+// removeAll deletes every key of the group: one listing where the store
+// can list, else each key the layout above can hold for capacity root
+// ranks (the subgroups' count read from its record).
+func (z *rendezvous) removeAll(ctx context.Context, capacity int) error {
+	var keys []string
+	kvs, err := z.st.ListKeys(ctx, z.root)
+	switch {
+	case errors.Is(err, meta.ErrNoList):
+		var n struct {
+			Count int `json:"count"`
+		}
+		if _, err := z.get(ctx, "subgroups", &n); err != nil {
+			return err
+		}
+		keys = append(keys, z.root+"size", z.root+"subgroups")
+		for r := range capacity {
+			for _, p := range []string{"state/", "rank/", "done/"} {
+				keys = append(keys, z.root+p+strconv.Itoa(r))
+			}
+			for k := range n.Count {
+				keys = append(keys, z.root+"sub"+strconv.Itoa(k)+"/rank/"+strconv.Itoa(r))
+			}
+		}
+	case err != nil:
+		return fmt.Errorf("rendezvous: %w", err)
+	default:
+		for _, kv := range kvs {
+			keys = append(keys, kv.Key)
+		}
+	}
+	for _, k := range keys {
+		if err := z.st.DeleteKey(ctx, k); err != nil {
+			return fmt.Errorf("rendezvous: remove %s: %w", k, err)
+		}
+	}
+	return nil
 }

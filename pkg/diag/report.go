@@ -74,7 +74,16 @@ type Options struct {
 	MaxEPPerCtx int    // MC_MAX_EP_PER_CTX; 0 when not given (Mooncake's default is assumed when the logs name no peer)
 	MaxQP       int64  // the NIC's max_qp; 0 when not given
 	TEVersion   string // the transfer engine's version, overriding the logs
+	// Horizon: a NIC whose QPs reach MaxQP within it, at the pace of the
+	// last interval, is a QP_GROWTH finding whatever the ceiling says.
+	// 0 means DefaultHorizon.
+	Horizon time.Duration
 }
+
+// DefaultHorizon is how far ahead the time to --max-qp is a finding: a
+// day, time for an operator to drain and restart before QP creation
+// fails.
+const DefaultHorizon = 24 * time.Hour
 
 // Finding is one conclusion with a stable code.
 type Finding struct {
@@ -142,7 +151,10 @@ type Report struct {
 	NumQPPerEP       int              `json:"num_qp_per_ep"`
 	MaxEPPerCtx      int              `json:"max_ep_per_ctx"`
 	MaxQP            int64            `json:"max_qp"`
-	TEVersion        string           `json:"te_version"`
+	// MaxQPHorizonSeconds is Options.Horizon: a NIC due to reach max_qp
+	// within it is a QP_GROWTH finding.
+	MaxQPHorizonSeconds float64 `json:"max_qp_horizon_seconds"`
+	TEVersion           string  `json:"te_version"`
 	// AssumedDefaults lists the Mooncake defaults the ceiling was
 	// computed with because the operator did not give them, as
 	// "MC_NUM_QP_PER_EP=2".
@@ -175,6 +187,9 @@ func Analyze(snaps []*Snapshot, logs *LogSummary, o Options) *Report {
 		o.NumQPPerEP = DefaultNumQPPerEP
 		assumed = append(assumed, fmt.Sprintf("MC_NUM_QP_PER_EP=%d", DefaultNumQPPerEP))
 	}
+	if o.Horizon <= 0 {
+		o.Horizon = DefaultHorizon
+	}
 	logsGiven := logs != nil
 	if !logsGiven {
 		logs = NewLogScanner().Summary()
@@ -191,6 +206,7 @@ func Analyze(snaps []*Snapshot, logs *LogSummary, o Options) *Report {
 		NumQPPerEP:            o.NumQPPerEP,
 		MaxEPPerCtx:           o.MaxEPPerCtx,
 		MaxQP:                 o.MaxQP,
+		MaxQPHorizonSeconds:   o.Horizon.Seconds(),
 		Evictions:             logs.Stats.Evictions,
 		QPCreateFailures:      logs.Stats.QPCreateFailures,
 		Peers:                 logs.Peers,
@@ -518,12 +534,18 @@ func judge(r *Report, logs *LogSummary, o Options, snaps []*Snapshot, timed bool
 		add(CodeEvictionsNoReclm, sev, msg, len(above) > 0)
 	}
 
-	var growing []NICReport
+	// Growth is a finding when it runs past what live endpoints explain,
+	// or when it reaches max_qp within the horizon: a NIC filling up
+	// towards max_qp is below any ceiling clamped to max_qp until the
+	// moment its QP creation fails, and that is too late to warn.
+	var growing, due []NICReport
 	for _, n := range r.NICs {
 		if !significantGrowth(&n) {
 			continue
 		}
-		if n.ExpectedMax != nil && n.QP <= *n.ExpectedMax {
+		if n.SecondsToMaxQP != nil && *n.SecondsToMaxQP <= o.Horizon.Seconds() {
+			due = append(due, n)
+		} else if n.ExpectedMax != nil && n.QP <= *n.ExpectedMax {
 			continue // still filling up to what live endpoints explain
 		}
 		growing = append(growing, n)
@@ -534,7 +556,16 @@ func judge(r *Report, logs *LogSummary, o Options, snaps []*Snapshot, timed bool
 			sort.SliceStable(growing, func(i, j int) bool { return *growing[i].QPGrowthPerHour > *growing[j].QPGrowthPerHour })
 			g := growing[0]
 			msg = fmt.Sprintf("QPs rose across %d snapshots on %d NICs, fastest %s at %+.0f per hour", nsnaps, len(growing), g.Name, *g.QPGrowthPerHour)
-			if g.SecondsToMaxQP != nil {
+			if len(due) > 0 {
+				sort.SliceStable(due, func(i, j int) bool { return *due[i].SecondsToMaxQP < *due[j].SecondsToMaxQP })
+				d := due[0]
+				if len(due) == 1 {
+					msg += fmt.Sprintf("; at the latest pace %s reaches --max-qp %d in about %s", d.Name, o.MaxQP, humanDuration(*d.SecondsToMaxQP))
+				} else {
+					msg += fmt.Sprintf("; at the latest pace %d NICs (%s) reach --max-qp %d, the first (%s) in about %s", len(due), nicList(due), o.MaxQP, d.Name, humanDuration(*d.SecondsToMaxQP))
+				}
+				msg += fmt.Sprintf(", within the %s horizon: QP creation fails there", humanDuration(o.Horizon.Seconds()))
+			} else if g.SecondsToMaxQP != nil {
 				msg += fmt.Sprintf("; it reaches --max-qp %d in about %s", o.MaxQP, humanDuration(*g.SecondsToMaxQP))
 			}
 		} else {

@@ -202,6 +202,64 @@ func TestGrowthTimeToMax(t *testing.T) {
 	}
 }
 
+// A host filling up towards max_qp: four NICs alike (no asymmetry),
+// +3,760 QPs an hour, 1.5 h from --max-qp 16384, far below the ceiling
+// Mooncake's default store (clamped to max_qp) allows. QP_GROWTH fires on
+// the projection, naming the time left and the horizon; past the horizon
+// it does not, and flat counts never do.
+func TestGrowthTowardMaxQPWithinHorizon(t *testing.T) {
+	snap := func(at time.Time, qp int64) *Snapshot {
+		t.Helper()
+		var b strings.Builder
+		for i := range 4 {
+			fmt.Fprintf(&b, "%d: mlx5_%d: pd 99 cq 95 qp %d cm_id 0 mr 848 ctx 98\n", i, i, qp)
+		}
+		s, err := ReadSnapshot(strings.NewReader(b.String()), at.Format(time.RFC3339))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.At = at
+		return s
+	}
+	const maxQP = 16384
+	last := int64(maxQP - 3760*3/2) // 1.5 h left at +3760/h
+	snaps := []*Snapshot{snap(t0, last-3760), snap(t0.Add(30*time.Minute), last-1880), snap(t0.Add(time.Hour), last)}
+
+	r := Analyze(snaps, nil, Options{MaxQP: maxQP})
+	if e := r.NICs[0].ExpectedMax; e == nil || *e < maxQP {
+		t.Fatalf("ceiling %v: the case needs one at or above max_qp", e)
+	}
+	if s := r.NICs[0].SecondsToMaxQP; s == nil || *s != 5400 {
+		t.Fatalf("seconds to max_qp %v, want 5400", s)
+	}
+	var msg string
+	for _, f := range r.Findings {
+		if f.Code == CodeQPGrowth {
+			msg = f.Message
+		}
+	}
+	if r.Verdict != VerdictSuspect || r.ExitCode() != 1 || !strings.Contains(msg, "4 NICs (mlx5_0, mlx5_1, mlx5_2, mlx5_3) reach --max-qp 16384, the first (mlx5_0) in about 1.5h, within the 24.0h horizon") {
+		t.Errorf("1.5 h from max_qp: verdict %s, findings %+v; want suspect with %s naming the time left and the horizon", r.Verdict, r.Findings, CodeQPGrowth)
+	}
+	if r.MaxQPHorizonSeconds != DefaultHorizon.Seconds() {
+		t.Errorf("max_qp_horizon_seconds %v, want %v", r.MaxQPHorizonSeconds, DefaultHorizon.Seconds())
+	}
+
+	// Past a 1 h horizon, the same growth under the ceiling is filling up.
+	if r := Analyze(snaps, nil, Options{MaxQP: maxQP, Horizon: time.Hour}); hasCode(r, CodeQPGrowth) || r.Verdict != VerdictHealthy {
+		t.Errorf("1.5 h left, 1 h horizon: verdict %s, findings %+v; want healthy", r.Verdict, r.Findings)
+	}
+	// Without --max-qp there is no projection.
+	if r := Analyze(snaps, nil, Options{}); hasCode(r, CodeQPGrowth) {
+		t.Errorf("no --max-qp: findings %+v", r.Findings)
+	}
+	// Flat counts near max_qp are not growth.
+	flat := []*Snapshot{snap(t0, maxQP-100), snap(t0.Add(time.Hour), maxQP-100)}
+	if r := Analyze(flat, nil, Options{MaxQP: maxQP}); hasCode(r, CodeQPGrowth) {
+		t.Errorf("flat: findings %+v", r.Findings)
+	}
+}
+
 func TestVersionCompare(t *testing.T) {
 	less := [][2]string{{"0.3.7.post2", "0.3.11"}, {"v0.3.10", "0.3.11"}, {"0.3.11rc1", "0.3.11"}, {"0.2.99", "0.3.0"}}
 	for _, p := range less {

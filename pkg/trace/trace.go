@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 )
 
 // BlockTokens is the tokens per block the traces' hash ids stand for.
@@ -28,22 +29,54 @@ type Request struct {
 // MaxLine bounds one line (a prompt of 1M tokens has ~2k ids).
 const MaxLine = 16 << 20
 
+// line is a Request as it comes off the wire: a field the line does not
+// carry (or carries as null) stays nil, so Read can tell "absent" from
+// zero. Without this, any JSON object (`{"garbage": 1}`, `null`) decoded
+// into a zero Request and replayed as a request at time 0.
+type line struct {
+	Timestamp    *int64   `json:"timestamp"`
+	InputLength  *int     `json:"input_length"`
+	OutputLength *int     `json:"output_length"`
+	HashIDs      *[]int64 `json:"hash_ids"`
+}
+
 // Read parses a trace and returns its requests in timestamp order (file
-// order within a timestamp). A malformed line is an error naming its
-// number and what is wrong.
+// order within a timestamp). Every line carries all four fields of
+// Request; a malformed line is an error naming its number and what is
+// wrong (for a missing field, the field).
 func Read(r io.Reader) ([]Request, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), MaxLine)
 	var out []Request
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Bytes()
-		if len(trimSpace(line)) == 0 {
+	n := 0
+	for sc.Scan() {
+		n++
+		b := sc.Bytes()
+		if len(trimSpace(b)) == 0 {
 			continue
 		}
-		var q Request
-		if err := json.Unmarshal(line, &q); err != nil {
+		var w line
+		if err := json.Unmarshal(b, &w); err != nil {
 			return nil, fmt.Errorf("line %d: %w", n, err)
 		}
+		var missing []string
+		for _, f := range []struct {
+			name    string
+			present bool
+		}{
+			{"timestamp", w.Timestamp != nil},
+			{"input_length", w.InputLength != nil},
+			{"output_length", w.OutputLength != nil},
+			{"hash_ids", w.HashIDs != nil},
+		} {
+			if !f.present {
+				missing = append(missing, f.name)
+			}
+		}
+		if len(missing) > 0 {
+			return nil, fmt.Errorf("line %d: missing required field(s) %s", n, strings.Join(missing, ", "))
+		}
+		q := Request{Timestamp: *w.Timestamp, InputLength: *w.InputLength, OutputLength: *w.OutputLength, HashIDs: *w.HashIDs}
 		switch {
 		case q.Timestamp < 0:
 			return nil, fmt.Errorf("line %d: negative timestamp %d", n, q.Timestamp)
@@ -56,7 +89,7 @@ func Read(r io.Reader) ([]Request, error) {
 	}
 	if err := sc.Err(); err != nil {
 		if err == bufio.ErrTooLong {
-			return nil, fmt.Errorf("line %d: longer than %d bytes", len(out)+1, MaxLine)
+			return nil, fmt.Errorf("line %d: longer than %d bytes", n+1, MaxLine)
 		}
 		return nil, err
 	}

@@ -20,10 +20,15 @@ func TestRead(t *testing.T) {
 		t.Fatalf("%+v: want timestamp order, file order within a timestamp", reqs)
 	}
 	for _, bad := range []struct{ in, want string }{
-		{`{"timestamp": -1, "input_length": 1, "hash_ids": [1]}`, "negative timestamp"},
-		{`{"timestamp": 1, "input_length": 5}`, "no hash_ids"},
-		{"{\"timestamp\": 1}\n{oops", "line 2"},
-		{`{"timestamp": 1, "input_length": -3, "hash_ids": [1]}`, "negative length"},
+		{`{"timestamp": -1, "input_length": 1, "output_length": 1, "hash_ids": [1]}`, "negative timestamp"},
+		{`{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": []}`, "no hash_ids"},
+		{"{\"timestamp\": 1, \"input_length\": 0, \"output_length\": 0, \"hash_ids\": []}\n{oops", "line 2"},
+		{`{"timestamp": 1, "input_length": -3, "output_length": 1, "hash_ids": [1]}`, "negative length"},
+		// A line must carry every field: a missing one is not a zero.
+		{`{"garbage": 1}`, "line 1: missing required field(s) timestamp, input_length, output_length, hash_ids"},
+		{"null", "line 1: missing required field(s) timestamp"},
+		{"{\"timestamp\": 0, \"input_length\": 0, \"output_length\": 0, \"hash_ids\": []}\n\n{\"timestamp\": 3, \"input_length\": 0, \"hash_ids\": []}", "line 3: missing required field(s) output_length"},
+		{`{"timestamp": 3, "input_length": 0, "output_length": 1, "hash_ids": null}`, "line 1: missing required field(s) hash_ids"},
 	} {
 		if _, err := Read(strings.NewReader(bad.in)); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("Read(%q) = %v, want an error about %q", bad.in, err, bad.want)
@@ -56,6 +61,7 @@ func TestSharedTraces(t *testing.T) {
 func FuzzRead(f *testing.F) {
 	f.Add([]byte(`{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [0, 1]}`))
 	f.Add([]byte("{\"timestamp\": 1}\n\n{\"timestamp\": 0, \"hash_ids\": [3]}"))
+	f.Add([]byte("{\"timestamp\": 1, \"input_length\": 0, \"output_length\": 0, \"hash_ids\": []}\n\n{\"timestamp\": 0, \"input_length\": 3, \"output_length\": 1, \"hash_ids\": [3]}"))
 	f.Add([]byte(`{"timestamp": 9e99}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		reqs, err := Read(strings.NewReader(string(b)))

@@ -106,6 +106,9 @@ func TestLaunchProcesses(t *testing.T) {
 			t.Fatalf("row %+v", r)
 		}
 	}
+	if u := Unfinished(rows, 3); u != nil {
+		t.Fatalf("unfinished after a full run: %v", u)
+	}
 	for _, r := range launch("-collective", "all_reduce", "-protocol", "tcp") {
 		if r.Transport != "tcp" || !*r.Correct {
 			t.Fatalf("-protocol tcp: row %+v", r)
@@ -123,6 +126,10 @@ func TestLaunchProcesses(t *testing.T) {
 	}
 	if !failed {
 		t.Fatalf("no row records rank 1 failing: %+v", rows)
+	}
+	// mc bench coll fails such a run: rank 1 did not finish.
+	if u := Unfinished(rows, 3); !slices.Equal(u, []int{1}) {
+		t.Fatalf("unfinished after the drill: %v, want [1]", u)
 	}
 	// Which survivor notices the failure first (and logs it) is a race;
 	// what must hold is that every line says which rank wrote it and that

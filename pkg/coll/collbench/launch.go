@@ -88,6 +88,19 @@ func Launch(ctx context.Context, lc LaunchConfig) ([]Result, error) {
 	return Merge(rows), nil
 }
 
+// Unfinished lists the ranks of a group of n that were not active in the
+// sweep's last row (every rank when there is no row): those that failed
+// or exited during the sweep.
+func Unfinished(rows []Result, n int) []int {
+	var out []int
+	for r := range n {
+		if len(rows) == 0 || !slices.Contains(rows[len(rows)-1].ActiveRanks, r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // Merge picks, for each size in the order first seen, the row of the
 // lowest rank that was active in it.
 func Merge(rows [][]Result) []Result {

@@ -26,13 +26,18 @@ type node struct {
 // testRetryCount is the RetryCount of engines start builds (0: default).
 var testRetryCount int
 
+// testSoftRetryTimeout is the soft NICs' RetryTimeout in engines start
+// builds: short, so that tests losing frames on purpose (port down,
+// dropped peer, dead wire) see the loss quickly.
+var testSoftRetryTimeout = 200 * time.Millisecond
+
 // start runs an engine with the rdma transport over its own soft NICs.
 func start(t *testing.T, be meta.Backend, name string, devs ...soft.DeviceConfig) *node {
 	t.Helper()
 	if len(devs) == 0 {
 		devs = []soft.DeviceConfig{{Name: "soft0"}, {Name: "soft1"}}
 	}
-	p, err := soft.New(soft.Config{Devices: devs, RetryTimeout: 200 * time.Millisecond})
+	p, err := soft.New(soft.Config{Devices: devs, RetryTimeout: testSoftRetryTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,9 +342,21 @@ func usedAgain(t *testing.T, c *rdma.Context, name string, round func() error) {
 // Both engines open connections to each other at the same moment: each
 // side's connection request meets the other's endpoint half set up. No
 // slice may fail for it, even with retries off.
+//
+// Nothing is lost on the wire here, so nothing may time out either. The
+// soft NIC's retry timeout is a wall clock over goroutines (a dial, a
+// writer, the peer's responder), not a NIC's ACK timer: on a loaded
+// machine under -race a first frame has waited over 200 ms for them
+// (loopback dials of 210 ms and two-frame writes of 220 ms measured, with
+// every response arriving afterwards), and the package's 200 ms timeout
+// then failed a slice whose response was on its way ("transport retry
+// counter exceeded"), which flushed the QP's other slices and retired the
+// endpoint under the peer. This test keeps a timeout no scheduler delay
+// reaches; a frame the crossing really loses still fails it, after 10 s.
 func TestSimultaneousConnectFailsNoSlice(t *testing.T) {
 	testRetryCount = -1 // no retry
-	t.Cleanup(func() { testRetryCount = 0 })
+	testSoftRetryTimeout = 10 * time.Second
+	t.Cleanup(func() { testRetryCount, testSoftRetryTimeout = 0, 200*time.Millisecond })
 	for round := 0; round < 5; round++ {
 		be := meta.NewMemory()
 		a, b := start(t, be, fmt.Sprintf("a%d", round)), start(t, be, fmt.Sprintf("b%d", round))

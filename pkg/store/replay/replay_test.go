@@ -91,10 +91,11 @@ func TestRunTiny(t *testing.T) {
 
 func TestReadErrors(t *testing.T) {
 	for in, want := range map[string]string{
-		"":                             "no request",
-		"{\"timestamp\": 1}\nnot json": "line 2",
-		`{"timestamp": -1}`:            "negative timestamp",
-		`{"hash_ids": ["x"]}`:          "line 1",
+		"": "no request",
+		"{\"timestamp\": 1, \"input_length\": 0, \"output_length\": 0, \"hash_ids\": []}\nnot json": "line 2",
+		`{"timestamp": -1, "input_length": 0, "output_length": 0, "hash_ids": []}`:                  "negative timestamp",
+		`{"hash_ids": ["x"]}`: "line 1",
+		`{"garbage": 1}`:      "line 1: missing required field(s) timestamp",
 	} {
 		if _, err := Read(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Read(%q) = %v, want an error with %q", in, err, want)
