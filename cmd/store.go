@@ -541,14 +541,22 @@ func runServeStore(ctx context.Context, o serveStoreOptions, p *printer) error {
 // ---- mc store ----
 
 type storeClientOptions struct {
-	Data   storeDataOptions
-	Master string
-	Admin  string
+	Data      storeDataOptions
+	Master    string
+	Admin     string
+	Checksums bool
 }
 
 func (o *storeClientOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Master, "master", store.DefaultMaster, "master RPC address: host:port (mc's master), etcd://H:P[;H:P] to find the HA leader (cluster id from MC_STORE_CLUSTER_ID), or mooncake://H:P for a mooncake_master")
 	fs.StringVar(&o.Admin, "admin", "", "master admin HTTP API (default http://<master or leader host>:9003)")
+	// Only where values move (put, get): see addChecksumFlag.
+	o.Checksums = true
+}
+
+// addChecksumFlag gives a verb that moves values the --checksums flag.
+func (o *storeClientOptions) addChecksumFlag(fs *pflag.FlagSet) {
+	fs.BoolVar(&o.Checksums, "checksums", true, "record a CRC32C of each value put and check it before a get returns the bytes (mc's master; --checksums=false: neither)")
 }
 
 func (o storeClientOptions) adminURL() (string, error) {
@@ -609,7 +617,7 @@ func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
 	ecfg.NameWithPort = true // beside a node of this host under its name
 	// A one-shot client waits for nobody: fail fast when the master is
 	// not there.
-	return store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: 5 * time.Second, Logger: quietLogger()})
+	return store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: 5 * time.Second, Logger: quietLogger(), NoChecksums: !o.Checksums})
 }
 
 func newStoreCmd(p *printer) *cobra.Command {
@@ -654,6 +662,7 @@ func newStorePutCmd(p *printer) *cobra.Command {
 		},
 	}
 	o.storeClientOptions.addFlags(cmd.Flags())
+	o.storeClientOptions.addChecksumFlag(cmd.Flags())
 	o.Data.addFlags(cmd.Flags())
 	cmd.Flags().IntVar(&o.Replicas, "replicas", 1, "copies on distinct segments (best effort)")
 	cmd.Flags().BoolVar(&o.SoftPin, "soft-pin", false, "keep it out of eviction for the master's soft-pin TTL, unless nothing else is left")
@@ -727,6 +736,7 @@ prints the value base64-encoded in a JSON object instead.`,
 		},
 	}
 	o.storeClientOptions.addFlags(cmd.Flags())
+	o.storeClientOptions.addChecksumFlag(cmd.Flags())
 	o.Data.addFlags(cmd.Flags())
 	return cmd
 }

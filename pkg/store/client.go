@@ -50,6 +50,11 @@ type Config struct {
 	// StagingSize is the registered memory the copying forms (Put, Get)
 	// stage values in (64 MiB); larger values get memory of their own.
 	StagingSize int
+	// NoChecksums turns off the writer's checksum of each value (recorded
+	// with the object at PutEnd) and the reader's check of it before a
+	// get returns the bytes. On by default: a get never returns bytes
+	// other than those put, even if a write landed where it must not.
+	NoChecksums bool
 	Logger      *slog.Logger
 }
 
@@ -98,6 +103,12 @@ type Client struct {
 	// afterPutStart, if set (tests only), runs between a put's grant and
 	// its transfer.
 	afterPutStart func(keys []string)
+	// afterRead, if set (tests only), runs on each value read before its
+	// checksum is checked.
+	afterRead func(key string, b []byte)
+	// mismatches counts checksum mismatches; reported the part the
+	// master has been told of (Ping).
+	mismatches, reported atomic.Uint64
 }
 
 var errClientClosed = &Error{Code: UnavailableInCurrentStatus, Msg: "client closed"}
@@ -148,6 +159,9 @@ type ClientStats struct {
 	Pings        uint64
 	PingFailures uint64
 	Remounts     uint64
+	// ChecksumMismatches counts replicas whose bytes did not match the
+	// writer's checksum (the get tried another replica or failed).
+	ChecksumMismatches uint64
 	// Renewals counts segment renewals: re-mounts on a master that no
 	// longer knew the segment, which revoke every earlier grant in it.
 	Renewals uint64
@@ -165,6 +179,7 @@ func (c *Client) Stats() ClientStats {
 	defer c.mu.Unlock()
 	s := c.stats
 	s.MasterUp = c.masterUp
+	s.ChecksumMismatches = c.mismatches.Load()
 	c.evicted.mu.Lock()
 	s.EvictedKeys = c.evicted.total
 	c.evicted.mu.Unlock()
@@ -421,7 +436,11 @@ func (c *Client) pingLoop() {
 // ping pings the master, re-mounting when asked; it reports whether the
 // master answered and this client is mounted there.
 func (c *Client) ping(ctx context.Context) bool {
-	resp, err := c.w.ping(ctx)
+	seen := c.mismatches.Load()
+	resp, err := c.w.ping(ctx, seen-c.reported.Load())
+	if err == nil {
+		c.reported.Store(seen)
+	}
 	c.mu.Lock()
 	wasUp := c.masterUp
 	c.masterUp = err == nil

@@ -3,3 +3,7 @@ package store
 // SetAfterPutStart makes c call f between each put's grant (PutStart)
 // and its transfer: tests stall a writer there.
 func SetAfterPutStart(c *Client, f func(keys []string)) { c.afterPutStart = f }
+
+// SetAfterRead makes c call f on each value it reads, before the value's
+// checksum is checked: tests corrupt it there.
+func SetAfterRead(c *Client, f func(key string, b []byte)) { c.afterRead = f }

@@ -26,17 +26,22 @@ type masterWire interface {
 	// cannot know what it (or its predecessor) granted in that memory,
 	// so the node must renew it and mount it anew.
 	remount(ctx context.Context, segs []SegmentInfo) error
-	ping(ctx context.Context) (pingResult, error)
+	// ping tells the master the client is alive, and how many checksum
+	// mismatches it saw since the last ping (a wire that can carry it).
+	ping(ctx context.Context, mismatches uint64) (pingResult, error)
 	// unmount takes a segment away gracefully (reads in flight finish).
 	unmount(ctx context.Context, seg UUID) error
 	// unregister tells the master the client leaves (best effort).
 	unregister(ctx context.Context) error
 	putStart(ctx context.Context, items []putItem, rc ReplicateConfig, upsert bool) ([][]Replica, []error, error)
-	putEnd(ctx context.Context, keys []string, upsert bool) []error
+	// putEnd ends puts; sums (nil, or one per key) are the writer's
+	// checksums of the values, for a wire that carries them.
+	putEnd(ctx context.Context, keys []string, sums []uint64, upsert bool) []error
 	putRevoke(ctx context.Context, keys []string, upsert bool) []error
 	// replicaLists answers where keys' complete replicas are, granting
 	// read leases.
-	replicaLists(ctx context.Context, keys []string) ([][]Replica, []error, error)
+	// The sums are the writers' checksums (nil, or per key: 0 for none).
+	replicaLists(ctx context.Context, keys []string) ([][]Replica, []uint64, []error, error)
 	exist(ctx context.Context, keys []string) ([]bool, []error)
 	remove(ctx context.Context, keys []string, force bool) []error
 	removeAll(ctx context.Context) (uint64, error)

@@ -139,19 +139,18 @@ func TestMooncakeNodeRemountsAfterMasterRestart(t *testing.T) {
 	node := c.mooncakeClient(32 << 20)
 	c.stop()
 	c2 := startMasterOn(t, addr, master.Config{})
-	deadline := time.Now().Add(10 * time.Second)
-	for len(c2.m.Segments()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("node did not re-mount within 10 s (stats %+v)", node.Stats())
-		}
-		time.Sleep(20 * time.Millisecond)
+	// The node counts the re-mount once its call returns, just after the
+	// master has the segment.
+	waitFor(t, "the node to re-mount", 10*time.Second, func() bool {
+		return len(c2.m.Segments()) == 1 && node.Stats().Remounts > 0
+	})
+	// Mooncake's master had forgotten the segment: the node renewed it.
+	if st := node.Stats(); st.Renewals == 0 {
+		t.Fatalf("the node re-mounted without renewing its segment: %+v", st)
 	}
 	cl := c2.mooncakeClient(0)
 	if err := cl.Put(context.Background(), "after", value(1000, 9)); err != nil {
 		t.Fatalf("put after re-mount: %v", err)
-	}
-	if node.Stats().Remounts == 0 {
-		t.Fatal("the node counted no re-mount")
 	}
 }
 

@@ -213,8 +213,28 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 			reqs = append(reqs, xfer{item: i, op: engine.Write, local: src[i].addr, rep: r})
 		}
 	}
+	// The checksums are taken while the bytes move (the transfer reads
+	// the same memory; neither writes it).
+	var sums []uint64
+	var summed chan struct{}
+	if !c.cfg.NoChecksums {
+		sums = make([]uint64, len(keys))
+		summed = make(chan struct{})
+		go func() {
+			defer close(summed)
+			for _, i := range idx {
+				if errs[i] == nil && src[i].buf != nil {
+					sums[i] = Checksum(src[i].buf[:src[i].n])
+				}
+			}
+		}()
+	}
 	failed := c.transfer(ctx, reqs, len(keys))
+	if summed != nil {
+		<-summed
+	}
 	var end, revoke []string
+	var endSums []uint64
 	var endIdx []int
 	for _, i := range idx {
 		if errs[i] != nil {
@@ -227,6 +247,9 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 		}
 		end = append(end, keys[i])
 		endIdx = append(endIdx, i)
+		if sums != nil {
+			endSums = append(endSums, sums[i])
+		}
 	}
 	// Grants the master may have made (and, with HA, logged) though it
 	// answered with an error go back too.
@@ -234,7 +257,7 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 		c.w.putRevoke(context.WithoutCancel(ctx), revoke, upsert)
 	}
 	if len(end) > 0 {
-		res := c.w.putEnd(ctx, end, upsert)
+		res := c.w.putEnd(ctx, end, endSums, upsert)
 		var again []string
 		for j, i := range endIdx {
 			errs[i] = res[j]
@@ -279,7 +302,7 @@ func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error
 		return vals, failAll(errs, err)
 	}
 	defer c.leave()
-	reps := c.replicaLists(ctx, keys, errs)
+	reps, sums := c.replicaLists(ctx, keys, errs)
 	dst := make([]local, len(keys))
 	defer c.unstage(ctx, dst)
 	for i := range keys {
@@ -293,7 +316,7 @@ func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error
 		}
 		dst[i] = s
 	}
-	c.read(ctx, keys, reps, dst, errs)
+	c.read(ctx, keys, reps, sums, dst, errs)
 	for i := range keys {
 		if errs[i] == nil {
 			vals[i] = append([]byte(nil), dst[i].bytes()...)
@@ -317,7 +340,7 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, slices []Slice
 		return ns, failAll(errs, err)
 	}
 	defer c.leave()
-	reps := c.replicaLists(ctx, keys, errs)
+	reps, sums := c.replicaLists(ctx, keys, errs)
 	dst := make([]local, len(keys))
 	for i := range keys {
 		if errs[i] != nil {
@@ -336,9 +359,10 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, slices []Slice
 			errs[i] = Errorf(InvalidParams, "key %q: value of %d bytes does not fit a slice of %d", keys[i], n, slices[i].Len)
 			continue
 		}
-		dst[i] = local{addr: a, n: reps[i][0].Len}
+		n := reps[i][0].Len
+		dst[i] = local{addr: a, n: n, buf: slices[i].Buf.mem.Bytes()[slices[i].Off:][:n]}
 	}
-	c.read(ctx, keys, reps, dst, errs)
+	c.read(ctx, keys, reps, sums, dst, errs)
 	for i := range keys {
 		if errs[i] == nil {
 			ns[i] = int(dst[i].n)
@@ -349,18 +373,25 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, slices []Slice
 
 // replicaLists asks the master where each key's replicas are (granting a
 // read lease).
-func (c *Client) replicaLists(ctx context.Context, keys []string, errs []error) [][]Replica {
+func (c *Client) replicaLists(ctx context.Context, keys []string, errs []error) ([][]Replica, []uint64) {
 	out := make([][]Replica, len(keys))
 	send, idx := validKeys(keys, errs)
 	if len(send) == 0 {
-		return out
+		return out, nil
 	}
-	lists, listErrs, err := c.w.replicaLists(ctx, send)
+	lists, listSums, listErrs, err := c.w.replicaLists(ctx, send)
+	var sums []uint64
+	if listSums != nil && !c.cfg.NoChecksums {
+		sums = make([]uint64, len(keys))
+	}
 	for j := range send {
 		i := at(idx, j)
 		if err != nil {
 			errs[i] = err
 			continue
+		}
+		if sums != nil {
+			sums[i] = listSums[j]
 		}
 		switch reps := lists[j]; {
 		case listErrs[j] != nil:
@@ -371,7 +402,7 @@ func (c *Client) replicaLists(ctx context.Context, keys []string, errs []error) 
 			out[i] = c.orderReplicas(reps)
 		}
 	}
-	return out
+	return out, sums
 }
 
 // orderReplicas puts the replicas this process holds first (a memcpy),
@@ -399,9 +430,13 @@ func (c *Client) orderReplicas(reps []Replica) []Replica {
 }
 
 // read moves each item's value from its first replica, falling back to
-// the next replica for items whose transfer failed.
-func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, dst []local, errs []error) {
+// the next replica for items whose transfer failed or whose bytes do not
+// match the writer's checksum (sums: nil, or per key, 0 for none). A key
+// whose every replica holds other bytes fails with INVALID_REPLICA and
+// is removed, so that the next put stores it anew.
+func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, sums []uint64, dst []local, errs []error) {
 	try := make([]int, len(keys))
+	bad := make([]int, len(keys)) // replicas that failed their checksum
 	for round := 0; ; round++ {
 		var reqs []xfer
 		for i := range keys {
@@ -419,12 +454,22 @@ func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, dst 
 			return
 		}
 		failed := c.transfer(ctx, reqs, len(keys))
+		if sums != nil {
+			c.verify(keys, sums, reqs, dst, failed)
+		}
 		for _, x := range reqs {
 			i := x.item
 			if err := failed[i]; err != nil {
+				if CodeOf(err) == InvalidReplica {
+					bad[i]++
+				}
 				try[i]++
 				if try[i] >= len(reps[i]) {
 					errs[i] = fmt.Errorf("every replica failed, last: %w", err)
+					if bad[i] == len(reps[i]) {
+						errs[i] = err
+						c.dropCorrupt(ctx, keys[i])
+					}
 				} else {
 					c.log.Warn(fmt.Sprintf("get %q: replica on %s failed, trying the next: %v", keys[i], x.rep.Segment, err))
 				}
@@ -432,6 +477,37 @@ func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, dst 
 				try[i] = -1
 			}
 		}
+	}
+}
+
+// verify checks the bytes each successful read brought against the
+// writer's checksum; a mismatch fails that replica (INVALID_REPLICA) and
+// is counted.
+func (c *Client) verify(keys []string, sums []uint64, reqs []xfer, dst []local, failed []error) {
+	for _, x := range reqs {
+		i := x.item
+		want := sums[i]
+		if failed[i] != nil || want == 0 || dst[i].buf == nil {
+			continue
+		}
+		b := dst[i].buf[:x.rep.Len]
+		if c.afterRead != nil {
+			c.afterRead(keys[i], b)
+		}
+		if got := Checksum(b); got != want {
+			c.mismatches.Add(1)
+			failed[i] = Errorf(InvalidReplica, "key %q: the replica on %s holds other bytes than were put (CRC32C 0x%08x, the writer's 0x%08x): not returned", keys[i], x.rep.Segment, uint32(got), uint32(want))
+			c.log.Warn(failed[i].Error())
+		}
+	}
+}
+
+// dropCorrupt removes a key whose every replica failed its checksum
+// (best effort): a get of it can only fail, and a put of it anew must
+// not be refused as existing.
+func (c *Client) dropCorrupt(ctx context.Context, key string) {
+	if errs := c.w.remove(context.WithoutCancel(ctx), []string{key}, true); errs[0] != nil {
+		c.log.Warn(fmt.Sprintf("remove %q, whose every replica failed its checksum: %v", key, errs[0]))
 	}
 }
 

@@ -226,10 +226,10 @@ func (w *grpcWire) remount(ctx context.Context, segs []SegmentInfo) error {
 	return nil
 }
 
-func (w *grpcWire) ping(ctx context.Context) (pingResult, error) {
+func (w *grpcWire) ping(ctx context.Context, mismatches uint64) (pingResult, error) {
 	var resp *pb.PingResponse
 	err := w.call(ctx, "ping", func(ctx context.Context) (err error) {
-		resp, err = w.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(w.cfg.id)}, failFast)
+		resp, err = w.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(w.cfg.id), ChecksumMismatches: mismatches}, failFast)
 		return err
 	})
 	if err != nil {
@@ -278,8 +278,9 @@ func (w *grpcWire) putStart(ctx context.Context, items []putItem, rc ReplicateCo
 	return replicaTableFromPB(table, len(items))
 }
 
-func (w *grpcWire) putEnd(ctx context.Context, keys []string, upsert bool) []error {
+func (w *grpcWire) putEnd(ctx context.Context, keys []string, sums []uint64, upsert bool) []error {
 	return w.keysCall(ctx, "put end", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+		r.Checksums = sums
 		if upsert {
 			return w.ses.BatchUpsertEnd(ctx, r)
 		}
@@ -358,16 +359,21 @@ func (w *grpcWire) keysCallAgain(ctx context.Context, what string, keys []string
 	return out
 }
 
-func (w *grpcWire) replicaLists(ctx context.Context, keys []string) ([][]Replica, []error, error) {
+func (w *grpcWire) replicaLists(ctx context.Context, keys []string) ([][]Replica, []uint64, []error, error) {
 	var table *pb.ReplicaTable
 	err := w.readCall(ctx, "get", func(ctx context.Context) (err error) {
 		table, err = w.ses.GetReplicaLists(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys})
 		return err
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return replicaTableFromPB(table, len(keys))
+	lists, errs, err := replicaTableFromPB(table, len(keys))
+	var sums []uint64
+	if err == nil && len(table.Checksums) == len(keys) {
+		sums = table.Checksums
+	}
+	return lists, sums, errs, err
 }
 
 func (w *grpcWire) exist(ctx context.Context, keys []string) ([]bool, []error) {

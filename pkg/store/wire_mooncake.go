@@ -158,7 +158,7 @@ func (w *mooncakeWire) remount(ctx context.Context, segs []SegmentInfo) error {
 	return nil
 }
 
-func (w *mooncakeWire) ping(ctx context.Context) (pingResult, error) {
+func (w *mooncakeWire) ping(ctx context.Context, _ uint64) (pingResult, error) {
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	r, err := w.mc.Ping(ctx, w.id())
@@ -265,7 +265,7 @@ func (w *mooncakeWire) keysResult(what string, keys []string, errs []error, err 
 	return out
 }
 
-func (w *mooncakeWire) putEnd(ctx context.Context, keys []string, upsert bool) []error {
+func (w *mooncakeWire) putEnd(ctx context.Context, keys []string, _ []uint64, upsert bool) []error {
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	errs, err := w.mc.BatchPutEnd(ctx, w.id(), keys, upsert)
@@ -279,12 +279,12 @@ func (w *mooncakeWire) putRevoke(ctx context.Context, keys []string, upsert bool
 	return w.keysResult("put revoke", keys, errs, err, ctx)
 }
 
-func (w *mooncakeWire) replicaLists(ctx context.Context, keys []string) ([][]Replica, []error, error) {
+func (w *mooncakeWire) replicaLists(ctx context.Context, keys []string) ([][]Replica, []uint64, []error, error) {
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	ls, errs, err := w.mc.BatchGetReplicaList(ctx, keys)
 	if err != nil {
-		return nil, nil, w.err("get", ctx, err)
+		return nil, nil, nil, w.err("get", ctx, err)
 	}
 	out := make([][]Replica, len(keys))
 	for i := range keys {
@@ -298,7 +298,8 @@ func (w *mooncakeWire) replicaLists(ctx context.Context, keys []string) ([][]Rep
 			}
 		}
 	}
-	return out, errs, nil
+	// Mooncake's wire carries no checksum of mc's.
+	return out, nil, errs, nil
 }
 
 func (w *mooncakeWire) exist(ctx context.Context, keys []string) ([]bool, []error) {

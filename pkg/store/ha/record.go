@@ -32,6 +32,8 @@ type record struct {
 	// W and At: a put_start's writer and start (unix nanos).
 	W  *store.UUID `json:"w,omitempty"`
 	At int64       `json:"at,omitempty"`
+	// X is a put_end's checksum of the value (0: none).
+	X uint64 `json:"x,omitempty"`
 }
 
 // rep is where one replica is: segment name and address. The segment's
@@ -57,6 +59,7 @@ func recordOf(c master.Change) record {
 			r.Reps[i] = rep{Seg: x.Segment, Addr: x.Addr}
 		}
 		r.Ver, r.Tier = c.Version, c.Tier
+		r.X = c.Sum
 	case master.OpDiskOnly:
 		r.Size, r.Ver, r.Tier = c.Size, c.Version, c.Tier
 	case master.OpDrain:
@@ -104,6 +107,8 @@ type object struct {
 	// DiskTier and DiskVer: its replica on a node's disk tier, if any.
 	DiskTier string `json:"dt,omitempty"`
 	DiskVer  uint64 `json:"dv,omitempty"`
+	// Sum is the writer's checksum of the value (0: none).
+	Sum uint64 `json:"x,omitempty"`
 }
 
 // state is the metadata the op log describes up to Seq: what a standby
@@ -212,7 +217,7 @@ func (s *state) apply(r record) {
 		delete(s.Pending, r.Key)
 	case "put_end":
 		delete(s.Pending, r.Key)
-		s.Objects[r.Key] = &object{Size: r.Size, Reps: append([]rep(nil), r.Reps...), SoftPin: r.SoftPin, HardPin: r.HardPin, Seq: r.Seq}
+		s.Objects[r.Key] = &object{Size: r.Size, Reps: append([]rep(nil), r.Reps...), SoftPin: r.SoftPin, HardPin: r.HardPin, Seq: r.Seq, Sum: r.X}
 	case "discard":
 		delete(s.Objects, r.Key)
 		s.staleOut(r.Key)
@@ -366,7 +371,7 @@ func (s *state) restoredAt(now time.Time, release time.Duration) (objs []master.
 				continue // the pending put stands for it
 			}
 			o := e.obj
-			ro := master.RestoredObject{Key: e.key, Size: o.Size, HardPin: o.HardPin, DiskTier: o.DiskTier, DiskVersion: o.DiskVer}
+			ro := master.RestoredObject{Key: e.key, Size: o.Size, HardPin: o.HardPin, DiskTier: o.DiskTier, DiskVersion: o.DiskVer, Sum: o.Sum}
 			if o.SoftPin != 0 {
 				ro.SoftPin = time.Unix(0, o.SoftPin)
 			}

@@ -236,3 +236,24 @@ func TestRestoredGrants(t *testing.T) {
 		}
 	}
 }
+
+// A put's checksum goes through the op log and a snapshot to the next
+// leader, so its readers still check what they read.
+func TestRestoredKeepsChecksum(t *testing.T) {
+	s := newState()
+	s.apply(record{Seq: 1, Op: "mount", Segment: seg("a", 1)})
+	r := recordOf(master.Change{Op: master.OpPutEnd, Key: "k", Size: 0x100, Replicas: []store.Replica{{Segment: "a", Addr: 0x1000, Len: 0x100}}, Sum: store.Checksum([]byte("v"))})
+	r.Seq = 2
+	s.apply(r)
+	b, err := s.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err = decodeState(b); err != nil {
+		t.Fatal(err)
+	}
+	objs, _ := s.restored()
+	if len(objs) != 1 || objs[0].Sum != store.Checksum([]byte("v")) {
+		t.Fatalf("restored %+v, want k with its checksum", objs)
+	}
+}

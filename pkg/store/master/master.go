@@ -228,6 +228,8 @@ type Change struct {
 	Drain *DrainJob
 	// Started is when a put started (put_start).
 	Started time.Time
+	// Sum is the writer's checksum of the value (put_end; 0: none).
+	Sum uint64
 }
 
 // Master is the store's metadata service. Its methods are safe for

@@ -17,6 +17,7 @@ type Metrics struct {
 	remove, removeFail                 prometheus.Counter
 	allocFailures                      prometheus.Counter
 	putDiscards, putReleases           prometheus.Counter
+	checksumMismatches                 prometheus.Counter
 	evictAttempts, evictSuccess        atomic.Uint64
 	evictedKeys, evictedBytes          atomic.Uint64
 	// Mooncake's reads of GetReplicaList: every key asked (total_get_nums_)
@@ -62,6 +63,7 @@ func newMetrics(m *Master) *Metrics {
 	x.removeFail = counter("master_remove_failures_total", "Remove items that failed")
 	x.allocFailures = counter("master_put_start_alloc_failures_total", "PutStart items refused for lack of space")
 	x.putDiscards = counter("master_put_start_discard_cnt", "puts discarded for want of a PutEnd within the discard timeout")
+	x.checksumMismatches = counter("mc_store_checksum_mismatches_total", "replicas whose bytes did not match the writer's checksum, as mc's clients reported them (each such get tried another replica or failed; it never returned the bytes)")
 	x.putReleases = counter("master_put_start_release_cnt", "discarded puts whose space was released after the release timeout")
 	counterOf := func(name, help string, v *atomic.Uint64) {
 		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) }))

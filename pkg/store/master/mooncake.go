@@ -239,7 +239,9 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 	m := s.m
 	one := func(err error) error { return s.rpc.durable([]error{err})[0] }
 	putStart := func(name string, upsert bool) mooncakeHandler {
-		return func(_ context.Context, req *cororpc.Request) (any, error) {
+		return func(ctx context.Context, req *cororpc.Request) (any, error) {
+			// A new HA leader holds puts until its nodes are back.
+			_ = m.AwaitTakeover(ctx)
 			var client mooncake.UUID
 			var key, tenant string
 			var n uint64
@@ -257,7 +259,8 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 		}
 	}
 	batchPutStart := func(name string, upsert bool) mooncakeHandler {
-		return func(_ context.Context, req *cororpc.Request) (any, error) {
+		return func(ctx context.Context, req *cororpc.Request) (any, error) {
+			_ = m.AwaitTakeover(ctx)
 			var client mooncake.UUID
 			var keys []string
 			var sizes []uint64

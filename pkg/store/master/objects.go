@@ -38,6 +38,9 @@ type Object struct {
 	// would be.
 	one   [1]replicaRef
 	lease int64 // read lease expiry, unix nanos
+	// sum is the writer's checksum of the value (store.Checksum form:
+	// 1<<32 | CRC32C), 0 when it gave none; readers check it.
+	sum uint64
 	// lastUse is the master-wide order of the object's last put or read
 	// (of its put only under fifo): eviction merges the shards' victims by
 	// it, so a round takes the policy's first objects of the whole master,

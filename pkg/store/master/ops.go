@@ -20,6 +20,8 @@ type PutItem struct {
 type ReplicaResult struct {
 	Replicas []store.Replica
 	LeaseTTL time.Duration // granted read lease (GetReplicaList)
+	// Sum is the writer's checksum of the value (0: none given).
+	Sum uint64
 	// Disk is the object's replica on a node's disk tier (BatchQuery
 	// only; a get is answered with DRAM replicas, staging the object).
 	Disk *DiskReplica
@@ -63,7 +65,6 @@ func failAll(out []ReplicaResult, err error) []ReplicaResult {
 // OBJECT_ALREADY_EXISTS; an older unfinished put is replaced.
 func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig) []ReplicaResult {
 	m.touchClient(client)
-	m.awaitTakeover()
 	out := make([]ReplicaResult, len(items))
 	if err := checkConfig(cfg); err != nil {
 		return failAll(out, err)
@@ -116,9 +117,12 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 		if old.state == stateComplete {
 			return ReplicaResult{Err: store.Errorf(store.ObjectAlreadyExists, "key %q already exists", it.Key)}
 		}
-		if now-old.putStart < m.cfg.PutDiscardTimeout.Nanoseconds() {
+		if now-old.putStart < m.cfg.PutDiscardTimeout.Nanoseconds() && old.writer != client {
 			return ReplicaResult{Err: store.Errorf(store.ObjectAlreadyExists, "key %q is being put by another writer (started %s ago)", it.Key, time.Duration(now-old.putStart).Round(time.Millisecond))}
 		}
+		// The same writer starting the key again has given its earlier
+		// put up (an answer it never got, a failover): replaced as an
+		// abandoned one is, its space held until the release timeout.
 		// An abandoned put: replace it, keeping its space out of use
 		// until the release timeout (its writer may still be writing).
 		sh.remove(it.Key, old)
@@ -175,14 +179,35 @@ func (m *Master) syncStarts(client store.UUID, items []PutItem, out []ReplicaRes
 
 // BatchPutEnd marks each put complete: from now on readers see it.
 func (m *Master) BatchPutEnd(client store.UUID, keys []string) []error {
+	return m.BatchPutEndSums(client, keys, nil)
+}
+
+// BatchPutEndSums is BatchPutEnd with the writer's checksum of each value
+// (sums nil, or one per key: store.Checksum's form, 0 for none), kept
+// with the object for readers to check.
+func (m *Master) BatchPutEndSums(client store.UUID, keys []string, sums []uint64) []error {
 	out := make([]error, len(keys))
+	if sums != nil && len(sums) != len(keys) {
+		return failErrs(out, store.Errorf(store.InvalidParams, "put end: %d checksums for %d keys", len(sums), len(keys)))
+	}
 	for i, k := range keys {
-		out[i] = m.putEnd(client, k, i)
+		var sum uint64
+		if sums != nil {
+			sum = sums[i]
+		}
+		out[i] = m.putEnd(client, k, i, sum)
 	}
 	return out
 }
 
-func (m *Master) putEnd(client store.UUID, key string, depth int) error {
+func failErrs(out []error, err error) []error {
+	for i := range out {
+		out[i] = err
+	}
+	return out
+}
+
+func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64) error {
 	sh := m.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -223,12 +248,13 @@ func (m *Master) putEnd(client store.UUID, key string, depth int) error {
 		}
 	}
 	o.state, o.inPlace, o.putStart, o.writer = stateComplete, false, 0, store.UUID{}
+	o.sum = sum
 	o.gen++
 	sh.track(o, depth)
 	if m.cfg.OnChange != nil {
 		// o.key, not key: the caller's may point into a request's body
 		// (keys decoded borrowed), which the op log would keep alive.
-		m.emit(Change{Op: OpPutEnd, Key: o.key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin})
+		m.emit(Change{Op: OpPutEnd, Key: o.key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin, Sum: sum})
 	}
 	return nil
 }
@@ -290,7 +316,6 @@ func (m *Master) revoke(client store.UUID, key string) error {
 // readable until the End.
 func (m *Master) BatchUpsertStart(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig) []ReplicaResult {
 	m.touchClient(client)
-	m.awaitTakeover()
 	out := make([]ReplicaResult, len(items))
 	if err := checkConfig(cfg); err != nil {
 		return failAll(out, err)
@@ -516,6 +541,7 @@ func (m *Master) lookupOne(k string, depth int, lease bool, now int64, stamp uin
 	case o.state != stateComplete:
 		r.Err = store.Errorf(store.ReplicaIsNotReady, "key %q is still being written", k)
 	case lease && len(o.replicas) == 0 && o.onDisk():
+		r.Sum = o.sum
 		op, err := m.stageLocked(o)
 		if err != nil {
 			r.Err = err
@@ -525,6 +551,7 @@ func (m *Master) lookupOne(k string, depth int, lease bool, now int64, stamp uin
 		n := len(*descs)
 		*descs = o.appendDescriptors(*descs, true)
 		r.Replicas = (*descs)[n:len(*descs):len(*descs)]
+		r.Sum = o.sum
 		if lease {
 			o.lease = max(o.lease, now+m.cfg.KVLeaseTTL.Nanoseconds())
 			sh.touch(o, depth, stamp)

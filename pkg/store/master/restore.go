@@ -34,6 +34,8 @@ type RestoredObject struct {
 	// object: a range a discarded or superseded put may still write,
 	// held until then (Key is ignored).
 	ReserveUntil time.Time
+	// Sum is the writer's checksum of the value (0: none).
+	Sum uint64
 }
 
 // RestoredReplica is where one copy of a restored object lives.
@@ -73,7 +75,7 @@ func (m *Master) Restore(objs []RestoredObject) error {
 		if len(ro.Replicas) == 0 && (ro.DiskTier == "" || ro.Pending || reserved) {
 			return store.Errorf(store.InvalidReplica, "restore %q: no replica", ro.Key)
 		}
-		o := &Object{key: ro.Key, size: ro.Size, state: stateComplete, hardPin: ro.HardPin}
+		o := &Object{key: ro.Key, size: ro.Size, state: stateComplete, hardPin: ro.HardPin, sum: ro.Sum}
 		if ro.Pending {
 			o.state, o.writer, o.putStart = stateProcessing, ro.Writer, ro.Started.UnixNano()
 		}

@@ -178,12 +178,12 @@ func (s *rpcServer) sessionCall(ctx context.Context, req *pb.SessionRequest) *pb
 	var h grpc.UnaryHandler
 	switch c := req.Call.(type) {
 	case *pb.SessionRequest_PutStart:
-		in, h = c.PutStart, func(_ context.Context, r any) (any, error) {
-			return s.putStartTable(r.(*pb.BatchPutStartRequest), false)
+		in, h = c.PutStart, func(ctx context.Context, r any) (any, error) {
+			return s.putStartTable(ctx, r.(*pb.BatchPutStartRequest), false)
 		}
 	case *pb.SessionRequest_UpsertStart:
-		in, h = c.UpsertStart, func(_ context.Context, r any) (any, error) {
-			return s.putStartTable(r.(*pb.BatchPutStartRequest), true)
+		in, h = c.UpsertStart, func(ctx context.Context, r any) (any, error) {
+			return s.putStartTable(ctx, r.(*pb.BatchPutStartRequest), true)
 		}
 	case *pb.SessionRequest_PutEnd:
 		in, h = c.PutEnd, func(ctx context.Context, r any) (any, error) { return s.BatchPutEnd(ctx, r.(*pb.BatchKeysRequest)) }
@@ -296,6 +296,7 @@ func replicaLists(rs []ReplicaResult) (*pb.BatchReplicaListResponse, bool) {
 			continue
 		}
 		l.LeaseTtlMs = uint64(r.LeaseTTL.Milliseconds())
+		l.Checksum = r.Sum
 		l.Replicas = ptrs[:len(r.Replicas):len(r.Replicas)]
 		ptrs = ptrs[len(r.Replicas):]
 		for j, x := range r.Replicas {
@@ -357,6 +358,13 @@ func replicaTable(rs []ReplicaResult) (*pb.ReplicaTable, bool) {
 		}
 		t.LeaseTtlMs[i] = uint64(r.LeaseTTL.Milliseconds())
 		t.ReplicaCounts[i] = uint32(len(r.Replicas))
+		if r.Sum != 0 {
+			// A column only when some key has a checksum.
+			if t.Checksums == nil {
+				t.Checksums = make([]uint64, n)
+			}
+			t.Checksums[i] = r.Sum
+		}
 		for _, x := range r.Replicas {
 			st := pb.ReplicaStatus_PROCESSING
 			if x.Complete {
@@ -400,7 +408,10 @@ func (s *rpcServer) getReplicaTable(r *pb.BatchKeysRequest) (*pb.ReplicaTable, e
 	return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult { return s.m.BatchGetReplicaList(r.Keys) }, replicaTable)
 }
 
-func (s *rpcServer) putStartTable(r *pb.BatchPutStartRequest, upsert bool) (*pb.ReplicaTable, error) {
+func (s *rpcServer) putStartTable(ctx context.Context, r *pb.BatchPutStartRequest, upsert bool) (*pb.ReplicaTable, error) {
+	if err := s.m.AwaitTakeover(ctx); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
 	return startPuts(s, r, upsert, replicaTable)
 }
 
@@ -410,11 +421,17 @@ func putStartResponse(rs []ReplicaResult) (*pb.BatchPutStartResponse, bool) {
 	return &pb.BatchPutStartResponse{Results: l.Results}, failed
 }
 
-func (s *rpcServer) BatchPutStart(_ context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
+func (s *rpcServer) BatchPutStart(ctx context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
+	if err := s.m.AwaitTakeover(ctx); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
 	return startPuts(s, r, false, putStartResponse)
 }
 
-func (s *rpcServer) BatchUpsertStart(_ context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
+func (s *rpcServer) BatchUpsertStart(ctx context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
+	if err := s.m.AwaitTakeover(ctx); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
 	return startPuts(s, r, true, putStartResponse)
 }
 
@@ -437,6 +454,9 @@ func items(in []*pb.PutStartItem) []PutItem {
 func (s *rpcServer) Ping(_ context.Context, r *pb.PingRequest) (*pb.PingResponse, error) {
 	v, st := s.m.Ping(store.UUIDFromPB(r.ClientId))
 	s.m.m.Op("ping", false)
+	if r.ChecksumMismatches > 0 {
+		s.m.m.checksumMismatches.Add(float64(r.ChecksumMismatches))
+	}
 	cs := pb.ClientStatus_OK
 	if st == store.ClientNeedRemount {
 		cs = pb.ClientStatus_NEED_REMOUNT
@@ -491,8 +511,20 @@ func (s *rpcServer) keysOp(name string, r *pb.BatchKeysRequest, f func(store.UUI
 	return res, nil
 }
 
+// endWithSums ends puts (or upserts: the same) with the writer's
+// checksums, when it sent them.
+func (s *rpcServer) endWithSums(r *pb.BatchKeysRequest) func(store.UUID, []string) []error {
+	return func(client store.UUID, keys []string) []error {
+		var sums []uint64
+		if len(r.Checksums) > 0 {
+			sums = r.Checksums
+		}
+		return s.m.BatchPutEndSums(client, keys, sums)
+	}
+}
+
 func (s *rpcServer) BatchPutEnd(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
-	return s.keysOp("batch_put_end", r, s.m.BatchPutEnd)
+	return s.keysOp("batch_put_end", r, s.endWithSums(r))
 }
 
 func (s *rpcServer) BatchPutRevoke(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
@@ -500,7 +532,7 @@ func (s *rpcServer) BatchPutRevoke(_ context.Context, r *pb.BatchKeysRequest) (*
 }
 
 func (s *rpcServer) BatchUpsertEnd(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
-	return s.keysOp("batch_upsert_end", r, s.m.BatchUpsertEnd)
+	return s.keysOp("batch_upsert_end", r, s.endWithSums(r))
 }
 
 func (s *rpcServer) BatchUpsertRevoke(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {

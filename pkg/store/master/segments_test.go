@@ -493,3 +493,36 @@ func TestMassSilenceHoldsClients(t *testing.T) {
 		t.Fatalf("%d segments after 3 TTLs of silence, want 0", got)
 	}
 }
+
+// A node restarted under the same name at the same endpoint (a new
+// segment id) replaces its earlier incarnation, whose objects went with
+// its memory; under another endpoint the name is still refused. Over
+// mc's gRPC a re-mount of a segment the master does not know is refused
+// (the node renews it), while one it knows is taken back.
+func TestMountNewIncarnation(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	old := mount(t, m, "node", "n", "127.0.0.1", 0x10000000, 64*MiB)
+	put(t, m, "w", "k", 4096)
+	next := old
+	next.ID, next.Base = uuidOf("seg/n-2"), 0x20000000
+	if err := m.MountSegment(uuidOf("node-2"), next); err != nil {
+		t.Fatalf("mount of a new incarnation: %v", err)
+	}
+	if segs := m.Segments(); len(segs) != 1 || segs[0].Info.ID != next.ID {
+		t.Fatalf("segments after the new incarnation: %+v", segs)
+	}
+	if r := m.BatchGetReplicaList([]string{"k"})[0]; store.CodeOf(r.Err) != store.ObjectNotFound {
+		t.Fatalf("get of an object of the old incarnation: %+v, want OBJECT_NOT_FOUND", r)
+	}
+	other := next
+	other.ID, other.Endpoint = uuidOf("seg/n-3"), "127.0.0.2:15000"
+	if err := m.MountSegment(uuidOf("node-3"), other); store.CodeOf(err) != store.SegmentAlreadyExists {
+		t.Fatalf("mount of the name at another endpoint: %v, want SEGMENT_ALREADY_EXISTS", err)
+	}
+	if errs := m.ReMountKnown(uuidOf("node-2"), []store.SegmentInfo{next}); errs[0] != nil {
+		t.Fatalf("re-mount of a known segment: %v", errs[0])
+	}
+	if errs := m.ReMountKnown(uuidOf("node"), []store.SegmentInfo{old}); store.CodeOf(errs[0]) != store.SegmentNotFound {
+		t.Fatalf("re-mount of a forgotten segment: %v, want SEGMENT_NOT_FOUND", errs[0])
+	}
+}

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -70,21 +71,27 @@ func (t *takeover) finishLocked() {
 	t.waiting.Store(false)
 }
 
-// awaitTakeover blocks a put until the takeover is over.
-func (m *Master) awaitTakeover() {
+// AwaitTakeover holds a put until the takeover is over, or ctx ends
+// (then it returns ctx's error: the caller has given up, and a grant
+// made now would be one nobody writes or ends).
+func (m *Master) AwaitTakeover(ctx context.Context) error {
 	t := &m.takeover
 	if !t.waiting.Load() {
-		return
+		return nil
 	}
 	t.mu.Lock()
 	done := t.done
 	t.mu.Unlock()
-	if done != nil {
-		select {
-		case <-done:
-		case <-m.done:
-		}
+	if done == nil {
+		return nil
 	}
+	select {
+	case <-done:
+	case <-m.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 func keys(m map[string]bool) []string {

@@ -274,6 +274,7 @@ func nodeHandler(c *store.Client, t *store.TierNode, masterAddr string) http.Han
 	gauge("mc_store_node_pings_total", "pings sent to the master", func() float64 { return float64(c.Stats().Pings) })
 	gauge("mc_store_node_ping_failures_total", "pings that failed", func() float64 { return float64(c.Stats().PingFailures) })
 	gauge("mc_store_node_remounts_total", "re-mounts after the master asked (restart, drop)", func() float64 { return float64(c.Stats().Remounts) })
+	gauge("mc_store_node_segment_renewals_total", "re-mounts on a master that no longer knew the segment: its memory renewed (new address, rkeys, memfd), so every earlier grant in it reaches nothing", func() float64 { return float64(c.Stats().Renewals) })
 	if t != nil {
 		registerTierGauges(reg, seg.Name, t)
 	}

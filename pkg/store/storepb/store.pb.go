@@ -453,10 +453,13 @@ type ReplicaTable struct {
 	Messages []string `protobuf:"bytes,5,rep,name=messages,proto3" json:"messages,omitempty"`
 	// Per replica, key after key: its segment (an index into segments),
 	// address, length and status.
-	Segment       []uint32        `protobuf:"varint,6,rep,packed,name=segment,proto3" json:"segment,omitempty"`
-	Address       []uint64        `protobuf:"varint,7,rep,packed,name=address,proto3" json:"address,omitempty"`
-	Length        []uint64        `protobuf:"varint,8,rep,packed,name=length,proto3" json:"length,omitempty"`
-	Status        []ReplicaStatus `protobuf:"varint,9,rep,packed,name=status,proto3,enum=mc.store.v1.ReplicaStatus" json:"status,omitempty"`
+	Segment []uint32        `protobuf:"varint,6,rep,packed,name=segment,proto3" json:"segment,omitempty"`
+	Address []uint64        `protobuf:"varint,7,rep,packed,name=address,proto3" json:"address,omitempty"`
+	Length  []uint64        `protobuf:"varint,8,rep,packed,name=length,proto3" json:"length,omitempty"`
+	Status  []ReplicaStatus `protobuf:"varint,9,rep,packed,name=status,proto3,enum=mc.store.v1.ReplicaStatus" json:"status,omitempty"`
+	// Per key: the writer's checksum of the value (see checksums below),
+	// 0 when it gave none.
+	Checksums     []uint64 `protobuf:"varint,10,rep,packed,name=checksums,proto3" json:"checksums,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -550,6 +553,13 @@ func (x *ReplicaTable) GetLength() []uint64 {
 func (x *ReplicaTable) GetStatus() []ReplicaStatus {
 	if x != nil {
 		return x.Status
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetChecksums() []uint64 {
+	if x != nil {
+		return x.Checksums
 	}
 	return nil
 }
@@ -790,10 +800,13 @@ func (x *Segment) GetProtocol() string {
 }
 
 type PingRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// Gets of this client whose bytes did not match the writer's checksum
+	// since its last ping (counted in the master's /metrics).
+	ChecksumMismatches uint64 `protobuf:"varint,2,opt,name=checksum_mismatches,json=checksumMismatches,proto3" json:"checksum_mismatches,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *PingRequest) Reset() {
@@ -831,6 +844,13 @@ func (x *PingRequest) GetClientId() *UUID {
 		return x.ClientId
 	}
 	return nil
+}
+
+func (x *PingRequest) GetChecksumMismatches() uint64 {
+	if x != nil {
+		return x.ChecksumMismatches
+	}
+	return 0
 }
 
 type PingResponse struct {
@@ -1392,7 +1412,10 @@ type ReplicaList struct {
 	Message  string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	Replicas []*Replica             `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
 	// lease_ttl_ms is the read lease granted (0 for admin reads).
-	LeaseTtlMs    uint64 `protobuf:"varint,4,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	LeaseTtlMs uint64 `protobuf:"varint,4,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	// checksum is the writer's checksum of the value (see
+	// BatchKeysRequest.checksums), 0 when it gave none.
+	Checksum      uint64 `protobuf:"varint,5,opt,name=checksum,proto3" json:"checksum,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1455,6 +1478,13 @@ func (x *ReplicaList) GetLeaseTtlMs() uint64 {
 	return 0
 }
 
+func (x *ReplicaList) GetChecksum() uint64 {
+	if x != nil {
+		return x.Checksum
+	}
+	return 0
+}
+
 type BatchPutStartResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Results       []*ReplicaList         `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
@@ -1500,9 +1530,13 @@ func (x *BatchPutStartResponse) GetResults() []*ReplicaList {
 }
 
 type BatchKeysRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Keys          []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Keys     []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	// PutEnd only, none or one per key: the writer's checksum of the value,
+	// 1<<32 | its CRC32C (Castagnoli); 0 for a key without one. Readers
+	// check it before they return the bytes.
+	Checksums     []uint64 `protobuf:"varint,3,rep,packed,name=checksums,proto3" json:"checksums,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1547,6 +1581,13 @@ func (x *BatchKeysRequest) GetClientId() *UUID {
 func (x *BatchKeysRequest) GetKeys() []string {
 	if x != nil {
 		return x.Keys
+	}
+	return nil
+}
+
+func (x *BatchKeysRequest) GetChecksums() []uint64 {
+	if x != nil {
+		return x.Checksums
 	}
 	return nil
 }
@@ -2144,7 +2185,7 @@ const file_store_proto_rawDesc = "" +
 	"\rreplica_table\x18\x03 \x01(\v2\x19.mc.store.v1.ReplicaTableH\x00R\freplicaTable\x125\n" +
 	"\aresults\x18\x04 \x01(\v2\x19.mc.store.v1.BatchResultsH\x00R\aresults\x127\n" +
 	"\x05exist\x18\x05 \x01(\v2\x1f.mc.store.v1.BatchExistResponseH\x00R\x05existB\a\n" +
-	"\x05reply\"\xb9\x03\n" +
+	"\x05reply\"\xd7\x03\n" +
 	"\fReplicaTable\x12@\n" +
 	"\bsegments\x18\x01 \x03(\v2$.mc.store.v1.ReplicaTable.SegmentRefR\bsegments\x12\x14\n" +
 	"\x05codes\x18\x02 \x03(\x05R\x05codes\x12 \n" +
@@ -2155,7 +2196,9 @@ const file_store_proto_rawDesc = "" +
 	"\asegment\x18\x06 \x03(\rR\asegment\x12\x18\n" +
 	"\aaddress\x18\a \x03(\x04R\aaddress\x12\x16\n" +
 	"\x06length\x18\b \x03(\x04R\x06length\x122\n" +
-	"\x06status\x18\t \x03(\x0e2\x1a.mc.store.v1.ReplicaStatusR\x06status\x1al\n" +
+	"\x06status\x18\t \x03(\x0e2\x1a.mc.store.v1.ReplicaStatusR\x06status\x12\x1c\n" +
+	"\tchecksums\x18\n" +
+	" \x03(\x04R\tchecksums\x1al\n" +
 	"\n" +
 	"SegmentRef\x12!\n" +
 	"\fsegment_name\x18\x01 \x01(\tR\vsegmentName\x12\x1f\n" +
@@ -2177,9 +2220,10 @@ const file_store_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x1f\n" +
 	"\vte_endpoint\x18\x05 \x01(\tR\n" +
 	"teEndpoint\x12\x1a\n" +
-	"\bprotocol\x18\x06 \x01(\tR\bprotocol\"=\n" +
+	"\bprotocol\x18\x06 \x01(\tR\bprotocol\"n\n" +
 	"\vPingRequest\x12.\n" +
-	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\"\x94\x01\n" +
+	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12/\n" +
+	"\x13checksum_mismatches\x18\x02 \x01(\x04R\x12checksumMismatches\"\x94\x01\n" +
 	"\fPingResponse\x12!\n" +
 	"\fview_version\x18\x01 \x01(\x04R\vviewVersion\x12>\n" +
 	"\rclient_status\x18\x02 \x01(\x0e2\x19.mc.store.v1.ClientStatusR\fclientStatus\x12!\n" +
@@ -2220,18 +2264,20 @@ const file_store_proto_rawDesc = "" +
 	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x18\n" +
 	"\aaddress\x18\x04 \x01(\x04R\aaddress\x12\x16\n" +
 	"\x06length\x18\x05 \x01(\x04R\x06length\x122\n" +
-	"\x06status\x18\x06 \x01(\x0e2\x1a.mc.store.v1.ReplicaStatusR\x06status\"\x8f\x01\n" +
+	"\x06status\x18\x06 \x01(\x0e2\x1a.mc.store.v1.ReplicaStatusR\x06status\"\xab\x01\n" +
 	"\vReplicaList\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x120\n" +
 	"\breplicas\x18\x03 \x03(\v2\x14.mc.store.v1.ReplicaR\breplicas\x12 \n" +
 	"\flease_ttl_ms\x18\x04 \x01(\x04R\n" +
-	"leaseTtlMs\"K\n" +
+	"leaseTtlMs\x12\x1a\n" +
+	"\bchecksum\x18\x05 \x01(\x04R\bchecksum\"K\n" +
 	"\x15BatchPutStartResponse\x122\n" +
-	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"V\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"t\n" +
 	"\x10BatchKeysRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x12\n" +
-	"\x04keys\x18\x02 \x03(\tR\x04keys\"N\n" +
+	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x1c\n" +
+	"\tchecksums\x18\x03 \x03(\x04R\tchecksums\"N\n" +
 	"\x18BatchReplicaListResponse\x122\n" +
 	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"[\n" +
 	"\x12BatchExistResponse\x12-\n" +
