@@ -75,13 +75,13 @@ func (o metaOptions) probeOptions() metascan.ProbeOptions {
 
 func (o metaOptions) validate(verb string) error {
 	if o.MetadataServer == "" {
-		return fmt.Errorf("meta %s: --metadata-server is required (etcd host:port or http://host:port/metadata)", verb)
+		return usagef("meta %s: --metadata-server is required (etcd host:port or http://host:port/metadata)", verb)
 	}
 	if o.ProbeTimeout <= 0 {
-		return fmt.Errorf("meta %s: --probe-timeout %v must be positive", verb, o.ProbeTimeout)
+		return usagef("meta %s: --probe-timeout %v must be positive", verb, o.ProbeTimeout)
 	}
 	if o.ProbeConcurrency < 0 {
-		return fmt.Errorf("meta %s: --probe-concurrency %d is negative", verb, o.ProbeConcurrency)
+		return usagef("meta %s: --probe-concurrency %d is negative", verb, o.ProbeConcurrency)
 	}
 	return nil
 }
@@ -225,7 +225,8 @@ and NVMe-oF file segments are left out.
 "devices","rpc_address","state","rtt_us","error","note"}]}; rtt_us is null
 when nothing answered.
 
-Exit status: 0 when the segments could be listed, 1 on error.`,
+Exit status: 0 when the segments could be listed, 1 on error, 64 on a
+usage error.`,
 		Example: `  mc meta ls --metadata-server 127.0.0.1:2379
   mc meta ls --metadata-server 10.0.0.1:2379 --metadata-cluster-id prod -o json
   mc meta ls --metadata-server http://10.0.0.1:8080/metadata --segment prefill-0 --segment decode-0`,
@@ -268,7 +269,7 @@ devices and NIC priority matrix. -o json prints the stored value exactly as
 it is in the metadata server.
 
 Exit status: 0 when shown, 1 when the segment is not registered, its value
-is not a descriptor, or the server fails.`,
+is not a descriptor, or the server fails; 64 on a usage error.`,
 		Example: `  mc meta show prefill-0 --metadata-server 127.0.0.1:2379
   mc meta show prefill-0 --metadata-server http://10.0.0.1:8080/metadata -o json`,
 		Args: cobra.ExactArgs(1),
@@ -382,7 +383,7 @@ failed.
 
 Exit status: 0 nothing stale, or every stale segment deleted (or found
 re-registered); 1 stale segments remain (a dry run found some); 2 on error
-(the metadata server failed, a deletion failed).`,
+(the metadata server failed, a deletion failed); 64 on a usage error.`,
 		Example: `  mc meta gc --metadata-server 127.0.0.1:2379
   mc meta gc --metadata-server 127.0.0.1:2379 --yes
   mc meta gc --metadata-server 10.0.0.1:2379 --metadata-cluster-id prod --yes --include-invalid

@@ -264,13 +264,13 @@ func TestMetaBadInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"meta", "ls"}, 1, "mc: meta ls: --metadata-server is required"},
-		{[]string{"meta", "gc"}, 2, "mc: meta gc: --metadata-server is required"},
+		{[]string{"meta", "ls"}, 64, "mc: meta ls: --metadata-server is required"},
+		{[]string{"meta", "gc"}, 64, "mc: meta gc: --metadata-server is required"},
 		{[]string{"meta", "ls", "--metadata-server", "P2PHANDSHAKE"}, 1, "P2PHANDSHAKE stores no segments"},
 		{[]string{"meta", "ls", "--metadata-server", "redis://127.0.0.1:6379"}, 1, "not supported"},
-		{[]string{"meta", "ls", "--metadata-server", "127.0.0.1:2379", "--probe-timeout", "0s"}, 1, "--probe-timeout 0s must be positive"},
-		{[]string{"meta", "ls", "--metadata-server", "127.0.0.1:2379", "--probe-concurrency", "-1"}, 1, "--probe-concurrency -1 is negative"},
-		{[]string{"meta", "show", "--metadata-server", "127.0.0.1:2379"}, 1, "accepts 1 arg(s), received 0"},
+		{[]string{"meta", "ls", "--metadata-server", "127.0.0.1:2379", "--probe-timeout", "0s"}, 64, "--probe-timeout 0s must be positive"},
+		{[]string{"meta", "ls", "--metadata-server", "127.0.0.1:2379", "--probe-concurrency", "-1"}, 64, "--probe-concurrency -1 is negative"},
+		{[]string{"meta", "show", "--metadata-server", "127.0.0.1:2379"}, 64, "accepts 1 arg(s), received 0"},
 		{[]string{"meta", "gc", "--metadata-server", refused, "--segment", "x"}, 2, "unreachable"},
 		{[]string{"meta", "gc", "--metadata-server", broken.URL, "--segment", "x"}, 2, "500"},
 	}

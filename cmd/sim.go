@@ -122,13 +122,13 @@ writes per-second prefill and decode load as CSV and --plot FILE.svg draws it
 
 func runSimConductor(o simConductorOptions, p *printer) error {
 	if o.Trace == "" {
-		return fmt.Errorf("--trace is required (a FAST'25 trace, e.g. conversation_trace.jsonl)")
+		return usagef("--trace is required (a FAST'25 trace, e.g. conversation_trace.jsonl)")
 	}
 	var scheds []conductor.Scheduler
 	for _, s := range strings.Split(o.Schedulers, ",") {
 		x, err := conductor.ParseScheduler(strings.TrimSpace(s))
 		if err != nil {
-			return fmt.Errorf("invalid --scheduler: %w", err)
+			return usagef("invalid --scheduler: %w", err)
 		}
 		scheds = append(scheds, x)
 	}
@@ -136,27 +136,27 @@ func runSimConductor(o simConductorOptions, p *printer) error {
 	for _, s := range strings.Split(o.Rejections, ",") {
 		x, err := conductor.ParseRejection(strings.TrimSpace(s))
 		if err != nil {
-			return fmt.Errorf("invalid --rejection: %w", err)
+			return usagef("invalid --rejection: %w", err)
 		}
 		rejs = append(rejs, x)
 	}
 	switch {
 	case o.Prefill <= 0 || o.Decode <= 0:
-		return fmt.Errorf("invalid --prefill %d / --decode %d: want at least one of each", o.Prefill, o.Decode)
+		return usagef("invalid --prefill %d / --decode %d: want at least one of each", o.Prefill, o.Decode)
 	case o.TTFTSLO <= 0 || o.TBTSLO <= 0:
-		return fmt.Errorf("invalid --ttft-slo %s / --tbt-slo %s: want positive durations", o.TTFTSLO, o.TBTSLO)
+		return usagef("invalid --ttft-slo %s / --tbt-slo %s: want positive durations", o.TTFTSLO, o.TBTSLO)
 	case o.Speedup <= 0:
-		return fmt.Errorf("invalid --speedup %g: want a positive number", o.Speedup)
+		return usagef("invalid --speedup %g: want a positive number", o.Speedup)
 	case o.BalancingThreshold < 1:
-		return fmt.Errorf("invalid --balancing-threshold %g: want at least 1", o.BalancingThreshold)
+		return usagef("invalid --balancing-threshold %g: want at least 1", o.BalancingThreshold)
 	case o.CacheBlocks < 0:
-		return fmt.Errorf("invalid --cache-blocks-per-instance %d", o.CacheBlocks)
+		return usagef("invalid --cache-blocks-per-instance %d", o.CacheBlocks)
 	}
 	if err := o.Cost.Check(); err != nil {
-		return fmt.Errorf("cost model: %w", err)
+		return usagef("cost model: %w", err)
 	}
 	if _, err := policy.New[int64](o.CachePolicy); err != nil {
-		return fmt.Errorf("invalid --cache-policy: %w", err)
+		return usagef("invalid --cache-policy: %w", err)
 	}
 	reqs, err := trace.ReadFile(o.Trace)
 	if err != nil {

@@ -66,7 +66,7 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 		// otherwise, which no peer could parse back).
 		p, err := strconv.ParseUint(port, 10, 16)
 		if err != nil || p == 0 {
-			return cfg, fmt.Errorf("--local-hostname %q: port %q is not a port (1-65535)", o.LocalHostname, port)
+			return cfg, usagef("--local-hostname %q: port %q is not a port (1-65535)", o.LocalHostname, port)
 		}
 		cfg.AdvertiseHost = h
 		cfg.HandshakeAddr = net.JoinHostPort(bind, port)
@@ -76,7 +76,7 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 		// auto|shm: a node's segment is mappable by same-host clients,
 		// and a client maps a same-host node's segment (package shm).
 		if o.DeviceName != "" {
-			return cfg, fmt.Errorf("--device-name needs --protocol rdma")
+			return cfg, usagef("--device-name needs --protocol rdma")
 		}
 	case "rdma":
 		rc, err := rdmatransport.ConfigFromEnv()
@@ -84,11 +84,11 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 			return cfg, err
 		}
 		if rc.Devices, err = rdmatransport.ParseDevices(o.DeviceName); err != nil {
-			return cfg, fmt.Errorf("--device-name: %w", err)
+			return cfg, usagef("--device-name: %w", err)
 		}
 		cfg.Transports = append(cfg.Transports, rdmatransport.Factory(rc))
 	default:
-		return cfg, fmt.Errorf("--protocol %q is not supported: want tcp, rdma, auto or shm", o.Protocol)
+		return cfg, usagef("--protocol %q is not supported: want tcp, rdma, auto or shm", o.Protocol)
 	}
 	return cfg, nil
 }
@@ -314,34 +314,34 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	seg := o.SegmentSize
 	switch {
 	case o.RegionSize <= 0:
-		return cfg, fmt.Errorf("invalid --region-size %d: want more than 0 bytes", o.RegionSize)
+		return cfg, usagef("invalid --region-size %d: want more than 0 bytes", o.RegionSize)
 	case o.LeaseTTL <= 0:
-		return cfg, fmt.Errorf("invalid --default-kv-lease-ttl %s: want more than 0", o.LeaseTTL)
+		return cfg, usagef("invalid --default-kv-lease-ttl %s: want more than 0", o.LeaseTTL)
 	case o.ClientTTL <= 0:
-		return cfg, fmt.Errorf("invalid --client-ttl %s: want more than 0", o.ClientTTL)
+		return cfg, usagef("invalid --client-ttl %s: want more than 0", o.ClientTTL)
 	case o.PutDiscardTimeout <= 0:
-		return cfg, fmt.Errorf("invalid --put-start-discard-timeout-sec %s: want more than 0", o.PutDiscardTimeout)
+		return cfg, usagef("invalid --put-start-discard-timeout-sec %s: want more than 0", o.PutDiscardTimeout)
 	case o.RPCThreadNum < 0:
-		return cfg, fmt.Errorf("invalid --rpc-thread-num %d", o.RPCThreadNum)
+		return cfg, usagef("invalid --rpc-thread-num %d", o.RPCThreadNum)
 	case o.MetricsPort < 0 || o.MetricsPort > 65535:
-		return cfg, fmt.Errorf("invalid --metrics-port %d", o.MetricsPort)
+		return cfg, usagef("invalid --metrics-port %d", o.MetricsPort)
 	}
 	port := o.RPCPort
 	if port == 0 {
 		port = o.Port
 	}
 	if port < 0 || port > 65535 {
-		return cfg, fmt.Errorf("invalid --rpc-port %d", port)
+		return cfg, usagef("invalid --rpc-port %d", port)
 	}
 	if o.Master != "" {
 		if err := checkMasterAddr(o.Master); err != nil {
 			return cfg, err
 		}
 		if o.EnableHA {
-			return cfg, fmt.Errorf("--enable-ha runs a master candidate; --master makes this process a node: give one of them")
+			return cfg, usagef("--enable-ha runs a master candidate; --master makes this process a node: give one of them")
 		}
 		if seg == 0 {
-			return cfg, fmt.Errorf("--master with --segment-size 0 contributes nothing: give the node a segment size")
+			return cfg, usagef("--master with --segment-size 0 contributes nothing: give the node a segment size")
 		}
 	}
 	bind := "0.0.0.0"
@@ -357,7 +357,7 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		return cfg, err
 	}
 	if o.PromoteAfter < 0 {
-		return cfg, fmt.Errorf("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
+		return cfg, usagef("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
 	}
 	promote := o.PromoteAfter
 	if promote == 0 {
@@ -409,18 +409,18 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 func checkMasterAddr(s string) error {
 	if store.IsMooncakeAddress(s) {
 		if _, err := store.ParseMooncakeAddress(s); err != nil {
-			return fmt.Errorf("invalid --master: %w", err)
+			return usagef("invalid --master: %w", err)
 		}
 		return nil
 	}
 	if store.IsEtcdAddress(s) {
 		if _, err := store.ParseEtcdAddress(s); err != nil {
-			return fmt.Errorf("invalid --master: %w", err)
+			return usagef("invalid --master: %w", err)
 		}
 		return nil
 	}
 	if _, _, err := net.SplitHostPort(s); err != nil {
-		return fmt.Errorf("invalid --master %q: want host:port, etcd://HOST:PORT[;HOST:PORT] or mooncake://HOST:PORT", s)
+		return usagef("invalid --master %q: want host:port, etcd://HOST:PORT[;HOST:PORT] or mooncake://HOST:PORT", s)
 	}
 	return nil
 }
@@ -444,28 +444,28 @@ func (o serveStoreOptions) haConfig() (*ha.Config, error) {
 		conn := o.HABackend
 		if i := strings.Index(conn, "://"); i >= 0 {
 			if !store.IsEtcdAddress(conn) {
-				return nil, fmt.Errorf("invalid --ha-backend-connstring %q: the HA backend is etcd: want HOST:PORT[;HOST:PORT] or etcd://HOST:PORT[;HOST:PORT]", conn)
+				return nil, usagef("invalid --ha-backend-connstring %q: the HA backend is etcd: want HOST:PORT[;HOST:PORT] or etcd://HOST:PORT[;HOST:PORT]", conn)
 			}
 			conn = conn[i+len("://"):]
 		}
 		if eps, err = store.ParseEndpoints(conn); err != nil {
-			return nil, fmt.Errorf("invalid --ha-backend-connstring: %w", err)
+			return nil, usagef("invalid --ha-backend-connstring: %w", err)
 		}
 	case o.EtcdEndpoints != "":
 		if eps, err = store.ParseEndpoints(o.EtcdEndpoints); err != nil {
-			return nil, fmt.Errorf("invalid --etcd-endpoints: %w", err)
+			return nil, usagef("invalid --etcd-endpoints: %w", err)
 		}
 	default:
-		return nil, fmt.Errorf("--enable-ha needs etcd: give --ha-backend-connstring etcd://HOST:PORT or --etcd-endpoints HOST:PORT")
+		return nil, usagef("--enable-ha needs etcd: give --ha-backend-connstring etcd://HOST:PORT or --etcd-endpoints HOST:PORT")
 	}
 	switch {
 	case o.HALeaseTTL < 2*time.Second || o.HALeaseTTL%time.Second != 0:
 		// etcd leases count whole seconds.
-		return nil, fmt.Errorf("invalid --ha-lease-ttl %s: want whole seconds, at least 2", o.HALeaseTTL)
+		return nil, usagef("invalid --ha-lease-ttl %s: want whole seconds, at least 2", o.HALeaseTTL)
 	case o.HASnapshotInterval <= 0:
-		return nil, fmt.Errorf("invalid --ha-snapshot-interval %s: want a positive duration", o.HASnapshotInterval)
+		return nil, usagef("invalid --ha-snapshot-interval %s: want a positive duration", o.HASnapshotInterval)
 	case o.HASnapshotRecords <= 0:
-		return nil, fmt.Errorf("invalid --ha-snapshot-records %d: want 1 or more", o.HASnapshotRecords)
+		return nil, usagef("invalid --ha-snapshot-records %d: want 1 or more", o.HASnapshotRecords)
 	}
 	return &ha.Config{
 		Endpoints: eps, ClusterID: o.ClusterID, LeaseTTL: o.HALeaseTTL,
@@ -559,13 +559,13 @@ func (o storeClientOptions) adminURL() (string, error) {
 	if store.IsMooncakeAddress(o.Master) {
 		a, err := store.ParseMooncakeAddress(o.Master)
 		if err != nil {
-			return "", fmt.Errorf("invalid --master: %w", err)
+			return "", usagef("invalid --master: %w", err)
 		}
 		addr = a
 	} else if store.IsEtcdAddress(o.Master) {
 		eps, err := store.ParseEtcdAddress(o.Master)
 		if err != nil {
-			return "", fmt.Errorf("invalid --master: %w", err)
+			return "", usagef("invalid --master: %w", err)
 		}
 		cli, err := store.NewEtcdClient(eps)
 		if err != nil {
@@ -585,7 +585,7 @@ func (o storeClientOptions) adminURL() (string, error) {
 	}
 	h, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", fmt.Errorf("invalid --master %q: want host:port, etcd://HOST:PORT[;HOST:PORT] or mooncake://HOST:PORT", o.Master)
+		return "", usagef("invalid --master %q: want host:port, etcd://HOST:PORT[;HOST:PORT] or mooncake://HOST:PORT", o.Master)
 	}
 	return "http://" + net.JoinHostPort(h, "9003"), nil
 }
@@ -667,7 +667,7 @@ func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *pri
 		return err
 	}
 	if o.Replicas < 1 || o.Replicas > store.MaxReplicas {
-		return fmt.Errorf("invalid --replicas %d: want 1 to %d", o.Replicas, store.MaxReplicas)
+		return usagef("invalid --replicas %d: want 1 to %d", o.Replicas, store.MaxReplicas)
 	}
 	var value []byte
 	var err error
@@ -754,7 +754,7 @@ func checkKeys(verb string, keys ...string) error {
 		if len(keys) > 1 {
 			shown += fmt.Sprintf(" (argument %d)", i+1)
 		}
-		return fmt.Errorf("store %s: invalid key %s: %s", verb, shown, why)
+		return usagef("store %s: invalid key %s: %s", verb, shown, why)
 	}
 	return nil
 }
@@ -806,7 +806,7 @@ func newStoreExistsCmd(p *printer) *cobra.Command {
 	var o storeClientOptions
 	cmd := &cobra.Command{
 		Use:   "exists KEY",
-		Short: "Exit 0 when KEY is stored, 1 when it is not (2 on error)",
+		Short: "Exit 0 when KEY is stored, 1 when it is not (2 on error, 64 on a usage error)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkKeys("exists", args[0]); err != nil {
@@ -854,7 +854,8 @@ unless --force. --dry-run lists what would go and what would be kept,
 and removes nothing. The counts cover every match; the master lists at
 most 16384 keys of each.
 
-Exit status: 0 when every key went (or with --dry-run), 1 otherwise.`,
+Exit status: 0 when every key went (or with --dry-run), 64 on a usage
+error, 1 otherwise.`,
 		Example: `  mc store rm prefix/0001 prefix/0002
   mc store rm --regex '^model:llama-70b@' --dry-run
   mc store rm --regex '^model:llama-70b@' --force`,
@@ -862,15 +863,15 @@ Exit status: 0 when every key went (or with --dry-run), 1 otherwise.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("regex") {
 				if len(args) > 0 {
-					return fmt.Errorf("store rm: give keys or --regex, not both")
+					return usagef("store rm: give keys or --regex, not both")
 				}
 				return runStoreRmRegex(cmd.Context(), o, pattern, force, dryRun, p)
 			}
 			switch {
 			case len(args) == 0:
-				return fmt.Errorf("store rm: give the keys to remove, or --regex RE: usage: %s", cmd.UseLine())
+				return usagef("store rm: give the keys to remove, or --regex RE: usage: %s", cmd.UseLine())
 			case dryRun:
-				return fmt.Errorf("store rm: --dry-run goes with --regex (the keys given are what would go)")
+				return usagef("store rm: --dry-run goes with --regex (the keys given are what would go)")
 			}
 			if err := checkKeys("rm", args...); err != nil {
 				return err
@@ -933,7 +934,7 @@ type storeRefused struct {
 
 func runStoreRmRegex(ctx context.Context, o storeClientOptions, pattern string, force, dryRun bool, p *printer) error {
 	if pattern == "" {
-		return fmt.Errorf("store rm: --regex needs a pattern ('.' finds every key)")
+		return usagef("store rm: --regex needs a pattern ('.' finds every key)")
 	}
 	c, err := o.client(ctx)
 	if err != nil {
@@ -1002,7 +1003,7 @@ stores any bytes) or starts with a quote.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cmd.Flags().Changed("regex") {
 				if prefix != "" {
-					return fmt.Errorf("store ls: give --prefix or --regex, not both")
+					return usagef("store ls: give --prefix or --regex, not both")
 				}
 				return runStoreLsRegex(cmd.Context(), o, pattern, p)
 			}
@@ -1046,7 +1047,7 @@ func listedKey(k string) string {
 
 func runStoreLsRegex(ctx context.Context, o storeClientOptions, pattern string, p *printer) error {
 	if pattern == "" {
-		return fmt.Errorf("store ls: --regex needs a pattern ('.' finds every key)")
+		return usagef("store ls: --regex needs a pattern ('.' finds every key)")
 	}
 	c, err := o.client(ctx)
 	if err != nil {
@@ -1421,7 +1422,7 @@ func parseCapacities(list []string) ([]int, error) {
 		}
 		n, err := strconv.Atoi(s)
 		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("invalid --capacity-blocks %q: want a positive number of blocks or inf", s)
+			return nil, usagef("invalid --capacity-blocks %q: want a positive number of blocks or inf", s)
 		}
 		out = append(out, n)
 	}
@@ -1450,7 +1451,7 @@ func readTrace(path string) (*replay.Trace, error) {
 
 func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error {
 	if o.Trace == "" {
-		return fmt.Errorf("store replay: --trace is required (a FAST'25 trace, e.g. conversation_trace.jsonl)")
+		return usagef("store replay: --trace is required (a FAST'25 trace, e.g. conversation_trace.jsonl)")
 	}
 	caps, err := parseCapacities(o.Capacities)
 	if err != nil {
@@ -1461,26 +1462,26 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 		return err
 	}
 	if o.PromoteAfter < 0 {
-		return fmt.Errorf("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
+		return usagef("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
 	}
 	for _, name := range o.Policies {
 		if _, err := policy.New[int](name); err != nil {
-			return fmt.Errorf("invalid --policy: %w", err)
+			return usagef("invalid --policy: %w", err)
 		}
 	}
 	var block int64
 	if o.Online {
 		if block = o.BlockBytes; block <= 0 {
-			return fmt.Errorf("invalid --block-bytes %d: want more than 0 bytes", block)
+			return usagef("invalid --block-bytes %d: want more than 0 bytes", block)
 		}
 		if len(caps) > 1 {
-			return fmt.Errorf("--online replays one store: give at most one --capacity-blocks (its size in blocks)")
+			return usagef("--online replays one store: give at most one --capacity-blocks (its size in blocks)")
 		}
 		if len(o.Policies) > 1 {
-			return fmt.Errorf("--online uses the store's own policy: give at most one --policy (to label it and for the offline figures)")
+			return usagef("--online uses the store's own policy: give at most one --policy (to label it and for the offline figures)")
 		}
 		if len(ssds) > 1 {
-			return fmt.Errorf("--online replays one store: give at most one --ssd-capacity-blocks (its nodes' disk tiers in blocks)")
+			return usagef("--online replays one store: give at most one --ssd-capacity-blocks (its nodes' disk tiers in blocks)")
 		}
 	}
 	t, err := readTrace(o.Trace)

@@ -235,10 +235,10 @@ registered it. --output json prints exactly the matrix, loadable with
 
 func runTopoShow(ctx context.Context, o topoShowOptions, p *printer) error {
 	if o.Segment == "" {
-		return fmt.Errorf("topo show: --segment is required")
+		return usagef("topo show: --segment is required")
 	}
 	if o.MetadataServer == "" {
-		return fmt.Errorf("topo show: --metadata-server is required")
+		return usagef("topo show: --metadata-server is required")
 	}
 	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID, HTTPToken: os.Getenv("MC_METADATA_HTTP_TOKEN")})
 	if err != nil {

@@ -213,8 +213,12 @@ func TestTopoDiscoverErrors(t *testing.T) {
 	for _, c := range cases {
 		var out, errb strings.Builder
 		code := Execute(context.Background(), c.args, &out, &errb)
-		if code != 1 || !strings.HasPrefix(errb.String(), c.want) || strings.Count(errb.String(), "\n") != 1 {
-			t.Errorf("%v: exit %d stderr %q, want 1 and one line starting %q", c.args, code, errb.String(), c.want)
+		wantCode := exitFailure
+		if strings.Contains(c.want, "is required") || strings.Contains(c.want, "unexpected argument") {
+			wantCode = exitUsage
+		}
+		if code != wantCode || !strings.HasPrefix(errb.String(), c.want) || strings.Count(errb.String(), "\n") != 1 {
+			t.Errorf("%v: exit %d stderr %q, want %d and one line starting %q", c.args, code, errb.String(), wantCode, c.want)
 		}
 	}
 }
