@@ -189,7 +189,10 @@ The TTL flags take milliseconds as mooncake_master does (--default_kv_lease_ttl
 duration.
 --rpc_thread_num is accepted for compatibility: gRPC sizes its own workers.
 --config_path reads mooncake_master's config file (JSON or YAML, keys are
-the flag names); flags on the command line win over it.
+the flag names); flags on the command line win over it. mooncake_master's
+own master.json works as it is: its settings mc has no flag for (root_fs_dir,
+memory_allocator, rpc_conn_timeout_seconds, kv_events_*, ...) are named in
+one warning and ignored; a key neither knows is refused.
 
 The admin HTTP API on --metrics_port has the Mooncake master's paths:
 /metrics, /metrics/summary, /health, /role, /ha_status, /leader,
@@ -216,8 +219,12 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 				if err != nil {
 					return err
 				}
-				if err := applyMasterConfigFile(cmd.Flags(), vals); err != nil {
+				ignored, err := applyMasterConfigFile(cmd.Flags(), vals)
+				if err != nil {
 					return err
+				}
+				if len(ignored) > 0 {
+					slog.Warn(fmt.Sprintf("--config-path %s: mooncake_master settings that do not apply to mc, ignored: %s", o.ConfigPath, strings.Join(ignored, ", ")))
 				}
 			}
 			// Several nodes run on one host: only a master takes the
@@ -269,44 +276,84 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 
 // readMasterConfigFile reads mooncake_master's --config_path file: a flat
 // object of flag names to values, JSON or YAML.
-func readMasterConfigFile(path string) (map[string]string, error) {
+func readMasterConfigFile(path string) (map[string]any, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--config-path: %w", err)
 	}
 	var raw map[string]any
 	if err := yaml.Unmarshal(b, &raw); err != nil { // YAML is a superset of JSON
-		return nil, fmt.Errorf("--config-path %s: %w", path, err)
+		return nil, usagef("--config-path %s: %w", path, err)
 	}
-	out := make(map[string]string, len(raw))
-	for k, v := range raw {
-		switch x := v.(type) {
+	return raw, nil
+}
+
+// applyMasterConfigFile sets the flags of fs the file's keys name, unless
+// the command line set them. It returns the keys of mooncake_master's
+// (mooncakeMasterKeys, retiredMooncakeMasterKeys) that mc has no flag
+// for, to be warned about; a key neither mc nor mooncake_master knows is
+// refused, with the nearest known key.
+func applyMasterConfigFile(fs *pflag.FlagSet, vals map[string]any) (ignored []string, err error) {
+	keys := make([]string, 0, len(vals))
+	for k := range vals {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		name := strings.ReplaceAll(k, "_", "-")
+		if to, ok := mooncakeMasterKeyFlags[k]; ok {
+			name = to
+		}
+		f := fs.Lookup(name)
+		if f == nil || name == "config-path" {
+			if why, ok := retiredMooncakeMasterKeys[k]; ok {
+				ignored = append(ignored, k+" ("+why+")")
+				continue
+			}
+			if slices.Contains(mooncakeMasterKeys, k) {
+				ignored = append(ignored, k)
+				continue
+			}
+			return nil, usagef("--config-path: unknown setting %q%s", k, nearestMasterKey(fs, k))
+		}
+		var v string
+		switch x := vals[k].(type) {
 		case map[string]any, []any:
-			return nil, fmt.Errorf("--config-path %s: %q: want a plain value, not a list or object", path, k)
+			return nil, usagef("--config-path: %q: want a plain value, not a list or object", k)
 		case nil:
 			continue
 		default:
-			out[k] = fmt.Sprint(x)
+			v = fmt.Sprint(x)
 		}
-	}
-	return out, nil
-}
-
-func applyMasterConfigFile(fs *pflag.FlagSet, vals map[string]string) error {
-	for k, v := range vals {
-		name := strings.ReplaceAll(k, "_", "-")
-		f := fs.Lookup(name)
-		if f == nil {
-			return fmt.Errorf("--config-path: unknown setting %q", k)
-		}
-		if f.Changed || name == "config-path" {
+		if f.Changed {
 			continue
 		}
-		if err := fs.Set(name, v); err != nil {
-			return fmt.Errorf("--config-path: %s=%q: %w", k, v, err)
+		if err := fs.Set(f.Name, v); err != nil {
+			return nil, usagef("--config-path: %s=%q: %w", k, v, err)
 		}
 	}
-	return nil
+	return ignored, nil
+}
+
+// nearestMasterKey is " (did you mean ...?)" for the known key within
+// two edits of k (a flag of fs in underscore spelling, or one of
+// mooncake_master's), or "".
+func nearestMasterKey(fs *pflag.FlagSet, k string) string {
+	known := map[string]bool{}
+	for _, m := range mooncakeMasterKeys {
+		known[m] = true
+	}
+	fs.VisitAll(func(f *pflag.Flag) { known[strings.ReplaceAll(f.Name, "-", "_")] = true })
+	best, bestD := "", 3
+	for cand := range known {
+		if d := editDistance(k, cand); d < bestD || (d == bestD && cand < best) {
+			best, bestD = cand, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
 }
 
 func (o serveStoreOptions) serverConfig() (server.Config, error) {

@@ -261,8 +261,83 @@ func TestServeStoreConfigPath(t *testing.T) {
 	}
 	bad := filepath.Join(dir, "bad.json")
 	os.WriteFile(bad, []byte(`{"rpc_prot": 1}`), 0o644)
-	if _, errs, code := execMC(t, "serve", "store", "--config_path", bad); code != 1 || !strings.Contains(errs, `"rpc_prot"`) {
+	if _, errs, code := execMC(t, "serve", "store", "--config_path", bad); code != exitUsage || !strings.Contains(errs, `unknown setting "rpc_prot" (did you mean "rpc_port"?)`) {
 		t.Fatalf("unknown config key: %d %q", code, errs)
+	}
+}
+
+// mooncake_master's own master.json (Mooncake 3b5a594, testdata/README.md)
+// starts mc: the keys mc has flags for are honoured, the others named in
+// one warning, none refused.
+func TestServeStoreMooncakeMasterJSON(t *testing.T) {
+	isolateEnv(t)
+	const path = "testdata/mooncake-master.json"
+	_, admin, out, stop := startServeStore(t, "--config_path", path, "--segment-size", "8M")
+	if resp, err := http.Get(admin + "/health"); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("serve store exited %d:\n%s", code, out.String())
+	}
+	var warn []string
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.Contains(l, "--config-path") {
+			warn = append(warn, l)
+		}
+	}
+	notApplicable := []string{"rpc_interface", "rpc_conn_timeout_seconds", "rpc_enable_tcp_no_delay",
+		"dynamic_replication_mode", "enable_oplog", "root_fs_dir", "memory_allocator",
+		"enable_http_metadata_server", "enable_kv_events", "kv_events_emit_object_key"}
+	if len(warn) != 1 || !strings.HasPrefix(warn[0], "W") || !strings.Contains(warn[0], "do not apply to mc, ignored") {
+		t.Fatalf("want one warning line about the config file, got %q", warn)
+	}
+	for _, k := range notApplicable {
+		if !strings.Contains(warn[0], " "+k+",") && !strings.HasSuffix(warn[0], " "+k) {
+			t.Errorf("the warning does not name %s: %q", k, warn[0])
+		}
+	}
+	for _, k := range []string{"rpc_port", "metrics_port", "client_live_ttl_sec", "eviction_ratio", "cluster_id", "enable_ha"} {
+		if strings.Contains(warn[0], " "+k) {
+			t.Errorf("the warning names %s, which mc honours: %q", k, warn[0])
+		}
+	}
+
+	// Honoured: the file's values reach the flags (the command line's win).
+	cmd := newServeStoreCmd(&printer{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}})
+	fs := cmd.Flags()
+	if err := fs.Parse([]string{"--rpc-port", "6000"}); err != nil {
+		t.Fatal(err)
+	}
+	vals, err := readMasterConfigFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := applyMasterConfigFile(fs, vals); err != nil {
+		t.Fatal(err)
+	}
+	for flag, want := range map[string]string{"rpc-port": "6000", "metrics-port": "9003", "client-ttl": "1m",
+		"default-kv-lease-ttl": "10s", "max-kv-soft-pin-ttl": "24h", "eviction-ratio": "0.1",
+		"eviction-high-watermark-ratio": "1", "rpc-thread-num": "16", "cluster-id": "mooncake_cluster",
+		"enable-metric-reporting": "true"} {
+		if got := fs.Lookup(flag).Value.String(); got != want {
+			t.Errorf("--%s = %s after master.json, want %s", flag, got, want)
+		}
+	}
+
+	// Every setting mooncake_master takes at 3b5a594, and enable_gc of
+	// older ones, is honoured or ignored, never refused.
+	all := map[string]any{"enable_gc": false}
+	for _, k := range mooncakeMasterKeys {
+		all[k] = nil
+	}
+	ignored, err := applyMasterConfigFile(newServeStoreCmd(&printer{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}}).Flags(), all)
+	if err != nil {
+		t.Fatalf("a mooncake_master key refused: %v", err)
+	}
+	if len(ignored) == 0 || len(ignored) >= len(all) {
+		t.Errorf("ignored %d of %d keys: %v", len(ignored), len(all), ignored)
 	}
 }
 
