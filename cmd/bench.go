@@ -179,7 +179,7 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 		LocalServerName:    o.LocalServerName,
 		MetadataServer:     o.MetadataServer,
 		ClusterID:          o.ClusterID,
-		MetadataHTTPToken:  os.Getenv("MC_METADATA_HTTP_TOKEN"),
+		MetadataHTTPToken:  metadataToken(),
 		BindAddress:        o.BindAddress,
 		MinRPCPort:         o.MinRPCPort,
 		MaxRPCPort:         o.MaxRPCPort,

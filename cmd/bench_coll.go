@@ -248,7 +248,7 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 	case o.Store == "" || o.Store == meta.P2PHandshake:
 		return usagef("--store: want the rendezvous (etcd host:port or http://host:port/path)")
 	}
-	be, err := meta.Open(ctx, o.Store, meta.Options{})
+	be, err := meta.Open(ctx, o.Store, meta.Options{HTTPToken: metadataToken()})
 	if err != nil {
 		return fmt.Errorf("--store: %w", err)
 	}
@@ -260,6 +260,7 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 	eng, err := engine.New(ctx, engine.Config{
 		LocalServerName: fmt.Sprintf("%s-rank%d", o.Group, o.Rank),
 		MetadataServer:  o.Store, BindAddress: o.BindAddress, Protocol: o.Protocol,
+		MetadataHTTPToken: metadataToken(),
 	})
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -86,13 +87,20 @@ func (o metaOptions) validate(verb string) error {
 	return nil
 }
 
+// metadataTokenEnv is Mooncake's MC_METADATA_HTTP_TOKEN: the bearer token
+// of an HTTP metadata server. Every verb that talks to a metadata server
+// sends it (serve metadata requires it).
+const metadataTokenEnv = "MC_METADATA_HTTP_TOKEN"
+
+func metadataToken() string { return os.Getenv(metadataTokenEnv) }
+
 // openStore checks the options and opens the metadata server's raw
 // key-value view.
 func openStore(ctx context.Context, verb string, o metaOptions) (meta.Backend, meta.Store, error) {
 	if err := o.validate(verb); err != nil {
 		return nil, nil, err
 	}
-	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID})
+	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID, HTTPToken: metadataToken()})
 	if err != nil {
 		return nil, nil, fmt.Errorf("meta %s: %w", verb, err)
 	}

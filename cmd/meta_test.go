@@ -300,3 +300,44 @@ func TestMetaGCDeleteFails(t *testing.T) {
 		t.Fatalf("gc with failing deletes: %d\n%s\n%s", code, out, errs)
 	}
 }
+
+// An HTTP metadata server that requires MC_METADATA_HTTP_TOKEN (as mc
+// serve metadata and Mooncake's do when it is set) answers every meta
+// verb when the variable is set: ls, show and gc send it.
+func TestMetaHTTPToken(t *testing.T) {
+	isolateEnv(t)
+	const token = "s3cret"
+	srv := httptest.NewServer(meta.RequireToken(meta.NewHTTPHandler(), token))
+	t.Cleanup(srv.Close)
+	url := srv.URL + "/metadata"
+	b, err := meta.Open(context.Background(), url, meta.Options{HTTPToken: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	deadEngine(t, b, "decode-1")
+	deadEngine(t, b, "decode-2")
+
+	t.Setenv("MC_METADATA_HTTP_TOKEN", token)
+	code, out, errs := mc(t, "meta", "ls", "--metadata-server", url, "--segment", "decode-1")
+	if code != 0 || !strings.Contains(out, "decode-1") || strings.Contains(errs, "401") {
+		t.Fatalf("meta ls with the token set: %d\n%s\n%s", code, out, errs)
+	}
+	code, out, errs = mc(t, "meta", "show", "decode-1", "--metadata-server", url)
+	if code != 0 || !strings.Contains(out, "decode-1") {
+		t.Fatalf("meta show with the token set: %d\n%s\n%s", code, out, errs)
+	}
+	code, out, errs = mc(t, "meta", "gc", "--metadata-server", url, "--segment", "decode-1", "--yes")
+	if code != 0 || !strings.Contains(out, "deleted") {
+		t.Fatalf("meta gc with the token set: %d\n%s\n%s", code, out, errs)
+	}
+	if _, err := b.GetSegment(context.Background(), "decode-1"); !errors.Is(err, meta.ErrNotFound) {
+		t.Fatalf("decode-1 after gc: %v", err)
+	}
+
+	t.Setenv("MC_METADATA_HTTP_TOKEN", "wrong")
+	code, _, errs = mc(t, "meta", "show", "decode-2", "--metadata-server", url)
+	if code == 0 || !strings.Contains(errs, "MC_METADATA_HTTP_TOKEN") {
+		t.Fatalf("meta show with a wrong token: %d %q; want the variable named", code, errs)
+	}
+}

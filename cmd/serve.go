@@ -151,7 +151,7 @@ func serveHTTPMetadata(ctx context.Context, o serveMetadataOptions, p *printer) 
 	}
 	mux := http.NewServeMux()
 	var h http.Handler = meta.NewHTTPHandler()
-	if token := os.Getenv("MC_METADATA_HTTP_TOKEN"); token != "" {
+	if token := metadataToken(); token != "" {
 		h = meta.RequireToken(h, token)
 	}
 	mux.Handle(httpMetadataPath, h)

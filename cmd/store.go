@@ -53,7 +53,8 @@ func (o *storeDataOptions) addFlagsProtocol(fs *pflag.FlagSet, protocol string) 
 }
 
 func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
-	cfg := engine.Config{Protocol: o.Protocol, BindAddress: bind, AdvertiseHost: o.LocalHostname, MetadataServer: o.MetadataServer}
+	cfg := engine.Config{Protocol: o.Protocol, BindAddress: bind, AdvertiseHost: o.LocalHostname, MetadataServer: o.MetadataServer,
+		MetadataHTTPToken: metadataToken()}
 	if o.MetadataServer != "" && o.MetadataServer != meta.P2PHandshake && o.LocalHostname != "" {
 		// With a metadata server the local hostname is the segment's
 		// name there, as with Mooncake's local_hostname; peers connect to

@@ -240,7 +240,7 @@ func runTopoShow(ctx context.Context, o topoShowOptions, p *printer) error {
 	if o.MetadataServer == "" {
 		return usagef("topo show: --metadata-server is required")
 	}
-	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID, HTTPToken: os.Getenv("MC_METADATA_HTTP_TOKEN")})
+	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID, HTTPToken: metadataToken()})
 	if err != nil {
 		return fmt.Errorf("topo show: %w", err)
 	}
