@@ -127,7 +127,7 @@ func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 	fs.StringVar(&o.BindAddress, "bind-address", "", "address the handshake and data listeners bind to (default 0.0.0.0)")
 	fs.IntVar(&o.MinRPCPort, "min-rpc-port", engine.DefaultMinRPCPort, "lowest handshake (RPC) port")
 	fs.IntVar(&o.MaxRPCPort, "max-rpc-port", engine.DefaultMaxRPCPort, "highest handshake (RPC) port")
-	fs.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/")
+	fs.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/ (also --cluster-id)")
 	durationVar(fs, &o.StatusTimeout, "tcp-status-timeout-sec", 30*time.Second, "wait this long for a TCP status or reply before failing the tasks")
 	fs.IntVar(&o.TCPLanes, "tcp-lanes", engine.DefaultTCPLanes, "persistent TCP connections per peer; 0 opens a connection per request, as Mooncake's client without MC_TCP_ENABLE_CONNECTION_POOL=1")
 	sizeVar(fs, &o.HandshakeMax, "handshake-max-length", handshake.DefaultMaxLength, "largest handshake frame, sent or accepted (at most 128M)")

@@ -61,7 +61,7 @@ type metaOptions struct {
 
 func addMetaFlags(f *pflag.FlagSet, o *metaOptions, segments bool) {
 	f.StringVar(&o.MetadataServer, "metadata-server", "", "metadata server: etcd host:port[,host:port], etcd://h:p;h:p or http://host:port/path")
-	f.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/")
+	f.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/ (also --cluster-id)")
 	envName(f, "metadata-cluster-id", "MC_METADATA_CLUSTER_ID")
 	durationVar(f, &o.ProbeTimeout, "probe-timeout", metascan.DefaultProbeTimeout, "bound on one segment's probe")
 	if segments {

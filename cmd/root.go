@@ -396,6 +396,9 @@ var flagAliases = map[string]string{
 	"global-segment-size":   "segment-size",
 	"host":                  "local-hostname",
 	"device-names":          "device-name",
+	// topo show spelt it --cluster-id, bench and meta
+	// --metadata-cluster-id: each takes both.
+	"cluster-id": "metadata-cluster-id",
 }
 
 func normalizeFlag(fs *pflag.FlagSet, name string) pflag.NormalizedName {

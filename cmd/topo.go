@@ -228,8 +228,8 @@ registered it. --output json prints exactly the matrix, loadable with
 	f := cmd.Flags()
 	f.StringVar(&o.Segment, "segment", "", "segment name (a Mooncake local_server_name; host:port with P2PHANDSHAKE)")
 	f.StringVar(&o.MetadataServer, "metadata-server", "", "metadata server: host:port (etcd), etcd://h:p;h:p, http://host:port/path or P2PHANDSHAKE")
-	f.StringVar(&o.ClusterID, "cluster-id", "", "metadata key namespace (env MC_METADATA_CLUSTER_ID)")
-	envName(f, "cluster-id", "MC_METADATA_CLUSTER_ID")
+	f.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/ (also --cluster-id)")
+	envName(f, "metadata-cluster-id", "MC_METADATA_CLUSTER_ID")
 	return cmd
 }
 
