@@ -3,7 +3,6 @@ package cmd
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -207,23 +206,4 @@ func runSimConductor(o simConductorOptions, p *printer) error {
 		[]string{"scheduler", "rejection", "requests", "accepted", "rejected", "wasted prefills", "TTFT p50 (s)", "TTFT p90 (s)", "TTFT p99 (s)",
 			"TBT p50 (ms)", "TBT p90 (ms)", "TBT p99 (ms)", "SLO", "goodput (req/s)", "cache hit", "migrated blocks", "decode load"}, rows)
 	return nil
-}
-
-// writeFileWith writes a file through a temporary one renamed into place,
-// so an error never leaves half a file under the asked name.
-func writeFileWith(path string, write func(*os.File) error) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".mc-*")
-	if err != nil {
-		return err
-	}
-	if err := write(tmp); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

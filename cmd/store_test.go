@@ -106,6 +106,9 @@ func TestStoreCLIWalkthrough(t *testing.T) {
 	if got, _ := os.ReadFile(dst); !bytes.Equal(got, val) {
 		t.Fatal("get -o FILE wrote other bytes")
 	}
+	if st, err := os.Stat(dst); err != nil || st.Mode().Perm() != 0o666&^umask() {
+		t.Errorf("get -o FILE: mode %v, want 0666 less the umask (%o)", st.Mode().Perm(), 0o666&^umask())
+	}
 	out, _, code := execMC(t, append([]string{"store", "get", "prefix/0001"}, m...)...)
 	if code != 0 || out != string(val) {
 		t.Fatalf("get to stdout: %d, %d bytes", code, len(out))

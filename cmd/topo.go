@@ -3,8 +3,6 @@ package cmd
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 
@@ -106,28 +104,6 @@ func runTopoDiscover(_ context.Context, o topoDiscoverOptions, p *printer) error
 		fmt.Fprintf(p.Err, "wrote the priority matrix to %s\n", o.Write)
 	}
 	return nil
-}
-
-// writeFileAtomic replaces path in one rename, so a Mooncake process
-// starting meanwhile never loads half a matrix.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 const topoLegend = `PIX same PCIe switch, PXB several PCIe bridges, PHB same host bridge, NODE same NUMA node,
