@@ -60,3 +60,75 @@ func TestReadmeMakeTargets(t *testing.T) {
 		t.Errorf("README names --bind-address, which bench target lacks: %v", err)
 	}
 }
+
+// The traces the README and the help examples name ship in the
+// repository, with their source and licence, and the README's sim and
+// replay commands run on them from a clone (the repository's root).
+func TestShippedTraces(t *testing.T) {
+	isolateEnv(t)
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docs strings.Builder
+	docs.Write(readme)
+	for _, path := range [][]string{{"sim", "conductor"}, {"store", "replay"}} {
+		c, _, err := newRootCmd(&printer{}).Find(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs.WriteString(c.Example)
+	}
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile(`--trace (\S+\.jsonl)`).FindAllStringSubmatch(docs.String(), -1) {
+		named[m[1]] = true
+	}
+	if len(named) == 0 {
+		t.Fatal("no --trace FILE in the README or the examples")
+	}
+	for path := range named {
+		if !strings.HasPrefix(path, "testdata/traces/") {
+			t.Errorf("an example reads %s, which is not in the repository", path)
+			continue
+		}
+		if _, err := os.Stat("../" + path); err != nil {
+			t.Errorf("an example reads %s: %v", path, err)
+		}
+	}
+	notes, err := os.ReadFile("../testdata/traces/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"kvcache-ai/Mooncake", "3b5a594133958449a1feaf1c9e0fc1b553e34a28", "Apache License 2.0", "LICENSE"} {
+		if !strings.Contains(string(notes), want) {
+			t.Errorf("testdata/traces/README.md does not state %q", want)
+		}
+	}
+	if _, err := os.Stat("../testdata/traces/LICENSE"); err != nil {
+		t.Error(err)
+	}
+	out, errs, code := execMC(t, "sim", "conductor", "--trace", "../testdata/traces/conversation_trace.jsonl", "--scheduler", "kvcache-centric")
+	if code != 0 || !strings.Contains(out, "kvcache-centric") {
+		t.Fatalf("sim conductor on the shipped trace: %d %s %s", code, out, errs)
+	}
+}
+
+// A newcomer is told to put bin/ on PATH (or make install) before the
+// first mc command, and that make test needs root and the network.
+func TestReadmeSetupForNewcomers(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(readme)
+	path := strings.Index(s, `export PATH="$PWD/bin:$PATH"`)
+	first := regexp.MustCompile("(?m)^(\\$ )?mc [a-z]").FindStringIndex(s)
+	if path < 0 || first == nil || path > first[0] {
+		t.Errorf("README: bin/ goes on PATH at %d, the first mc command is at %v", path, first)
+	}
+	for _, want := range []string{"root or sudo", "network"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("README does not say make test needs %s", want)
+		}
+	}
+}

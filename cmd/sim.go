@@ -81,9 +81,9 @@ Defaults: 320 KiB of KV per token (2 × 80 layers × 8 KV heads × 128 × 2 B),
 --speedup X divides arrival times to create overload; --load-trace FILE
 writes per-second prefill and decode load as CSV and --plot FILE.svg draws it
 (the paper's Figures 9 and 10). The same inputs give the same output.`,
-		Example: `  mc sim conductor --trace ../shared/traces/conversation_trace.jsonl --prefill 4 --decode 2
-  mc sim conductor --trace conversation_trace.jsonl --scheduler random,load-balancing,cache-aware,kvcache-centric
-  mc sim conductor --trace conversation_trace.jsonl --prefill 8 --decode 1 --speedup 2 --rejection early,predicted --plot load.svg`,
+		Example: `  mc sim conductor --trace testdata/traces/conversation_trace.jsonl --prefill 4 --decode 2
+  mc sim conductor --trace testdata/traces/conversation_trace.jsonl --scheduler random,load-balancing,cache-aware,kvcache-centric
+  mc sim conductor --trace testdata/traces/conversation_trace.jsonl --prefill 8 --decode 1 --speedup 2 --rejection early,predicted --plot load.svg`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runSimConductor(o, p)
@@ -121,7 +121,7 @@ writes per-second prefill and decode load as CSV and --plot FILE.svg draws it
 
 func runSimConductor(o simConductorOptions, p *printer) error {
 	if o.Trace == "" {
-		return usagef("--trace is required (a FAST'25 trace, e.g. conversation_trace.jsonl)")
+		return usagef("--trace is required (a FAST'25 trace, e.g. testdata/traces/conversation_trace.jsonl in mc's repository)")
 	}
 	var scheds []conductor.Scheduler
 	for _, s := range strings.Split(o.Schedulers, ",") {

@@ -1437,9 +1437,9 @@ disk read. Rows then split the hit ratio into DRAM and disk hits. Under lru
 with --promote-after 1 the two tiers behave as one LRU of C+S blocks. With
 --online the split comes from the master's mem_cache_hit_nums_ and
 file_cache_hit_nums_ (its admin API: --admin, or port 9003 of --master).`,
-		Example: `  mc store replay --trace conversation_trace.jsonl --policy lru,lfu,length-aware --capacity-blocks inf,30000,10000
-  mc store replay --trace conversation_trace.jsonl --online --master 127.0.0.1:50051 --block-bytes 64K --capacity-blocks 10000
-  mc store replay --trace conversation_trace.jsonl --capacity-blocks 10000,30000 --ssd-capacity-blocks 0,50000 --promote-after 2`,
+		Example: `  mc store replay --trace testdata/traces/conversation_trace.jsonl --policy lru,lfu,length-aware --capacity-blocks inf,30000,10000
+  mc store replay --trace testdata/traces/conversation_trace.jsonl --online --master 127.0.0.1:50051 --block-bytes 64K --capacity-blocks 10000
+  mc store replay --trace testdata/traces/conversation_trace.jsonl --capacity-blocks 10000,30000 --ssd-capacity-blocks 0,50000 --promote-after 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runStoreReplay(cmd.Context(), o, p)
@@ -1499,7 +1499,7 @@ func readTrace(path string) (*replay.Trace, error) {
 
 func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error {
 	if o.Trace == "" {
-		return usagef("store replay: --trace is required (a FAST'25 trace, e.g. conversation_trace.jsonl)")
+		return usagef("store replay: --trace is required (a FAST'25 trace, e.g. testdata/traces/conversation_trace.jsonl in mc's repository)")
 	}
 	caps, err := parseCapacities(o.Capacities)
 	if err != nil {
