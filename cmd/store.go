@@ -657,7 +657,42 @@ func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
 	ecfg.NameWithPort = true // beside a node of this host under its name
 	// A one-shot client waits for nobody: fail fast when the master is
 	// not there.
-	return store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: 5 * time.Second, Logger: quietLogger()})
+	c, err := store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: 5 * time.Second, Logger: quietLogger()})
+	if err != nil {
+		return nil, httpPortHint(o.Master, err)
+	}
+	return c, nil
+}
+
+// httpPortHint replaces err, a failed connection to master, with what
+// went wrong when master's port answers HTTP: the admin API's port
+// (9003) given for the RPC port, a mistake gRPC reports as a bad frame
+// ("frame too large") and coro_rpc as a bad magic byte.
+func httpPortHint(master string, err error) error {
+	addr := master
+	if store.IsMooncakeAddress(master) {
+		a, perr := store.ParseMooncakeAddress(master)
+		if perr != nil {
+			return err
+		}
+		addr = a
+	} else if store.IsEtcdAddress(master) {
+		return err
+	}
+	conn, derr := net.DialTimeout("tcp", addr, time.Second)
+	if derr != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Second))
+	if _, werr := io.WriteString(conn, "HEAD / HTTP/1.0\r\n\r\n"); werr != nil {
+		return err
+	}
+	head := make([]byte, 5)
+	if _, rerr := io.ReadFull(conn, head); rerr != nil || string(head) != "HTTP/" {
+		return err
+	}
+	return fmt.Errorf("--master %s is an HTTP port (a master's admin API, --metrics_port?), not a master's RPC port: give the master's --rpc_port (default 50051)", master)
 }
 
 func newStoreCmd(p *printer) *cobra.Command {
@@ -716,6 +751,9 @@ func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *pri
 	}
 	if o.Replicas < 1 || o.Replicas > store.MaxReplicas {
 		return usagef("invalid --replicas %d: want 1 to %d", o.Replicas, store.MaxReplicas)
+	}
+	if o.SoftPin && o.HardPin {
+		return usagef("--soft-pin and --hard-pin exclude each other: a hard-pinned object is never evicted, a soft-pinned one last")
 	}
 	var value []byte
 	var err error

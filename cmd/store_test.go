@@ -858,12 +858,40 @@ func TestStoreEtcdUnreachable(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"put", "k", src}, `mc: put "k": master ` + dead + `: no leader within 5s (is etcd up, and a master elected?): `},
-		{[]string{"ls"}, "mc: ls: master " + dead + ": no leader within 5s (is etcd up, and a master elected?): "},
+		{[]string{"put", "k", src}, `mc: store put: "k": master ` + dead + `: no leader within 5s (is etcd up, and a master elected?): `},
+		{[]string{"ls"}, "mc: store ls: master " + dead + ": no leader within 5s (is etcd up, and a master elected?): "},
 	} {
 		_, errs, code := execMC(t, append(append([]string{"store"}, c.args...), "--master", dead)...)
 		if code != 1 || !strings.HasPrefix(errs, c.want) || strings.Count(errs, "\n") != 1 {
 			t.Errorf("mc store %s: exit %d, stderr %q; want 1 and one line starting %q", c.args[0], code, errs, c.want)
+		}
+	}
+}
+
+// --soft-pin with --hard-pin is refused before anything is read or sent;
+// --master at an HTTP port (the admin API's) says so, whichever wire.
+func TestStorePutPinsAndHTTPMaster(t *testing.T) {
+	isolateEnv(t)
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code := execMC(t, "store", "put", "k", src, "--soft-pin", "--hard-pin", "--master", "127.0.0.1:1")
+	if code != exitUsage || errs != "mc: store put: --soft-pin and --hard-pin exclude each other: a hard-pinned object is never evicted, a soft-pinned one last\n" {
+		t.Errorf("put --soft-pin --hard-pin: %d %q", code, errs)
+	}
+	admin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("OK")) }))
+	defer admin.Close()
+	addr := strings.TrimPrefix(admin.URL, "http://")
+	for _, c := range [][]string{
+		{"put", "k", src, "--master", addr},
+		{"get", "k", "--master", addr},
+		{"exists", "k", "--master", "mooncake://" + addr},
+	} {
+		_, errs, code := execMC(t, append([]string{"store"}, c...)...)
+		want := "is an HTTP port (a master's admin API, --metrics_port?), not a master's RPC port: give the master's --rpc_port (default 50051)"
+		if code == 0 || code == exitUsage || !strings.HasPrefix(errs, "mc: store "+c[0]+": ") || !strings.Contains(errs, want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("store %s: %d %q; want one line saying %q", strings.Join(c, " "), code, errs, want)
 		}
 	}
 }
