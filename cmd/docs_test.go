@@ -132,3 +132,30 @@ func TestReadmeSetupForNewcomers(t *testing.T) {
 		}
 	}
 }
+
+// The README's bench sample shows the embedded target's size the command
+// prints for that command line.
+func TestReadmeEmbeddedTargetSize(t *testing.T) {
+	isolateEnv(t)
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?m)^\\$ mc (bench initiator [^\n]*)\nembedded target \\S+ (\\([^)]*\\))").FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README has no bench initiator sample with its embedded target line")
+	}
+	args := strings.Fields(string(m[1]))
+	for i, a := range args {
+		if a == "--duration" {
+			args[i+1] = "100ms"
+		}
+	}
+	out, errs, code := execMC(t, args...)
+	if code != 0 {
+		t.Fatalf("mc %s: %d %s", strings.Join(args, " "), code, errs)
+	}
+	if !strings.Contains(out, string(m[2])+"\n") {
+		t.Errorf("README shows the embedded target as %s; mc %s prints:\n%s", m[2], strings.Join(args, " "), out)
+	}
+}
