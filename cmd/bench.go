@@ -564,7 +564,7 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 		// SIGINT/SIGTERM: the figures cover a shortened run, and a
 		// script must not take them for a complete one (130 = 128+SIGINT,
 		// the shell's convention).
-		return &exitError{code: 130, err: fmt.Errorf("bench initiator: interrupted; the results above cover only the time run")}
+		return &exitError{code: exitInterrupted, err: fmt.Errorf("bench initiator: interrupted; the results above cover only the time run")}
 	}
 	return nil
 }

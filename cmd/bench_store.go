@@ -214,9 +214,9 @@ func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
 			printStoreResults(p, results)
 		}
 		if len(results) == 0 {
-			return &exitError{code: 130, err: fmt.Errorf("bench store: interrupted before a row was measured")}
+			return &exitError{code: exitInterrupted, err: fmt.Errorf("bench store: interrupted before a row was measured")}
 		}
-		return &exitError{code: 130, err: fmt.Errorf("bench store: interrupted after %d rows (the last may be partial)", len(results))}
+		return &exitError{code: exitInterrupted, err: fmt.Errorf("bench store: interrupted after %d rows (the last may be partial)", len(results))}
 	}
 	if err != nil {
 		if len(results) > 0 {

@@ -130,7 +130,7 @@ func withVerb(cmd *cobra.Command, msg string) string {
 	if sp == "" || strings.HasPrefix(msg, sp) || strings.HasPrefix(msg, strings.TrimSuffix(sp, ": ")+" ") {
 		return msg
 	}
-	if rest, ok := strings.CutPrefix(msg, cmd.Name()+" "); ok && strings.HasPrefix(rest, `"`) || strings.HasPrefix(rest, "-") {
+	if rest, ok := strings.CutPrefix(msg, cmd.Name()+" "); ok && (strings.HasPrefix(rest, `"`) || strings.HasPrefix(rest, "-")) {
 		msg = rest
 	}
 	return sp + msg

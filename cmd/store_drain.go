@@ -212,7 +212,7 @@ func followDrain(ctx context.Context, o storeDrainOptions, a *store.Admin, id st
 }
 
 func interruptedDrain(id string) error {
-	return &exitError{code: 130, err: fmt.Errorf("stopped following drain job %s: it goes on on the master; follow it with mc store drain --status %s --wait, or stop it with --cancel %s", id, id, id)}
+	return &exitError{code: exitInterrupted, err: fmt.Errorf("stopped following drain job %s: it goes on on the master; follow it with mc store drain --status %s --wait, or stop it with --cancel %s", id, id, id)}
 }
 
 // drainLine is one progress line for a non-terminal.
