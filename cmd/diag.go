@@ -111,7 +111,7 @@ func runQPLeak(ctx context.Context, o qpLeakOptions, p *printer) error {
 		return unknown(usagef("--max-ep-per-ctx and --max-qp cannot be negative"))
 	}
 	if o.Horizon <= 0 {
-		return unknown(fmt.Errorf("invalid --horizon %v: want a positive duration", o.Horizon))
+		return unknown(usagef("invalid --horizon %v: want a positive duration", o.Horizon))
 	}
 	for _, a := range o.Args {
 		kind, err := diag.Classify(a)

@@ -193,7 +193,7 @@ func TestDiagQPLeakUnknown(t *testing.T) {
 		{[]string{"--rdma", "-", "--log", "-"}, "standard input (-) can be only one"},
 		{[]string{"--watch", "1s", "--rdma", diagTD + "leak/rdma.txt"}, "takes no --rdma files"},
 	}
-	usage := map[string]bool{`invalid --at "yesterday"`: true, "2 --at stamps for 1 --rdma files": true,
+	usage := map[string]bool{"invalid --horizon 0s": true, `invalid --at "yesterday"`: true, "2 --at stamps for 1 --rdma files": true,
 		"--num-qp-per-ep": true, "standard input (-) can be only one": true, "takes no --rdma files": true}
 	for _, c := range cases {
 		out, errs, code := execMC(t, append([]string{"diag", "qp-leak"}, c.args...)...)

@@ -121,7 +121,7 @@ func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // withVerb makes msg start with the path of the command that failed
 // ("store get: "), so that every error reads mc: <verb>: <why>. A message
 // that already starts with it is left alone, and one that starts with the
-// verb's bare name before its subject (get "k": ...) loses that name.
+// verb's bare name (get "k": ..., ls: ...) loses that name.
 func withVerb(cmd *cobra.Command, msg string) string {
 	if cmd == nil {
 		return msg
@@ -131,6 +131,8 @@ func withVerb(cmd *cobra.Command, msg string) string {
 		return msg
 	}
 	if rest, ok := strings.CutPrefix(msg, cmd.Name()+" "); ok && (strings.HasPrefix(rest, `"`) || strings.HasPrefix(rest, "-")) {
+		msg = rest
+	} else if rest, ok := strings.CutPrefix(msg, cmd.Name()+": "); ok {
 		msg = rest
 	}
 	return sp + msg
