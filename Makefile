@@ -18,7 +18,7 @@ DEB_PKGS := libibverbs-dev protobuf-compiler
 PROTO_DIR := pkg/store/storepb
 PROTO_GEN := .cache/protoc-gen
 
-.PHONY: all build build-ibverbs test deps deps-go deps-deb unit fmt-check vet lint gen gen-proto proto-check bench bench-tcp bench-store bench-diag demo fixtures install clean
+.PHONY: traces all build build-ibverbs test deps deps-go deps-deb unit fmt-check vet lint gen gen-proto proto-check bench bench-tcp bench-store bench-diag demo fixtures install clean
 
 all: build
 
@@ -206,3 +206,18 @@ install: build
 
 clean:
 	rm -rf bin fixtures
+
+# Mooncake's FAST'25 request traces, for mc sim conductor and mc store
+# replay: downloaded into testdata/traces/ (git-ignored, not kept in the
+# repository) and checked against their sha256.
+TRACES_URL := https://raw.githubusercontent.com/kvcache-ai/Mooncake/3b5a594133958449a1feaf1c9e0fc1b553e34a28/FAST25-release/traces
+traces:
+	@set -e; cd testdata/traces; \
+	for f in conversation_trace.jsonl:b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df \
+	         synthetic_trace.jsonl:bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131; do \
+		name=$${f%%:*}; sum=$${f#*:}; \
+		if [ -f ../../../shared/traces/$$name ] && ! [ -f $$name ]; then cp ../../../shared/traces/$$name .; fi; \
+		[ -f $$name ] || curl -fsSL -o $$name.part $(TRACES_URL)/$$name && { [ ! -f $$name.part ] || mv $$name.part $$name; }; \
+		echo "$$sum  $$name" | sha256sum -c --quiet || { echo "$$name: sha256 differs from $$sum"; rm -f $$name; exit 1; }; \
+		echo "testdata/traces/$$name"; \
+	done

@@ -127,7 +127,7 @@ func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 	fs.StringVar(&o.BindAddress, "bind-address", "", "address the handshake and data listeners bind to (default 0.0.0.0)")
 	fs.IntVar(&o.MinRPCPort, "min-rpc-port", engine.DefaultMinRPCPort, "lowest handshake (RPC) port")
 	fs.IntVar(&o.MaxRPCPort, "max-rpc-port", engine.DefaultMaxRPCPort, "highest handshake (RPC) port")
-	fs.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/")
+	fs.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/ (also --cluster-id)")
 	durationVar(fs, &o.StatusTimeout, "tcp-status-timeout-sec", 30*time.Second, "wait this long for a TCP status or reply before failing the tasks")
 	fs.IntVar(&o.TCPLanes, "tcp-lanes", engine.DefaultTCPLanes, "persistent TCP connections per peer; 0 opens a connection per request, as Mooncake's client without MC_TCP_ENABLE_CONNECTION_POOL=1")
 	sizeVar(fs, &o.HandshakeMax, "handshake-max-length", handshake.DefaultMaxLength, "largest handshake frame, sent or accepted (at most 128M)")
@@ -143,27 +143,27 @@ func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 
 func (o benchEngineOptions) config() (engine.Config, error) {
 	if !slices.Contains(benchProtocols, o.Protocol) {
-		return engine.Config{}, fmt.Errorf("--protocol %q is not supported: want one of: %s", o.Protocol, strings.Join(benchProtocols, ", "))
+		return engine.Config{}, usagef("--protocol %q is not supported: want one of: %s", o.Protocol, strings.Join(benchProtocols, ", "))
 	}
 	// "" is options built in code.
 	if o.Backend != "" && o.Backend != "classic" {
-		return engine.Config{}, fmt.Errorf("--backend %q is not supported: mc implements Mooncake's classic transfer engine only", o.Backend)
+		return engine.Config{}, usagef("--backend %q is not supported: mc implements Mooncake's classic transfer engine only", o.Backend)
 	}
 	// 0 (options built in code) means the handshake default.
 	if o.HandshakeMax < 0 || o.HandshakeMax > handshake.MaxMaxLength {
-		return engine.Config{}, fmt.Errorf("--handshake-max-length %s: want 1 to %s bytes", units.FormatSize(o.HandshakeMax), units.FormatSize(handshake.MaxMaxLength))
+		return engine.Config{}, usagef("--handshake-max-length %s: want 1 to %s bytes", units.FormatSize(o.HandshakeMax), units.FormatSize(handshake.MaxMaxLength))
 	}
 	if o.Protocol != "rdma" && (o.DeviceName != "" || o.NICPriorityMatrix != "" || o.AutoDiscovery) {
-		return engine.Config{}, fmt.Errorf("--device-name, --nic-priority-matrix and --auto-discovery need --protocol rdma")
+		return engine.Config{}, usagef("--device-name, --nic-priority-matrix and --auto-discovery need --protocol rdma")
 	}
 	if o.StatusTimeout <= 0 {
-		return engine.Config{}, fmt.Errorf("--tcp-status-timeout-sec %s must be positive", o.StatusTimeout)
+		return engine.Config{}, usagef("--tcp-status-timeout-sec %s must be positive", o.StatusTimeout)
 	}
 	if o.TCPLanes < 0 {
-		return engine.Config{}, fmt.Errorf("--tcp-lanes %d: want 0 (a connection per request) or more", o.TCPLanes)
+		return engine.Config{}, usagef("--tcp-lanes %d: want 0 (a connection per request) or more", o.TCPLanes)
 	}
 	if o.TCPEventLoops < 0 || o.TCPEventLoops > tcp.MaxEventLoops {
-		return engine.Config{}, fmt.Errorf("--tcp-event-loops %d: want 0 (the default) to %d", o.TCPEventLoops, tcp.MaxEventLoops)
+		return engine.Config{}, usagef("--tcp-event-loops %d: want 0 (the default) to %d", o.TCPEventLoops, tcp.MaxEventLoops)
 	}
 	var transports []engine.TransportFactory
 	if o.Protocol == "rdma" {
@@ -179,7 +179,7 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 		LocalServerName:    o.LocalServerName,
 		MetadataServer:     o.MetadataServer,
 		ClusterID:          o.ClusterID,
-		MetadataHTTPToken:  os.Getenv("MC_METADATA_HTTP_TOKEN"),
+		MetadataHTTPToken:  metadataToken(),
 		BindAddress:        o.BindAddress,
 		MinRPCPort:         o.MinRPCPort,
 		MaxRPCPort:         o.MaxRPCPort,
@@ -200,14 +200,14 @@ func (o benchEngineOptions) rdmaConfig() (rdmatransport.Config, error) {
 		return rc, err
 	}
 	if rc.Devices, err = rdmatransport.ParseDevices(o.DeviceName); err != nil {
-		return rc, fmt.Errorf("--device-name: %w", err)
+		return rc, usagef("--device-name: %w", err)
 	}
 	switch {
 	case o.NICPriorityMatrix != "" && o.AutoDiscovery:
-		return rc, fmt.Errorf("--nic-priority-matrix and --auto-discovery exclude each other")
+		return rc, usagef("--nic-priority-matrix and --auto-discovery exclude each other")
 	case o.NICPriorityMatrix != "":
 		if rc.Matrix, err = topo.ReadMatrixFile(o.NICPriorityMatrix); err != nil {
-			return rc, fmt.Errorf("--nic-priority-matrix: %w", err)
+			return rc, usagef("--nic-priority-matrix: %w", err)
 		}
 	case o.AutoDiscovery:
 		// As Mooncake: with auto discovery, MC_CUSTOM_TOPO_JSON names a
@@ -278,7 +278,7 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 	}
 	size := o.BufferSize
 	if size <= 0 {
-		return fmt.Errorf("--buffer-size %d: want more than 0 bytes", size)
+		return usagef("--buffer-size %d: want more than 0 bytes", size)
 	}
 	nodes := numaNodes()
 	e, err := engine.New(ctx, cfg)
@@ -390,8 +390,8 @@ A comma list of block sizes runs a sweep, one row per size. Without
 over its own soft RDMA NICs with --protocol rdma).
 
 Exit status: 0 when every task completed (and verified), 130 when
-interrupted (SIGINT/SIGTERM; the partial results are printed first), 1
-otherwise.`,
+interrupted (SIGINT/SIGTERM; the partial results are printed first), 64
+on a usage error, 1 otherwise.`,
 		Example: `  mc bench initiator                                   # embedded loopback target
   mc bench initiator --segment_id 10.0.0.2:15123 --operation write --threads 1
   mc bench initiator --block_size 4K,64K,1M --batch_size 128 --threads 1 --verify
@@ -435,36 +435,36 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 	case "write":
 		op = engine.Write
 	default:
-		return fmt.Errorf("--operation %q: want read or write", o.Operation)
+		return usagef("--operation %q: want read or write", o.Operation)
 	}
 	if o.BatchSize <= 0 {
-		return fmt.Errorf("--batch-size %d must be positive", o.BatchSize)
+		return usagef("--batch-size %d must be positive", o.BatchSize)
 	}
 	if o.Threads <= 0 {
-		return fmt.Errorf("--threads %d must be positive", o.Threads)
+		return usagef("--threads %d must be positive", o.Threads)
 	}
 	if o.ReportPrecision < 0 || o.ReportPrecision > 12 {
-		return fmt.Errorf("--report-precision %d: want 0-12", o.ReportPrecision)
+		return usagef("--report-precision %d: want 0-12", o.ReportPrecision)
 	}
 	sizes, bufSize, dur := o.BlockSize, o.BufferSize, o.Duration
 	if len(sizes) == 0 {
-		return fmt.Errorf("--block-size: give at least one size")
+		return usagef("--block-size: give at least one size")
 	}
 	for _, s := range sizes {
 		if s <= 0 {
-			return fmt.Errorf("--block-size %s: want sizes of more than 0 bytes", units.FormatSizes(sizes))
+			return usagef("--block-size %s: want sizes of more than 0 bytes", units.FormatSizes(sizes))
 		}
 	}
 	if bufSize <= 0 {
-		return fmt.Errorf("--buffer-size %d: want more than 0 bytes", bufSize)
+		return usagef("--buffer-size %d: want more than 0 bytes", bufSize)
 	}
 	if dur <= 0 {
-		return fmt.Errorf("--duration %s: want more than 0", dur)
+		return usagef("--duration %s: want more than 0", dur)
 	}
 	if o.Plot != "" {
 		// Before the run, not after minutes of it.
 		if _, err := os.Stat(filepath.Dir(o.Plot)); err != nil {
-			return fmt.Errorf("--plot: %w", err)
+			return usagef("--plot: %w", err)
 		}
 	}
 	unit, err := bench.ParseUnit(o.ReportUnit)
@@ -479,7 +479,7 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 		maxBlock = max(maxBlock, s)
 	}
 	if need := maxBlock * int64(o.BatchSize) * int64(o.Threads); need/int64(o.Threads)/int64(o.BatchSize) != maxBlock {
-		return fmt.Errorf("batch_size %d x block_size %d x threads %d overflows", o.BatchSize, maxBlock, o.Threads)
+		return usagef("batch_size %d x block_size %d x threads %d overflows", o.BatchSize, maxBlock, o.Threads)
 	} else if need > bufSize {
 		// As transfer_engine_bench: warn and raise the buffer to fit.
 		slog.Warn("--buffer-size too small for batch_size x block_size x threads: raised to fit",
@@ -564,7 +564,7 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 		// SIGINT/SIGTERM: the figures cover a shortened run, and a
 		// script must not take them for a complete one (130 = 128+SIGINT,
 		// the shell's convention).
-		return &exitError{code: 130, err: fmt.Errorf("bench initiator: interrupted; the results above cover only the time run")}
+		return &exitError{code: exitInterrupted, err: fmt.Errorf("bench initiator: interrupted; the results above cover only the time run")}
 	}
 	return nil
 }
@@ -742,13 +742,13 @@ func gflagsArgs(root *cobra.Command, args []string) ([]string, error) {
 		}
 		if !hasVal {
 			if j+1 >= len(rest) {
-				return nil, fmt.Errorf("bench: --mode needs a value: target or initiator")
+				return nil, usagef("bench: --mode needs a value: target or initiator")
 			}
 			j++
 			val = rest[j]
 		}
 		if val != "target" && val != "initiator" {
-			return nil, fmt.Errorf("bench: --mode %q: want target or initiator", val)
+			return nil, usagef("bench: --mode %q: want target or initiator", val)
 		}
 		mode = val
 	}
@@ -763,7 +763,7 @@ func gflagsArgs(root *cobra.Command, args []string) ([]string, error) {
 	case verb == "":
 		verb = mode
 	case mode != "" && mode != verb:
-		return nil, fmt.Errorf("bench %s: --mode %s contradicts the verb", verb, mode)
+		return nil, usagef("bench %s: --mode %s contradicts the verb", verb, mode)
 	}
 	c, _, err := root.Find([]string{"bench", verb})
 	if err != nil || c.Name() != verb {

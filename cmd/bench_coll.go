@@ -88,7 +88,7 @@ that were active and those that failed while the row ran; the run then
 exits 1, since rank R did not finish.
 
 Exit status: 0 when every rank finished (and every checked row was
-right), 1 otherwise.`,
+right), 64 on a usage error, 1 otherwise.`,
 		Example: `  mc bench coll --collective all_reduce --ranks 4 -b 8 -e 64M -f 2 --check
   mc bench coll --collective all_gather --ranks 8 -b 1K -e 16M -f 4 -o json
   mc bench coll --ranks 4 -b 1M -e 16M --iters 50 --kill-rank 2 --kill-after 60
@@ -139,7 +139,7 @@ func (o benchCollOptions) sweep() (collbench.Config, error) {
 		return cfg, err
 	}
 	if o.KillAfter < 0 {
-		return cfg, fmt.Errorf("--kill-after %d: want 0 or more", o.KillAfter)
+		return cfg, usagef("--kill-after %d: want 0 or more", o.KillAfter)
 	}
 	return cfg, nil
 }
@@ -149,14 +149,14 @@ var collProtocols = []string{engine.ProtocolAuto, "tcp", engine.ProtocolSHM}
 
 func (o benchCollOptions) protocol() error {
 	if !slices.Contains(collProtocols, o.Protocol) {
-		return fmt.Errorf("--protocol %q: want one of %s", o.Protocol, strings.Join(collProtocols, ", "))
+		return usagef("--protocol %q: want one of %s", o.Protocol, strings.Join(collProtocols, ", "))
 	}
 	return nil
 }
 
 func (o benchCollOptions) slotSize() (int, error) {
 	if s := o.SlotSize; s < 64 || s%64 != 0 || s > 1<<30 {
-		return 0, fmt.Errorf("--slot-size %s: want a multiple of 64 bytes up to 1G", units.FormatSize(s))
+		return 0, usagef("--slot-size %s: want a multiple of 64 bytes up to 1G", units.FormatSize(s))
 	}
 	return int(o.SlotSize), nil
 }
@@ -173,10 +173,10 @@ func runBenchColl(ctx context.Context, o benchCollOptions, p *printer) error {
 		return err
 	}
 	if o.Ranks < 1 || o.Ranks > 64 {
-		return fmt.Errorf("--ranks %d: want 1-64", o.Ranks)
+		return usagef("--ranks %d: want 1-64", o.Ranks)
 	}
 	if o.KillRank >= o.Ranks {
-		return fmt.Errorf("--kill-rank %d: the group has ranks 0-%d", o.KillRank, o.Ranks-1)
+		return usagef("--kill-rank %d: the group has ranks 0-%d", o.KillRank, o.Ranks-1)
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -242,13 +242,13 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 	}
 	switch {
 	case o.WorldSize < 1:
-		return fmt.Errorf("--world-size %d: want the group's rank count (with --rank)", o.WorldSize)
+		return usagef("--world-size %d: want the group's rank count (with --rank)", o.WorldSize)
 	case o.Rank < 0 || o.Rank >= o.WorldSize:
-		return fmt.Errorf("--rank %d: want 0 to %d", o.Rank, o.WorldSize-1)
+		return usagef("--rank %d: want 0 to %d", o.Rank, o.WorldSize-1)
 	case o.Store == "" || o.Store == meta.P2PHandshake:
-		return fmt.Errorf("--store: want the rendezvous (etcd host:port or http://host:port/path)")
+		return usagef("--store: want the rendezvous (etcd host:port or http://host:port/path)")
 	}
-	be, err := meta.Open(ctx, o.Store, meta.Options{})
+	be, err := meta.Open(ctx, o.Store, meta.Options{HTTPToken: metadataToken()})
 	if err != nil {
 		return fmt.Errorf("--store: %w", err)
 	}
@@ -260,6 +260,7 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 	eng, err := engine.New(ctx, engine.Config{
 		LocalServerName: fmt.Sprintf("%s-rank%d", o.Group, o.Rank),
 		MetadataServer:  o.Store, BindAddress: o.BindAddress, Protocol: o.Protocol,
+		MetadataHTTPToken: metadataToken(),
 	})
 	if err != nil {
 		return err

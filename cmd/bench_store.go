@@ -118,7 +118,7 @@ func parseIntList(flag, s string) ([]int, error) {
 	for _, f := range strings.Split(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("invalid --%s %q: want positive whole numbers, comma-separated", flag, s)
+			return nil, usagef("invalid --%s %q: want positive whole numbers, comma-separated", flag, s)
 		}
 		out = append(out, n)
 	}
@@ -130,11 +130,11 @@ func (o benchStoreOptions) config() (sbench.Config, error) {
 	sizes := o.ValueSizes
 	for _, s := range sizes {
 		if s <= 0 {
-			return cfg, fmt.Errorf("invalid --value-size %s: want sizes of more than 0 bytes", units.FormatSizes(sizes))
+			return cfg, usagef("invalid --value-size %s: want sizes of more than 0 bytes", units.FormatSizes(sizes))
 		}
 	}
 	if len(sizes) == 0 {
-		return cfg, fmt.Errorf("invalid --value-size: give at least one size")
+		return cfg, usagef("invalid --value-size: give at least one size")
 	}
 	conc, err := parseIntList("concurrency", o.Concurrency)
 	if err != nil {
@@ -147,22 +147,22 @@ func (o benchStoreOptions) config() (sbench.Config, error) {
 		case "put", "get", "mix":
 			ops = append(ops, op)
 		default:
-			return cfg, fmt.Errorf("invalid --op %q: want put, get or mix", op)
+			return cfg, usagef("invalid --op %q: want put, get or mix", op)
 		}
 	}
 	seg := o.SegmentSize
 	if seg <= 0 {
-		return cfg, fmt.Errorf("invalid --segment-size %d: want more than 0 bytes", seg)
+		return cfg, usagef("invalid --segment-size %d: want more than 0 bytes", seg)
 	}
 	switch {
 	case o.Batch <= 0:
-		return cfg, fmt.Errorf("invalid --batch %d: want 1 or more", o.Batch)
+		return cfg, usagef("invalid --batch %d: want 1 or more", o.Batch)
 	case o.Duration <= 0:
-		return cfg, fmt.Errorf("invalid --duration %s: want a positive duration", o.Duration)
+		return cfg, usagef("invalid --duration %s: want a positive duration", o.Duration)
 	case o.GetRatio < 0 || o.GetRatio > 1:
-		return cfg, fmt.Errorf("invalid --get-ratio %g: want 0 to 1", o.GetRatio)
+		return cfg, usagef("invalid --get-ratio %g: want 0 to 1", o.GetRatio)
 	case o.Keys < 0:
-		return cfg, fmt.Errorf("invalid --keys %d", o.Keys)
+		return cfg, usagef("invalid --keys %d", o.Keys)
 	}
 	ecfg, err := o.Data.engineConfig("127.0.0.1")
 	if err != nil {
@@ -172,17 +172,17 @@ func (o benchStoreOptions) config() (sbench.Config, error) {
 	ssdSize := o.SSDSize
 	switch {
 	case o.SSDSize != 0 && o.SSDDir == "":
-		return cfg, fmt.Errorf("--ssd-size without --ssd-dir: give the disk tier a directory")
+		return cfg, usagef("--ssd-size without --ssd-dir: give the disk tier a directory")
 	case o.OnDisk && o.SSDDir == "":
-		return cfg, fmt.Errorf("--on-disk reads objects from a disk tier: give --ssd-dir")
+		return cfg, usagef("--on-disk reads objects from a disk tier: give --ssd-dir")
 	case o.SSDDir != "" && o.Master != "":
-		return cfg, fmt.Errorf("--ssd-dir gives the embedded store a disk tier: give no --master with it (a running store's nodes have their own --ssd-dir)")
+		return cfg, usagef("--ssd-dir gives the embedded store a disk tier: give no --master with it (a running store's nodes have their own --ssd-dir)")
 	case o.SSDSize < 0:
-		return cfg, fmt.Errorf("invalid --ssd-size %d: want bytes", o.SSDSize)
+		return cfg, usagef("invalid --ssd-size %d: want bytes", o.SSDSize)
 	case o.VsTCP && o.Data.Protocol != engine.ProtocolAuto && o.Data.Protocol != engine.ProtocolSHM:
-		return cfg, fmt.Errorf("--vs-tcp compares shared memory with tcp: give --protocol auto or shm, not %s", o.Data.Protocol)
+		return cfg, usagef("--vs-tcp compares shared memory with tcp: give --protocol auto or shm, not %s", o.Data.Protocol)
 	case o.VsTCP && o.OnDisk:
-		return cfg, fmt.Errorf("--vs-tcp with --on-disk: one comparison per run")
+		return cfg, usagef("--vs-tcp with --on-disk: one comparison per run")
 	}
 	return sbench.Config{
 		Master: o.Master, SegmentSize: uint64(seg), ValueSizes: sizes, Ops: ops, GetRatio: o.GetRatio,
@@ -216,9 +216,9 @@ func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
 			printStoreResults(p, results)
 		}
 		if len(results) == 0 {
-			return &exitError{code: 130, err: fmt.Errorf("bench store: interrupted before a row was measured")}
+			return &exitError{code: exitInterrupted, err: fmt.Errorf("bench store: interrupted before a row was measured")}
 		}
-		return &exitError{code: 130, err: fmt.Errorf("bench store: interrupted after %d rows (the last may be partial)", len(results))}
+		return &exitError{code: exitInterrupted, err: fmt.Errorf("bench store: interrupted after %d rows (the last may be partial)", len(results))}
 	}
 	if err != nil {
 		if len(results) > 0 {

@@ -225,8 +225,12 @@ func TestBenchBadInput(t *testing.T) {
 	for want, args := range cases {
 		var out, errb bytes.Buffer
 		code := Execute(context.Background(), append([]string{"bench", "initiator", "--duration", "100ms", "--threads", "1"}, args...), &out, &errb)
-		if code != 1 || !strings.Contains(errb.String(), want) || strings.Count(errb.String(), "\n") != 1 {
-			t.Errorf("%v: exit %d, stderr %q; want %q", args, code, errb.String(), want)
+		wantCode := exitUsage // refused before any work
+		if want == "peer 127.0.0.1:1 unreachable" || want == "read Metadata reply" {
+			wantCode = exitFailure
+		}
+		if code != wantCode || !strings.HasPrefix(errb.String(), "mc: bench initiator: ") || !strings.Contains(errb.String(), want) || strings.Count(errb.String(), "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want %d, %q", args, code, errb.String(), wantCode, want)
 		}
 	}
 }

@@ -171,7 +171,7 @@ func (c *config) apply(cmd *cobra.Command) error {
 			return
 		}
 		if err := setFlag(f, val); err != nil {
-			firstErr = fmt.Errorf("invalid value %q for --%s from %s: %w", val, f.Name, src, err)
+			firstErr = usagef("invalid value %q for --%s from %s: %w", val, f.Name, src, err)
 		}
 	})
 	return firstErr

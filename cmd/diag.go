@@ -2,7 +2,6 @@ package cmd
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -22,8 +21,6 @@ func newDiagCmd(p *printer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "diag",
 		Short: "Diagnose transfer-engine failures (queue-pair leaks) from kernel counters and logs",
-		// A mistyped check must not read as healthy to cron or Nagios.
-		Annotations: map[string]string{usageExitAnnotation: "3"},
 	}
 	cmd.AddCommand(newDiagQPLeakCmd(p))
 	return cmd
@@ -69,7 +66,8 @@ Without --rdma it runs 'rdma -j resource show' itself. --watch samples live
 every --interval, tails the logs and prints growth per NIC as it goes.
 Positional FILEs are sorted into rdma captures and logs by their content.
 
-Exit status: 0 healthy, 1 suspect, 2 leak, 3 unknown (input unreadable).`,
+Exit status: 0 healthy, 1 suspect, 2 leak, 3 unknown (input unreadable);
+64 on a usage error (an unknown flag, a refused value), as on every command.`,
 		Example: `  mc diag qp-leak --rdma rdma.txt --log /var/log/mooncake/prefill.INFO
   mc diag qp-leak --rdma t0.json --rdma t1.json --max-qp 131072 -o json
   rdma -j res show qp | mc diag qp-leak --rdma - --log te.INFO.1.gz --log te.INFO
@@ -107,13 +105,13 @@ func unknown(err error) error {
 
 func runQPLeak(ctx context.Context, o qpLeakOptions, p *printer) error {
 	if o.NumQPPerEP < 0 {
-		return unknown(fmt.Errorf("invalid --num-qp-per-ep %d: want at least 1 (0 for Mooncake's default)", o.NumQPPerEP))
+		return unknown(usagef("invalid --num-qp-per-ep %d: want at least 1 (0 for Mooncake's default)", o.NumQPPerEP))
 	}
 	if o.MaxEPPerCtx < 0 || o.MaxQP < 0 {
-		return unknown(errors.New("--max-ep-per-ctx and --max-qp cannot be negative"))
+		return unknown(usagef("--max-ep-per-ctx and --max-qp cannot be negative"))
 	}
 	if o.Horizon <= 0 {
-		return unknown(fmt.Errorf("invalid --horizon %v: want a positive duration", o.Horizon))
+		return unknown(usagef("invalid --horizon %v: want a positive duration", o.Horizon))
 	}
 	for _, a := range o.Args {
 		kind, err := diag.Classify(a)
@@ -133,14 +131,14 @@ func runQPLeak(ctx context.Context, o qpLeakOptions, p *printer) error {
 		}
 	}
 	if stdin > 1 {
-		return unknown(errors.New("standard input (-) can be only one of the inputs"))
+		return unknown(usagef("standard input (-) can be only one of the inputs"))
 	}
 	at, err := parseStamps(o.At)
 	if err != nil {
 		return unknown(err)
 	}
 	if len(at) > 0 && len(at) != len(o.RDMA) {
-		return unknown(fmt.Errorf("%d --at stamps for %d --rdma files: give one per file, in the same order", len(at), len(o.RDMA)))
+		return unknown(usagef("%d --at stamps for %d --rdma files: give one per file, in the same order", len(at), len(o.RDMA)))
 	}
 	opts := diag.Options{NumQPPerEP: o.NumQPPerEP, MaxEPPerCtx: o.MaxEPPerCtx, MaxQP: o.MaxQP, TEVersion: o.TEVersion, Horizon: o.Horizon}
 	sampler := diag.Sampler{Bin: o.RDMABin, PerQP: o.PerQP}
@@ -172,7 +170,7 @@ func parseStamps(in []string) ([]time.Time, error) {
 			}
 		}
 		if err != nil {
-			return nil, fmt.Errorf("invalid --at %q: want RFC 3339 (2026-03-07T11:30:00Z), 'YYYY-MM-DD hh:mm:ss' or unix seconds", s)
+			return nil, usagef("invalid --at %q: want RFC 3339 (2026-03-07T11:30:00Z), 'YYYY-MM-DD hh:mm:ss' or unix seconds", s)
 		}
 		out = append(out, t)
 	}
@@ -181,10 +179,10 @@ func parseStamps(in []string) ([]time.Time, error) {
 
 func watchQPLeak(ctx context.Context, o qpLeakOptions, opts diag.Options, sampler diag.Sampler, p *printer) error {
 	if len(o.RDMA) > 0 {
-		return unknown(errors.New("--watch samples this host live; it takes no --rdma files"))
+		return unknown(usagef("--watch samples this host live; it takes no --rdma files"))
 	}
 	if o.Interval <= 0 {
-		return unknown(fmt.Errorf("invalid --interval %v", o.Interval))
+		return unknown(usagef("invalid --interval %v", o.Interval))
 	}
 	cfg := diag.WatchConfig{
 		Logs:     o.Logs,

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -60,7 +61,7 @@ type metaOptions struct {
 
 func addMetaFlags(f *pflag.FlagSet, o *metaOptions, segments bool) {
 	f.StringVar(&o.MetadataServer, "metadata-server", "", "metadata server: etcd host:port[,host:port], etcd://h:p;h:p or http://host:port/path")
-	f.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/")
+	f.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/ (also --cluster-id)")
 	envName(f, "metadata-cluster-id", "MC_METADATA_CLUSTER_ID")
 	durationVar(f, &o.ProbeTimeout, "probe-timeout", metascan.DefaultProbeTimeout, "bound on one segment's probe")
 	if segments {
@@ -75,16 +76,23 @@ func (o metaOptions) probeOptions() metascan.ProbeOptions {
 
 func (o metaOptions) validate(verb string) error {
 	if o.MetadataServer == "" {
-		return fmt.Errorf("meta %s: --metadata-server is required (etcd host:port or http://host:port/metadata)", verb)
+		return usagef("meta %s: --metadata-server is required (etcd host:port or http://host:port/metadata)", verb)
 	}
 	if o.ProbeTimeout <= 0 {
-		return fmt.Errorf("meta %s: --probe-timeout %v must be positive", verb, o.ProbeTimeout)
+		return usagef("meta %s: --probe-timeout %v must be positive", verb, o.ProbeTimeout)
 	}
 	if o.ProbeConcurrency < 0 {
-		return fmt.Errorf("meta %s: --probe-concurrency %d is negative", verb, o.ProbeConcurrency)
+		return usagef("meta %s: --probe-concurrency %d is negative", verb, o.ProbeConcurrency)
 	}
 	return nil
 }
+
+// metadataTokenEnv is Mooncake's MC_METADATA_HTTP_TOKEN: the bearer token
+// of an HTTP metadata server. Every verb that talks to a metadata server
+// sends it (serve metadata requires it).
+const metadataTokenEnv = "MC_METADATA_HTTP_TOKEN"
+
+func metadataToken() string { return os.Getenv(metadataTokenEnv) }
 
 // openStore checks the options and opens the metadata server's raw
 // key-value view.
@@ -92,7 +100,7 @@ func openStore(ctx context.Context, verb string, o metaOptions) (meta.Backend, m
 	if err := o.validate(verb); err != nil {
 		return nil, nil, err
 	}
-	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID})
+	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID, HTTPToken: metadataToken()})
 	if err != nil {
 		return nil, nil, fmt.Errorf("meta %s: %w", verb, err)
 	}
@@ -225,7 +233,8 @@ and NVMe-oF file segments are left out.
 "devices","rpc_address","state","rtt_us","error","note"}]}; rtt_us is null
 when nothing answered.
 
-Exit status: 0 when the segments could be listed, 1 on error.`,
+Exit status: 0 when the segments could be listed, 1 on error, 64 on a
+usage error.`,
 		Example: `  mc meta ls --metadata-server 127.0.0.1:2379
   mc meta ls --metadata-server 10.0.0.1:2379 --metadata-cluster-id prod -o json
   mc meta ls --metadata-server http://10.0.0.1:8080/metadata --segment prefill-0 --segment decode-0`,
@@ -268,7 +277,7 @@ devices and NIC priority matrix. -o json prints the stored value exactly as
 it is in the metadata server.
 
 Exit status: 0 when shown, 1 when the segment is not registered, its value
-is not a descriptor, or the server fails.`,
+is not a descriptor, or the server fails; 64 on a usage error.`,
 		Example: `  mc meta show prefill-0 --metadata-server 127.0.0.1:2379
   mc meta show prefill-0 --metadata-server http://10.0.0.1:8080/metadata -o json`,
 		Args: cobra.ExactArgs(1),
@@ -382,7 +391,7 @@ failed.
 
 Exit status: 0 nothing stale, or every stale segment deleted (or found
 re-registered); 1 stale segments remain (a dry run found some); 2 on error
-(the metadata server failed, a deletion failed).`,
+(the metadata server failed, a deletion failed); 64 on a usage error.`,
 		Example: `  mc meta gc --metadata-server 127.0.0.1:2379
   mc meta gc --metadata-server 127.0.0.1:2379 --yes
   mc meta gc --metadata-server 10.0.0.1:2379 --metadata-cluster-id prod --yes --include-invalid

@@ -264,13 +264,13 @@ func TestMetaBadInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"meta", "ls"}, 1, "mc: meta ls: --metadata-server is required"},
-		{[]string{"meta", "gc"}, 2, "mc: meta gc: --metadata-server is required"},
+		{[]string{"meta", "ls"}, 64, "mc: meta ls: --metadata-server is required"},
+		{[]string{"meta", "gc"}, 64, "mc: meta gc: --metadata-server is required"},
 		{[]string{"meta", "ls", "--metadata-server", "P2PHANDSHAKE"}, 1, "P2PHANDSHAKE stores no segments"},
 		{[]string{"meta", "ls", "--metadata-server", "redis://127.0.0.1:6379"}, 1, "not supported"},
-		{[]string{"meta", "ls", "--metadata-server", "127.0.0.1:2379", "--probe-timeout", "0s"}, 1, "--probe-timeout 0s must be positive"},
-		{[]string{"meta", "ls", "--metadata-server", "127.0.0.1:2379", "--probe-concurrency", "-1"}, 1, "--probe-concurrency -1 is negative"},
-		{[]string{"meta", "show", "--metadata-server", "127.0.0.1:2379"}, 1, "accepts 1 arg(s), received 0"},
+		{[]string{"meta", "ls", "--metadata-server", "127.0.0.1:2379", "--probe-timeout", "0s"}, 64, "--probe-timeout 0s must be positive"},
+		{[]string{"meta", "ls", "--metadata-server", "127.0.0.1:2379", "--probe-concurrency", "-1"}, 64, "--probe-concurrency -1 is negative"},
+		{[]string{"meta", "show", "--metadata-server", "127.0.0.1:2379"}, 64, "accepts 1 arg(s), received 0"},
 		{[]string{"meta", "gc", "--metadata-server", refused, "--segment", "x"}, 2, "unreachable"},
 		{[]string{"meta", "gc", "--metadata-server", broken.URL, "--segment", "x"}, 2, "500"},
 	}
@@ -298,5 +298,46 @@ func TestMetaGCDeleteFails(t *testing.T) {
 	code, out, errs := mc(t, "meta", "gc", "--metadata-server", url, "--segment", "decode-1", "--yes")
 	if code != 2 || !strings.Contains(errs, "1 of 1 deletions failed") || !strings.Contains(errs, "403") || !strings.Contains(out, "failed") {
 		t.Fatalf("gc with failing deletes: %d\n%s\n%s", code, out, errs)
+	}
+}
+
+// An HTTP metadata server that requires MC_METADATA_HTTP_TOKEN (as mc
+// serve metadata and Mooncake's do when it is set) answers every meta
+// verb when the variable is set: ls, show and gc send it.
+func TestMetaHTTPToken(t *testing.T) {
+	isolateEnv(t)
+	const token = "s3cret"
+	srv := httptest.NewServer(meta.RequireToken(meta.NewHTTPHandler(), token))
+	t.Cleanup(srv.Close)
+	url := srv.URL + "/metadata"
+	b, err := meta.Open(context.Background(), url, meta.Options{HTTPToken: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	deadEngine(t, b, "decode-1")
+	deadEngine(t, b, "decode-2")
+
+	t.Setenv("MC_METADATA_HTTP_TOKEN", token)
+	code, out, errs := mc(t, "meta", "ls", "--metadata-server", url, "--segment", "decode-1")
+	if code != 0 || !strings.Contains(out, "decode-1") || strings.Contains(errs, "401") {
+		t.Fatalf("meta ls with the token set: %d\n%s\n%s", code, out, errs)
+	}
+	code, out, errs = mc(t, "meta", "show", "decode-1", "--metadata-server", url)
+	if code != 0 || !strings.Contains(out, "decode-1") {
+		t.Fatalf("meta show with the token set: %d\n%s\n%s", code, out, errs)
+	}
+	code, out, errs = mc(t, "meta", "gc", "--metadata-server", url, "--segment", "decode-1", "--yes")
+	if code != 0 || !strings.Contains(out, "deleted") {
+		t.Fatalf("meta gc with the token set: %d\n%s\n%s", code, out, errs)
+	}
+	if _, err := b.GetSegment(context.Background(), "decode-1"); !errors.Is(err, meta.ErrNotFound) {
+		t.Fatalf("decode-1 after gc: %v", err)
+	}
+
+	t.Setenv("MC_METADATA_HTTP_TOKEN", "wrong")
+	code, _, errs = mc(t, "meta", "show", "decode-2", "--metadata-server", url)
+	if code == 0 || !strings.Contains(errs, "MC_METADATA_HTTP_TOKEN") {
+		t.Fatalf("meta show with a wrong token: %d %q; want the variable named", code, errs)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,6 +37,45 @@ func (e *exitError) Error() string {
 
 func (e *exitError) Unwrap() error { return e.err }
 
+// Exit statuses every command shares; the answers of single commands
+// (store exists, meta gc, diag qp-leak, ...) are documented on each and
+// in the table of exitStatusHelp.
+const (
+	exitFailure     = 1
+	exitInterrupted = 130
+	// exitUsage is sysexits' EX_USAGE. It collides with no command's
+	// answer: diag qp-leak already answers 0-3 (healthy, suspect, leak,
+	// unknown) and store exists / meta gc answer 1 and 2.
+	exitUsage = 64
+)
+
+// exitStatusHelp is the table printed in the root help and the README.
+const exitStatusHelp = `Exit status:
+  0    success (store exists: the key is stored; diag qp-leak: healthy)
+  1    failure; store exists: not stored; meta gc: stale segments remain;
+       diag qp-leak: suspect
+  2    store exists, meta gc: the check itself failed; diag qp-leak: leak
+  3    diag qp-leak: unknown (its input could not be read)
+  64   usage error on every command: unknown command or flag, bad flag
+       value, missing or extra argument (sysexits' EX_USAGE)
+  130  interrupted (SIGINT/SIGTERM) after printing what was done`
+
+// usageErr marks an error as the caller's mistake (a usage error): it
+// exits exitUsage whatever status the errors around it carry.
+type usageErr struct {
+	err   error
+	named bool // the message already names its command (usageError)
+}
+
+func (e *usageErr) Error() string { return e.err.Error() }
+func (e *usageErr) Unwrap() error { return e.err }
+
+// usagef is fmt.Errorf for usage errors: a flag value or combination
+// refused before any work is done.
+func usagef(format string, a ...any) error {
+	return &usageErr{err: fmt.Errorf(format, a...)}
+}
+
 // globalOptions are the flags every command inherits.
 type globalOptions struct {
 	ConfigFile string
@@ -54,22 +92,50 @@ func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	args, err := gflagsArgs(root, args)
 	if err != nil {
 		fmt.Fprintf(stderr, "mc: %v\n", err)
-		return 1
+		return exitUsage
 	}
 	root.SetArgs(args)
-	err = root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return 0
 	}
+	code := exitFailure
 	var ee *exitError
 	if errors.As(err, &ee) {
-		if ee.err != nil {
-			fmt.Fprintf(stderr, "mc: %v\n", ee.err)
+		code = ee.code
+		if ee.err == nil {
+			return code // the command said all it had to say
 		}
-		return ee.code
 	}
-	fmt.Fprintf(stderr, "mc: %v\n", err)
-	return 1
+	msg := err.Error()
+	if ue := (*usageErr)(nil); errors.As(err, &ue) {
+		code = exitUsage
+		if ue.named {
+			cmd = nil
+		}
+	}
+	fmt.Fprintf(stderr, "mc: %s\n", withVerb(cmd, msg))
+	return code
+}
+
+// withVerb makes msg start with the path of the command that failed
+// ("store get: "), so that every error reads mc: <verb>: <why>. A message
+// that already starts with it is left alone, and one that starts with the
+// verb's bare name (get "k": ..., ls: ...) loses that name.
+func withVerb(cmd *cobra.Command, msg string) string {
+	if cmd == nil {
+		return msg
+	}
+	sp := subPath(cmd)
+	if sp == "" || strings.HasPrefix(msg, sp) || strings.HasPrefix(msg, strings.TrimSuffix(sp, ": ")+" ") {
+		return msg
+	}
+	if rest, ok := strings.CutPrefix(msg, cmd.Name()+" "); ok && (strings.HasPrefix(rest, `"`) || strings.HasPrefix(rest, "-")) {
+		msg = rest
+	} else if rest, ok := strings.CutPrefix(msg, cmd.Name()+": "); ok {
+		msg = rest
+	}
+	return sp + msg
 }
 
 func newRootCmd(p *printer) *cobra.Command {
@@ -96,7 +162,9 @@ metadata and admin API. It is for:
 
 Sizes read 4096, 4K, 4KiB or "4 GB" (K = 1024); durations read seconds (10)
 or Go durations (500ms, 2m). Every flag can also be set by an MC_*
-environment variable or in $XDG_CONFIG_HOME/mc/config.yaml.`,
+environment variable or in $XDG_CONFIG_HOME/mc/config.yaml.
+
+` + exitStatusHelp,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -115,6 +183,11 @@ environment variable or in $XDG_CONFIG_HOME/mc/config.yaml.`,
 		".InheritedFlags.FlagUsages", "flagUsages .InheritedFlags").Replace(root.UsageTemplate())
 	root.SetUsageTemplate(tmpl)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		// mc topo discovr --sysfs-root x: cobra stops at topo and
+		// parses discover's flags against it; the word is the mistake.
+		if rest := c.Flags().Args(); c.HasSubCommands() && len(rest) > 0 {
+			return unknownSubcommand(c, rest)
+		}
 		return usageError(c, fmt.Errorf("%s%w (see '%s --help')", subPath(c), err, c.CommandPath()))
 	})
 
@@ -146,12 +219,6 @@ environment variable or in $XDG_CONFIG_HOME/mc/config.yaml.`,
 	root.SetGlobalNormalizationFunc(normalizeFlag)
 	return root
 }
-
-// usageExitAnnotation on a command gives the exit status of usage errors
-// (unknown sub-command, stray argument, unknown flag) for it and every
-// command below it. diag uses 3, "unknown" in the monitoring-plugin
-// convention, so that a mistyped check never reads as healthy.
-const usageExitAnnotation = "mc_usage_exit"
 
 // strictArgs makes every command of the tree reject what it does not
 // take, so that no typo ends in a help page and exit 0: a command with
@@ -227,8 +294,34 @@ func unknownSubcommand(cmd *cobra.Command, args []string) error {
 	msg := fmt.Sprintf("%sunknown command %q", subPath(cmd), args[0])
 	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
 		msg += fmt.Sprintf(" (did you mean %q?)", s[0])
+	} else if s := deeperCommand(cmd, args[0]); s != "" {
+		msg += fmt.Sprintf(" (did you mean %q?)", s)
 	}
 	return usageError(cmd, fmt.Errorf("%s (see '%s --help')", msg, cmd.CommandPath()))
+}
+
+// deeperCommand finds a command below cmd's direct sub-commands named
+// word or within one edit of it (mc coll: "bench coll"), and returns its
+// path below cmd, or "".
+func deeperCommand(cmd *cobra.Command, word string) string {
+	best, bestD := "", 2
+	var walk func(c *cobra.Command, path string)
+	walk = func(c *cobra.Command, path string) {
+		for _, sub := range c.Commands() {
+			if !sub.IsAvailableCommand() {
+				continue
+			}
+			p := strings.TrimPrefix(path+" "+sub.Name(), " ")
+			if c != cmd {
+				if d := editDistance(word, sub.Name()); d < bestD {
+					best, bestD = p, d
+				}
+			}
+			walk(sub, p)
+		}
+	}
+	walk(cmd, "")
+	return best
 }
 
 // subPath is cmd's path below the root followed by ": " ("bench
@@ -242,17 +335,12 @@ func subPath(cmd *cobra.Command) string {
 	return rest + ": "
 }
 
-// usageError gives err the usage exit status of cmd's nearest ancestor
-// that declares one (1 when none does).
-func usageError(cmd *cobra.Command, err error) error {
-	for c := cmd; c != nil; c = c.Parent() {
-		if v, ok := c.Annotations[usageExitAnnotation]; ok {
-			if code, perr := strconv.Atoi(v); perr == nil {
-				return &exitError{code: code, err: err}
-			}
-		}
-	}
-	return err
+// usageError marks err, a mistake in how cmd was called, as a usage
+// error: exit status exitUsage on every command, diag's included (a
+// monitoring system reads a status above 3 as UNKNOWN, so a mistyped
+// check still never reads as healthy).
+func usageError(_ *cobra.Command, err error) error {
+	return &usageErr{err: err, named: true}
 }
 
 // flagUsages is fs.FlagUsages with booleans shown as "--verify", not
@@ -310,6 +398,9 @@ var flagAliases = map[string]string{
 	"global-segment-size":   "segment-size",
 	"host":                  "local-hostname",
 	"device-names":          "device-name",
+	// topo show spelt it --cluster-id, bench and meta
+	// --metadata-cluster-id: each takes both.
+	"cluster-id": "metadata-cluster-id",
 }
 
 func normalizeFlag(fs *pflag.FlagSet, name string) pflag.NormalizedName {
@@ -342,13 +433,13 @@ func setup(cmd *cobra.Command, g *globalOptions, p *printer) error {
 		p.format = g.Output
 	default:
 		if cmd.Annotations[outputMayBeFile] == "" {
-			return fmt.Errorf("invalid --output %q: want table or json", g.Output)
+			return usagef("invalid --output %q: want table or json", g.Output)
 		}
 		p.format = "table" // -o names a file here (mc store get KEY -o FILE)
 	}
 	level, err := glog.ParseLevel(g.LogLevel)
 	if err != nil {
-		return fmt.Errorf("invalid --log-level: %w", err)
+		return usagef("invalid --log-level: %w", err)
 	}
 	if g.LogDir == "" {
 		glog.Setup(p.Err, level)

@@ -105,13 +105,13 @@ func runServeMetadata(ctx context.Context, o serveMetadataOptions, p *printer) e
 			o.Listen = defaultHTTPListen
 		}
 		if o.DataDir != "" {
-			return fmt.Errorf("--data-dir applies to --backend etcd only (the http backend keeps metadata in memory)")
+			return usagef("--data-dir applies to --backend etcd only (the http backend keeps metadata in memory)")
 		}
 	default:
-		return fmt.Errorf("invalid --backend %q: want etcd or http", o.Backend)
+		return usagef("invalid --backend %q: want etcd or http", o.Backend)
 	}
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
-		return fmt.Errorf("invalid --listen %q: want host:port", o.Listen)
+		return usagef("invalid --listen %q: want host:port", o.Listen)
 	}
 	if o.Backend == "http" {
 		return serveHTTPMetadata(ctx, o, p)
@@ -151,7 +151,7 @@ func serveHTTPMetadata(ctx context.Context, o serveMetadataOptions, p *printer) 
 	}
 	mux := http.NewServeMux()
 	var h http.Handler = meta.NewHTTPHandler()
-	if token := os.Getenv("MC_METADATA_HTTP_TOKEN"); token != "" {
+	if token := metadataToken(); token != "" {
 		h = meta.RequireToken(h, token)
 	}
 	mux.Handle(httpMetadataPath, h)

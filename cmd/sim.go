@@ -3,7 +3,6 @@ package cmd
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -82,9 +81,9 @@ Defaults: 320 KiB of KV per token (2 × 80 layers × 8 KV heads × 128 × 2 B),
 --speedup X divides arrival times to create overload; --load-trace FILE
 writes per-second prefill and decode load as CSV and --plot FILE.svg draws it
 (the paper's Figures 9 and 10). The same inputs give the same output.`,
-		Example: `  mc sim conductor --trace ../shared/traces/conversation_trace.jsonl --prefill 4 --decode 2
-  mc sim conductor --trace conversation_trace.jsonl --scheduler random,load-balancing,cache-aware,kvcache-centric
-  mc sim conductor --trace conversation_trace.jsonl --prefill 8 --decode 1 --speedup 2 --rejection early,predicted --plot load.svg`,
+		Example: `  mc sim conductor --trace testdata/traces/conversation_trace.jsonl --prefill 4 --decode 2
+  mc sim conductor --trace testdata/traces/conversation_trace.jsonl --scheduler random,load-balancing,cache-aware,kvcache-centric
+  mc sim conductor --trace testdata/traces/conversation_trace.jsonl --prefill 8 --decode 1 --speedup 2 --rejection early,predicted --plot load.svg`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runSimConductor(o, p)
@@ -122,13 +121,13 @@ writes per-second prefill and decode load as CSV and --plot FILE.svg draws it
 
 func runSimConductor(o simConductorOptions, p *printer) error {
 	if o.Trace == "" {
-		return fmt.Errorf("--trace is required (a FAST'25 trace, e.g. conversation_trace.jsonl)")
+		return usagef("--trace is required (a FAST'25 trace, e.g. testdata/traces/conversation_trace.jsonl in mc's repository)")
 	}
 	var scheds []conductor.Scheduler
 	for _, s := range strings.Split(o.Schedulers, ",") {
 		x, err := conductor.ParseScheduler(strings.TrimSpace(s))
 		if err != nil {
-			return fmt.Errorf("invalid --scheduler: %w", err)
+			return usagef("invalid --scheduler: %w", err)
 		}
 		scheds = append(scheds, x)
 	}
@@ -136,27 +135,27 @@ func runSimConductor(o simConductorOptions, p *printer) error {
 	for _, s := range strings.Split(o.Rejections, ",") {
 		x, err := conductor.ParseRejection(strings.TrimSpace(s))
 		if err != nil {
-			return fmt.Errorf("invalid --rejection: %w", err)
+			return usagef("invalid --rejection: %w", err)
 		}
 		rejs = append(rejs, x)
 	}
 	switch {
 	case o.Prefill <= 0 || o.Decode <= 0:
-		return fmt.Errorf("invalid --prefill %d / --decode %d: want at least one of each", o.Prefill, o.Decode)
+		return usagef("invalid --prefill %d / --decode %d: want at least one of each", o.Prefill, o.Decode)
 	case o.TTFTSLO <= 0 || o.TBTSLO <= 0:
-		return fmt.Errorf("invalid --ttft-slo %s / --tbt-slo %s: want positive durations", o.TTFTSLO, o.TBTSLO)
+		return usagef("invalid --ttft-slo %s / --tbt-slo %s: want positive durations", o.TTFTSLO, o.TBTSLO)
 	case o.Speedup <= 0:
-		return fmt.Errorf("invalid --speedup %g: want a positive number", o.Speedup)
+		return usagef("invalid --speedup %g: want a positive number", o.Speedup)
 	case o.BalancingThreshold < 1:
-		return fmt.Errorf("invalid --balancing-threshold %g: want at least 1", o.BalancingThreshold)
+		return usagef("invalid --balancing-threshold %g: want at least 1", o.BalancingThreshold)
 	case o.CacheBlocks < 0:
-		return fmt.Errorf("invalid --cache-blocks-per-instance %d", o.CacheBlocks)
+		return usagef("invalid --cache-blocks-per-instance %d", o.CacheBlocks)
 	}
 	if err := o.Cost.Check(); err != nil {
-		return fmt.Errorf("cost model: %w", err)
+		return usagef("cost model: %w", err)
 	}
 	if _, err := policy.New[int64](o.CachePolicy); err != nil {
-		return fmt.Errorf("invalid --cache-policy: %w", err)
+		return usagef("invalid --cache-policy: %w", err)
 	}
 	reqs, err := trace.ReadFile(o.Trace)
 	if err != nil {
@@ -207,23 +206,4 @@ func runSimConductor(o simConductorOptions, p *printer) error {
 		[]string{"scheduler", "rejection", "requests", "accepted", "rejected", "wasted prefills", "TTFT p50 (s)", "TTFT p90 (s)", "TTFT p99 (s)",
 			"TBT p50 (ms)", "TBT p90 (ms)", "TBT p99 (ms)", "SLO", "goodput (req/s)", "cache hit", "migrated blocks", "decode load"}, rows)
 	return nil
-}
-
-// writeFileWith writes a file through a temporary one renamed into place,
-// so an error never leaves half a file under the asked name.
-func writeFileWith(path string, write func(*os.File) error) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".mc-*")
-	if err != nil {
-		return err
-	}
-	if err := write(tmp); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

@@ -53,7 +53,8 @@ func (o *storeDataOptions) addFlagsProtocol(fs *pflag.FlagSet, protocol string) 
 }
 
 func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
-	cfg := engine.Config{Protocol: o.Protocol, BindAddress: bind, AdvertiseHost: o.LocalHostname, MetadataServer: o.MetadataServer}
+	cfg := engine.Config{Protocol: o.Protocol, BindAddress: bind, AdvertiseHost: o.LocalHostname, MetadataServer: o.MetadataServer,
+		MetadataHTTPToken: metadataToken()}
 	if o.MetadataServer != "" && o.MetadataServer != meta.P2PHandshake && o.LocalHostname != "" {
 		// With a metadata server the local hostname is the segment's
 		// name there, as with Mooncake's local_hostname; peers connect to
@@ -66,7 +67,7 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 		// otherwise, which no peer could parse back).
 		p, err := strconv.ParseUint(port, 10, 16)
 		if err != nil || p == 0 {
-			return cfg, fmt.Errorf("--local-hostname %q: port %q is not a port (1-65535)", o.LocalHostname, port)
+			return cfg, usagef("--local-hostname %q: port %q is not a port (1-65535)", o.LocalHostname, port)
 		}
 		cfg.AdvertiseHost = h
 		cfg.HandshakeAddr = net.JoinHostPort(bind, port)
@@ -76,7 +77,7 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 		// auto|shm: a node's segment is mappable by same-host clients,
 		// and a client maps a same-host node's segment (package shm).
 		if o.DeviceName != "" {
-			return cfg, fmt.Errorf("--device-name needs --protocol rdma")
+			return cfg, usagef("--device-name needs --protocol rdma")
 		}
 	case "rdma":
 		rc, err := rdmatransport.ConfigFromEnv()
@@ -84,11 +85,11 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 			return cfg, err
 		}
 		if rc.Devices, err = rdmatransport.ParseDevices(o.DeviceName); err != nil {
-			return cfg, fmt.Errorf("--device-name: %w", err)
+			return cfg, usagef("--device-name: %w", err)
 		}
 		cfg.Transports = append(cfg.Transports, rdmatransport.Factory(rc))
 	default:
-		return cfg, fmt.Errorf("--protocol %q is not supported: want tcp, rdma, auto or shm", o.Protocol)
+		return cfg, usagef("--protocol %q is not supported: want tcp, rdma, auto or shm", o.Protocol)
 	}
 	return cfg, nil
 }
@@ -189,7 +190,10 @@ The TTL flags take milliseconds as mooncake_master does (--default_kv_lease_ttl
 duration.
 --rpc_thread_num is accepted for compatibility: gRPC sizes its own workers.
 --config_path reads mooncake_master's config file (JSON or YAML, keys are
-the flag names); flags on the command line win over it.
+the flag names); flags on the command line win over it. mooncake_master's
+own master.json works as it is: its settings mc has no flag for (root_fs_dir,
+memory_allocator, rpc_conn_timeout_seconds, kv_events_*, ...) are named in
+one warning and ignored; a key neither knows is refused.
 
 The admin HTTP API on --metrics_port has the Mooncake master's paths:
 /metrics, /metrics/summary, /health, /role, /ha_status, /leader,
@@ -216,8 +220,12 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 				if err != nil {
 					return err
 				}
-				if err := applyMasterConfigFile(cmd.Flags(), vals); err != nil {
+				ignored, err := applyMasterConfigFile(cmd.Flags(), vals)
+				if err != nil {
 					return err
+				}
+				if len(ignored) > 0 {
+					slog.Warn(fmt.Sprintf("--config-path %s: mooncake_master settings that do not apply to mc, ignored: %s", o.ConfigPath, strings.Join(ignored, ", ")))
 				}
 			}
 			// Several nodes run on one host: only a master takes the
@@ -269,44 +277,84 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 
 // readMasterConfigFile reads mooncake_master's --config_path file: a flat
 // object of flag names to values, JSON or YAML.
-func readMasterConfigFile(path string) (map[string]string, error) {
+func readMasterConfigFile(path string) (map[string]any, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--config-path: %w", err)
 	}
 	var raw map[string]any
 	if err := yaml.Unmarshal(b, &raw); err != nil { // YAML is a superset of JSON
-		return nil, fmt.Errorf("--config-path %s: %w", path, err)
+		return nil, usagef("--config-path %s: %w", path, err)
 	}
-	out := make(map[string]string, len(raw))
-	for k, v := range raw {
-		switch x := v.(type) {
+	return raw, nil
+}
+
+// applyMasterConfigFile sets the flags of fs the file's keys name, unless
+// the command line set them. It returns the keys of mooncake_master's
+// (mooncakeMasterKeys, retiredMooncakeMasterKeys) that mc has no flag
+// for, to be warned about; a key neither mc nor mooncake_master knows is
+// refused, with the nearest known key.
+func applyMasterConfigFile(fs *pflag.FlagSet, vals map[string]any) (ignored []string, err error) {
+	keys := make([]string, 0, len(vals))
+	for k := range vals {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		name := strings.ReplaceAll(k, "_", "-")
+		if to, ok := mooncakeMasterKeyFlags[k]; ok {
+			name = to
+		}
+		f := fs.Lookup(name)
+		if f == nil || name == "config-path" {
+			if why, ok := retiredMooncakeMasterKeys[k]; ok {
+				ignored = append(ignored, k+" ("+why+")")
+				continue
+			}
+			if slices.Contains(mooncakeMasterKeys, k) {
+				ignored = append(ignored, k)
+				continue
+			}
+			return nil, usagef("--config-path: unknown setting %q%s", k, nearestMasterKey(fs, k))
+		}
+		var v string
+		switch x := vals[k].(type) {
 		case map[string]any, []any:
-			return nil, fmt.Errorf("--config-path %s: %q: want a plain value, not a list or object", path, k)
+			return nil, usagef("--config-path: %q: want a plain value, not a list or object", k)
 		case nil:
 			continue
 		default:
-			out[k] = fmt.Sprint(x)
+			v = fmt.Sprint(x)
 		}
-	}
-	return out, nil
-}
-
-func applyMasterConfigFile(fs *pflag.FlagSet, vals map[string]string) error {
-	for k, v := range vals {
-		name := strings.ReplaceAll(k, "_", "-")
-		f := fs.Lookup(name)
-		if f == nil {
-			return fmt.Errorf("--config-path: unknown setting %q", k)
-		}
-		if f.Changed || name == "config-path" {
+		if f.Changed {
 			continue
 		}
-		if err := fs.Set(name, v); err != nil {
-			return fmt.Errorf("--config-path: %s=%q: %w", k, v, err)
+		if err := fs.Set(f.Name, v); err != nil {
+			return nil, usagef("--config-path: %s=%q: %w", k, v, err)
 		}
 	}
-	return nil
+	return ignored, nil
+}
+
+// nearestMasterKey is " (did you mean ...?)" for the known key within
+// two edits of k (a flag of fs in underscore spelling, or one of
+// mooncake_master's), or "".
+func nearestMasterKey(fs *pflag.FlagSet, k string) string {
+	known := map[string]bool{}
+	for _, m := range mooncakeMasterKeys {
+		known[m] = true
+	}
+	fs.VisitAll(func(f *pflag.Flag) { known[strings.ReplaceAll(f.Name, "-", "_")] = true })
+	best, bestD := "", 3
+	for cand := range known {
+		if d := editDistance(k, cand); d < bestD || (d == bestD && cand < best) {
+			best, bestD = cand, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q?)", best)
 }
 
 func (o serveStoreOptions) serverConfig() (server.Config, error) {
@@ -314,34 +362,34 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	seg := o.SegmentSize
 	switch {
 	case o.RegionSize <= 0:
-		return cfg, fmt.Errorf("invalid --region-size %d: want more than 0 bytes", o.RegionSize)
+		return cfg, usagef("invalid --region-size %d: want more than 0 bytes", o.RegionSize)
 	case o.LeaseTTL <= 0:
-		return cfg, fmt.Errorf("invalid --default-kv-lease-ttl %s: want more than 0", o.LeaseTTL)
+		return cfg, usagef("invalid --default-kv-lease-ttl %s: want more than 0", o.LeaseTTL)
 	case o.ClientTTL <= 0:
-		return cfg, fmt.Errorf("invalid --client-ttl %s: want more than 0", o.ClientTTL)
+		return cfg, usagef("invalid --client-ttl %s: want more than 0", o.ClientTTL)
 	case o.PutDiscardTimeout <= 0:
-		return cfg, fmt.Errorf("invalid --put-start-discard-timeout-sec %s: want more than 0", o.PutDiscardTimeout)
+		return cfg, usagef("invalid --put-start-discard-timeout-sec %s: want more than 0", o.PutDiscardTimeout)
 	case o.RPCThreadNum < 0:
-		return cfg, fmt.Errorf("invalid --rpc-thread-num %d", o.RPCThreadNum)
+		return cfg, usagef("invalid --rpc-thread-num %d", o.RPCThreadNum)
 	case o.MetricsPort < 0 || o.MetricsPort > 65535:
-		return cfg, fmt.Errorf("invalid --metrics-port %d", o.MetricsPort)
+		return cfg, usagef("invalid --metrics-port %d", o.MetricsPort)
 	}
 	port := o.RPCPort
 	if port == 0 {
 		port = o.Port
 	}
 	if port < 0 || port > 65535 {
-		return cfg, fmt.Errorf("invalid --rpc-port %d", port)
+		return cfg, usagef("invalid --rpc-port %d", port)
 	}
 	if o.Master != "" {
 		if err := checkMasterAddr(o.Master); err != nil {
 			return cfg, err
 		}
 		if o.EnableHA {
-			return cfg, fmt.Errorf("--enable-ha runs a master candidate; --master makes this process a node: give one of them")
+			return cfg, usagef("--enable-ha runs a master candidate; --master makes this process a node: give one of them")
 		}
 		if seg == 0 {
-			return cfg, fmt.Errorf("--master with --segment-size 0 contributes nothing: give the node a segment size")
+			return cfg, usagef("--master with --segment-size 0 contributes nothing: give the node a segment size")
 		}
 	}
 	bind := "0.0.0.0"
@@ -357,7 +405,7 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		return cfg, err
 	}
 	if o.PromoteAfter < 0 {
-		return cfg, fmt.Errorf("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
+		return cfg, usagef("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
 	}
 	promote := o.PromoteAfter
 	if promote == 0 {
@@ -409,18 +457,18 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 func checkMasterAddr(s string) error {
 	if store.IsMooncakeAddress(s) {
 		if _, err := store.ParseMooncakeAddress(s); err != nil {
-			return fmt.Errorf("invalid --master: %w", err)
+			return usagef("invalid --master: %w", err)
 		}
 		return nil
 	}
 	if store.IsEtcdAddress(s) {
 		if _, err := store.ParseEtcdAddress(s); err != nil {
-			return fmt.Errorf("invalid --master: %w", err)
+			return usagef("invalid --master: %w", err)
 		}
 		return nil
 	}
 	if _, _, err := net.SplitHostPort(s); err != nil {
-		return fmt.Errorf("invalid --master %q: want host:port, etcd://HOST:PORT[;HOST:PORT] or mooncake://HOST:PORT", s)
+		return usagef("invalid --master %q: want host:port, etcd://HOST:PORT[;HOST:PORT] or mooncake://HOST:PORT", s)
 	}
 	return nil
 }
@@ -444,28 +492,28 @@ func (o serveStoreOptions) haConfig() (*ha.Config, error) {
 		conn := o.HABackend
 		if i := strings.Index(conn, "://"); i >= 0 {
 			if !store.IsEtcdAddress(conn) {
-				return nil, fmt.Errorf("invalid --ha-backend-connstring %q: the HA backend is etcd: want HOST:PORT[;HOST:PORT] or etcd://HOST:PORT[;HOST:PORT]", conn)
+				return nil, usagef("invalid --ha-backend-connstring %q: the HA backend is etcd: want HOST:PORT[;HOST:PORT] or etcd://HOST:PORT[;HOST:PORT]", conn)
 			}
 			conn = conn[i+len("://"):]
 		}
 		if eps, err = store.ParseEndpoints(conn); err != nil {
-			return nil, fmt.Errorf("invalid --ha-backend-connstring: %w", err)
+			return nil, usagef("invalid --ha-backend-connstring: %w", err)
 		}
 	case o.EtcdEndpoints != "":
 		if eps, err = store.ParseEndpoints(o.EtcdEndpoints); err != nil {
-			return nil, fmt.Errorf("invalid --etcd-endpoints: %w", err)
+			return nil, usagef("invalid --etcd-endpoints: %w", err)
 		}
 	default:
-		return nil, fmt.Errorf("--enable-ha needs etcd: give --ha-backend-connstring etcd://HOST:PORT or --etcd-endpoints HOST:PORT")
+		return nil, usagef("--enable-ha needs etcd: give --ha-backend-connstring etcd://HOST:PORT or --etcd-endpoints HOST:PORT")
 	}
 	switch {
 	case o.HALeaseTTL < 2*time.Second || o.HALeaseTTL%time.Second != 0:
 		// etcd leases count whole seconds.
-		return nil, fmt.Errorf("invalid --ha-lease-ttl %s: want whole seconds, at least 2", o.HALeaseTTL)
+		return nil, usagef("invalid --ha-lease-ttl %s: want whole seconds, at least 2", o.HALeaseTTL)
 	case o.HASnapshotInterval <= 0:
-		return nil, fmt.Errorf("invalid --ha-snapshot-interval %s: want a positive duration", o.HASnapshotInterval)
+		return nil, usagef("invalid --ha-snapshot-interval %s: want a positive duration", o.HASnapshotInterval)
 	case o.HASnapshotRecords <= 0:
-		return nil, fmt.Errorf("invalid --ha-snapshot-records %d: want 1 or more", o.HASnapshotRecords)
+		return nil, usagef("invalid --ha-snapshot-records %d: want 1 or more", o.HASnapshotRecords)
 	}
 	return &ha.Config{
 		Endpoints: eps, ClusterID: o.ClusterID, LeaseTTL: o.HALeaseTTL,
@@ -567,13 +615,13 @@ func (o storeClientOptions) adminURL() (string, error) {
 	if store.IsMooncakeAddress(o.Master) {
 		a, err := store.ParseMooncakeAddress(o.Master)
 		if err != nil {
-			return "", fmt.Errorf("invalid --master: %w", err)
+			return "", usagef("invalid --master: %w", err)
 		}
 		addr = a
 	} else if store.IsEtcdAddress(o.Master) {
 		eps, err := store.ParseEtcdAddress(o.Master)
 		if err != nil {
-			return "", fmt.Errorf("invalid --master: %w", err)
+			return "", usagef("invalid --master: %w", err)
 		}
 		cli, err := store.NewEtcdClient(eps)
 		if err != nil {
@@ -593,7 +641,7 @@ func (o storeClientOptions) adminURL() (string, error) {
 	}
 	h, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", fmt.Errorf("invalid --master %q: want host:port, etcd://HOST:PORT[;HOST:PORT] or mooncake://HOST:PORT", o.Master)
+		return "", usagef("invalid --master %q: want host:port, etcd://HOST:PORT[;HOST:PORT] or mooncake://HOST:PORT", o.Master)
 	}
 	return "http://" + net.JoinHostPort(h, "9003"), nil
 }
@@ -617,7 +665,42 @@ func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
 	ecfg.NameWithPort = true // beside a node of this host under its name
 	// A one-shot client waits for nobody: fail fast when the master is
 	// not there.
-	return store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: 5 * time.Second, Logger: quietLogger(), NoChecksums: !o.Checksums})
+	c, err := store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: 5 * time.Second, Logger: quietLogger(), NoChecksums: !o.Checksums})
+	if err != nil {
+		return nil, httpPortHint(o.Master, err)
+	}
+	return c, nil
+}
+
+// httpPortHint replaces err, a failed connection to master, with what
+// went wrong when master's port answers HTTP: the admin API's port
+// (9003) given for the RPC port, a mistake gRPC reports as a bad frame
+// ("frame too large") and coro_rpc as a bad magic byte.
+func httpPortHint(master string, err error) error {
+	addr := master
+	if store.IsMooncakeAddress(master) {
+		a, perr := store.ParseMooncakeAddress(master)
+		if perr != nil {
+			return err
+		}
+		addr = a
+	} else if store.IsEtcdAddress(master) {
+		return err
+	}
+	conn, derr := net.DialTimeout("tcp", addr, time.Second)
+	if derr != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Second))
+	if _, werr := io.WriteString(conn, "HEAD / HTTP/1.0\r\n\r\n"); werr != nil {
+		return err
+	}
+	head := make([]byte, 5)
+	if _, rerr := io.ReadFull(conn, head); rerr != nil || string(head) != "HTTP/" {
+		return err
+	}
+	return fmt.Errorf("--master %s is an HTTP port (a master's admin API, --metrics_port?), not a master's RPC port: give the master's --rpc_port (default 50051)", master)
 }
 
 func newStoreCmd(p *printer) *cobra.Command {
@@ -676,7 +759,10 @@ func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *pri
 		return err
 	}
 	if o.Replicas < 1 || o.Replicas > store.MaxReplicas {
-		return fmt.Errorf("invalid --replicas %d: want 1 to %d", o.Replicas, store.MaxReplicas)
+		return usagef("invalid --replicas %d: want 1 to %d", o.Replicas, store.MaxReplicas)
+	}
+	if o.SoftPin && o.HardPin {
+		return usagef("--soft-pin and --hard-pin exclude each other: a hard-pinned object is never evicted, a soft-pinned one last")
 	}
 	var value []byte
 	var err error
@@ -764,7 +850,7 @@ func checkKeys(verb string, keys ...string) error {
 		if len(keys) > 1 {
 			shown += fmt.Sprintf(" (argument %d)", i+1)
 		}
-		return fmt.Errorf("store %s: invalid key %s: %s", verb, shown, why)
+		return usagef("store %s: invalid key %s: %s", verb, shown, why)
 	}
 	return nil
 }
@@ -816,7 +902,7 @@ func newStoreExistsCmd(p *printer) *cobra.Command {
 	var o storeClientOptions
 	cmd := &cobra.Command{
 		Use:   "exists KEY",
-		Short: "Exit 0 when KEY is stored, 1 when it is not (2 on error)",
+		Short: "Exit 0 when KEY is stored, 1 when it is not (2 on error, 64 on a usage error)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkKeys("exists", args[0]); err != nil {
@@ -864,7 +950,8 @@ unless --force. --dry-run lists what would go and what would be kept,
 and removes nothing. The counts cover every match; the master lists at
 most 16384 keys of each.
 
-Exit status: 0 when every key went (or with --dry-run), 1 otherwise.`,
+Exit status: 0 when every key went (or with --dry-run), 64 on a usage
+error, 1 otherwise.`,
 		Example: `  mc store rm prefix/0001 prefix/0002
   mc store rm --regex '^model:llama-70b@' --dry-run
   mc store rm --regex '^model:llama-70b@' --force`,
@@ -872,15 +959,15 @@ Exit status: 0 when every key went (or with --dry-run), 1 otherwise.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("regex") {
 				if len(args) > 0 {
-					return fmt.Errorf("store rm: give keys or --regex, not both")
+					return usagef("store rm: give keys or --regex, not both")
 				}
 				return runStoreRmRegex(cmd.Context(), o, pattern, force, dryRun, p)
 			}
 			switch {
 			case len(args) == 0:
-				return fmt.Errorf("store rm: give the keys to remove, or --regex RE: usage: %s", cmd.UseLine())
+				return usagef("store rm: give the keys to remove, or --regex RE: usage: %s", cmd.UseLine())
 			case dryRun:
-				return fmt.Errorf("store rm: --dry-run goes with --regex (the keys given are what would go)")
+				return usagef("store rm: --dry-run goes with --regex (the keys given are what would go)")
 			}
 			if err := checkKeys("rm", args...); err != nil {
 				return err
@@ -943,7 +1030,7 @@ type storeRefused struct {
 
 func runStoreRmRegex(ctx context.Context, o storeClientOptions, pattern string, force, dryRun bool, p *printer) error {
 	if pattern == "" {
-		return fmt.Errorf("store rm: --regex needs a pattern ('.' finds every key)")
+		return usagef("store rm: --regex needs a pattern ('.' finds every key)")
 	}
 	c, err := o.client(ctx)
 	if err != nil {
@@ -1012,7 +1099,7 @@ stores any bytes) or starts with a quote.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cmd.Flags().Changed("regex") {
 				if prefix != "" {
-					return fmt.Errorf("store ls: give --prefix or --regex, not both")
+					return usagef("store ls: give --prefix or --regex, not both")
 				}
 				return runStoreLsRegex(cmd.Context(), o, pattern, p)
 			}
@@ -1056,7 +1143,7 @@ func listedKey(k string) string {
 
 func runStoreLsRegex(ctx context.Context, o storeClientOptions, pattern string, p *printer) error {
 	if pattern == "" {
-		return fmt.Errorf("store ls: --regex needs a pattern ('.' finds every key)")
+		return usagef("store ls: --regex needs a pattern ('.' finds every key)")
 	}
 	c, err := o.client(ctx)
 	if err != nil {
@@ -1398,9 +1485,9 @@ disk read. Rows then split the hit ratio into DRAM and disk hits. Under lru
 with --promote-after 1 the two tiers behave as one LRU of C+S blocks. With
 --online the split comes from the master's mem_cache_hit_nums_ and
 file_cache_hit_nums_ (its admin API: --admin, or port 9003 of --master).`,
-		Example: `  mc store replay --trace conversation_trace.jsonl --policy lru,lfu,length-aware --capacity-blocks inf,30000,10000
-  mc store replay --trace conversation_trace.jsonl --online --master 127.0.0.1:50051 --block-bytes 64K --capacity-blocks 10000
-  mc store replay --trace conversation_trace.jsonl --capacity-blocks 10000,30000 --ssd-capacity-blocks 0,50000 --promote-after 2`,
+		Example: `  mc store replay --trace testdata/traces/conversation_trace.jsonl --policy lru,lfu,length-aware --capacity-blocks inf,30000,10000
+  mc store replay --trace testdata/traces/conversation_trace.jsonl --online --master 127.0.0.1:50051 --block-bytes 64K --capacity-blocks 10000
+  mc store replay --trace testdata/traces/conversation_trace.jsonl --capacity-blocks 10000,30000 --ssd-capacity-blocks 0,50000 --promote-after 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runStoreReplay(cmd.Context(), o, p)
@@ -1431,7 +1518,7 @@ func parseCapacities(list []string) ([]int, error) {
 		}
 		n, err := strconv.Atoi(s)
 		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("invalid --capacity-blocks %q: want a positive number of blocks or inf", s)
+			return nil, usagef("invalid --capacity-blocks %q: want a positive number of blocks or inf", s)
 		}
 		out = append(out, n)
 	}
@@ -1460,7 +1547,7 @@ func readTrace(path string) (*replay.Trace, error) {
 
 func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error {
 	if o.Trace == "" {
-		return fmt.Errorf("store replay: --trace is required (a FAST'25 trace, e.g. conversation_trace.jsonl)")
+		return usagef("store replay: --trace is required (a FAST'25 trace, e.g. testdata/traces/conversation_trace.jsonl in mc's repository)")
 	}
 	caps, err := parseCapacities(o.Capacities)
 	if err != nil {
@@ -1471,26 +1558,26 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 		return err
 	}
 	if o.PromoteAfter < 0 {
-		return fmt.Errorf("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
+		return usagef("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
 	}
 	for _, name := range o.Policies {
 		if _, err := policy.New[int](name); err != nil {
-			return fmt.Errorf("invalid --policy: %w", err)
+			return usagef("invalid --policy: %w", err)
 		}
 	}
 	var block int64
 	if o.Online {
 		if block = o.BlockBytes; block <= 0 {
-			return fmt.Errorf("invalid --block-bytes %d: want more than 0 bytes", block)
+			return usagef("invalid --block-bytes %d: want more than 0 bytes", block)
 		}
 		if len(caps) > 1 {
-			return fmt.Errorf("--online replays one store: give at most one --capacity-blocks (its size in blocks)")
+			return usagef("--online replays one store: give at most one --capacity-blocks (its size in blocks)")
 		}
 		if len(o.Policies) > 1 {
-			return fmt.Errorf("--online uses the store's own policy: give at most one --policy (to label it and for the offline figures)")
+			return usagef("--online uses the store's own policy: give at most one --policy (to label it and for the offline figures)")
 		}
 		if len(ssds) > 1 {
-			return fmt.Errorf("--online replays one store: give at most one --ssd-capacity-blocks (its nodes' disk tiers in blocks)")
+			return usagef("--online replays one store: give at most one --ssd-capacity-blocks (its nodes' disk tiers in blocks)")
 		}
 	}
 	t, err := readTrace(o.Trace)

@@ -2,7 +2,6 @@ package cmd
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os/signal"
 	"strconv"
@@ -64,21 +63,21 @@ the job does not succeed.`,
 				}
 			}
 			if modes != 1 {
-				return errors.New("drain: name the segments to drain, or give --status JOB or --cancel JOB (one of the three)")
+				return usagef("drain: name the segments to drain, or give --status JOB or --cancel JOB (one of the three)")
 			}
 			if o.MaxConcurrency < 0 {
-				return fmt.Errorf("invalid --max-concurrency %d: want 1 or more (0: the master's default)", o.MaxConcurrency)
+				return usagef("invalid --max-concurrency %d: want 1 or more (0: the master's default)", o.MaxConcurrency)
 			}
 			if o.Force && !o.Unmount {
-				return errors.New("--force only applies with --unmount (it unmounts even when objects would be lost)")
+				return usagef("--force only applies with --unmount (it unmounts even when objects would be lost)")
 			}
 			for _, id := range []string{o.Status, o.Cancel} {
 				if _, err := store.ParseUUID(id); id != "" && err != nil {
-					return fmt.Errorf("invalid job id %q: want the id drain printed (first-second, two decimal numbers)", id)
+					return usagef("invalid job id %q: want the id drain printed (first-second, two decimal numbers)", id)
 				}
 			}
 			if o.Interval <= 0 {
-				return fmt.Errorf("invalid --interval %s: want a positive duration", o.Interval)
+				return usagef("invalid --interval %s: want a positive duration", o.Interval)
 			}
 			a, err := o.admin()
 			if err != nil {
@@ -213,7 +212,7 @@ func followDrain(ctx context.Context, o storeDrainOptions, a *store.Admin, id st
 }
 
 func interruptedDrain(id string) error {
-	return &exitError{code: 130, err: fmt.Errorf("stopped following drain job %s: it goes on on the master; follow it with mc store drain --status %s --wait, or stop it with --cancel %s", id, id, id)}
+	return &exitError{code: exitInterrupted, err: fmt.Errorf("stopped following drain job %s: it goes on on the master; follow it with mc store drain --status %s --wait, or stop it with --cancel %s", id, id, id)}
 }
 
 // drainLine is one progress line for a non-terminal.

@@ -20,9 +20,11 @@ func TestStoreSameHostSHM(t *testing.T) {
 	isolateEnv(t)
 	rpc, admin, _, _ := startServeStore(t, "--segment-size", "0")
 	_, _, nodeOut, _ := startServeStore(t, "--master", rpc, "--segment-size", "32M", "--protocol", "auto")
-	if !strings.Contains(nodeOut.String(), "tcp at 127.0.0.1") {
-		t.Fatalf("node output does not give its segment's protocol as tcp:\n%s", nodeOut.String())
-	}
+	// The table comes after the admin API answers, which is when
+	// startServeStore returns.
+	waitUntil(t, "the node's table giving its segment's protocol as tcp", func() bool {
+		return strings.Contains(nodeOut.String(), "tcp at 127.0.0.1")
+	})
 	m := []string{"--master", rpc, "--admin", admin}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "v")

@@ -106,6 +106,9 @@ func TestStoreCLIWalkthrough(t *testing.T) {
 	if got, _ := os.ReadFile(dst); !bytes.Equal(got, val) {
 		t.Fatal("get -o FILE wrote other bytes")
 	}
+	if st, err := os.Stat(dst); err != nil || st.Mode().Perm() != 0o666&^umask() {
+		t.Errorf("get -o FILE: mode %v, want 0666 less the umask (%o)", st.Mode().Perm(), 0o666&^umask())
+	}
 	out, _, code := execMC(t, append([]string{"store", "get", "prefix/0001"}, m...)...)
 	if code != 0 || out != string(val) {
 		t.Fatalf("get to stdout: %d, %d bytes", code, len(out))
@@ -261,8 +264,83 @@ func TestServeStoreConfigPath(t *testing.T) {
 	}
 	bad := filepath.Join(dir, "bad.json")
 	os.WriteFile(bad, []byte(`{"rpc_prot": 1}`), 0o644)
-	if _, errs, code := execMC(t, "serve", "store", "--config_path", bad); code != 1 || !strings.Contains(errs, `"rpc_prot"`) {
+	if _, errs, code := execMC(t, "serve", "store", "--config_path", bad); code != exitUsage || !strings.Contains(errs, `unknown setting "rpc_prot" (did you mean "rpc_port"?)`) {
 		t.Fatalf("unknown config key: %d %q", code, errs)
+	}
+}
+
+// mooncake_master's own master.json (Mooncake 3b5a594, testdata/README.md)
+// starts mc: the keys mc has flags for are honoured, the others named in
+// one warning, none refused.
+func TestServeStoreMooncakeMasterJSON(t *testing.T) {
+	isolateEnv(t)
+	const path = "testdata/mooncake-master.json"
+	_, admin, out, stop := startServeStore(t, "--config_path", path, "--segment-size", "8M")
+	if resp, err := http.Get(admin + "/health"); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("serve store exited %d:\n%s", code, out.String())
+	}
+	var warn []string
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.Contains(l, "--config-path") {
+			warn = append(warn, l)
+		}
+	}
+	notApplicable := []string{"rpc_interface", "rpc_conn_timeout_seconds", "rpc_enable_tcp_no_delay",
+		"dynamic_replication_mode", "enable_oplog", "root_fs_dir", "memory_allocator",
+		"enable_http_metadata_server", "enable_kv_events", "kv_events_emit_object_key"}
+	if len(warn) != 1 || !strings.HasPrefix(warn[0], "W") || !strings.Contains(warn[0], "do not apply to mc, ignored") {
+		t.Fatalf("want one warning line about the config file, got %q", warn)
+	}
+	for _, k := range notApplicable {
+		if !strings.Contains(warn[0], " "+k+",") && !strings.HasSuffix(warn[0], " "+k) {
+			t.Errorf("the warning does not name %s: %q", k, warn[0])
+		}
+	}
+	for _, k := range []string{"rpc_port", "metrics_port", "client_live_ttl_sec", "eviction_ratio", "cluster_id", "enable_ha"} {
+		if strings.Contains(warn[0], " "+k) {
+			t.Errorf("the warning names %s, which mc honours: %q", k, warn[0])
+		}
+	}
+
+	// Honoured: the file's values reach the flags (the command line's win).
+	cmd := newServeStoreCmd(&printer{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}})
+	fs := cmd.Flags()
+	if err := fs.Parse([]string{"--rpc-port", "6000"}); err != nil {
+		t.Fatal(err)
+	}
+	vals, err := readMasterConfigFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := applyMasterConfigFile(fs, vals); err != nil {
+		t.Fatal(err)
+	}
+	for flag, want := range map[string]string{"rpc-port": "6000", "metrics-port": "9003", "client-ttl": "1m",
+		"default-kv-lease-ttl": "10s", "max-kv-soft-pin-ttl": "24h", "eviction-ratio": "0.1",
+		"eviction-high-watermark-ratio": "1", "rpc-thread-num": "16", "cluster-id": "mooncake_cluster",
+		"enable-metric-reporting": "true"} {
+		if got := fs.Lookup(flag).Value.String(); got != want {
+			t.Errorf("--%s = %s after master.json, want %s", flag, got, want)
+		}
+	}
+
+	// Every setting mooncake_master takes at 3b5a594, and enable_gc of
+	// older ones, is honoured or ignored, never refused.
+	all := map[string]any{"enable_gc": false}
+	for _, k := range mooncakeMasterKeys {
+		all[k] = nil
+	}
+	ignored, err := applyMasterConfigFile(newServeStoreCmd(&printer{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}}).Flags(), all)
+	if err != nil {
+		t.Fatalf("a mooncake_master key refused: %v", err)
+	}
+	if len(ignored) == 0 || len(ignored) >= len(all) {
+		t.Errorf("ignored %d of %d keys: %v", len(ignored), len(all), ignored)
 	}
 }
 
@@ -450,7 +528,7 @@ func TestStoreQueryKeySchemes(t *testing.T) {
 			Error    string `json:"error"`
 		} `json:"results"`
 	}
-	if err := json.Unmarshal([]byte(out), &qj); err != nil || code != 1 || len(qj.Results) != 4 || !strings.Contains(errs, `query "missing": OBJECT_NOT_FOUND`) {
+	if err := json.Unmarshal([]byte(out), &qj); err != nil || code != 1 || len(qj.Results) != 4 || !strings.Contains(errs, `mc: store query: "missing": OBJECT_NOT_FOUND`) {
 		t.Fatalf("query of four keys: %d %v %q %q", code, err, out, errs)
 	}
 	for i, r := range qj.Results[1:] {
@@ -495,18 +573,18 @@ func TestStoreKeysCheckedBeforeConnecting(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"put", "", src}, 1, `store put: invalid key "": empty key`},
-		{[]string{"put", long, "-"}, 1, `store put: invalid key "` + long[:64] + `"...: key of 4097 bytes exceeds the limit of 4096`},
-		{[]string{"get", ""}, 1, `store get: invalid key "": empty key`},
-		{[]string{"get", "a\x00b"}, 1, `store get: invalid key "a\x00b": key contains a NUL byte at 1`},
-		{[]string{"put", "a\nb", src}, 1, `store put: invalid key "a\nb": key contains control character '\n' at byte 1`},
-		{[]string{"get", "bad\xff"}, 1, `store get: invalid key "bad\xff": key is not valid UTF-8 (byte 0xff at 3)`},
-		{[]string{"exists", "tab\t"}, 2, `store exists: invalid key "tab\t": key contains control character '\t' at byte 3`},
-		{[]string{"rm", "ok", "x\r"}, 1, `store rm: invalid key "x\r" (argument 2): key contains control character '\r' at byte 1`},
-		{[]string{"exists", ""}, 2, `store exists: invalid key "": empty key`},
-		{[]string{"rm", "ok", ""}, 1, `store rm: invalid key "" (argument 2): empty key`},
-		{[]string{"query", long}, 1, `store query: invalid key "` + long[:64] + `"...: key of 4097 bytes`},
-		{[]string{"query", "ok", ""}, 1, `store query: invalid key "" (argument 2): empty key`},
+		{[]string{"put", "", src}, 64, `store put: invalid key "": empty key`},
+		{[]string{"put", long, "-"}, 64, `store put: invalid key "` + long[:64] + `"...: key of 4097 bytes exceeds the limit of 4096`},
+		{[]string{"get", ""}, 64, `store get: invalid key "": empty key`},
+		{[]string{"get", "a\x00b"}, 64, `store get: invalid key "a\x00b": key contains a NUL byte at 1`},
+		{[]string{"put", "a\nb", src}, 64, `store put: invalid key "a\nb": key contains control character '\n' at byte 1`},
+		{[]string{"get", "bad\xff"}, 64, `store get: invalid key "bad\xff": key is not valid UTF-8 (byte 0xff at 3)`},
+		{[]string{"exists", "tab\t"}, 64, `store exists: invalid key "tab\t": key contains control character '\t' at byte 3`},
+		{[]string{"rm", "ok", "x\r"}, 64, `store rm: invalid key "x\r" (argument 2): key contains control character '\r' at byte 1`},
+		{[]string{"exists", ""}, 64, `store exists: invalid key "": empty key`},
+		{[]string{"rm", "ok", ""}, 64, `store rm: invalid key "" (argument 2): empty key`},
+		{[]string{"query", long}, 64, `store query: invalid key "` + long[:64] + `"...: key of 4097 bytes`},
+		{[]string{"query", "ok", ""}, 64, `store query: invalid key "" (argument 2): empty key`},
 	} {
 		_, errs, code := execMC(t, append(append([]string{"store"}, c.args...), m...)...)
 		if code != c.code || !strings.HasPrefix(errs, "mc: "+c.want) || strings.Count(errs, "\n") != 1 {
@@ -575,7 +653,7 @@ func TestStoreRegexLsAndRm(t *testing.T) {
 	}
 	out, errs, code = execMC(t, append([]string{"store", "rm", "--regex", "^model:llama@"}, m...)...)
 	if code != 1 || !strings.Contains(out, "removed 1 key(s), kept 1") ||
-		errs != "mc: rm --regex \"^model:llama@\": kept 1 of 2 matching key(s) (--force removes keys being read)\n" {
+		errs != "mc: store rm: --regex \"^model:llama@\": kept 1 of 2 matching key(s) (--force removes keys being read)\n" {
 		t.Fatalf("rm --regex with a key being read: %d %q %q", code, out, errs)
 	}
 	out, errs, code = execMC(t, append([]string{"store", "rm", "--regex", "^model:llama@", "--force", "-o", "json"}, m...)...)
@@ -599,8 +677,8 @@ func TestStoreRegexLsAndRm(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"rm", "--regex", "(unclosed"}, `mc: rm --regex "(unclosed": INVALID_PARAMS: remove by regex: pattern "(unclosed": error parsing regexp`},
-		{[]string{"ls", "--regex", "a{2,1}"}, `mc: ls --regex "a{2,1}": INVALID_PARAMS`},
+		{[]string{"rm", "--regex", "(unclosed"}, `mc: store rm: --regex "(unclosed": INVALID_PARAMS: remove by regex: pattern "(unclosed": error parsing regexp`},
+		{[]string{"ls", "--regex", "a{2,1}"}, `mc: store ls: --regex "a{2,1}": INVALID_PARAMS`},
 		{[]string{"rm", "k", "--regex", "x"}, "mc: store rm: give keys or --regex, not both"},
 		{[]string{"rm", "k", "--dry-run"}, "mc: store rm: --dry-run goes with --regex"},
 		{[]string{"rm"}, "mc: store rm: give the keys to remove, or --regex RE"},
@@ -608,8 +686,12 @@ func TestStoreRegexLsAndRm(t *testing.T) {
 		{[]string{"ls", "--regex", "x", "--prefix", "y"}, "mc: store ls: give --prefix or --regex, not both"},
 	} {
 		_, errs, code := execMC(t, append(append([]string{"store"}, c.args...), m...)...)
-		if code != 1 || !strings.HasPrefix(errs, c.want) || strings.Count(errs, "\n") != 1 {
-			t.Errorf("mc store %s: %d %q, want one line starting %q", strings.Join(c.args, " "), code, errs, c.want)
+		wantCode := exitUsage
+		if strings.Contains(c.want, "INVALID_PARAMS") { // the master's answer
+			wantCode = exitFailure
+		}
+		if code != wantCode || !strings.HasPrefix(errs, c.want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc store %s: %d %q, want %d and one line starting %q", strings.Join(c.args, " "), code, errs, wantCode, c.want)
 		}
 	}
 }
@@ -776,12 +858,40 @@ func TestStoreEtcdUnreachable(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"put", "k", src}, `mc: put "k": master ` + dead + `: no leader within 5s (is etcd up, and a master elected?): `},
-		{[]string{"ls"}, "mc: ls: master " + dead + ": no leader within 5s (is etcd up, and a master elected?): "},
+		{[]string{"put", "k", src}, `mc: store put: "k": master ` + dead + `: no leader within 5s (is etcd up, and a master elected?): `},
+		{[]string{"ls"}, "mc: store ls: master " + dead + ": no leader within 5s (is etcd up, and a master elected?): "},
 	} {
 		_, errs, code := execMC(t, append(append([]string{"store"}, c.args...), "--master", dead)...)
 		if code != 1 || !strings.HasPrefix(errs, c.want) || strings.Count(errs, "\n") != 1 {
 			t.Errorf("mc store %s: exit %d, stderr %q; want 1 and one line starting %q", c.args[0], code, errs, c.want)
+		}
+	}
+}
+
+// --soft-pin with --hard-pin is refused before anything is read or sent;
+// --master at an HTTP port (the admin API's) says so, whichever wire.
+func TestStorePutPinsAndHTTPMaster(t *testing.T) {
+	isolateEnv(t)
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte("value"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, errs, code := execMC(t, "store", "put", "k", src, "--soft-pin", "--hard-pin", "--master", "127.0.0.1:1")
+	if code != exitUsage || errs != "mc: store put: --soft-pin and --hard-pin exclude each other: a hard-pinned object is never evicted, a soft-pinned one last\n" {
+		t.Errorf("put --soft-pin --hard-pin: %d %q", code, errs)
+	}
+	admin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("OK")) }))
+	defer admin.Close()
+	addr := strings.TrimPrefix(admin.URL, "http://")
+	for _, c := range [][]string{
+		{"put", "k", src, "--master", addr},
+		{"get", "k", "--master", addr},
+		{"exists", "k", "--master", "mooncake://" + addr},
+	} {
+		_, errs, code := execMC(t, append([]string{"store"}, c...)...)
+		want := "is an HTTP port (a master's admin API, --metrics_port?), not a master's RPC port: give the master's --rpc_port (default 50051)"
+		if code == 0 || code == exitUsage || !strings.HasPrefix(errs, "mc: store "+c[0]+": ") || !strings.Contains(errs, want) || strings.Count(errs, "\n") != 1 {
+			t.Errorf("store %s: %d %q; want one line saying %q", strings.Join(c, " "), code, errs, want)
 		}
 	}
 }

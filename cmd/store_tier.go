@@ -42,26 +42,26 @@ func (o serveStoreOptions) tierConfig(segSize int64) (*store.TierConfig, error) 
 		if env := os.Getenv(mooncakeOffloadSizeEnv); size == 0 && env != "" {
 			n, err := units.ParseSize(env)
 			if err != nil || n <= 0 {
-				return nil, fmt.Errorf("invalid $%s %q: want bytes with an optional unit (200G, 2T)", mooncakeOffloadSizeEnv, env)
+				return nil, usagef("invalid $%s %q: want bytes with an optional unit (200G, 2T)", mooncakeOffloadSizeEnv, env)
 			}
 			size = n
 		}
 	}
 	if dir == "" {
 		if size != 0 {
-			return nil, fmt.Errorf("--ssd-size %d without --ssd-dir: give the disk tier a directory", size)
+			return nil, usagef("--ssd-size %d without --ssd-dir: give the disk tier a directory", size)
 		}
 		return nil, nil
 	}
 	switch {
 	case segSize == 0:
-		return nil, fmt.Errorf("--ssd-dir %s needs a segment to offload from: give --segment-size", dir)
+		return nil, usagef("--ssd-dir %s needs a segment to offload from: give --segment-size", dir)
 	case store.IsMooncakeAddress(o.Master):
-		return nil, fmt.Errorf("--ssd-dir needs an mc master; --master %s is a mooncake_master", o.Master)
+		return nil, usagef("--ssd-dir needs an mc master; --master %s is a mooncake_master", o.Master)
 	}
 	cfg := &store.TierConfig{Dir: dir}
 	if size < 0 {
-		return nil, fmt.Errorf("invalid --ssd-size %d: want bytes", size)
+		return nil, usagef("invalid --ssd-size %d: want bytes", size)
 	}
 	cfg.Capacity = uint64(size)
 	return cfg, nil
@@ -100,7 +100,7 @@ func parseSSDCapacities(list []string) ([]int, error) {
 	for _, s := range list {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n < 0 {
-			return nil, fmt.Errorf("invalid --ssd-capacity-blocks %q: want a number of blocks, 0 for no disk tier", s)
+			return nil, usagef("invalid --ssd-capacity-blocks %q: want a number of blocks, 0 for no disk tier", s)
 		}
 		out = append(out, n)
 	}

@@ -3,8 +3,6 @@ package cmd
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 
@@ -108,28 +106,6 @@ func runTopoDiscover(_ context.Context, o topoDiscoverOptions, p *printer) error
 	return nil
 }
 
-// writeFileAtomic replaces path in one rename, so a Mooncake process
-// starting meanwhile never loads half a matrix.
-func writeFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
-}
-
 const topoLegend = `PIX same PCIe switch, PXB several PCIe bridges, PHB same host bridge, NODE same NUMA node,
 SYS across NUMA nodes or unknown. * preferred NIC (first list), (..) NIC not used (see NICs).
 cuda:N and hip:N number GPUs in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID).`
@@ -228,19 +204,19 @@ registered it. --output json prints exactly the matrix, loadable with
 	f := cmd.Flags()
 	f.StringVar(&o.Segment, "segment", "", "segment name (a Mooncake local_server_name; host:port with P2PHANDSHAKE)")
 	f.StringVar(&o.MetadataServer, "metadata-server", "", "metadata server: host:port (etcd), etcd://h:p;h:p, http://host:port/path or P2PHANDSHAKE")
-	f.StringVar(&o.ClusterID, "cluster-id", "", "metadata key namespace (env MC_METADATA_CLUSTER_ID)")
-	envName(f, "cluster-id", "MC_METADATA_CLUSTER_ID")
+	f.StringVar(&o.ClusterID, "metadata-cluster-id", "", "metadata key prefix mooncake/<id>/ (also --cluster-id)")
+	envName(f, "metadata-cluster-id", "MC_METADATA_CLUSTER_ID")
 	return cmd
 }
 
 func runTopoShow(ctx context.Context, o topoShowOptions, p *printer) error {
 	if o.Segment == "" {
-		return fmt.Errorf("topo show: --segment is required")
+		return usagef("topo show: --segment is required")
 	}
 	if o.MetadataServer == "" {
-		return fmt.Errorf("topo show: --metadata-server is required")
+		return usagef("topo show: --metadata-server is required")
 	}
-	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID, HTTPToken: os.Getenv("MC_METADATA_HTTP_TOKEN")})
+	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID, HTTPToken: metadataToken()})
 	if err != nil {
 		return fmt.Errorf("topo show: %w", err)
 	}

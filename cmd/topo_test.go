@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -213,8 +214,12 @@ func TestTopoDiscoverErrors(t *testing.T) {
 	for _, c := range cases {
 		var out, errb strings.Builder
 		code := Execute(context.Background(), c.args, &out, &errb)
-		if code != 1 || !strings.HasPrefix(errb.String(), c.want) || strings.Count(errb.String(), "\n") != 1 {
-			t.Errorf("%v: exit %d stderr %q, want 1 and one line starting %q", c.args, code, errb.String(), c.want)
+		wantCode := exitFailure
+		if strings.Contains(c.want, "is required") || strings.Contains(c.want, "unexpected argument") {
+			wantCode = exitUsage
+		}
+		if code != wantCode || !strings.HasPrefix(errb.String(), c.want) || strings.Count(errb.String(), "\n") != 1 {
+			t.Errorf("%v: exit %d stderr %q, want %d and one line starting %q", c.args, code, errb.String(), wantCode, c.want)
 		}
 	}
 }
@@ -341,5 +346,41 @@ func TestTopoShowClusterID(t *testing.T) {
 	var m map[string]any
 	if err := json.Unmarshal([]byte(out), &m); err != nil || len(m) != 2 {
 		t.Errorf("with MC_METADATA_CLUSTER_ID: %q %v", out, err)
+	}
+	t.Setenv("MC_METADATA_CLUSTER_ID", "")
+	// bench and meta spell the flag --metadata-cluster-id: topo show
+	// takes both spellings, as they do.
+	for _, flag := range []string{"--metadata-cluster-id", "--metadata_cluster_id", "--cluster-id", "--cluster_id"} {
+		if _, _, err := runCmd(t, "topo", "show", "--segment", "prefill-0", "--metadata-server", server, flag, "blue"); err != nil {
+			t.Errorf("topo show %s blue: %v", flag, err)
+		}
+	}
+}
+
+// Every command that names the metadata key namespace takes both
+// spellings, --metadata-cluster-id and --cluster-id; serve store's own
+// --cluster-id (the store's cluster) stays its own.
+func TestClusterIDSpellings(t *testing.T) {
+	isolateEnv(t)
+	for _, path := range [][]string{{"topo", "show"}, {"meta", "ls"}, {"meta", "show"}, {"meta", "gc"}, {"bench", "initiator"}, {"bench", "target"}} {
+		for _, flag := range []string{"--metadata-cluster-id", "--cluster-id", "--cluster_id"} {
+			root := newRootCmd(&printer{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}})
+			c, _, err := root.Find(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.ParseFlags([]string{flag, "blue"}); err != nil {
+				t.Errorf("mc %s %s: %v", strings.Join(path, " "), flag, err)
+				continue
+			}
+			if f := c.Flags().Lookup("metadata-cluster-id"); f == nil || f.Value.String() != "blue" {
+				t.Errorf("mc %s %s blue: --metadata-cluster-id not set", strings.Join(path, " "), flag)
+			}
+		}
+	}
+	root := newRootCmd(&printer{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}})
+	c, _, _ := root.Find([]string{"serve", "store"})
+	if err := c.ParseFlags([]string{"--cluster-id", "blue"}); err != nil || c.Flags().Lookup("cluster-id").Value.String() != "blue" {
+		t.Errorf("serve store --cluster-id: %v", err)
 	}
 }

@@ -129,7 +129,7 @@ func Discover(f FS, o Options) (*Topology, error) {
 	t.locate()
 	switch {
 	case len(t.NICs) == 0:
-		t.note("no RDMA devices in sys/class/infiniband: the matrix is empty")
+		t.note("no RDMA devices in /sys/class/infiniband: the matrix is empty")
 	case len(t.UsedNICs()) == 0:
 		t.note("no RDMA device is in use: the matrix is empty")
 	}
@@ -178,7 +178,7 @@ func (t *Topology) readNUMANodes(f FS) error {
 	}
 	if len(t.NUMANodes) == 0 {
 		t.NUMANodes = []int{0}
-		t.note("%s lists no node<N> (kernel without NUMA?): assuming a single NUMA node 0", dir)
+		t.note("/%s lists no node<N> (kernel without NUMA?): assuming a single NUMA node 0", dir)
 	}
 	slices.Sort(t.NUMANodes)
 	return nil
@@ -254,7 +254,7 @@ func (t *Topology) readNIC(f FS, name string) (NIC, error) {
 	for _, p := range ports {
 		num, err := strconv.Atoi(p)
 		if err != nil || num < 1 {
-			t.note("%s: ignoring %s/ports/%s: not a port number", name, base, p)
+			t.note("%s: ignoring /%s/ports/%s: not a port number", name, base, p)
 			continue
 		}
 		port, err := t.readPort(f, name, dir, "ports/"+p, dev, num)
@@ -374,7 +374,7 @@ func (t *Topology) readGPUs(f FS) error {
 	const dir = "sys/bus/pci/devices"
 	names, err := f.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		t.note("%s is missing: no GPUs can be found", dir)
+		t.note("/%s is missing: no GPUs can be found", dir)
 		return nil
 	}
 	if err != nil {

@@ -1,0 +1,148 @@
+package cmd
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// commandPaths lists the path below the root of every command of mc's
+// tree (groups and leaves), help included.
+func commandPaths() [][]string {
+	var out [][]string
+	var walk func(path []string, c *cobra.Command)
+	walk = func(path []string, c *cobra.Command) {
+		out = append(out, path)
+		for _, sub := range c.Commands() {
+			walk(append(append([]string(nil), path...), sub.Name()), sub)
+		}
+	}
+	walk(nil, newRootCmd(&printer{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}}))
+	return out
+}
+
+// Every command answers an unknown flag with exit 64 (EX_USAGE), which
+// no command uses as an answer, and one line naming the command.
+func TestUsageErrorsExit64OnEveryCommand(t *testing.T) {
+	isolateEnv(t)
+	paths := commandPaths()
+	if len(paths) < 30 {
+		t.Fatalf("only %d commands found", len(paths))
+	}
+	for _, path := range paths {
+		args := append(append([]string(nil), path...), "--no-such-flag")
+		out, errs, code := execMC(t, args...)
+		want := "mc: " + strings.TrimPrefix(strings.Join(path, " ")+": ", ": ") + "unknown flag: --no-such-flag"
+		if code != exitUsage || !strings.HasPrefix(errs, want) || strings.Count(errs, "\n") != 1 || out != "" {
+			t.Errorf("mc %s: exit %d, stdout %q, stderr %q; want exit 64 and %q", strings.Join(args, " "), code, out, errs, want)
+		}
+	}
+}
+
+// A value a typed flag cannot hold is a usage error on every command.
+func TestBadFlagValuesExit64OnEveryCommand(t *testing.T) {
+	isolateEnv(t)
+	root := newRootCmd(&printer{Out: &bytes.Buffer{}, Err: &bytes.Buffer{}})
+	n := 0
+	walkFlags(root, func(c *cobra.Command, f *pflag.Flag) {
+		switch f.Value.Type() {
+		case "string", "stringSlice", "stringArray":
+			return
+		}
+		if f.Name == "help" {
+			return
+		}
+		path := strings.Fields(c.CommandPath())[1:]
+		args := append(path, "--"+f.Name+"=@bogus@")
+		out, errs, code := execMC(t, args...)
+		n++
+		if code != exitUsage || !strings.Contains(errs, "--"+f.Name) || strings.Count(errs, "\n") != 1 || out != "" {
+			t.Errorf("mc %s: exit %d, stdout %q, stderr %q; want exit 64 naming the flag", strings.Join(args, " "), code, out, errs)
+		}
+	})
+	if n < 50 {
+		t.Fatalf("only %d typed flags tried", n)
+	}
+}
+
+// Usage errors that are not flag parsing: a missing argument, a refused
+// value or combination, a bad environment value; and the answers that
+// must stay apart from them.
+func TestUsageErrorsExit64(t *testing.T) {
+	isolateEnv(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"topo", "discovr", "--sysfs-root", "x"}, `mc: topo: unknown command "discovr" (did you mean "discover"?)`},
+		{[]string{"coll", "--ranks", "2"}, `mc: unknown command "coll" (did you mean "bench coll"?)`},
+		{[]string{"store", "exists"}, "mc: store exists: accepts 1 arg(s), received 0"},
+		{[]string{"store", "exists", ""}, "mc: store exists: invalid key"},
+		{[]string{"store", "exists", "k", "--master", "a:b:c:d"}, "mc: store exists: "},
+		{[]string{"bench", "initiator", "--threads", "0"}, "mc: bench initiator: --threads 0 must be positive"},
+		{[]string{"bench", "--mode", "sideways"}, `mc: bench: --mode "sideways"`},
+		{[]string{"sim", "conductor"}, "mc: sim conductor: --trace is required"},
+		{[]string{"meta", "ls"}, "mc: meta ls: --metadata-server is required"},
+		{[]string{"meta", "gc"}, "mc: meta gc: --metadata-server is required"},
+		{[]string{"serve", "store", "--rpc-port", "99999"}, "mc: serve store: invalid --rpc-port 99999"},
+		{[]string{"--output", "yaml", "version"}, `mc: version: invalid --output "yaml"`},
+		{[]string{"diag", "qp-leak", "--num-qp-per-ep", "-1"}, "mc: diag qp-leak: invalid --num-qp-per-ep -1"},
+		{[]string{"diag", "qp-leak", "--rdma", diagTD + "leak/rdma.txt", "--at", "yesterday"}, `mc: diag qp-leak: invalid --at "yesterday"`},
+		{[]string{"diag", "qp-lek"}, `mc: diag: unknown command "qp-lek" (did you mean "qp-leak"?)`},
+		{[]string{"store", "drain", "--status", "nonsense"}, `mc: store drain: invalid job id "nonsense"`},
+	} {
+		out, errs, code := execMC(t, c.args...)
+		if code != exitUsage || !strings.HasPrefix(errs, c.want) || strings.Count(errs, "\n") != 1 || out != "" {
+			t.Errorf("mc %s: exit %d, stdout %q, stderr %q; want 64 and %q", strings.Join(c.args, " "), code, out, errs, c.want)
+		}
+	}
+	t.Setenv("MC_BENCH_THREADS", "many")
+	if _, errs, code := execMC(t, "bench", "initiator"); code != exitUsage || !strings.Contains(errs, "$MC_BENCH_THREADS") {
+		t.Errorf("MC_BENCH_THREADS=many: exit %d, stderr %q; want 64 naming the variable", code, errs)
+	}
+}
+
+// Answers keep their codes: a failure that is not the caller's mistake
+// exits 1, diag's unreadable input 3.
+func TestRuntimeFailuresKeepTheirCodes(t *testing.T) {
+	isolateEnv(t)
+	dir := t.TempDir()
+	if _, errs, code := execMC(t, "diag", "qp-leak", filepath.Join(dir, "missing.txt")); code != 3 || !strings.HasPrefix(errs, "mc: diag qp-leak: ") {
+		t.Errorf("diag qp-leak on a missing file: exit %d, stderr %q; want 3", code, errs)
+	}
+	trace := filepath.Join(dir, "t.jsonl")
+	if err := os.WriteFile(trace, []byte("not json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, code := execMC(t, "sim", "conductor", "--trace", trace); code != exitFailure || !strings.HasPrefix(errs, "mc: sim conductor: ") {
+		t.Errorf("sim conductor on a bad trace: exit %d, stderr %q; want 1", code, errs)
+	}
+}
+
+// The root help carries the exit-status table, as the README does.
+func TestExitStatusTableDocumented(t *testing.T) {
+	isolateEnv(t)
+	out, _, code := execMC(t, "--help")
+	if code != 0 || !strings.Contains(out, exitStatusHelp) {
+		t.Errorf("mc --help lacks the exit status table:\n%s", out)
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(exitStatusHelp, "\n")[1:] {
+		code := strings.Fields(line)[0]
+		if _, err := strconv.Atoi(code); err != nil {
+			continue // a continuation line
+		}
+		if !bytes.Contains(readme, []byte("| "+code+" |")) {
+			t.Errorf("README's exit status table lacks a row for %s", code)
+		}
+	}
+}

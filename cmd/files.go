@@ -1,0 +1,67 @@
+package cmd
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+)
+
+// writeFileWith writes path through write in one rename, so that a reader
+// never sees half a file and a failed write leaves the old one. The file
+// gets the mode any command's new file gets, 0666 less the umask (0644
+// typically), or path's own permission bits when it exists: these are
+// outputs (a value, a plot, a load trace, a priority matrix), not secrets.
+func writeFileWith(path string, write func(*os.File) error) error {
+	tmp, err := createBeside(path)
+	if err != nil {
+		return err
+	}
+	if err := write(tmp); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return nil
+}
+
+// writeFileAtomic is writeFileWith for bytes in hand.
+func writeFileAtomic(path string, data []byte) error {
+	return writeFileWith(path, func(f *os.File) error { _, err := f.Write(data); return err })
+}
+
+// createBeside creates a new file in path's directory for writeFileWith.
+// os.CreateTemp would make it 0600 whatever the umask; O_EXCL with 0666
+// lets the kernel apply the umask.
+func createBeside(path string) (*os.File, error) {
+	dir, base := filepath.Dir(path), filepath.Base(path)
+	for range 100 {
+		name := filepath.Join(dir, fmt.Sprintf(".%s.%08x.tmp", base, rand.Uint32()))
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o666)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if st, err := os.Stat(path); err == nil && st.Mode().IsRegular() {
+			if err := f.Chmod(st.Mode().Perm()); err != nil {
+				f.Close()
+				os.Remove(name)
+				return nil, err
+			}
+		}
+		return f, nil
+	}
+	return nil, fmt.Errorf("create a file beside %s: no free name", path)
+}
