@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,12 +52,18 @@ func fenceTransports() []fenceTransport {
 
 // stall makes w stop between the grant of a put of key and its transfer:
 // granted closes when it stops, closing release lets it go on.
-func stall(w *store.Client, key string) (granted, release chan struct{}) {
-	granted, release = make(chan struct{}), make(chan struct{})
+func stall(t *testing.T, w *store.Client, key string) (granted chan struct{}, release func()) {
+	granted, released := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(released) }) }
+	// A test that fails while the writer is held lets it go before the
+	// writer's Close (cleanups run last-registered first), which waits
+	// for its calls.
+	t.Cleanup(release)
 	store.SetAfterPutStart(w, func(keys []string) {
 		if len(keys) == 1 && keys[0] == key {
 			close(granted)
-			<-release
+			<-released
 		}
 	})
 	return granted, release
@@ -88,7 +96,7 @@ func fenceScenario(t *testing.T, tr fenceTransport, mk clientMaker, carried bool
 			t.Fatalf("put kept-%d: %v", i, err)
 		}
 	}
-	granted, release := stall(w, "stale")
+	granted, release := stall(t, w, "stale")
 	stale := bytes.Repeat([]byte{0xEE}, 4<<20)
 	done := make(chan error, 1)
 	go func() { done <- w.Put(ctx, "stale", stale) }()
@@ -107,7 +115,7 @@ func fenceScenario(t *testing.T, tr fenceTransport, mk clientMaker, carried bool
 			t.Fatalf("put new-%d after the change: %v", i, err)
 		}
 	}
-	close(release)
+	release()
 	var staleErr error
 	select {
 	case staleErr = <-done:
@@ -189,7 +197,7 @@ func (h *haCluster) candidate() {
 func (h *haCluster) leader() *ha.Candidate {
 	h.t.Helper()
 	var l *ha.Candidate
-	waitFor(h.t, "an HA leader", 10*time.Second, func() bool {
+	waitFor(h.t, "an HA leader", 20*time.Second, func() bool {
 		for _, c := range h.cands {
 			if c.Leading() {
 				l = c
@@ -199,6 +207,12 @@ func (h *haCluster) leader() *ha.Candidate {
 		return false
 	})
 	return l
+}
+
+// kill kills candidate c and forgets it.
+func (h *haCluster) kill(c *ha.Candidate) {
+	h.cands = slices.DeleteFunc(h.cands, func(x *ha.Candidate) bool { return x == c })
+	c.Kill()
 }
 
 func (h *haCluster) client(segSize uint64, mod ...func(*store.Config)) *store.Client {
@@ -230,9 +244,9 @@ func TestFenceHAFailover(t *testing.T) {
 			old := h.leader()
 			fenceScenario(t, tr, h.client, true, func(node *store.Client) clientMaker {
 				before := node.Stats().Remounts
-				old.Kill()
+				h.kill(old)
 				next := h.leader()
-				waitFor(t, "the node to re-mount on the next leader", 10*time.Second, func() bool {
+				waitFor(t, "the node to re-mount on the next leader", 20*time.Second, func() bool {
 					m := next.Master()
 					return m != nil && len(m.Segments()) == 1 && node.Stats().Remounts > before
 				})
