@@ -43,6 +43,10 @@ type serveMetadataOptions struct {
 	Listen  string
 	DataDir string
 	Backend string
+	// Quota and AutoCompaction are etcd's --quota-backend-bytes and
+	// (periodic) --auto-compaction-retention.
+	Quota          int64
+	AutoCompaction time.Duration
 
 	// ready, when set, is called once the server accepts clients (tests
 	// use it to learn a port-0 address).
@@ -73,6 +77,16 @@ temporary directory removed on exit (Mooncake processes re-register at
 start). With --backend http it serves Mooncake's HTTP metadata protocol
 (GET/PUT/DELETE <url>?key=...) from memory at ` + httpMetadataPath + `.
 
+etcd keeps every revision of every key until its history is compacted,
+and refuses all writes (a NOSPACE alarm) once its database reaches
+--quota-backend-bytes. This server compacts history older than
+--auto-compaction-retention (an HA store leader also compacts its op log's
+history after each snapshot), checks the server every 10 s, and logs what
+it finds with what to do: on a NOSPACE alarm it compacts all history,
+defragments and disarms the alarm; a database mostly of free pages past
+half the quota is defragmented; a data dir with under 256 MiB free is
+reported (etcd exits when a write fails, and its error is printed).
+
 --listen defaults to ` + defaultEtcdListen + ` for etcd and ` + defaultHTTPListen + ` for http;
 port 0 picks a free port. The address clients should pass is printed at start.`,
 		Example: `  mc serve metadata
@@ -89,6 +103,8 @@ port 0 picks a free port. The address clients should pass is printed at start.`,
 	f.StringVar(&o.Listen, "listen", "", "address to listen on, host:port (default "+defaultEtcdListen+" for etcd, "+defaultHTTPListen+" for http)")
 	f.StringVar(&o.DataDir, "data-dir", "", "etcd data directory (default: a temporary directory removed on exit)")
 	f.StringVar(&o.Backend, "backend", "etcd", "metadata backend: etcd or http")
+	f.Int64Var(&o.Quota, "quota-backend-bytes", meta.DefaultQuotaBackendBytes, "etcd: database size at which etcd refuses writes (NOSPACE alarm)")
+	f.DurationVar(&o.AutoCompaction, "auto-compaction-retention", 10*time.Minute, "etcd: compact history older than this (0: never)")
 	_ = cmd.RegisterFlagCompletionFunc("backend", cobra.FixedCompletions([]string{"etcd", "http"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.MarkFlagDirname("data-dir")
 	return cmd
@@ -110,6 +126,9 @@ func runServeMetadata(ctx context.Context, o serveMetadataOptions, p *printer) e
 	default:
 		return usagef("invalid --backend %q: want etcd or http", o.Backend)
 	}
+	if o.Quota < 0 || o.AutoCompaction < 0 {
+		return fmt.Errorf("--quota-backend-bytes and --auto-compaction-retention must not be negative")
+	}
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
 		return usagef("invalid --listen %q: want host:port", o.Listen)
 	}
@@ -119,8 +138,12 @@ func runServeMetadata(ctx context.Context, o serveMetadataOptions, p *printer) e
 	return serveEtcdMetadata(ctx, o, p)
 }
 
+// metadataMaintenance is how often `mc serve metadata` checks its etcd.
+const metadataMaintenance = 10 * time.Second
+
 func serveEtcdMetadata(ctx context.Context, o serveMetadataOptions, p *printer) error {
-	ee, err := meta.StartEtcd(ctx, meta.EtcdConfig{Listen: o.Listen, DataDir: o.DataDir})
+	ee, err := meta.StartEtcd(ctx, meta.EtcdConfig{Listen: o.Listen, DataDir: o.DataDir, QuotaBackendBytes: o.Quota,
+		AutoCompaction: o.AutoCompaction, Maintenance: metadataMaintenance, Logger: slog.Default()})
 	if err != nil {
 		return fmt.Errorf("serve metadata: %w", err)
 	}

@@ -3,14 +3,15 @@ package meta
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 )
 
 // EtcdConfig configures an embedded etcd.
@@ -27,6 +28,22 @@ type EtcdConfig struct {
 	// StartTimeout bounds the wait for the server to become ready; 0 means
 	// 30 s.
 	StartTimeout time.Duration
+	// QuotaBackendBytes is etcd's database quota (--quota-backend-bytes);
+	// 0 means etcd's default, 2 GiB. At the quota etcd raises a NOSPACE
+	// alarm and refuses every write until the alarm is disarmed.
+	QuotaBackendBytes int64
+	// AutoCompaction, when positive, has etcd compact its history older
+	// than this (etcd's periodic auto-compaction).
+	AutoCompaction time.Duration
+	// Maintenance, when positive, checks the server this often: a NOSPACE
+	// alarm is logged and recovered from (history compacted, database
+	// defragmented, alarm disarmed), a database of mostly free pages past
+	// half the quota is defragmented, and a nearly full disk is logged.
+	Maintenance time.Duration
+	// Logger receives etcd's own errors (a failed disk write
+	// is fatal to etcd: it is logged before the process exits) and the
+	// maintenance's findings; nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // EmbeddedEtcd is a single-node etcd running inside the process.
@@ -35,12 +52,16 @@ type EmbeddedEtcd struct {
 	tempDir string
 	dataDir string
 
+	stopMaint func()
+	maintDone chan struct{}
+	closing   atomic.Bool // etcd's errors about its own Close are not logged
+
 	closeOnce sync.Once
 	closeErr  error
 }
 
 // StartEtcd starts a single-node etcd and waits until it serves clients.
-// etcd's own logging is silenced: errors come back to the caller.
+// etcd's own errors go to cfg.Logger.
 func StartEtcd(ctx context.Context, cfg EtcdConfig) (*EmbeddedEtcd, error) {
 	listen := cfg.Listen
 	if listen == "" {
@@ -82,8 +103,17 @@ func StartEtcd(ctx context.Context, cfg EtcdConfig) (*EmbeddedEtcd, error) {
 	ec.AdvertisePeerUrls = []url.URL{purl}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
 	ec.UnsafeNoFsync = cfg.NoFsync
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapLogger(log, &ee.closing))
 	ec.LogLevel = "error"
+	ec.QuotaBackendBytes = cfg.QuotaBackendBytes
+	if cfg.AutoCompaction > 0 {
+		ec.AutoCompactionMode = embed.CompactorModePeriodic
+		ec.AutoCompactionRetention = cfg.AutoCompaction.String()
+	}
 
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
@@ -98,14 +128,24 @@ func StartEtcd(ctx context.Context, cfg EtcdConfig) (*EmbeddedEtcd, error) {
 	defer t.Stop()
 	select {
 	case <-e.Server.ReadyNotify():
+		if cfg.Maintenance > 0 {
+			if err := ee.startMaintenance(cfg, log); err != nil {
+				ee.closing.Store(true)
+				e.Close()
+				return fail(err)
+			}
+		}
 		return ee, nil
 	case err := <-e.Err():
+		ee.closing.Store(true)
 		e.Close()
 		return fail(fmt.Errorf("etcd on %s: %w", listen, err))
 	case <-t.C:
+		ee.closing.Store(true)
 		e.Close()
 		return fail(fmt.Errorf("etcd on %s: not ready after %v", listen, wait))
 	case <-ctx.Done():
+		ee.closing.Store(true)
 		e.Close()
 		return fail(fmt.Errorf("start etcd on %s: %w", listen, ctx.Err()))
 	}
@@ -140,6 +180,11 @@ func (ee *EmbeddedEtcd) Err() <-chan error { return ee.e.Err() }
 // temporary data dir. It is safe to call more than once.
 func (ee *EmbeddedEtcd) Close() error {
 	ee.closeOnce.Do(func() {
+		if ee.stopMaint != nil {
+			ee.stopMaint()
+			<-ee.maintDone
+		}
+		ee.closing.Store(true)
 		ee.e.Close()
 		if ee.tempDir != "" {
 			if err := os.RemoveAll(ee.tempDir); err != nil {

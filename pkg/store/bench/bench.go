@@ -343,13 +343,16 @@ func Failed(rows []Result) error {
 }
 
 type runner struct {
-	cfg     Config
-	c       *store.Client
-	srv     *server.Server // the embedded store, if any
-	next    atomic.Uint64  // OnDisk: the next key a get reads
-	run     uint32
-	seq     atomic.Uint64
-	putKeys [][]string // written by the row's workers, removed after it
+	cfg  Config
+	c    *store.Client
+	srv  *server.Server // the embedded store, if any
+	next atomic.Uint64  // OnDisk: the next key a get reads
+	run  uint32
+	// seq numbers put keys: a row's puts are the keys of its prefix
+	// numbered from where seq stood when it began to where it ends, so
+	// its cleanup needs no list of them (a list of every key put grew
+	// a long row by about 50 B a put).
+	seq atomic.Uint64
 	// probe is an on-disk get row's disk-read baseline, measured around
 	// the row's gets.
 	probe *diskFile
@@ -475,13 +478,21 @@ func (r *runner) survivors(ctx context.Context, keys []string) ([]string, error)
 }
 
 // cleanup removes the keys a row wrote (not timed), so rows do not fill
-// the store for each other and a benchmarked store is left as found.
-func (r *runner) cleanup(ctx context.Context, keys []string) {
+// the store for each other and a benchmarked store is left as found:
+// key(i) for i in [0, n), 1024 a call.
+func (r *runner) cleanup(ctx context.Context, n uint64, key func(uint64) string) {
 	ctx = context.WithoutCancel(ctx)
-	for i := 0; i < len(keys); i += 1024 {
-		r.c.BatchRemove(ctx, keys[i:min(i+1024, len(keys))], true)
+	keys := make([]string, 0, 1024)
+	for i := uint64(0); i < n; i += 1024 {
+		keys = keys[:0]
+		for j := i; j < min(i+1024, n); j++ {
+			keys = append(keys, key(j))
+		}
+		r.c.BatchRemove(ctx, keys, true)
 	}
 }
+
+func (r *runner) putPrefix(vs int64) string { return fmt.Sprintf("bench/%d/%x/put/", vs, r.run) }
 
 // keyCount is how many keys gets read: --keys, or about 256 MiB of them
 // (far more than any CPU cache, so reads are not served from cache),
@@ -515,16 +526,13 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 			}
 		}
 	}
+	seq0 := r.seq.Load()
 	defer func() {
-		var keys []string
-		for i := range nkeys {
-			keys = append(keys, r.getKey(vs, i))
-		}
-		for _, w := range r.putKeys {
-			keys = append(keys, w...)
-		}
-		r.putKeys = nil
-		r.cleanup(ctx, keys)
+		r.cleanup(ctx, uint64(nkeys), func(i uint64) string { return r.getKey(vs, int(i)) })
+		// Every key a put of the row was given, written or not (removing
+		// one that is not there costs nothing).
+		prefix := r.putPrefix(vs)
+		r.cleanup(ctx, r.seq.Load()-seq0, func(i uint64) string { return prefix + strconv.FormatUint(seq0+1+i, 10) })
 	}()
 	getKeys := make([]string, nkeys)
 	for i := range getKeys {
@@ -554,7 +562,7 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 			return res, fmt.Errorf("worker buffer: %w", err)
 		}
 		ws[i] = &worker{r: r, id: i, vs: vs, op: op, getKeys: getKeys, buf: buf, rng: rand.New(rand.NewPCG(uint64(i), uint64(r.run)))}
-		ws[i].putPrefix = fmt.Sprintf("bench/%d/%x/put/", vs, r.run)
+		ws[i].putPrefix = r.putPrefix(vs)
 		if op != "get" {
 			// Put values carry a recognisable pattern, written before
 			// the clock starts (for a value of GBs it takes seconds)
@@ -628,10 +636,9 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 		}
 	}
 	res.Transport = r.c.Engine().Stats().Sub(moved).Transport()
-	var lat []time.Duration
+	var lat latencies
 	for _, w := range ws {
-		r.putKeys = append(r.putKeys, w.written)
-		lat = append(lat, w.lat...)
+		lat.merge(&w.lat)
 		res.Errors += w.errors
 		if w.corruptErr != nil && res.Corrupt == 0 {
 			// Wrong bytes matter more than any miss: they are named
@@ -643,12 +650,11 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 			res.FirstError = w.firstErr.Error()
 		}
 	}
-	slices.Sort(lat)
 	res.OpsPerSec = float64(ops.Load()) / elapsed.Seconds()
 	res.GBPerSec = float64(bytesDone.Load()) / elapsed.Seconds() / 1e9
-	res.P50us = us(ebench.Percentile(lat, 0.50))
-	res.P99us = us(ebench.Percentile(lat, 0.99))
-	res.P999us = us(ebench.Percentile(lat, 0.999))
+	res.P50us = us(lat.percentile(0.50))
+	res.P99us = us(lat.percentile(0.99))
+	res.P999us = us(lat.percentile(0.999))
 	if ops.Load() == 0 && ctx.Err() == nil {
 		switch {
 		case res.Errors > 0:
@@ -708,14 +714,13 @@ type worker struct {
 	putPrefix string
 	buf       *store.Buffer
 	rng       *rand.Rand
-	lat       []time.Duration
+	lat       latencies
 	errors    int64
 	firstErr  error
 	// corrupt gets and the first of them (see Result.Corrupt)
 	corrupt    int64
 	corruptErr error
 	want       []byte
-	written    []string
 }
 
 func (w *worker) fail(err error) {
@@ -755,7 +760,7 @@ func (w *worker) loop(ctx context.Context, stop *atomic.Bool, ops, bytesDone *at
 		} else {
 			errs = w.r.c.BatchPutFrom(ctx, keys, sl)
 		}
-		w.lat = append(w.lat, time.Since(t0))
+		w.lat.add(time.Since(t0))
 		okN := 0
 		for i, err := range errs {
 			if err != nil {
@@ -778,9 +783,6 @@ func (w *worker) loop(ctx context.Context, stop *atomic.Bool, ops, bytesDone *at
 					}
 					continue
 				}
-			}
-			if !get {
-				w.written = append(w.written, keys[i])
 			}
 			okN++
 		}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,6 +97,15 @@ type Candidate struct {
 	terms     atomic.Uint64
 	commits   atomic.Uint64
 	snapshots atomic.Uint64
+
+	// snapRev is the etcd revision of the last snapshot this candidate
+	// installed: the next one compacts etcd's history up to it. lastNoSpace
+	// rate-limits the NOSPACE report of a candidate that keeps
+	// campaigning (unix nanos).
+	snapRev     atomic.Int64
+	compactions atomic.Uint64
+	lastNoSpace atomic.Int64
+
 	// Mooncake's snapshot metrics: master_snapshot_success and _fail,
 	// master_snapshot_duration_ms.
 	snapOK, snapFail atomic.Uint64
@@ -313,7 +323,9 @@ func (c *Candidate) campaignUntilWon(abandoned *clientv3.LeaseID) *term {
 		}
 		t, rev, err := c.campaign()
 		if err != nil {
-			if !warned {
+			if isNoSpace(err) {
+				c.logEtcdError(fmt.Sprintf("HA campaign for %s: %v; retrying", store.ViewKey(c.cfg.ClusterID), err), err)
+			} else if !warned {
 				c.log.Warn(fmt.Sprintf("HA campaign for %s: %v; retrying", store.ViewKey(c.cfg.ClusterID), err))
 				warned = true
 			}
@@ -440,7 +452,12 @@ func (c *Candidate) lead(t *term) (abandoned clientv3.LeaseID) {
 	c.setState(stateStandby)
 	killed := c.ctx.Err() != nil && !c.graceful.Load()
 	if !killed {
-		c.log.Warn(fmt.Sprintf("HA: leader term at view %d ended: %s; standing by", t.rev, why))
+		msg := fmt.Sprintf("HA: leader term at view %d ended: %s; standing by", t.rev, why)
+		if t.log != nil && isNoSpace(t.log.failure()) {
+			c.logEtcdError(msg, t.log.failure())
+		} else {
+			c.log.Warn(msg)
+		}
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_, err := c.cli.Revoke(rctx, t.lease)
 		cancel()
@@ -774,6 +791,7 @@ func (c *Candidate) newMetrics() []prometheus.Collector {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mc_store_ha_leader_terms_total", Help: "times this master won the election"}, u(&c.terms)),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mc_store_ha_oplog_commits_total", Help: "op log batches this master committed"}, u(&c.commits)),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mc_store_ha_snapshots_total", Help: "snapshots this master wrote"}, u(&c.snapshots)),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "mc_store_ha_etcd_compactions_total", Help: "etcd history compactions this master made after a snapshot"}, u(&c.compactions)),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "master_snapshot_success", Help: "HA snapshots written"}, u(&c.snapOK)),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "master_snapshot_fail", Help: "HA snapshots that failed"}, u(&c.snapFail)),
 		c.snapDur,
@@ -786,4 +804,30 @@ func (c *Candidate) Summary() string {
 		return m.Summary()
 	}
 	return "HA " + c.haState.Load().(string) + ": op log at seq " + strconv.FormatUint(c.applied.Load(), 10)
+}
+
+// isNoSpace reports etcd's NOSPACE: its database reached its quota.
+func isNoSpace(err error) bool {
+	return err != nil && (errors.Is(err, rpctypes.ErrNoSpace) || strings.Contains(err.Error(), rpctypes.ErrNoSpace.Error()))
+}
+
+// noSpaceAdvice is what an operator does about NOSPACE.
+const noSpaceAdvice = "etcd is out of space (NOSPACE alarm: its database reached its quota, --quota-backend-bytes, 2 GiB by default) and refuses every write: " +
+	"no master can lead or commit, so every put fails. On etcd: compact its history, defragment, disarm the alarm " +
+	"(etcdctl compaction <current revision>; etcdctl defrag; etcdctl alarm disarm), or restart it with a larger quota; " +
+	"mc serve metadata does this itself. The leader compacts etcd's history after each snapshot: a database this full holds keys other than the op log, or snapshots failed"
+
+// logEtcdError logs msg at error level, with what to do when err is
+// NOSPACE (at most every 10 s: a candidate retries every 500 ms);
+// other errors are warnings.
+func (c *Candidate) logEtcdError(msg string, err error) {
+	if !isNoSpace(err) {
+		c.log.Warn(msg)
+		return
+	}
+	now := time.Now().UnixNano()
+	if last := c.lastNoSpace.Load(); now-last < int64(10*time.Second) || !c.lastNoSpace.CompareAndSwap(last, now) {
+		return
+	}
+	c.log.Error(msg + ": " + noSpaceAdvice)
 }

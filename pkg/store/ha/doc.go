@@ -26,7 +26,10 @@
 // Snapshots. After Config.SnapshotRecords records or Config.SnapshotInterval,
 // the leader writes its committed state as chunks under snapshots/<seq>/,
 // then, in one fenced transaction, points snapshot at them and deletes the
-// log up to that seq and the previous snapshot.
+// log up to that seq and the previous snapshot. Deleted keys free nothing
+// in etcd until their revisions are compacted, so it then compacts etcd's
+// history up to the previous snapshot's install: etcd holds at most two
+// snapshot intervals of log.
 //
 // Standbys. A candidate that is not leading loads the snapshot and the log
 // after it, then tails the log with a watch, applying every batch to a

@@ -34,6 +34,7 @@ type harness struct {
 	direct  string   // etcd://... for nodes and clients
 	cluster string
 	cfg     func(*ha.Config)
+	ee      *meta.EmbeddedEtcd
 
 	mu    sync.Mutex
 	cands []*ha.Candidate
@@ -47,7 +48,7 @@ func newHarness(t *testing.T) *harness {
 	}
 	t.Cleanup(func() { e.Close() })
 	eps := e.Endpoints()
-	return &harness{t: t, etcd: eps, direct: "etcd://" + strings.Join(eps, ";"), cluster: strings.ReplaceAll(t.Name(), "/", "_")}
+	return &harness{t: t, etcd: eps, direct: "etcd://" + strings.Join(eps, ";"), cluster: strings.ReplaceAll(t.Name(), "/", "_"), ee: e}
 }
 
 func (h *harness) candidate() *ha.Candidate {

@@ -525,6 +525,7 @@ func (m *Master) finishUnmount(seg *segment) {
 				// The resize lost every new replica: the old version
 				// stays, and the writer's End finds no resize.
 				o.upsert, o.putStart = nil, 0
+				sh.unlinkPending(o)
 			}
 		}
 		sh.mu.Unlock()

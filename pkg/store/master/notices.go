@@ -12,10 +12,13 @@ const (
 	// maxNoticesPerPing bounds one ping response; the rest waits for the
 	// next ping.
 	maxNoticesPerPing = 10000
-	// maxPendingNotices bounds what one silent owner can make the master
-	// hold; past it the oldest keys are dropped (the owner then finds
-	// them gone on its next get, as without notices).
-	maxPendingNotices = 1 << 20
+	// maxPendingNotices bounds what one owner can make the master hold,
+	// a silent one or one whose regions lose more than a ping carries a
+	// second (a writer filling a full store: every put evicts); past it
+	// the oldest keys are dropped (the owner then finds them gone on its
+	// next get, as without notices). 64 Ki keys is about 6 s of pings,
+	// some 5 MB; 1 Mi held 70 MB and more for each such writer.
+	maxPendingNotices = 1 << 16
 )
 
 // notices holds, per region owner, the keys evicted from its regions that

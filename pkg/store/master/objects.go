@@ -54,6 +54,11 @@ type Object struct {
 
 	key      string
 	putStart int64 // unix nanos of the PutStart that created this version
+	// pendPrev and pendNext link a put in progress into its shard's
+	// pending list (oldest first) for the discard scan; an ended put
+	// leaves the list at once, so the master keeps nothing of a put
+	// after it ends or its object goes.
+	pendPrev, pendNext *Object
 	// writer is the client of the put or upsert in progress: only it may
 	// end or revoke it (a writer whose abandoned put was replaced must not
 	// complete or free the replacing writer's).
@@ -153,8 +158,11 @@ func (r replicaRef) descriptor(size uint64, complete bool) store.Replica {
 type shard struct {
 	mu      sync.Mutex
 	objects map[string]*Object
-	policy  policy.Policy[*Object]
-	keys    int // complete objects
+	// pendHead and pendTail are the puts and upserts in progress, by
+	// start (the discard scan's order).
+	pendHead, pendTail *Object
+	policy             policy.Policy[*Object]
+	keys               int // complete objects
 	// softPinned counts complete objects with a soft pin, live or
 	// expired, so the metric needs no scan.
 	softPinned int
@@ -183,6 +191,7 @@ func (m *Master) memHitTotals() hitTotals {
 // frees its replicas.
 func (sh *shard) remove(key string, o *Object) {
 	delete(sh.objects, key)
+	sh.unlinkPending(o)
 	if o.state == stateComplete {
 		if o.ent.In() {
 			sh.policy.Remove(&o.ent)
@@ -216,20 +225,46 @@ func (sh *shard) touch(o *Object, depth int, stamp uint64) {
 	sh.policy.Touch(&o.ent, depth)
 }
 
-// pending tracks puts that have started but not ended (FIFO by start
-// time, so the discard scan is O(discarded)), and the space of discarded
-// puts waiting for the release timeout before it may be reused: the
-// writer may still be moving bytes into it.
-type pending struct {
-	mu       sync.Mutex
-	puts     fifo[pendingPut]
-	releases []pendingRelease
+// linkPending appends o, whose put or upsert just started, to the
+// shard's pending list (moving it to the end if it was there already).
+func (sh *shard) linkPending(o *Object) {
+	sh.unlinkPending(o)
+	o.pendPrev = sh.pendTail
+	if sh.pendTail != nil {
+		sh.pendTail.pendNext = o
+	} else {
+		sh.pendHead = o
+	}
+	sh.pendTail = o
 }
 
-type pendingPut struct {
-	key   string
-	obj   *Object
-	start int64
+// unlinkPending takes o off the shard's pending list, if it is there.
+func (sh *shard) unlinkPending(o *Object) {
+	if o.pendPrev == nil && sh.pendHead != o {
+		return
+	}
+	if o.pendPrev != nil {
+		o.pendPrev.pendNext = o.pendNext
+	} else {
+		sh.pendHead = o.pendNext
+	}
+	if o.pendNext != nil {
+		o.pendNext.pendPrev = o.pendPrev
+	} else {
+		sh.pendTail = o.pendPrev
+	}
+	o.pendPrev, o.pendNext = nil, nil
+}
+
+// pending holds the space of discarded puts waiting for the release
+// timeout before it may be reused: the writer may still be moving bytes
+// into it. (The puts in progress are on their shards' pending lists, so
+// the discard scan is O(discarded), and a put that ends leaves nothing
+// behind: a queue of every put started, kept for the discard timeout,
+// held 30 s of puts and their evicted objects, 220 B a put.)
+type pending struct {
+	mu       sync.Mutex
+	releases []pendingRelease
 }
 
 type pendingRelease struct {
@@ -239,12 +274,6 @@ type pendingRelease struct {
 	// leased: an old version kept for a reader's lease, not a discarded
 	// put (master_put_start_release_cnt counts only those).
 	leased bool
-}
-
-func (p *pending) addPut(key string, o *Object, start int64) {
-	p.mu.Lock()
-	p.puts.push(pendingPut{key, o, start})
-	p.mu.Unlock()
 }
 
 func (p *pending) addRelease(at int64, size uint64, r []replicaRef) {
@@ -282,18 +311,21 @@ func (p *pending) addLeased(until int64, size uint64, r []replicaRef) {
 // timeout; their space is queued for release.
 func (m *Master) discardStale(now int64) {
 	cut := now - m.cfg.PutDiscardTimeout.Nanoseconds()
-	m.pend.mu.Lock()
-	due := m.pend.puts.takeWhile(func(p pendingPut) bool { return p.start <= cut })
-	m.pend.mu.Unlock()
-	for _, p := range due {
-		sh := m.shardOf(p.key)
-		sh.mu.Lock()
-		o := sh.objects[p.key]
-		if o != p.obj || o.putStart != p.start {
-			sh.mu.Unlock()
+	for i := range m.shards {
+		m.discardStaleIn(&m.shards[i], cut)
+	}
+}
+
+func (m *Master) discardStaleIn(sh *shard, cut int64) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for o := sh.pendHead; o != nil && o.putStart <= cut; o = sh.pendHead {
+		sh.unlinkPending(o)
+		key := o.key
+		if o.putStart == 0 || sh.objects[key] != o {
 			continue
 		}
-		release := p.start + m.cfg.PutReleaseTimeout.Nanoseconds()
+		release := o.putStart + m.cfg.PutReleaseTimeout.Nanoseconds()
 		switch {
 		case o.upsert != nil:
 			// A resizing upsert abandoned: the old version stays. The
@@ -302,18 +334,16 @@ func (m *Master) discardStale(now int64) {
 			o.upsert = nil
 			o.putStart = 0
 		case o.state == stateProcessing:
-			sh.remove(p.key, o)
+			sh.remove(key, o)
 			m.pend.addRelease(release, o.size, o.replicas)
 			if o.inPlace {
-				m.emit(Change{Op: OpRemove, Key: p.key})
+				m.emit(Change{Op: OpRemove, Key: key})
 			}
 		default:
-			sh.mu.Unlock()
 			continue
 		}
-		sh.mu.Unlock()
 		m.m.putDiscards.Inc()
-		m.log.Warn("discarded put with no PutEnd", "key", p.key, "after", m.cfg.PutDiscardTimeout)
+		m.log.Warn("discarded put with no PutEnd", "key", key, "after", m.cfg.PutDiscardTimeout)
 	}
 }
 

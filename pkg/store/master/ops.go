@@ -142,7 +142,7 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 	}
 	o.replicas = refs
 	sh.objects[it.Key] = o
-	m.pend.addPut(it.Key, o, now)
+	sh.linkPending(o)
 	if m.cfg.OnChange != nil {
 		m.emit(Change{Op: OpPutStart, Key: o.key, Size: o.size, Replicas: o.descriptors(false), Client: client, Started: time.Unix(0, now)})
 	}
@@ -249,6 +249,7 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64) er
 	}
 	o.state, o.inPlace, o.putStart, o.writer = stateComplete, false, 0, store.UUID{}
 	o.sum = sum
+	sh.unlinkPending(o)
 	o.gen++
 	sh.track(o, depth)
 	if m.cfg.OnChange != nil {
@@ -294,6 +295,7 @@ func (m *Master) revoke(client store.UUID, key string) error {
 	case o.upsert != nil:
 		m.space.free(o.upsert.refs, o.upsert.size)
 		o.upsert, o.putStart = nil, 0
+		sh.unlinkPending(o)
 		m.emit(Change{Op: OpRevoke, Key: key})
 		return nil
 	case o.state == stateComplete:
@@ -368,7 +370,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		sh.objects[it.Key] = o
 		o.softPin, o.hardPin = pin, cfg.HardPin
 		o.state, o.inPlace = stateProcessing, true
-		m.pend.addPut(it.Key, o, now)
+		sh.linkPending(o)
 		if m.cfg.OnChange != nil {
 			m.emit(Change{Op: OpPutStart, Key: o.key, Size: o.size, Replicas: o.descriptors(false), Client: client, Started: time.Unix(0, now)})
 		}
@@ -379,6 +381,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		m.m.allocFailures.Inc()
 		m.kickEviction()
 		o.putStart = 0
+		sh.unlinkPending(o)
 		return ReplicaResult{Err: err}
 	}
 	o.upsert = &upsertState{refs: refs, size: it.Size}
@@ -390,7 +393,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		}
 	}
 	o.softPin, o.hardPin = pin, cfg.HardPin
-	m.pend.addPut(it.Key, o, now)
+	sh.linkPending(o)
 	out := make([]store.Replica, len(refs))
 	for i, r := range refs {
 		out[i] = r.descriptor(it.Size, false)

@@ -155,7 +155,7 @@ func (m *Master) Restore(objs []RestoredObject) error {
 		if o.state == stateProcessing {
 			// Complete at its writer's PutEnd, or discarded and released
 			// on the usual timeouts from when it started.
-			m.pend.addPut(o.key, o, o.putStart)
+			sh.linkPending(o)
 			sh.mu.Unlock()
 			continue
 		}

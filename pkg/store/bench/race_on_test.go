@@ -1,0 +1,6 @@
+//go:build race
+
+package bench
+
+// raceOn: the race detector slows puts about tenfold.
+const raceOn = true
