@@ -747,7 +747,7 @@ func newStorePutCmd(p *printer) *cobra.Command {
 	o.storeClientOptions.addFlags(cmd.Flags())
 	o.storeClientOptions.addChecksumFlag(cmd.Flags())
 	o.Data.addFlags(cmd.Flags())
-	cmd.Flags().IntVar(&o.Replicas, "replicas", 1, "copies on distinct segments (best effort)")
+	cmd.Flags().IntVar(&o.Replicas, "replicas", 1, "copies on distinct segments (best effort: the output says when fewer were placed)")
 	cmd.Flags().BoolVar(&o.SoftPin, "soft-pin", false, "keep it out of eviction for the master's soft-pin TTL, unless nothing else is left")
 	cmd.Flags().BoolVar(&o.HardPin, "hard-pin", false, "keep it out of eviction until removed")
 	return cmd
@@ -786,11 +786,33 @@ func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *pri
 	// What the engine counted, not what --protocol asked for: auto
 	// falls back to tcp for a node on another host.
 	via := c.Engine().Stats().Transport()
-	reps, _ := c.Query(ctx, key)
-	if p.JSON() {
-		return p.PrintJSON(map[string]any{"key": key, "size": len(value), "replicas": len(reps), "transport": via})
+	// The master's yes is not the answer: the command promises a value
+	// that can be read back, so it asks once more.
+	reps, err := c.Query(ctx, key)
+	switch {
+	case store.CodeOf(err) == store.ObjectNotFound:
+		return fmt.Errorf("put %q: the master acknowledged it, but it is gone already (evicted or removed at once): nothing is stored", key)
+	case err != nil:
+		return fmt.Errorf("put %q: acknowledged, but reading its replicas back failed: %w", key, err)
+	case len(reps) == 0:
+		return fmt.Errorf("put %q: acknowledged with no replica: nothing is stored", key)
 	}
-	fmt.Fprintf(p.Out, "stored %q: %d bytes, %d replica(s)%s\n", key, len(value), len(reps), viaNote(via))
+	warning := ""
+	if len(reps) < o.Replicas {
+		// --replicas is best effort (distinct segments with room).
+		warning = fmt.Sprintf("fewer than the %d asked: each replica needs a distinct segment with room", o.Replicas)
+	}
+	if p.JSON() {
+		j := map[string]any{"key": key, "size": len(value), "replicas": len(reps), "replicas_requested": o.Replicas, "transport": via}
+		if warning != "" {
+			j["warning"] = warning
+		}
+		return p.PrintJSON(j)
+	}
+	if warning != "" {
+		warning = " (" + warning + ")"
+	}
+	fmt.Fprintf(p.Out, "stored %q: %d bytes, %d replica(s)%s%s\n", key, len(value), len(reps), warning, viaNote(via))
 	return nil
 }
 

@@ -895,3 +895,38 @@ func TestStorePutPinsAndHTTPMaster(t *testing.T) {
 		}
 	}
 }
+
+// A put the store would not keep fails, and one that got fewer replicas
+// than asked says so (issue 35, item 2).
+func TestStorePutIsReadableWhenItSucceeds(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "64M")
+	m := []string{"--master", rpc, "--admin", admin}
+	dir := t.TempDir()
+	big := filepath.Join(dir, "w59")
+	if err := os.WriteFile(big, make([]byte, 59<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, code := execMC(t, append([]string{"store", "put", "w59", big}, m...)...)
+	if code == 0 || !strings.Contains(errs, "high watermark") || !strings.HasPrefix(errs, "mc: put \"w59\": ") || strings.Count(errs, "\n") != 1 {
+		t.Fatalf("put above the watermark: exit %d, stdout %q, stderr %q; want a one-line error naming the watermark", code, out, errs)
+	}
+	if _, _, code := execMC(t, append([]string{"store", "exists", "w59"}, m...)...); code != 1 {
+		t.Fatalf("exists after a refused put: exit %d, want 1", code)
+	}
+	small := filepath.Join(dir, "small")
+	os.WriteFile(small, []byte("hello"), 0o644)
+	out, errs, code = execMC(t, append([]string{"store", "put", "r3", small, "--replicas", "3"}, m...)...)
+	if code != 0 || !strings.Contains(out, "1 replica(s)") || !strings.Contains(out, "fewer than the 3 asked") {
+		t.Fatalf("--replicas 3 on one segment: exit %d, %q %q; want it to say it got fewer", code, out, errs)
+	}
+	out, _, code = execMC(t, append([]string{"store", "put", "r3j", small, "--replicas", "3", "-o", "json"}, m...)...)
+	var j struct {
+		Replicas  int    `json:"replicas"`
+		Requested int    `json:"replicas_requested"`
+		Warning   string `json:"warning"`
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil || code != 0 || j.Replicas != 1 || j.Requested != 3 || j.Warning == "" {
+		t.Fatalf("--replicas 3 -o json: exit %d %v %q", code, err, out)
+	}
+}

@@ -378,9 +378,5 @@ func (s *space) ownRegions(client store.UUID) map[*region]struct{} {
 func (s *space) largestSegment() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var n uint64
-	for _, seg := range s.order {
-		n = max(n, seg.info.Size)
-	}
-	return n
+	return s.largestLocked()
 }
