@@ -930,3 +930,61 @@ func TestStorePutIsReadableWhenItSucceeds(t *testing.T) {
 		t.Fatalf("--replicas 3 -o json: exit %d %v %q", code, err, out)
 	}
 }
+
+// A store whose rdma bytes the software NIC moves says so: serve store's
+// banner, put's line and -o json; a device that is not there is an error
+// (issue 35, item 1).
+func TestStoreRDMASaysSoft(t *testing.T) {
+	isolateEnv(t)
+	if _, errs, code := execMC(t, "serve", "store", "--protocol", "rdma", "--device-name", "mlx5_0", "--segment-size", "16M",
+		"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(freePort(t)), "--metrics_port", strconv.Itoa(freePort(t))); code == 0 ||
+		!strings.Contains(errs, `"mlx5_0"`) || !strings.Contains(errs, "MC_RDMA_PROVIDER=soft") || strings.Count(errs, "\nmc: serve store: ") != 1 {
+		t.Fatalf("serve store --device-name mlx5_0 on a host without it: exit %d, %q", code, errs)
+	}
+	rpc, admin, out, _ := startServeStore(t, "--segment-size", "16M", "--protocol", "rdma", "--device-name", "soft0")
+	if !strings.Contains(out.String(), "rdma (soft) at ") {
+		t.Fatalf("serve store banner does not say the soft NIC serves the segment:\n%s", out.String())
+	}
+	src := filepath.Join(t.TempDir(), "v")
+	os.WriteFile(src, bytes.Repeat([]byte("x"), 100000), 0o644)
+	m := []string{"--master", rpc, "--admin", admin, "--protocol", "rdma", "--device-name", "soft1"}
+	got, errs, code := execMC(t, append([]string{"store", "put", "k", src}, m...)...)
+	if code != 0 || !strings.HasSuffix(got, ", via rdma (soft)\n") {
+		t.Fatalf("put over the soft NIC: exit %d, %q %q", code, got, errs)
+	}
+	got, _, code = execMC(t, append([]string{"store", "put", "k2", src, "-o", "json"}, m...)...)
+	var j struct {
+		Transport string `json:"transport"`
+		Provider  string `json:"provider"`
+	}
+	if code != 0 || json.Unmarshal([]byte(got), &j) != nil || j.Transport != "rdma" || j.Provider != "soft" {
+		t.Fatalf("put -o json over the soft NIC: exit %d, %q", code, got)
+	}
+	if _, errs, code := execMC(t, "store", "put", "k3", src, "--master", rpc, "--protocol", "rdma", "--device-name", "mlx5_0"); code == 0 || !strings.Contains(errs, "MC_RDMA_PROVIDER=soft") {
+		t.Fatalf("put --device-name mlx5_0: exit %d, %q", code, errs)
+	}
+}
+
+func TestBenchStoreRDMASaysSoft(t *testing.T) {
+	isolateEnv(t)
+	args := []string{"bench", "store", "--protocol", "rdma", "--device-name", "soft0", "--duration", "200ms", "--value-size", "64K",
+		"--op", "put", "--segment-size", "16M"}
+	out, errs, code := execMC(t, append(args, "-o", "json")...)
+	var j struct {
+		Results []struct {
+			Transport string `json:"transport"`
+			Provider  string `json:"provider"`
+		} `json:"results"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || len(j.Results) != 1 || j.Results[0].Transport != "rdma" || j.Results[0].Provider != "soft" {
+		t.Fatalf("bench store over the soft NIC -o json: exit %d, %q %q", code, out, errs)
+	}
+	out, _, code = execMC(t, args...)
+	if code != 0 || !strings.Contains(out, "rdma (soft)") {
+		t.Fatalf("bench store over the soft NIC: exit %d\n%s", code, out)
+	}
+	args[5] = "mlx5_0"
+	if _, errs, code := execMC(t, args...); code == 0 || !strings.Contains(errs, "MC_RDMA_PROVIDER=soft") {
+		t.Fatalf("bench store --device-name mlx5_0: exit %d, %q", code, errs)
+	}
+}
