@@ -908,7 +908,7 @@ func TestStorePutIsReadableWhenItSucceeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, errs, code := execMC(t, append([]string{"store", "put", "w59", big}, m...)...)
-	if code == 0 || !strings.Contains(errs, "high watermark") || !strings.HasPrefix(errs, "mc: put \"w59\": ") || strings.Count(errs, "\n") != 1 {
+	if code == 0 || !strings.Contains(errs, "high watermark") || !strings.HasPrefix(errs, "mc: store put: \"w59\": ") || strings.Count(errs, "\n") != 1 {
 		t.Fatalf("put above the watermark: exit %d, stdout %q, stderr %q; want a one-line error naming the watermark", code, out, errs)
 	}
 	if _, _, code := execMC(t, append([]string{"store", "exists", "w59"}, m...)...); code != 1 {
