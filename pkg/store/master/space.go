@@ -322,9 +322,10 @@ func (s *space) place(dst []replicaRef, client store.UUID, host string, size uin
 		if largest := s.largestLocked(); size > largest {
 			return nil, errLargerThanAnySegment(size, largest)
 		}
+		capacity := s.capacity.Load()
 		return nil, store.Errorf(store.NoAvailableHandle,
-			"value of %d bytes is above the eviction high watermark on its own (%.2f of %d bytes of capacity): the store would evict it as soon as it is put",
-			size, s.cfg.HighWatermark, s.capacity.Load())
+			"value of %d bytes is above the eviction high watermark on its own (%.2f x %d bytes of capacity = %d): the store would evict it as soon as it is put",
+			size, s.cfg.HighWatermark, capacity, uint64(s.cfg.HighWatermark*float64(capacity)))
 	}
 	want = kept
 	in := s.instances[client]
