@@ -88,8 +88,11 @@ batch latency percentiles, failed tasks and optional byte verification.
 
 Without --segment-id, mc bench initiator starts a target in the same process
 and benchmarks it over real loopback TCP, or with --protocol rdma over
-RDMA NICs: the software NICs (soft provider) named by --device-name when
-the host has no RDMA hardware, the target getting its own set. With
+RDMA NICs. On a host without RDMA hardware, soft* names in --device-name
+(or MC_RDMA_PROVIDER=soft) create software NICs, the target getting its
+own set; they move bytes over TCP sockets, so banners and rows say
+"rdma (soft)" and -o json "provider": "soft". Any other name must be a
+device in /sys/class/infiniband. With
 --protocol auto or shm, a target registers memfd-backed buffers that an
 initiator of the same user on the same host maps and copies with memcpy
 (shm); auto uses tcp for any other target, shm refuses it. Slicing,
@@ -119,7 +122,7 @@ func completeBenchProtocol(c *cobra.Command) {
 func addBenchEngineFlags(fs *pflag.FlagSet, o *benchEngineOptions) {
 	fs.StringVar(&o.Protocol, "protocol", "tcp", "transport protocol: tcp, rdma, auto (shared memory with same-host peers, else tcp) or shm (shared memory only)")
 	fs.StringVar(&o.Backend, "backend", "classic", "transfer engine backend: classic (Mooncake's default, and the only one mc has)")
-	fs.StringVar(&o.DeviceName, "device-name", "", "rdma: comma list of NICs to use (default all; with the soft provider, the soft NICs to create)")
+	fs.StringVar(&o.DeviceName, "device-name", "", "rdma: comma list of NICs to use (default all); soft* names create software NICs (bytes over TCP) on a host without RDMA hardware")
 	fs.StringVar(&o.NICPriorityMatrix, "nic-priority-matrix", "", "rdma: NIC priority matrix file (Mooncake's JSON)")
 	fs.BoolVar(&o.AutoDiscovery, "auto-discovery", false, "rdma: build the NIC priority matrix from this host's topology (and use its NICs when --device-name is empty)")
 	fs.StringVar(&o.MetadataServer, "metadata-server", "P2PHANDSHAKE", "metadata server: P2PHANDSHAKE, etcd host:port[,host:port], etcd://h:p;h:p or http://host:port/path")
@@ -313,18 +316,22 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 		locs = append(locs, m.Location())
 	}
 	if p.JSON() {
-		if err := p.PrintJSON(map[string]any{
+		j := map[string]any{
 			"segment_id":      e.SegmentName(),
 			"protocol":        o.Protocol,
 			"metadata_server": cfg.MetadataServer,
 			"buffers":         bufs,
 			"metrics_addr":    metricsAddr,
-		}); err != nil {
+		}
+		if pr := e.Provider(o.Protocol); pr != "" {
+			j["provider"] = pr
+		}
+		if err := p.PrintJSON(j); err != nil {
 			return err
 		}
 	} else {
 		fmt.Fprintf(p.Out, "segment_id %s (protocol %s, metadata %s, %d x %s: %s)\n",
-			e.SegmentName(), o.Protocol, cfg.MetadataServer, len(t.Buffers), bench.FormatSize(size), strings.Join(locs, ","))
+			e.SegmentName(), e.TransportLabel(o.Protocol), cfg.MetadataServer, len(t.Buffers), bench.FormatSize(size), strings.Join(locs, ","))
 		hint := ""
 		switch o.Protocol {
 		case "rdma":
@@ -502,7 +509,7 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 		cfg.BindAddress = "127.0.0.1"
 		cfg.MetadataServer = "P2PHANDSHAKE"
 		if !p.JSON() {
-			how := "loopback " + o.Protocol
+			how := "loopback " + t.Engine.TransportLabel(o.Protocol)
 			if o.Protocol == engine.ProtocolAuto || o.Protocol == engine.ProtocolSHM {
 				how = "same process, memfd-backed"
 			}
@@ -621,6 +628,7 @@ type benchJSONResult struct {
 	FailedTasks   uint64  `json:"failed_tasks"`
 	Verified      bool    `json:"verified"`
 	Transport     string  `json:"transport"`
+	Provider      string  `json:"provider,omitempty"`
 	Error         string  `json:"error,omitempty"`
 }
 
@@ -634,7 +642,7 @@ func printBenchResults(p *printer, segment string, unit bench.Unit, prec int, rs
 				DurationSec: r.Duration.Seconds(), BatchCount: r.BatchCount, Bytes: r.Bytes,
 				Throughput: unit.Per(r.BytesPerSec), ReportUnit: unit.Name, BytesPerSec: r.BytesPerSec, IOPS: r.IOPS,
 				LatencyP50Us: us(r.LatencyP50), LatencyP99Us: us(r.LatencyP99), LatencyP999Us: us(r.LatencyP999),
-				FailedTasks: r.FailedTasks, Verified: r.Verified && r.Err == nil, Transport: r.Transport,
+				FailedTasks: r.FailedTasks, Verified: r.Verified && r.Err == nil, Transport: r.Transport, Provider: r.Provider,
 			}
 			if r.Err != nil {
 				j.Error = r.Err.Error()
@@ -664,7 +672,7 @@ func printBenchResults(p *printer, segment string, unit bench.Unit, prec int, rs
 			bench.FormatSize(r.BlockSize), r.Operation, strconv.Itoa(r.Threads), strconv.Itoa(r.BatchSize),
 			fmt.Sprintf("%.*f", prec, unit.Per(r.BytesPerSec)), fmt.Sprintf("%.0f", r.IOPS),
 			u50.format(r.LatencyP50), u99.format(r.LatencyP99), u999.format(r.LatencyP999),
-			strconv.FormatUint(r.FailedTasks, 10), verified, r.Transport,
+			strconv.FormatUint(r.FailedTasks, 10), verified, r.TransportLabel(),
 		})
 	}
 	p.Table("", []string{"block", "op", "threads", "batch", unit.Name + "/s", "IOPS", u50.header("p50"), u99.header("p99"), u999.header("p99.9"), "failed", "verified", "transport"}, rows)

@@ -255,7 +255,7 @@ func printStoreResults(p *printer, results []sbench.Result) error {
 			ebench.FormatSize(r.ValueSize), r.Op, strconv.Itoa(r.Concurrency), strconv.Itoa(r.Batch),
 			strconv.FormatFloat(r.OpsPerSec, 'f', 0, 64), strconv.FormatFloat(r.GBPerSec, 'f', 2, 64),
 			strconv.FormatFloat(r.P50us, 'f', 0, 64), strconv.FormatFloat(r.P99us, 'f', 0, 64),
-			strconv.FormatFloat(r.P999us, 'f', 0, 64), strconv.FormatInt(r.Errors, 10), r.Transport,
+			strconv.FormatFloat(r.P999us, 'f', 0, 64), strconv.FormatInt(r.Errors, 10), engine.TransportLabel(r.Transport, r.Provider),
 		}
 		if vsDisk {
 			ratio := ""

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -476,5 +477,50 @@ func TestBenchInitiatorPlot(t *testing.T) {
 	_, _, err = runCmd(t, "bench", "initiator", "--duration", "100ms", "--threads", "1", "--plot", filepath.Join(t.TempDir(), "no", "dir.svg"))
 	if err == nil || !strings.Contains(err.Error(), "--plot: stat") {
 		t.Fatalf("unwritable plot: %v", err)
+	}
+}
+
+// The software NIC moves its bytes over TCP: a run on it says so in the
+// banner, the row and the JSON, and the default provider does not stand
+// one in for a device that is not there (issue 35, item 1).
+func TestBenchRDMASaysSoft(t *testing.T) {
+	isolateEnv(t)
+	var out, errb bytes.Buffer
+	code := Execute(context.Background(), []string{"bench", "initiator", "--protocol", "rdma", "--device_name", "mlx5_0",
+		"--threads", "1", "--duration", "100ms"}, &out, &errb)
+	if code == 0 || !strings.HasPrefix(errb.String(), "mc: ") || strings.Count(errb.String(), "\n") != 1 ||
+		!strings.Contains(errb.String(), `"mlx5_0"`) || !strings.Contains(errb.String(), "MC_RDMA_PROVIDER=soft") {
+		t.Fatalf("--device_name mlx5_0 on a host without it: exit %d, stdout %q, stderr %q; want a one-line error", code, out.String(), errb.String())
+	}
+	if strings.Contains(out.String(), "Test completed") {
+		t.Fatalf("a row was printed for a device that does not exist:\n%s", out.String())
+	}
+
+	text, _, err := runCmd(t, "bench", "initiator", "--protocol", "rdma", "--device_name", "soft0", "--threads", "1",
+		"--duration", "100ms", "--block_size", "64K")
+	if err != nil {
+		t.Fatalf("soft0: %v\n%s", err, text)
+	}
+	if !strings.Contains(text, "(loopback rdma (soft), ") || !regexp.MustCompile(`(?m)│ rdma \(soft\) *│\s*$`).MatchString(text) {
+		t.Fatalf("a soft-NIC run does not say so in its banner and row:\n%s", text)
+	}
+	js, _, err := runCmd(t, "bench", "initiator", "--protocol", "rdma", "--device_name", "soft0", "--threads", "1",
+		"--duration", "100ms", "--block_size", "64K", "-o", "json")
+	var got struct {
+		Results []struct {
+			Transport string `json:"transport"`
+			Provider  string `json:"provider"`
+		} `json:"results"`
+	}
+	if err != nil || json.Unmarshal([]byte(js), &got) != nil || len(got.Results) != 1 ||
+		got.Results[0].Transport != "rdma" || got.Results[0].Provider != "soft" {
+		t.Fatalf("-o json: %v %+v\n%s", err, got, js)
+	}
+	// Asked for on purpose, under any name.
+	t.Setenv("MC_RDMA_PROVIDER", "soft")
+	text, _, err = runCmd(t, "bench", "initiator", "--protocol", "rdma", "--device_name", "mlx5_0", "--threads", "1",
+		"--duration", "100ms", "--block_size", "64K")
+	if err != nil || !strings.Contains(text, "rdma (soft)") {
+		t.Fatalf("MC_RDMA_PROVIDER=soft --device_name mlx5_0: %v\n%s", err, text)
 	}
 }

@@ -59,7 +59,7 @@ func newEngineCollector(e *engine.Engine) *engineCollector {
 	return &engineCollector{e: e,
 		tasks: prometheus.NewDesc("mc_engine_tasks_total", "Transfer tasks this engine initiated that finished, by operation and status (completed, failed).", []string{"operation", "status"}, nil),
 		bytes: prometheus.NewDesc("mc_engine_transferred_bytes_total", "Bytes this engine's tasks moved, by operation (a failed task's partial bytes too).", []string{"operation"}, nil),
-		byVia: prometheus.NewDesc("mc_engine_transport_bytes_total", "Bytes this engine's tasks moved, by the transport that moved them (local, shm, tcp, rdma).", []string{"transport"}, nil),
+		byVia: prometheus.NewDesc("mc_engine_transport_bytes_total", "Bytes this engine's tasks moved, by the transport that moved them (local, shm, tcp, rdma; \"rdma (soft)\" for the software NIC, over TCP sockets).", []string{"transport"}, nil),
 	}
 }
 
@@ -77,6 +77,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.Bytes[op]), name)
 	}
 	for i, name := range engine.StatsTransports {
-		ch <- prometheus.MustNewConstMetric(c.byVia, prometheus.CounterValue, float64(s.TransportBytes[i]), name)
+		// "rdma (soft)" when the software NIC moves rdma's bytes.
+		ch <- prometheus.MustNewConstMetric(c.byVia, prometheus.CounterValue, float64(s.TransportBytes[i]), c.e.TransportLabel(name))
 	}
 }

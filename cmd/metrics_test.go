@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 )
 
 // An RDMA target serves its per-NIC endpoint, waiting-list and QP gauges,
@@ -70,7 +71,7 @@ func TestBenchTargetMetrics(t *testing.T) {
 		t.Fatalf("/health = %q", h)
 	}
 	before := get("/metrics")
-	for _, want := range []string{`mc_rdma_endpoints{device="soft0"} 0`, `mc_rdma_endpoints_waiting{device="soft1"} 0`, `mc_rdma_qps_allocated{device="soft0"} 0`} {
+	for _, want := range []string{`mc_rdma_endpoints{device="soft0",provider="soft"} 0`, `mc_rdma_endpoints_waiting{device="soft1",provider="soft"} 0`, `mc_rdma_qps_allocated{device="soft0",provider="soft"} 0`} {
 		if !strings.Contains(before, want) {
 			t.Fatalf("metrics before traffic lack %q:\n%s", want, before)
 		}
@@ -80,8 +81,8 @@ func TestBenchTargetMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	after := get("/metrics")
-	if !regexp.MustCompile(`mc_rdma_qps_allocated\{device="soft[01]"\} [1-9]`).MatchString(after) &&
-		!regexp.MustCompile(`mc_rdma_endpoints_reclaimed_total\{device="soft[01]"\} [1-9]`).MatchString(after) {
+	if !regexp.MustCompile(`mc_rdma_qps_allocated\{device="soft[01]",provider="soft"\} [1-9]`).MatchString(after) &&
+		!regexp.MustCompile(`mc_rdma_endpoints_reclaimed_total\{device="soft[01]",provider="soft"\} [1-9]`).MatchString(after) {
 		t.Fatalf("no QP or reclaim activity after an initiator ran:\n%s", grepLines(after, "mc_rdma"))
 	}
 	cancel()
@@ -133,7 +134,7 @@ func TestEngineCollectorByTransport(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `
-# HELP mc_engine_transport_bytes_total Bytes this engine's tasks moved, by the transport that moved them (local, shm, tcp, rdma).
+# HELP mc_engine_transport_bytes_total Bytes this engine's tasks moved, by the transport that moved them (local, shm, tcp, rdma; "rdma (soft)" for the software NIC, over TCP sockets).
 # TYPE mc_engine_transport_bytes_total counter
 mc_engine_transport_bytes_total{transport="local"} 0
 mc_engine_transport_bytes_total{transport="rdma"} 0
@@ -141,6 +142,29 @@ mc_engine_transport_bytes_total{transport="shm"} 65536
 mc_engine_transport_bytes_total{transport="tcp"} 0
 `
 	if err := testutil.CollectAndCompare(newEngineCollector(init), strings.NewReader(want), "mc_engine_transport_bytes_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Bytes the software NIC moves are not counted as RDMA's: the label says
+// "rdma (soft)" (issue 35, item 1).
+func TestEngineCollectorSaysSoft(t *testing.T) {
+	isolateEnv(t)
+	e, err := engine.New(context.Background(), engine.Config{LocalServerName: "metrics-soft", BindAddress: "127.0.0.1",
+		HandshakeAddr: "127.0.0.1:0", Protocol: "rdma", Transports: []engine.TransportFactory{rdmatransport.Factory(rdmatransport.Config{Devices: []string{"soft0"}})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	want := `
+# HELP mc_engine_transport_bytes_total Bytes this engine's tasks moved, by the transport that moved them (local, shm, tcp, rdma; "rdma (soft)" for the software NIC, over TCP sockets).
+# TYPE mc_engine_transport_bytes_total counter
+mc_engine_transport_bytes_total{transport="local"} 0
+mc_engine_transport_bytes_total{transport="rdma (soft)"} 0
+mc_engine_transport_bytes_total{transport="shm"} 0
+mc_engine_transport_bytes_total{transport="tcp"} 0
+`
+	if err := testutil.CollectAndCompare(newEngineCollector(e), strings.NewReader(want), "mc_engine_transport_bytes_total"); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -46,7 +46,7 @@ func (o *storeDataOptions) addFlags(fs *pflag.FlagSet) { o.addFlagsProtocol(fs, 
 // should measure what that client would use).
 func (o *storeDataOptions) addFlagsProtocol(fs *pflag.FlagSet, protocol string) {
 	fs.StringVar(&o.Protocol, "protocol", protocol, "transport for the bytes: tcp, rdma, auto (shared memory with same-host nodes and clients, else tcp) or shm (shared memory only)")
-	fs.StringVar(&o.DeviceName, "device-name", "", "RDMA NICs to use, comma-separated (--protocol rdma; soft NICs here)")
+	fs.StringVar(&o.DeviceName, "device-name", "", "RDMA NICs to use, comma-separated (--protocol rdma); soft* names create software NICs (bytes over TCP, shown as rdma (soft)) on a host without RDMA hardware")
 	fs.StringVar(&o.LocalHostname, "local-hostname", "", "host (or host:port: the segment name with etcd/HTTP metadata, the handshake port with P2PHANDSHAKE) other processes reach this one's segment or engine at (default: the bind address, else this host's name)")
 	fs.StringVar(&o.MetadataServer, "metadata-server", meta.P2PHandshake, "where transfer engines publish and find segments: P2PHANDSHAKE, http://H:P/metadata, etcd://H:P[;H:P] (Mooncake's --metadata_server)")
 	envName(fs, "device-name", "MC_DEVICE_NAME")
@@ -531,6 +531,9 @@ type serveStoreInfo struct {
 	SegmentBytes uint64 `json:"segment_bytes,omitempty"`
 	Endpoint     string `json:"te_endpoint,omitempty"`
 	Protocol     string `json:"protocol,omitempty"`
+	// Provider moves the segment's rdma bytes: "soft" (the software
+	// NIC, over TCP sockets) or "ibverbs".
+	Provider string `json:"provider,omitempty"`
 }
 
 func runServeStore(ctx context.Context, o serveStoreOptions, p *printer) error {
@@ -557,6 +560,7 @@ func runServeStore(ctx context.Context, o serveStoreOptions, p *printer) error {
 	if srv.Node != nil {
 		if seg, ok := srv.Node.Segment(); ok {
 			info.Segment, info.SegmentBytes, info.Endpoint, info.Protocol = seg.Name, seg.Size, seg.Endpoint, seg.Protocol
+			info.Provider = srv.Node.Engine().Provider(seg.Protocol)
 		}
 	}
 	if p.JSON() {
@@ -569,7 +573,7 @@ func runServeStore(ctx context.Context, o serveStoreOptions, p *printer) error {
 			rows = append(rows, []string{"admin HTTP", "http://" + info.Admin})
 		}
 		if info.Segment != "" {
-			rows = append(rows, []string{"segment", fmt.Sprintf("%s (%s, %s at %s)", info.Segment, humanBytes(info.SegmentBytes), info.Protocol, info.Endpoint)})
+			rows = append(rows, []string{"segment", fmt.Sprintf("%s (%s, %s at %s)", info.Segment, humanBytes(info.SegmentBytes), engine.TransportLabel(info.Protocol, info.Provider), info.Endpoint)})
 		}
 		p.Table("", []string{"store", "value"}, rows)
 		fmt.Fprintln(p.Out, "serving; SIGINT or SIGTERM stops")
@@ -747,7 +751,7 @@ func newStorePutCmd(p *printer) *cobra.Command {
 	o.storeClientOptions.addFlags(cmd.Flags())
 	o.storeClientOptions.addChecksumFlag(cmd.Flags())
 	o.Data.addFlags(cmd.Flags())
-	cmd.Flags().IntVar(&o.Replicas, "replicas", 1, "copies on distinct segments (best effort)")
+	cmd.Flags().IntVar(&o.Replicas, "replicas", 1, "copies on distinct segments (best effort: the output says when fewer were placed)")
 	cmd.Flags().BoolVar(&o.SoftPin, "soft-pin", false, "keep it out of eviction for the master's soft-pin TTL, unless nothing else is left")
 	cmd.Flags().BoolVar(&o.HardPin, "hard-pin", false, "keep it out of eviction until removed")
 	return cmd
@@ -786,11 +790,34 @@ func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *pri
 	// What the engine counted, not what --protocol asked for: auto
 	// falls back to tcp for a node on another host.
 	via := c.Engine().Stats().Transport()
-	reps, _ := c.Query(ctx, key)
-	if p.JSON() {
-		return p.PrintJSON(map[string]any{"key": key, "size": len(value), "replicas": len(reps), "transport": via})
+	// The master's yes is not the answer: the command promises a value
+	// that can be read back, so it asks once more.
+	reps, err := c.Query(ctx, key)
+	switch {
+	case store.CodeOf(err) == store.ObjectNotFound:
+		return fmt.Errorf("put %q: the master acknowledged it, but it is gone already (evicted or removed at once): nothing is stored", key)
+	case err != nil:
+		return fmt.Errorf("put %q: acknowledged, but reading its replicas back failed: %w", key, err)
+	case len(reps) == 0:
+		return fmt.Errorf("put %q: acknowledged with no replica: nothing is stored", key)
 	}
-	fmt.Fprintf(p.Out, "stored %q: %d bytes, %d replica(s)%s\n", key, len(value), len(reps), viaNote(via))
+	warning := ""
+	if len(reps) < o.Replicas {
+		// --replicas is best effort (distinct segments with room).
+		warning = fmt.Sprintf("fewer than the %d asked: each replica needs a distinct segment with room", o.Replicas)
+	}
+	if p.JSON() {
+		j := map[string]any{"key": key, "size": len(value), "replicas": len(reps), "replicas_requested": o.Replicas, "transport": via}
+		addProvider(j, c.Engine(), via)
+		if warning != "" {
+			j["warning"] = warning
+		}
+		return p.PrintJSON(j)
+	}
+	if warning != "" {
+		warning = " (" + warning + ")"
+	}
+	fmt.Fprintf(p.Out, "stored %q: %d bytes, %d replica(s)%s%s\n", key, len(value), len(reps), warning, viaNote(c.Engine().TransportLabel(via)))
 	return nil
 }
 
@@ -875,7 +902,9 @@ func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer)
 	via := c.Engine().Stats().Transport()
 	switch {
 	case p.JSON():
-		return p.PrintJSON(map[string]any{"key": key, "size": len(v), "value_base64": base64.StdEncoding.EncodeToString(v), "transport": via})
+		j := map[string]any{"key": key, "size": len(v), "value_base64": base64.StdEncoding.EncodeToString(v), "transport": via}
+		addProvider(j, c.Engine(), via)
+		return p.PrintJSON(j)
 	case o.Dest == "" || o.Dest == "-":
 		_, err = o.Out.Write(v)
 		return err
@@ -885,8 +914,18 @@ func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer)
 	if err := writeFileWith(o.Dest, func(f *os.File) error { _, err := f.Write(v); return err }); err != nil {
 		return fmt.Errorf("get %q: write %s: %w", key, o.Dest, err)
 	}
-	fmt.Fprintf(p.Err, "wrote %d bytes to %s%s\n", len(v), o.Dest, viaNote(via))
+	fmt.Fprintf(p.Err, "wrote %d bytes to %s%s\n", len(v), o.Dest, viaNote(c.Engine().TransportLabel(via)))
 	return nil
+}
+
+// addProvider adds "provider" to a JSON result when rdma moved some of
+// its bytes: "soft" says the software NIC did, over TCP sockets.
+func addProvider(j map[string]any, e *engine.Engine, via string) {
+	if slices.Contains(strings.Split(via, "+"), meta.ProtocolRDMA) {
+		if pr := e.Provider(meta.ProtocolRDMA); pr != "" {
+			j["provider"] = pr
+		}
+	}
 }
 
 // viaNote names the transports that moved a value's bytes ("" when none

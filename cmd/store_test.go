@@ -895,3 +895,96 @@ func TestStorePutPinsAndHTTPMaster(t *testing.T) {
 		}
 	}
 }
+
+// A put the store would not keep fails, and one that got fewer replicas
+// than asked says so (issue 35, item 2).
+func TestStorePutIsReadableWhenItSucceeds(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "64M")
+	m := []string{"--master", rpc, "--admin", admin}
+	dir := t.TempDir()
+	big := filepath.Join(dir, "w59")
+	if err := os.WriteFile(big, make([]byte, 59<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, code := execMC(t, append([]string{"store", "put", "w59", big}, m...)...)
+	if code == 0 || !strings.Contains(errs, "high watermark") || !strings.HasPrefix(errs, "mc: store put: \"w59\": ") || strings.Count(errs, "\n") != 1 {
+		t.Fatalf("put above the watermark: exit %d, stdout %q, stderr %q; want a one-line error naming the watermark", code, out, errs)
+	}
+	if _, _, code := execMC(t, append([]string{"store", "exists", "w59"}, m...)...); code != 1 {
+		t.Fatalf("exists after a refused put: exit %d, want 1", code)
+	}
+	small := filepath.Join(dir, "small")
+	os.WriteFile(small, []byte("hello"), 0o644)
+	out, errs, code = execMC(t, append([]string{"store", "put", "r3", small, "--replicas", "3"}, m...)...)
+	if code != 0 || !strings.Contains(out, "1 replica(s)") || !strings.Contains(out, "fewer than the 3 asked") {
+		t.Fatalf("--replicas 3 on one segment: exit %d, %q %q; want it to say it got fewer", code, out, errs)
+	}
+	out, _, code = execMC(t, append([]string{"store", "put", "r3j", small, "--replicas", "3", "-o", "json"}, m...)...)
+	var j struct {
+		Replicas  int    `json:"replicas"`
+		Requested int    `json:"replicas_requested"`
+		Warning   string `json:"warning"`
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil || code != 0 || j.Replicas != 1 || j.Requested != 3 || j.Warning == "" {
+		t.Fatalf("--replicas 3 -o json: exit %d %v %q", code, err, out)
+	}
+}
+
+// A store whose rdma bytes the software NIC moves says so: serve store's
+// banner, put's line and -o json; a device that is not there is an error
+// (issue 35, item 1).
+func TestStoreRDMASaysSoft(t *testing.T) {
+	isolateEnv(t)
+	if _, errs, code := execMC(t, "serve", "store", "--protocol", "rdma", "--device-name", "mlx5_0", "--segment-size", "16M",
+		"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(freePort(t)), "--metrics_port", strconv.Itoa(freePort(t))); code == 0 ||
+		!strings.Contains(errs, `"mlx5_0"`) || !strings.Contains(errs, "MC_RDMA_PROVIDER=soft") || strings.Count(errs, "\nmc: serve store: ") != 1 {
+		t.Fatalf("serve store --device-name mlx5_0 on a host without it: exit %d, %q", code, errs)
+	}
+	rpc, admin, out, _ := startServeStore(t, "--segment-size", "16M", "--protocol", "rdma", "--device-name", "soft0")
+	if !strings.Contains(out.String(), "rdma (soft) at ") {
+		t.Fatalf("serve store banner does not say the soft NIC serves the segment:\n%s", out.String())
+	}
+	src := filepath.Join(t.TempDir(), "v")
+	os.WriteFile(src, bytes.Repeat([]byte("x"), 100000), 0o644)
+	m := []string{"--master", rpc, "--admin", admin, "--protocol", "rdma", "--device-name", "soft1"}
+	got, errs, code := execMC(t, append([]string{"store", "put", "k", src}, m...)...)
+	if code != 0 || !strings.HasSuffix(got, ", via rdma (soft)\n") {
+		t.Fatalf("put over the soft NIC: exit %d, %q %q", code, got, errs)
+	}
+	got, _, code = execMC(t, append([]string{"store", "put", "k2", src, "-o", "json"}, m...)...)
+	var j struct {
+		Transport string `json:"transport"`
+		Provider  string `json:"provider"`
+	}
+	if code != 0 || json.Unmarshal([]byte(got), &j) != nil || j.Transport != "rdma" || j.Provider != "soft" {
+		t.Fatalf("put -o json over the soft NIC: exit %d, %q", code, got)
+	}
+	if _, errs, code := execMC(t, "store", "put", "k3", src, "--master", rpc, "--protocol", "rdma", "--device-name", "mlx5_0"); code == 0 || !strings.Contains(errs, "MC_RDMA_PROVIDER=soft") {
+		t.Fatalf("put --device-name mlx5_0: exit %d, %q", code, errs)
+	}
+}
+
+func TestBenchStoreRDMASaysSoft(t *testing.T) {
+	isolateEnv(t)
+	args := []string{"bench", "store", "--protocol", "rdma", "--device-name", "soft0", "--duration", "200ms", "--value-size", "64K",
+		"--op", "put", "--segment-size", "16M"}
+	out, errs, code := execMC(t, append(args, "-o", "json")...)
+	var j struct {
+		Results []struct {
+			Transport string `json:"transport"`
+			Provider  string `json:"provider"`
+		} `json:"results"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || len(j.Results) != 1 || j.Results[0].Transport != "rdma" || j.Results[0].Provider != "soft" {
+		t.Fatalf("bench store over the soft NIC -o json: exit %d, %q %q", code, out, errs)
+	}
+	out, _, code = execMC(t, args...)
+	if code != 0 || !strings.Contains(out, "rdma (soft)") {
+		t.Fatalf("bench store over the soft NIC: exit %d\n%s", code, out)
+	}
+	args[5] = "mlx5_0"
+	if _, errs, code := execMC(t, args...); code == 0 || !strings.Contains(errs, "MC_RDMA_PROVIDER=soft") {
+		t.Fatalf("bench store --device-name mlx5_0: exit %d, %q", code, errs)
+	}
+}

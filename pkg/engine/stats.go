@@ -48,6 +48,43 @@ func (s Stats) Transport() string {
 	return strings.Join(names, "+")
 }
 
+// ProviderNamer is implemented by a transport whose bytes a provider
+// moves (rdma: "ibverbs", or "soft", the software NIC over TCP sockets).
+type ProviderNamer interface {
+	Provider() string
+}
+
+// Provider names the provider under the engine's transport for protocol
+// ("soft", "ibverbs"); "" when that transport has none.
+func (e *Engine) Provider(protocol string) string {
+	if pn, ok := e.transports[protocol].(ProviderNamer); ok {
+		return pn.Provider()
+	}
+	return ""
+}
+
+// TransportLabel is how a result names the transports in via (as
+// Stats.Transport joins them): as they are, except rdma moved by a
+// provider other than a real NIC's ("rdma (soft)"), so that no result
+// calls bytes sent over TCP by the software NIC an RDMA result.
+func TransportLabel(via, provider string) string {
+	if provider == "" || provider == "ibverbs" || via == "" {
+		return via
+	}
+	parts := strings.Split(via, "+")
+	for i, p := range parts {
+		if p == meta.ProtocolRDMA {
+			parts[i] = p + " (" + provider + ")"
+		}
+	}
+	return strings.Join(parts, "+")
+}
+
+// TransportLabel is TransportLabel(via, e.Provider("rdma")).
+func (e *Engine) TransportLabel(via string) string {
+	return TransportLabel(via, e.Provider(meta.ProtocolRDMA))
+}
+
 // transportIndex is p's place in StatsTransports, or -1.
 func transportIndex(p string) int8 {
 	for i, n := range StatsTransports {

@@ -86,3 +86,20 @@ func TestStatsByTransport(t *testing.T) {
 		t.Fatalf("Transport() over both = %q, want local+shm", got)
 	}
 }
+
+// The software NIC's bytes are named as its: "rdma (soft)", never plain
+// rdma; a real NIC's stay "rdma".
+func TestTransportLabel(t *testing.T) {
+	for _, c := range []struct{ via, provider, want string }{
+		{"rdma", "soft", "rdma (soft)"},
+		{"shm+rdma", "soft", "shm+rdma (soft)"},
+		{"rdma", "ibverbs", "rdma"},
+		{"tcp", "soft", "tcp"},
+		{"rdma", "", "rdma"},
+		{"", "soft", ""},
+	} {
+		if got := engine.TransportLabel(c.via, c.provider); got != c.want {
+			t.Errorf("TransportLabel(%q, %q) = %q, want %q", c.via, c.provider, got, c.want)
+		}
+	}
+}

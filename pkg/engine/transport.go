@@ -73,6 +73,15 @@ func (s *Segment) Descriptor() *meta.SegmentDesc {
 // mapped), or the descriptor's "tcp" or "rdma".
 func (s *Segment) Transport() string { return s.via }
 
+// Provider names the provider that moves the segment's bytes ("soft",
+// "ibverbs" under rdma); "" for transports without one.
+func (s *Segment) Provider() string {
+	if s.localSeg || s.via != meta.ProtocolRDMA {
+		return ""
+	}
+	return s.e.Provider(s.via)
+}
+
 // Close closes the handle; later requests on it fail with ErrSegmentClosed.
 // Connections are shared per peer and stay for other handles; a shm
 // mapping is the handle's own and is unmapped once copies in flight end.

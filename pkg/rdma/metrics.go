@@ -17,18 +17,27 @@ type Collector struct {
 }
 
 // NewCollector returns a Collector for ctxs; Add registers more.
-func NewCollector(ctxs ...*Context) *Collector {
+func NewCollector(ctxs ...*Context) *Collector { return newCollector(nil, ctxs) }
+
+// NewProviderCollector is NewCollector with every series labelled
+// provider="<provider>" ("soft": the software NIC, whose queue pairs are
+// sockets, not a NIC's).
+func NewProviderCollector(provider string, ctxs ...*Context) *Collector {
+	return newCollector(prometheus.Labels{"provider": provider}, ctxs)
+}
+
+func newCollector(cl prometheus.Labels, ctxs []*Context) *Collector {
 	l := []string{"device"}
 	return &Collector{
 		ctxs:        ctxs,
-		endpoints:   prometheus.NewDesc("mc_rdma_endpoints", "Endpoints in the context's store.", l, nil),
-		waiting:     prometheus.NewDesc("mc_rdma_endpoints_waiting", "Retired endpoints waiting for reclaim.", l, nil),
-		qps:         prometheus.NewDesc("mc_rdma_qps_allocated", "Queue pairs allocated by the context.", l, nil),
-		maxQP:       prometheus.NewDesc("mc_rdma_qps_max", "The device's QP pool size (max_qp).", l, nil),
-		active:      prometheus.NewDesc("mc_rdma_context_active", "1 when the context carries traffic.", l, nil),
-		evictions:   prometheus.NewDesc("mc_rdma_endpoint_evictions_total", "Endpoints evicted from the store.", l, nil),
-		reclaimed:   prometheus.NewDesc("mc_rdma_endpoints_reclaimed_total", "Retired endpoints destroyed.", l, nil),
-		createFails: prometheus.NewDesc("mc_rdma_qp_create_failures_total", "QP creations that failed.", l, nil),
+		endpoints:   prometheus.NewDesc("mc_rdma_endpoints", "Endpoints in the context's store.", l, cl),
+		waiting:     prometheus.NewDesc("mc_rdma_endpoints_waiting", "Retired endpoints waiting for reclaim.", l, cl),
+		qps:         prometheus.NewDesc("mc_rdma_qps_allocated", "Queue pairs allocated by the context.", l, cl),
+		maxQP:       prometheus.NewDesc("mc_rdma_qps_max", "The device's QP pool size (max_qp).", l, cl),
+		active:      prometheus.NewDesc("mc_rdma_context_active", "1 when the context carries traffic.", l, cl),
+		evictions:   prometheus.NewDesc("mc_rdma_endpoint_evictions_total", "Endpoints evicted from the store.", l, cl),
+		reclaimed:   prometheus.NewDesc("mc_rdma_endpoints_reclaimed_total", "Retired endpoints destroyed.", l, cl),
+		createFails: prometheus.NewDesc("mc_rdma_qp_create_failures_total", "QP creations that failed.", l, cl),
 	}
 }
 

@@ -171,8 +171,15 @@ type Result struct {
 	// Transport moved the bytes: "tcp", "rdma", "shm" (a same-host
 	// target's memory, mapped) or "local" (the initiator's own segment).
 	Transport string `json:"transport"`
-	Err       error  `json:"-"`
+	// Provider moved rdma's bytes: "ibverbs", or "soft" (the software
+	// NIC, over TCP sockets); "" for other transports.
+	Provider string `json:"provider,omitempty"`
+	Err      error  `json:"-"`
 }
+
+// TransportLabel names the transport for a table or a banner: "rdma
+// (soft)" when the software NIC moved the bytes.
+func (r Result) TransportLabel() string { return engine.TransportLabel(r.Transport, r.Provider) }
 
 // ErrFailedTasks is matched when a run ended because tasks failed.
 var ErrFailedTasks = errors.New("transfer tasks failed")
@@ -260,7 +267,7 @@ func Run(ctx context.Context, cfg InitiatorConfig) ([]Result, error) {
 	var out []Result
 	for _, bs := range cfg.BlockSizes {
 		r := runOne(ctx, cfg, seg, places, bs)
-		r.Transport = seg.Transport()
+		r.Transport, r.Provider = seg.Transport(), seg.Provider()
 		out = append(out, r)
 		if r.Err != nil {
 			return out, r.Err

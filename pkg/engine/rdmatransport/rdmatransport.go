@@ -55,6 +55,9 @@ type Config struct {
 	Provider rdma.Provider
 	// Devices are the NICs to use (--device_name); empty means all.
 	Devices []string
+	// SysfsRoot is the directory holding sys/ ("" is "/"): where the
+	// default provider checks that Devices not named soft* exist.
+	SysfsRoot string
 	// RDMA parameterises the contexts (rdma.ConfigFromEnv()); the
 	// transport sets ServerName and Exchange.
 	RDMA rdma.Config
@@ -138,13 +141,19 @@ func (c Config) withDefaults() Config {
 }
 
 // OpenProvider opens the provider MC_RDMA_PROVIDER names (default auto:
-// ibverbs when built in and it finds devices, else soft). With the soft
-// provider, devices declares the soft NICs to create: each takes its
-// attributes from MC_SOFT_NICS when declared there, defaults otherwise.
-// Each call creates its own soft NICs, so two engines of one process have
-// separate devices even with the same names.
+// ibverbs when built in and it finds devices, else soft, for devices
+// named soft* only: providers.OpenFor). With the soft provider, devices
+// declares the soft NICs to create: each takes its attributes from
+// MC_SOFT_NICS when declared there, defaults otherwise. Each call creates
+// its own soft NICs, so two engines of one process have separate devices
+// even with the same names.
 func OpenProvider(devices []string) (rdma.Provider, error) {
-	p, err := providers.Open("")
+	return OpenProviderAt(devices, "")
+}
+
+// OpenProviderAt is OpenProvider reading sysfs beneath sysfsRoot.
+func OpenProviderAt(devices []string, sysfsRoot string) (rdma.Provider, error) {
+	p, err := providers.OpenFor("", devices, sysfsRoot)
 	if err != nil {
 		return nil, err
 	}
@@ -243,7 +252,7 @@ func New(e *engine.Engine, cfg Config) (*Transport, error) {
 	cfg = cfg.withDefaults()
 	t := &Transport{cfg: cfg, e: e, p: cfg.Provider, peers: map[string]string{}, rails: map[string]*rail{}}
 	if t.p == nil {
-		p, err := OpenProvider(cfg.Devices)
+		p, err := OpenProviderAt(cfg.Devices, cfg.SysfsRoot)
 		if err != nil {
 			return nil, fmt.Errorf("rdma transport: %w", err)
 		}
@@ -269,10 +278,17 @@ func New(e *engine.Engine, cfg Config) (*Transport, error) {
 func (t *Transport) Contexts() []*rdma.Context { return t.ctxs }
 
 // Collector exports the contexts' metrics.
-func (t *Transport) Collector() *rdma.Collector { return rdma.NewCollector(t.ctxs...) }
+func (t *Transport) Collector() *rdma.Collector {
+	return rdma.NewProviderCollector(t.p.Name(), t.ctxs...)
+}
 
 // Protocol is "rdma".
 func (t *Transport) Protocol() string { return meta.ProtocolRDMA }
+
+// Provider names the rdma.Provider that moves the bytes: "ibverbs", or
+// "soft" (the software NIC, over TCP sockets), which results must name
+// (engine.ProviderNamer).
+func (t *Transport) Provider() string { return t.p.Name() }
 
 func (t *Transport) accept(_ context.Context, payload []byte) ([]byte, error) {
 	var req rdma.ConnectionDesc

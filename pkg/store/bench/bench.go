@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/engine"
 	ebench "github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/master"
 	"github.com/kvcache-ops/mc/pkg/store/server"
@@ -131,6 +132,9 @@ type Result struct {
 	// "tcp", "local" for a segment of its own, "shm+tcp" for replicas
 	// reached both ways).
 	Transport string `json:"transport"`
+	// Provider moved the rdma bytes ("soft": the software NIC, over TCP
+	// sockets; "ibverbs"); empty when rdma moved none.
+	Provider string `json:"provider,omitempty"`
 	// VsTCP is the row's GB/s over the tcp row before it (Config.VsTCP).
 	VsTCP float64 `json:"vs_tcp,omitempty"`
 }
@@ -636,6 +640,9 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 		}
 	}
 	res.Transport = r.c.Engine().Stats().Sub(moved).Transport()
+	if slices.Contains(strings.Split(res.Transport, "+"), meta.ProtocolRDMA) {
+		res.Provider = r.c.Engine().Provider(meta.ProtocolRDMA)
+	}
 	var lat latencies
 	for _, w := range ws {
 		lat.merge(&w.lat)

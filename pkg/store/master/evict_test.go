@@ -217,3 +217,44 @@ func TestEvictGlobalLRUModel(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// A value above the high watermark on its own would be evicted by the
+// next watermark round right after the put acknowledged it (Mooncake
+// 3b5a594 does just that): the put is refused up front instead, and
+// replicas are capped at what the watermark keeps (issue 35, item 2).
+func TestPutAboveWatermarkRefused(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	mount(t, m, "node", "seg", "127.0.0.1", 0, 64*MiB)
+	r := m.BatchPutStart(uuidOf("w"), "", []PutItem{{"w59", 59 * MiB}}, plain())[0]
+	wantCode(t, "59 MiB into 64 MiB at watermark 0.90", r.Err, store.NoAvailableHandle)
+	for _, want := range []string{"61865984 bytes", "high watermark", "0.90"} {
+		if !contains(r.Err.Error(), want) {
+			t.Errorf("message %q does not say %q", r.Err, want)
+		}
+	}
+	if s := m.Stats(); s.Keys != 0 || s.Used != 0 {
+		t.Errorf("a refused put holds space: %+v", s)
+	}
+	// Just below the watermark: kept, and kept by the watermark loop.
+	put(t, m, "w", "w57", 57*MiB)
+	m.EvictIfNeeded()
+	wantPresent(t, m, true, "w57")
+
+	// Two segments: two replicas of 59 MiB (92%) would both go; one
+	// (46%) stays.
+	m, _ = newTestMaster(t, Config{})
+	mount(t, m, "node", "s1", "127.0.0.1", 0, 64*MiB)
+	mount(t, m, "node2", "s2", "127.0.0.2", 1<<40, 64*MiB)
+	reps := put(t, m, "w", "w59", 59*MiB, store.ReplicateConfig{ReplicaNum: 2})
+	if len(reps) != 1 {
+		t.Errorf("%d replicas of 59 MiB in 128 MiB at watermark 0.90, want 1", len(reps))
+	}
+	m.EvictIfNeeded()
+	wantPresent(t, m, true, "w59")
+
+	// Without eviction nothing is dropped: the put is kept.
+	m, _ = newTestMaster(t, Config{EvictionPolicy: policyNone})
+	mount(t, m, "node", "seg", "127.0.0.1", 0, 64*MiB)
+	put(t, m, "w", "w59", 59*MiB)
+	mustInvariants(t, m)
+}

@@ -288,6 +288,7 @@ func New(cfg Config) (*Master, error) {
 	}
 	m.space.init(&m.cfg)
 	m.tiers.init()
+	m.space.tiered = m.tiers.any
 	m.drains.init()
 	return m, nil
 }

@@ -38,9 +38,10 @@ const (
 // for want of space.
 func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig, out []ReplicaResult, ar *descArena) {
 	var largest uint64
+	hopeless := make([]bool, len(out)) // eviction cannot make room: failed, not retried
 	short := func() (idx []int, need uint64) {
 		for i, r := range out {
-			if r.Err == nil || store.CodeOf(r.Err) != store.NoAvailableHandle {
+			if r.Err == nil || store.CodeOf(r.Err) != store.NoAvailableHandle || hopeless[i] {
 				continue
 			}
 			if largest == 0 {
@@ -69,6 +70,15 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 	m.evictMu.Lock()
 	defer m.evictMu.Unlock()
 	if retry(); len(idx) == 0 {
+		return
+	}
+	// Evict only for puts that eviction can serve: one that would still
+	// be short with every evictable object gone fails now, and costs
+	// nobody else their objects.
+	if !m.roomAfterEviction(items, idx, out, hopeless) {
+		return
+	}
+	if idx, need = short(); len(idx) == 0 {
 		return
 	}
 	var blocked blockers
@@ -137,6 +147,87 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 			out[i].Err = store.Errorf(store.NoAvailableHandle, "key %q: no room for %d bytes: this put evicted %s, and concurrent puts took it (%v)", items[i].Key, items[i].Size, fmtBytes(total), out[i].Err)
 		}
 	}
+}
+
+// roomAfterEviction checks the items of out at idx against the most room
+// eviction could make on one segment in service: its free bytes plus
+// those of the objects this put may evict there (and of those being
+// offloaded to disk, free once the writes land). An item larger than that
+// is failed in out and marked hopeless. It reports whether any item is
+// left for eviction to serve.
+//
+// The walk stops as soon as a segment has room for the largest item, so
+// a small put into a full store of evictable objects looks at a few
+// objects; only a put that cannot fit (or barely can) walks them all.
+func (m *Master) roomAfterEviction(items []PutItem, idx []int, out []ReplicaResult, hopeless []bool) bool {
+	var biggest uint64
+	for _, i := range idx {
+		biggest = max(biggest, items[i].Size)
+	}
+	room := make(map[*segment]uint64)
+	var best uint64
+	var bestSeg *segment
+	m.space.mu.Lock()
+	for _, seg := range m.space.order {
+		if seg.status != SegOK || m.space.segs[seg.info.ID] != seg {
+			continue
+		}
+		free := seg.info.Size - min(seg.info.Size, seg.used.Load())
+		room[seg] = free
+		if bestSeg == nil || free > best {
+			best, bestSeg = free, seg
+		}
+	}
+	m.space.mu.Unlock()
+	if bestSeg == nil {
+		return true // nothing mounted: the errors already say so
+	}
+	sw := &sweep{now: m.now(), allowSoft: *m.cfg.AllowEvictSoftPinned}
+walk:
+	for i := range m.shards {
+		if best >= biggest {
+			break
+		}
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, o := range sh.objects {
+			if !(o.tier != nil && o.tier.offloading) && !sw.take(o) {
+				continue
+			}
+			for _, r := range o.replicas {
+				n, ok := room[r.reg.seg]
+				if !ok {
+					continue
+				}
+				n += o.size
+				room[r.reg.seg] = n
+				if n > best {
+					best, bestSeg = n, r.reg.seg
+				}
+			}
+			if best >= biggest {
+				sh.mu.Unlock()
+				break walk
+			}
+		}
+		sh.mu.Unlock()
+	}
+	left := false
+	for _, i := range idx {
+		if items[i].Size <= best {
+			left = true
+			continue
+		}
+		hopeless[i] = true
+		why := "every object on it may be evicted"
+		if sw.blocked.any() {
+			why = "the rest cannot go: " + sw.blocked.String()
+		}
+		out[i].Err = store.Errorf(store.NoAvailableHandle,
+			"key %q: no room for %d bytes, and eviction cannot make it: at most %s on one segment (%s) with every evictable object gone (%s); evicted nothing",
+			items[i].Key, items[i].Size, fmtBytes(best), bestSeg.info.Name, why)
+	}
+	return left
 }
 
 // maxEvictRounds bounds the evict-and-retry rounds of one put.
@@ -287,9 +378,5 @@ func (s *space) ownRegions(client store.UUID) map[*region]struct{} {
 func (s *space) largestSegment() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var n uint64
-	for _, seg := range s.order {
-		n = max(n, seg.info.Size)
-	}
-	return n
+	return s.largestLocked()
 }

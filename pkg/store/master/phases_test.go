@@ -380,3 +380,30 @@ func TestFullStoreConcurrentWritersNeverFail(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// A put that eviction cannot make room for evicts nothing: freeing every
+// evictable object would still leave it short (issue 35, item 3).
+func TestPutThatCannotFitEvictsNothing(t *testing.T) {
+	hard := store.ReplicateConfig{ReplicaNum: 1, HardPin: true}
+	// a's six objects (1800 KiB) may go, b's six are hard-pinned: at most
+	// 496 KiB free + 1800 KiB evictable, short of 3 MiB.
+	m, clk := fullPool(t, Config{}, plain(), hard)
+	clk.Advance(time.Hour)
+	for _, w := range []string{"a", "c"} {
+		r := m.BatchPutStart(uuidOf(w), "", []PutItem{{w + "-big", 3 * MiB}}, plain())[0]
+		wantCode(t, "put larger than free plus evictable space", r.Err, store.NoAvailableHandle)
+		for _, want := range []string{"3145728 bytes", "6 hard-pinned", "evicted nothing"} {
+			if !contains(r.Err.Error(), want) {
+				t.Errorf("writer %s: message %q does not say %q", w, r.Err, want)
+			}
+		}
+	}
+	wantPresent(t, m, true, names("a", 0, 1, 2, 3, 4, 5)...)
+	wantPresent(t, m, true, names("b", 0, 1, 2, 3, 4, 5)...)
+	if n := metric(t, m, "master_evicted_key_count"); n != 0 {
+		t.Errorf("%v objects evicted for puts that could not succeed", n)
+	}
+	// One that freeing can make room for still evicts.
+	put(t, m, "c", "c-fits", 2*MiB)
+	mustInvariants(t, m)
+}

@@ -83,6 +83,9 @@ type space struct {
 	capacity   atomic.Uint64
 	used       atomic.Uint64
 	rng        *rand.Rand
+	// tiered reports whether a disk tier is attached (set by the master;
+	// nil in tests of space alone): eviction then offloads.
+	tiered func() bool
 	// notices are the evicted keys each region owner learns on its next
 	// ping; a lock of their own, so a ping never waits for space.mu.
 	notices notices
@@ -309,11 +312,22 @@ func (s *space) dropInstance(id store.UUID) {
 // one replica or an error saying why none could be placed.
 func (s *space) place(dst []replicaRef, client store.UUID, host string, size uint64, cfg store.ReplicateConfig) ([]replicaRef, error) {
 	want := max(cfg.ReplicaNum, 1)
+	kept := s.keptByWatermark(size, want)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.order) == 0 {
 		return nil, store.Errorf(store.NoAvailableHandle, "no segment is mounted")
 	}
+	if kept == 0 {
+		if largest := s.largestLocked(); size > largest {
+			return nil, errLargerThanAnySegment(size, largest)
+		}
+		capacity := s.capacity.Load()
+		return nil, store.Errorf(store.NoAvailableHandle,
+			"value of %d bytes is above the eviction high watermark on its own (%.2f x %d bytes of capacity = %d): the store would evict it as soon as it is put",
+			size, s.cfg.HighWatermark, capacity, uint64(s.cfg.HighWatermark*float64(capacity)))
+	}
+	want = kept
 	in := s.instances[client]
 	if in == nil {
 		in = &instance{id: client}
@@ -343,14 +357,46 @@ func (s *space) place(dst []replicaRef, client store.UUID, host string, size uin
 	return out, nil
 }
 
-func (s *space) whyNoSpace(in *instance, size uint64) error {
+// keptByWatermark is how many of want replicas of size bytes the
+// watermark loop would keep: n replicas whose bytes alone are at or above
+// the high watermark of the capacity are evicted by its next round, as
+// soon as the put ends (mooncake_master at 3b5a594 acknowledges such a
+// put and its eviction thread drops it at once). Without eviction, or
+// with a disk tier attached (eviction offloads instead of dropping), every
+// replica is kept.
+func (s *space) keptByWatermark(size uint64, want int) int {
+	capacity := s.capacity.Load()
+	if capacity == 0 || size == 0 || s.cfg.EvictionPolicy == policyNone {
+		return want
+	}
+	limit := s.cfg.HighWatermark * float64(capacity)
+	n := want
+	for n > 0 && float64(size)*float64(n) >= limit {
+		n--
+	}
+	if n < want && s.tiered != nil && s.tiered() {
+		return want
+	}
+	return n
+}
+
+func (s *space) largestLocked() uint64 {
 	var largest uint64
 	for _, seg := range s.order {
 		largest = max(largest, seg.info.Size)
 	}
+	return largest
+}
+
+func errLargerThanAnySegment(size, largest uint64) error {
+	return store.Errorf(store.NoAvailableHandle, "value of %d bytes is larger than any segment (largest %d bytes)", size, largest)
+}
+
+func (s *space) whyNoSpace(in *instance, size uint64) error {
+	largest := s.largestLocked()
 	switch {
 	case size > largest:
-		return store.Errorf(store.NoAvailableHandle, "value of %d bytes is larger than any segment (largest %d bytes)", size, largest)
+		return errLargerThanAnySegment(size, largest)
 	case s.cfg.MaxRegionsPerInstance > 0 && in.count >= s.cfg.MaxRegionsPerInstance:
 		return store.Errorf(store.NoAvailableHandle, "no room for %d bytes in this client's %d regions (max_regions_per_instance) and eviction has not freed space yet", size, in.count)
 	}

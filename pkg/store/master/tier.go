@@ -163,6 +163,13 @@ func (t *tiers) init() {
 	t.bySeg = make(map[store.UUID]*tierNode)
 }
 
+// any reports whether a node's tier is attached.
+func (t *tiers) any() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.bySeg) > 0
+}
+
 // nextVersion hands out object versions: increasing, and above any time
 // stamp of an earlier master run, so a version never repeats across
 // restarts (a restarted master adopts the versions nodes report).
