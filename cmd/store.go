@@ -37,6 +37,7 @@ type storeDataOptions struct {
 	DeviceName     string
 	LocalHostname  string
 	MetadataServer string
+	BindAddress    string
 }
 
 func (o *storeDataOptions) addFlags(fs *pflag.FlagSet) { o.addFlagsProtocol(fs, "tcp") }
@@ -49,10 +50,20 @@ func (o *storeDataOptions) addFlagsProtocol(fs *pflag.FlagSet, protocol string) 
 	fs.StringVar(&o.DeviceName, "device-name", "", "RDMA NICs to use, comma-separated (--protocol rdma; soft NICs here)")
 	fs.StringVar(&o.LocalHostname, "local-hostname", "", "host (or host:port: the segment name with etcd/HTTP metadata, the handshake port with P2PHANDSHAKE) other processes reach this one's segment or engine at (default: the bind address, else this host's name)")
 	fs.StringVar(&o.MetadataServer, "metadata-server", meta.P2PHandshake, "where transfer engines publish and find segments: P2PHANDSHAKE, http://H:P/metadata, etcd://H:P[;H:P] (Mooncake's --metadata_server)")
+	fs.StringVar(&o.BindAddress, "bind-address", "", "host this process's transfer engine listens on: its handshake (RPC) port and TCP data port (Mooncake's MC_TCP_BIND_ADDRESS; default: this verb's, see README \"What listens where\")")
 	envName(fs, "device-name", "MC_DEVICE_NAME")
+	envName(fs, "bind-address", "MC_TCP_BIND_ADDRESS")
 }
 
+// engineConfig is the engine's configuration; it listens on
+// --bind-address, else on bind (the verb's default).
 func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
+	if o.BindAddress != "" {
+		if net.ParseIP(o.BindAddress) == nil && o.BindAddress != "localhost" {
+			return engine.Config{}, usagef("invalid --bind-address %q: want an IP address of this host (0.0.0.0 for every interface)", o.BindAddress)
+		}
+		bind = o.BindAddress
+	}
 	cfg := engine.Config{Protocol: o.Protocol, BindAddress: bind, AdvertiseHost: o.LocalHostname, MetadataServer: o.MetadataServer,
 		MetadataHTTPToken: metadataToken()}
 	if o.MetadataServer != "" && o.MetadataServer != meta.P2PHandshake && o.LocalHostname != "" {
@@ -133,6 +144,9 @@ type serveStoreOptions struct {
 	SSDSize               int64
 	EnableOffload         bool
 	PromoteAfter          int
+	AdminAuth             adminTokenOptions
+	BindAddress           string               // the engine's handshake and data listeners
+	MetricsAddress        string               // the admin HTTP listener's host
 	ready                 func(*server.Server) // tests
 }
 
@@ -200,6 +214,15 @@ The admin HTTP API on --metrics_port has the Mooncake master's paths:
 /get_all_keys, /get_all_segments, /get_segments_detail, /query_segment,
 /query_key, /batch_query_keys, /api/v1/segments/status, /api/v1/remove_all.
 A node started with --metrics_port serves its own /metrics and /health.
+Reads are open, as Mooncake's; with --admin-token (MC_ADMIN_TOKEN) or
+--admin-token-file every other call (remove_all, drain jobs) needs
+"Authorization: Bearer <token>" and is answered 401 without it. Without
+a token, an admin port beyond loopback is warned about at start.
+
+Listeners: RPC on --rpc_address (0.0.0.0), admin HTTP on --metrics-address
+(default --rpc_address), the transfer engine's handshake and data ports on
+--bind-address or MC_TCP_BIND_ADDRESS (default --rpc_address when it names
+one host, else 0.0.0.0).
 
 SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 		Example: `  mc serve store
@@ -242,6 +265,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	f.IntVar(&o.Port, "port", 50051, "deprecated spelling of --rpc-port")
 	f.StringVar(&o.RPCAddress, "rpc-address", "0.0.0.0", "address the master listens on")
 	f.IntVar(&o.MetricsPort, "metrics-port", 9003, "admin HTTP port (/metrics, /health, ...); 0 disables it; a node (--master) serves one only when this is given")
+	f.StringVar(&o.MetricsAddress, "metrics-address", "", "host the admin HTTP port listens on (default: --rpc-address)")
 	msDurationVar(f, &o.LeaseTTL, "default-kv-lease-ttl", 10*time.Second, "read lease granted by a get")
 	msDurationVar(f, &o.SoftPinTTL, "default-kv-soft-pin-ttl", 30*time.Minute, "soft pin lifetime when a put asks for none")
 	msDurationVar(f, &o.MaxSoftPinTTL, "max-kv-soft-pin-ttl", 24*time.Hour, "longest soft pin a put may ask for")
@@ -269,6 +293,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	f.StringVar(&o.EvictionPolicy, "eviction-policy", master.DefaultEvictionPolicy, "eviction order: "+strings.Join(master.EvictionPolicies, ", ")+" (none: never evict; a put into a full store fails)")
 	_ = cmd.RegisterFlagCompletionFunc("eviction-policy", cobra.FixedCompletions(master.EvictionPolicies, cobra.ShellCompDirectiveNoFileComp))
 	addTierFlags(f, &o)
+	o.AdminAuth.addFlags(f, "bearer token the admin API asks of state-changing calls (remove_all, drain jobs); reads stay open")
 	_ = f.MarkHidden("port")
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions(benchProtocols, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("allocation-strategy", cobra.FixedCompletions(master.Strategies, cobra.ShellCompDirectiveNoFileComp))
@@ -400,6 +425,10 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
+	token, err := o.AdminAuth.token()
+	if err != nil {
+		return cfg, err
+	}
 	tierCfg, err := o.tierConfig(seg)
 	if err != nil {
 		return cfg, err
@@ -428,11 +457,18 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(o.RegionSize),
 			MaxRegionsPerInstance: o.MaxRegionsPerInstance, ExistKeyGrantLease: o.ExistKeyGrantLease,
 			EvictionPolicy: o.EvictionPolicy, PromoteAfter: promote,
+			AdminToken: token,
 		},
 		MetricReporting: o.EnableMetricReporting,
 	}
 	if o.MetricsPort > 0 && (o.Master == "" || o.NodeAdmin) {
 		host := o.RPCAddress
+		if o.MetricsAddress != "" {
+			if net.ParseIP(o.MetricsAddress) == nil && o.MetricsAddress != "localhost" {
+				return cfg, usagef("invalid --metrics-address %q: want an IP address of this host (0.0.0.0 for every interface)", o.MetricsAddress)
+			}
+			host = o.MetricsAddress
+		}
 		if host == "" {
 			host = "0.0.0.0"
 		}
@@ -593,11 +629,13 @@ type storeClientOptions struct {
 	Master    string
 	Admin     string
 	Checksums bool
+	AdminAuth adminTokenOptions
 }
 
 func (o *storeClientOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Master, "master", store.DefaultMaster, "master RPC address: host:port (mc's master), etcd://H:P[;H:P] to find the HA leader (cluster id from MC_STORE_CLUSTER_ID), or mooncake://H:P for a mooncake_master")
 	fs.StringVar(&o.Admin, "admin", "", "master admin HTTP API (default http://<master or leader host>:9003)")
+	o.AdminAuth.addFlags(fs, "bearer token for the admin API's state-changing calls, when the master has one")
 	// Only where values move (put, get): see addChecksumFlag.
 	o.Checksums = true
 }
@@ -651,7 +689,16 @@ func (o storeClientOptions) admin() (*store.Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	return store.NewAdmin(u)
+	tok, err := o.AdminAuth.token()
+	if err != nil {
+		return nil, err
+	}
+	a, err := store.NewAdmin(u)
+	if err != nil {
+		return nil, err
+	}
+	a.SetToken(tok)
+	return a, nil
 }
 
 func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
