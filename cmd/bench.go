@@ -621,7 +621,7 @@ type benchJSONResult struct {
 	FailedTasks   uint64  `json:"failed_tasks"`
 	Verified      bool    `json:"verified"`
 	Transport     string  `json:"transport"`
-	Error         string  `json:"error,omitempty"`
+	Error         string  `json:"error"`
 }
 
 func printBenchResults(p *printer, segment string, unit bench.Unit, prec int, rs []bench.Result) error {

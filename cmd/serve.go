@@ -54,8 +54,8 @@ type serveMetadataInfo struct {
 	Backend        string `json:"backend"`
 	Listen         string `json:"listen"`
 	MetadataServer string `json:"metadata_server"`
-	DataDir        string `json:"data_dir,omitempty"`
-	Temporary      bool   `json:"temporary_data_dir,omitempty"`
+	DataDir        string `json:"data_dir"`
+	Temporary      bool   `json:"temporary_data_dir"`
 }
 
 func newServeMetadataCmd(p *printer) *cobra.Command {

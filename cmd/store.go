@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -562,11 +564,11 @@ type serveStoreInfo struct {
 	Role         string `json:"role"`
 	ClusterID    string `json:"cluster_id"`
 	Master       string `json:"master"`
-	Admin        string `json:"admin,omitempty"`
-	Segment      string `json:"segment,omitempty"`
-	SegmentBytes uint64 `json:"segment_bytes,omitempty"`
-	Endpoint     string `json:"te_endpoint,omitempty"`
-	Protocol     string `json:"protocol,omitempty"`
+	Admin        string `json:"admin"`
+	Segment      string `json:"segment"`
+	SegmentBytes uint64 `json:"segment_bytes"`
+	Endpoint     string `json:"te_endpoint"`
+	Protocol     string `json:"protocol"`
 }
 
 func runServeStore(ctx context.Context, o serveStoreOptions, p *printer) error {
@@ -843,27 +845,42 @@ func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *pri
 
 type storeGetOptions struct {
 	storeClientOptions
-	Dest string // file, "-" for stdout
-	Out  io.Writer
+	Dest  string // --file: a file, "-" or "" for stdout
+	Force bool   // write a binary value to a terminal all the same
+	Out   io.Writer
+	tty   bool // Out is a terminal
 }
 
 func newStoreGetCmd(p *printer) *cobra.Command {
 	var o storeGetOptions
 	cmd := &cobra.Command{
-		Use:   "get KEY [-o FILE|-]",
+		Use:   "get KEY [--file FILE]",
 		Short: "Write KEY's value to standard output or a file",
 		Long: `get reads KEY's value from one of its replicas (another one when a transfer
-fails) and writes it to standard output, or to FILE with -o FILE. -o json
-prints the value base64-encoded in a JSON object instead.`,
-		Example: `  mc store get prefix/0001 -o block.bin
+fails) and writes it to standard output, or to FILE with --file FILE (-f).
+A value that is not text is not written to a terminal: give --file, redirect
+standard output, or --force. -o json prints the value base64-encoded in a
+JSON object instead, or, with --file, a JSON summary of what was written.
+
+-o is the output format here as everywhere (table or json). The old
+"-o FILE" still works for now, with a warning: use --file FILE.`,
+		Example: `  mc store get prefix/0001 --file block.bin
+  mc store get prefix/0001 > block.bin
   mc store get greeting
   mc store get greeting -o json`,
 		Annotations: map[string]string{outputMayBeFile: "true"},
 		Args:        cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Out = p.Out
+			o.tty = isTerminal(p.Out)
 			if f := cmd.Flag("output"); f != nil && f.Changed && f.Value.String() != "table" && f.Value.String() != "json" {
+				// Before -o meant the output format everywhere, it
+				// named get's file. Kept for scripts, with a warning.
+				if o.Dest != "" {
+					return usagef("invalid --output %q: want table or json (the file is --file %s)", f.Value.String(), o.Dest)
+				}
 				o.Dest = f.Value.String()
+				fmt.Fprintf(p.Err, "mc: store get: warning: -o %s names a file: -o is the output format (table or json); use --file %s\n", o.Dest, o.Dest)
 			}
 			return runStoreGet(cmd.Context(), o, args[0], p)
 		},
@@ -871,6 +888,9 @@ prints the value base64-encoded in a JSON object instead.`,
 	o.storeClientOptions.addFlags(cmd.Flags())
 	o.storeClientOptions.addChecksumFlag(cmd.Flags())
 	o.Data.addFlags(cmd.Flags())
+	cmd.Flags().StringVarP(&o.Dest, "file", "f", "", "write the value to FILE (- or none: standard output)")
+	cmd.Flags().BoolVar(&o.Force, "force", false, "write a binary value to a terminal all the same")
+	_ = cmd.MarkFlagFilename("file")
 	return cmd
 }
 
@@ -920,10 +940,14 @@ func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer)
 		return fmt.Errorf("get %q: %w", key, err)
 	}
 	via := c.Engine().Stats().Transport()
+	toStdout := o.Dest == "" || o.Dest == "-"
 	switch {
-	case p.JSON():
-		return p.PrintJSON(map[string]any{"key": key, "size": len(v), "value_base64": base64.StdEncoding.EncodeToString(v), "transport": via})
-	case o.Dest == "" || o.Dest == "-":
+	case p.JSON() && toStdout:
+		return p.PrintJSON(map[string]any{"key": key, "size": len(v), "value_base64": base64.StdEncoding.EncodeToString(v), "file": nil, "transport": via})
+	case toStdout:
+		if o.tty && !o.Force && isBinary(v) {
+			return usagef("get %q: the value is %d bytes of binary data, not written to a terminal: use --file FILE or redirect standard output, or --force", key, len(v))
+		}
 		_, err = o.Out.Write(v)
 		return err
 	}
@@ -932,8 +956,18 @@ func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer)
 	if err := writeFileWith(o.Dest, func(f *os.File) error { _, err := f.Write(v); return err }); err != nil {
 		return fmt.Errorf("get %q: write %s: %w", key, o.Dest, err)
 	}
+	if p.JSON() {
+		return p.PrintJSON(map[string]any{"key": key, "size": len(v), "value_base64": nil, "file": o.Dest, "transport": via})
+	}
 	fmt.Fprintf(p.Err, "wrote %d bytes to %s%s\n", len(v), o.Dest, viaNote(via))
 	return nil
+}
+
+// isBinary reports whether a value would garble a terminal, as curl
+// decides before refusing to print one: it has a NUL byte, or is not
+// UTF-8 text.
+func isBinary(v []byte) bool {
+	return bytes.IndexByte(v, 0) >= 0 || !utf8.Valid(v)
 }
 
 // viaNote names the transports that moved a value's bytes ("" when none
@@ -1028,7 +1062,7 @@ error, 1 otherwise.`,
 			var failed []error
 			type row struct {
 				Key   string `json:"key"`
-				Error string `json:"error,omitempty"`
+				Error string `json:"error"`
 			}
 			rows := make([]row, len(args))
 			for i, err := range errs {
@@ -1241,7 +1275,7 @@ type storeStat struct {
 	// DiskTiers are the nodes' disk tiers (mc masters; empty without
 	// any), DiskTier the master's counters for them.
 	DiskTiers []store.AdminTier      `json:"disk_tiers"`
-	DiskTier  *store.AdminTierTotals `json:"disk_tier,omitempty"`
+	DiskTier  *store.AdminTierTotals `json:"disk_tier"`
 }
 
 func newStoreStatCmd(p *printer) *cobra.Command {
@@ -1370,7 +1404,7 @@ type storeQueryReplica struct {
 type storeQueryResult struct {
 	Key      string              `json:"key"`
 	Replicas []storeQueryReplica `json:"replicas"`
-	Error    string              `json:"error,omitempty"`
+	Error    string              `json:"error"`
 }
 
 func queryReplicas(reps []store.AdminReplica) ([]storeQueryReplica, [][]string) {
@@ -1502,7 +1536,7 @@ type storeReplayOptions struct {
 // --online.
 type storeReplayJSON struct {
 	Results []replay.Result      `json:"results"`
-	Online  *replay.OnlineResult `json:"online,omitempty"`
+	Online  *replay.OnlineResult `json:"online"`
 }
 
 func newStoreReplayCmd(p *printer) *cobra.Command {
