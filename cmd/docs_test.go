@@ -125,7 +125,7 @@ func TestReadmeSetupForNewcomers(t *testing.T) {
 	}
 	s := string(readme)
 	path := strings.Index(s, `export PATH="$PWD/bin:$PATH"`)
-	first := regexp.MustCompile("(?m)^(\\$ )?mc [a-z]").FindStringIndex(s)
+	first := regexp.MustCompile(`(?m)^(\$ )?mc [a-z]`).FindStringIndex(s)
 	if path < 0 || first == nil || path > first[0] {
 		t.Errorf("README: bin/ goes on PATH at %d, the first mc command is at %v", path, first)
 	}

@@ -192,6 +192,9 @@ func TestJSONErrorOnFailure(t *testing.T) {
 			path := strings.Fields(sub.CommandPath())[1:]
 			out, errs, code := execMC(t, append(path, "-o", "json", "--no-such-flag")...)
 			check(strings.Join(path, " ")+" --no-such-flag "+errs, out, code, exitUsage)
+			if !strings.Contains(out, `"command": "`+strings.Join(path, " ")+`"`) {
+				t.Fatalf("%s --no-such-flag: the JSON error does not name the command: %s", strings.Join(path, " "), out)
+			}
 			n++
 		}
 	}

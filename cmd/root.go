@@ -108,6 +108,10 @@ func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	msg := err.Error()
+	name := "" // the command that failed, for -o json
+	if cmd != nil && cmd != root {
+		name = strings.TrimPrefix(cmd.CommandPath(), root.Name()+" ")
+	}
 	if ue := (*usageErr)(nil); errors.As(err, &ue) {
 		code = exitUsage
 		if ue.named {
@@ -119,10 +123,6 @@ func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if jsonWanted(root, p) && !p.printedJSON {
 		// -o json: stdout carries a JSON document on failure too, so
 		// that `mc ... -o json | jq` always has one to read.
-		name := ""
-		if cmd != nil && cmd != root {
-			name = strings.TrimPrefix(cmd.CommandPath(), root.Name()+" ")
-		}
 		_ = p.PrintJSON(jsonError{Error: line, ExitCode: code, Command: name})
 	}
 	return code

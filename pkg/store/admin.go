@@ -32,7 +32,7 @@ func (a *Admin) SetToken(token string) { a.token = token }
 
 // ErrAdminUnauthorized is a state-changing admin call refused for want of
 // the master's admin token.
-var ErrAdminUnauthorized = errors.New("the master's admin API needs its token: give --admin-token, MC_ADMIN_TOKEN or --admin-token-file")
+var ErrAdminUnauthorized = errors.New("the master's admin API wants its token and none, or another, was sent: give --admin-token, MC_ADMIN_TOKEN or --admin-token-file")
 
 // NewAdmin returns a reader of the admin API at base ("http://host:9003").
 func NewAdmin(base string) (*Admin, error) {
@@ -95,11 +95,7 @@ func adminError(where string, code int, body []byte) error {
 	if code == http.StatusUnauthorized {
 		// The master has an admin token: the caller sent none, or
 		// another one.
-		msg := e.Message
-		if !ok || msg == "" {
-			msg = "unauthorized"
-		}
-		return fmt.Errorf("admin API %s: HTTP 401: %s: %w", where, msg, ErrAdminUnauthorized)
+		return fmt.Errorf("admin API %s: HTTP 401: %w", where, ErrAdminUnauthorized)
 	}
 	if ok && e.Code != 0 {
 		return resultErr(e.Code, e.Message)

@@ -80,7 +80,7 @@ func RequireAdminToken(h http.Handler, token string) http.Handler {
 		got := []byte(r.Header.Get("Authorization"))
 		if subtle.ConstantTimeCompare(got, want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="mc admin"`)
-			msg := "admin token required: send Authorization: Bearer <token> (mc: --admin-token or MC_ADMIN_TOKEN)"
+			msg := "admin token required: send Authorization: Bearer TOKEN (mc: --admin-token or MC_ADMIN_TOKEN)"
 			if len(got) > 0 {
 				msg = "admin token refused"
 			}
