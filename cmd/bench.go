@@ -628,8 +628,8 @@ type benchJSONResult struct {
 	FailedTasks   uint64  `json:"failed_tasks"`
 	Verified      bool    `json:"verified"`
 	Transport     string  `json:"transport"`
-	Provider      string  `json:"provider,omitempty"`
-	Error         string  `json:"error,omitempty"`
+	Provider      string  `json:"provider"`
+	Error         string  `json:"error"`
 }
 
 func printBenchResults(p *printer, segment string, unit bench.Unit, prec int, rs []bench.Result) error {

@@ -123,6 +123,7 @@ right), 64 on a usage error, 1 otherwise.`,
 	fs.StringVar(&o.Store, "store", "", "rendezvous: etcd host:port, etcd://..., or http://host:port/path (with --rank)")
 	fs.StringVar(&o.Group, "group", "mc-bench-coll", "group name in the store (with --rank; free again once a run finishes)")
 	fs.StringVar(&o.BindAddress, "bind-address", "127.0.0.1", "address this rank's engine listens on (with --rank)")
+	envName(fs, "bind-address", "MC_TCP_BIND_ADDRESS")
 	fs.BoolVar(&o.EmitRows, "emit-rows", false, "write every row as a JSON line (used by the launching process)")
 	_ = fs.MarkHidden("emit-rows")
 	_ = c.RegisterFlagCompletionFunc("collective", cobra.FixedCompletions(collbench.Collectives, cobra.ShellCompDirectiveNoFileComp))

@@ -17,6 +17,9 @@ type printer struct {
 	Out    io.Writer
 	Err    io.Writer
 	format string // "table" or "json"; set from --output before RunE
+	// printedJSON: a JSON document went to Out (Execute then adds no
+	// error document of its own).
+	printedJSON bool
 }
 
 // JSON reports whether --output json was asked for.
@@ -24,6 +27,7 @@ func (p *printer) JSON() bool { return p.format == "json" }
 
 // PrintJSON writes v as indented JSON followed by a newline.
 func (p *printer) PrintJSON(v any) error {
+	p.printedJSON = true
 	enc := json.NewEncoder(p.Out)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(v); err != nil {

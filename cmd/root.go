@@ -108,14 +108,45 @@ func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	msg := err.Error()
+	name := "" // the command that failed, for -o json
+	if cmd != nil && cmd != root {
+		name = strings.TrimPrefix(cmd.CommandPath(), root.Name()+" ")
+	}
 	if ue := (*usageErr)(nil); errors.As(err, &ue) {
 		code = exitUsage
 		if ue.named {
 			cmd = nil
 		}
 	}
-	fmt.Fprintf(stderr, "mc: %s\n", withVerb(cmd, msg))
+	line := withVerb(cmd, msg)
+	fmt.Fprintf(stderr, "mc: %s\n", line)
+	if jsonWanted(root, p) && !p.printedJSON {
+		// -o json: stdout carries a JSON document on failure too, so
+		// that `mc ... -o json | jq` always has one to read.
+		_ = p.PrintJSON(jsonError{Error: line, ExitCode: code, Command: name})
+	}
 	return code
+}
+
+// jsonError is what every command prints on stdout when it fails under
+// -o json (its stderr line is the same message).
+type jsonError struct {
+	Error    string `json:"error"`
+	ExitCode int    `json:"exit_code"`
+	Command  string `json:"command"` // "store get"; "" when no command was found
+}
+
+// jsonWanted reports whether JSON output was asked for: the format setup
+// chose, or, when the command failed before setup (a bad flag, an
+// unknown command), --output/-o as parsed so far, else $MC_OUTPUT.
+func jsonWanted(root *cobra.Command, p *printer) bool {
+	if p.format != "" {
+		return p.JSON()
+	}
+	if f := root.PersistentFlags().Lookup("output"); f != nil && f.Changed {
+		return f.Value.String() == "json"
+	}
+	return os.Getenv("MC_OUTPUT") == "json"
 }
 
 // withVerb makes msg start with the path of the command that failed
@@ -435,7 +466,14 @@ func setup(cmd *cobra.Command, g *globalOptions, p *printer) error {
 		if cmd.Annotations[outputMayBeFile] == "" {
 			return usagef("invalid --output %q: want table or json", g.Output)
 		}
-		p.format = "table" // -o names a file here (mc store get KEY -o FILE)
+		// -o names a file here (mc store get KEY -o FILE, deprecated):
+		// the format is what it would be without that -o.
+		p.format = "table"
+		if f := cmd.Flags().Lookup("output"); f != nil {
+			if v, _, ok := cfg.lookup("", f); ok && v == "json" {
+				p.format = "json"
+			}
+		}
 	}
 	level, err := glog.ParseLevel(g.LogLevel)
 	if err != nil {

@@ -58,8 +58,8 @@ type serveMetadataInfo struct {
 	Backend        string `json:"backend"`
 	Listen         string `json:"listen"`
 	MetadataServer string `json:"metadata_server"`
-	DataDir        string `json:"data_dir,omitempty"`
-	Temporary      bool   `json:"temporary_data_dir,omitempty"`
+	DataDir        string `json:"data_dir"`
+	Temporary      bool   `json:"temporary_data_dir"`
 }
 
 func newServeMetadataCmd(p *printer) *cobra.Command {
@@ -103,8 +103,8 @@ port 0 picks a free port. The address clients should pass is printed at start.`,
 	f.StringVar(&o.Listen, "listen", "", "address to listen on, host:port (default "+defaultEtcdListen+" for etcd, "+defaultHTTPListen+" for http)")
 	f.StringVar(&o.DataDir, "data-dir", "", "etcd data directory (default: a temporary directory removed on exit)")
 	f.StringVar(&o.Backend, "backend", "etcd", "metadata backend: etcd or http")
-	f.Int64Var(&o.Quota, "quota-backend-bytes", meta.DefaultQuotaBackendBytes, "etcd: database size at which etcd refuses writes (NOSPACE alarm)")
-	f.DurationVar(&o.AutoCompaction, "auto-compaction-retention", 10*time.Minute, "etcd: compact history older than this (0: never)")
+	sizeVar(f, &o.Quota, "quota-backend-bytes", meta.DefaultQuotaBackendBytes, "etcd: database size at which etcd refuses writes (NOSPACE alarm)")
+	durationVar(f, &o.AutoCompaction, "auto-compaction-retention", 10*time.Minute, "etcd: compact history older than this (0: never)")
 	_ = cmd.RegisterFlagCompletionFunc("backend", cobra.FixedCompletions([]string{"etcd", "http"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.MarkFlagDirname("data-dir")
 	return cmd
@@ -127,7 +127,7 @@ func runServeMetadata(ctx context.Context, o serveMetadataOptions, p *printer) e
 		return usagef("invalid --backend %q: want etcd or http", o.Backend)
 	}
 	if o.Quota < 0 || o.AutoCompaction < 0 {
-		return fmt.Errorf("--quota-backend-bytes and --auto-compaction-retention must not be negative")
+		return usagef("--quota-backend-bytes and --auto-compaction-retention must not be negative")
 	}
 	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
 		return usagef("invalid --listen %q: want host:port", o.Listen)

@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -37,6 +39,7 @@ type storeDataOptions struct {
 	DeviceName     string
 	LocalHostname  string
 	MetadataServer string
+	BindAddress    string
 }
 
 func (o *storeDataOptions) addFlags(fs *pflag.FlagSet) { o.addFlagsProtocol(fs, "tcp") }
@@ -49,10 +52,20 @@ func (o *storeDataOptions) addFlagsProtocol(fs *pflag.FlagSet, protocol string) 
 	fs.StringVar(&o.DeviceName, "device-name", "", "RDMA NICs to use, comma-separated (--protocol rdma); soft* names create software NICs (bytes over TCP, shown as rdma (soft)) on a host without RDMA hardware")
 	fs.StringVar(&o.LocalHostname, "local-hostname", "", "host (or host:port: the segment name with etcd/HTTP metadata, the handshake port with P2PHANDSHAKE) other processes reach this one's segment or engine at (default: the bind address, else this host's name)")
 	fs.StringVar(&o.MetadataServer, "metadata-server", meta.P2PHandshake, "where transfer engines publish and find segments: P2PHANDSHAKE, http://H:P/metadata, etcd://H:P[;H:P] (Mooncake's --metadata_server)")
+	fs.StringVar(&o.BindAddress, "bind-address", "", "host this process's transfer engine listens on: its handshake (RPC) port and TCP data port (Mooncake's MC_TCP_BIND_ADDRESS; default: this verb's, see README \"What listens where\")")
 	envName(fs, "device-name", "MC_DEVICE_NAME")
+	envName(fs, "bind-address", "MC_TCP_BIND_ADDRESS")
 }
 
+// engineConfig is the engine's configuration; it listens on
+// --bind-address, else on bind (the verb's default).
 func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
+	if o.BindAddress != "" {
+		if net.ParseIP(o.BindAddress) == nil && o.BindAddress != "localhost" {
+			return engine.Config{}, usagef("invalid --bind-address %q: want an IP address of this host (0.0.0.0 for every interface)", o.BindAddress)
+		}
+		bind = o.BindAddress
+	}
 	cfg := engine.Config{Protocol: o.Protocol, BindAddress: bind, AdvertiseHost: o.LocalHostname, MetadataServer: o.MetadataServer,
 		MetadataHTTPToken: metadataToken()}
 	if o.MetadataServer != "" && o.MetadataServer != meta.P2PHandshake && o.LocalHostname != "" {
@@ -133,6 +146,9 @@ type serveStoreOptions struct {
 	SSDSize               int64
 	EnableOffload         bool
 	PromoteAfter          int
+	AdminAuth             adminTokenOptions
+	BindAddress           string               // the engine's handshake and data listeners
+	MetricsAddress        string               // the admin HTTP listener's host
 	ready                 func(*server.Server) // tests
 }
 
@@ -200,6 +216,15 @@ The admin HTTP API on --metrics_port has the Mooncake master's paths:
 /get_all_keys, /get_all_segments, /get_segments_detail, /query_segment,
 /query_key, /batch_query_keys, /api/v1/segments/status, /api/v1/remove_all.
 A node started with --metrics_port serves its own /metrics and /health.
+Reads are open, as Mooncake's; with --admin-token (MC_ADMIN_TOKEN) or
+--admin-token-file every other call (remove_all, drain jobs) needs
+"Authorization: Bearer <token>" and is answered 401 without it. Without
+a token, an admin port beyond loopback is warned about at start.
+
+Listeners: RPC on --rpc_address (0.0.0.0), admin HTTP on --metrics-address
+(default --rpc_address), the transfer engine's handshake and data ports on
+--bind-address or MC_TCP_BIND_ADDRESS (default --rpc_address when it names
+one host, else 0.0.0.0).
 
 SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 		Example: `  mc serve store
@@ -242,6 +267,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	f.IntVar(&o.Port, "port", 50051, "deprecated spelling of --rpc-port")
 	f.StringVar(&o.RPCAddress, "rpc-address", "0.0.0.0", "address the master listens on")
 	f.IntVar(&o.MetricsPort, "metrics-port", 9003, "admin HTTP port (/metrics, /health, ...); 0 disables it; a node (--master) serves one only when this is given")
+	f.StringVar(&o.MetricsAddress, "metrics-address", "", "host the admin HTTP port listens on (default: --rpc-address)")
 	msDurationVar(f, &o.LeaseTTL, "default-kv-lease-ttl", 10*time.Second, "read lease granted by a get")
 	msDurationVar(f, &o.SoftPinTTL, "default-kv-soft-pin-ttl", 30*time.Minute, "soft pin lifetime when a put asks for none")
 	msDurationVar(f, &o.MaxSoftPinTTL, "max-kv-soft-pin-ttl", 24*time.Hour, "longest soft pin a put may ask for")
@@ -269,6 +295,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	f.StringVar(&o.EvictionPolicy, "eviction-policy", master.DefaultEvictionPolicy, "eviction order: "+strings.Join(master.EvictionPolicies, ", ")+" (none: never evict; a put into a full store fails)")
 	_ = cmd.RegisterFlagCompletionFunc("eviction-policy", cobra.FixedCompletions(master.EvictionPolicies, cobra.ShellCompDirectiveNoFileComp))
 	addTierFlags(f, &o)
+	o.AdminAuth.addFlags(f, "bearer token the admin API asks of state-changing calls (remove_all, drain jobs); reads stay open")
 	_ = f.MarkHidden("port")
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions(benchProtocols, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("allocation-strategy", cobra.FixedCompletions(master.Strategies, cobra.ShellCompDirectiveNoFileComp))
@@ -400,6 +427,10 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
+	token, err := o.AdminAuth.token()
+	if err != nil {
+		return cfg, err
+	}
 	tierCfg, err := o.tierConfig(seg)
 	if err != nil {
 		return cfg, err
@@ -428,11 +459,18 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(o.RegionSize),
 			MaxRegionsPerInstance: o.MaxRegionsPerInstance, ExistKeyGrantLease: o.ExistKeyGrantLease,
 			EvictionPolicy: o.EvictionPolicy, PromoteAfter: promote,
+			AdminToken: token,
 		},
 		MetricReporting: o.EnableMetricReporting,
 	}
 	if o.MetricsPort > 0 && (o.Master == "" || o.NodeAdmin) {
 		host := o.RPCAddress
+		if o.MetricsAddress != "" {
+			if net.ParseIP(o.MetricsAddress) == nil && o.MetricsAddress != "localhost" {
+				return cfg, usagef("invalid --metrics-address %q: want an IP address of this host (0.0.0.0 for every interface)", o.MetricsAddress)
+			}
+			host = o.MetricsAddress
+		}
 		if host == "" {
 			host = "0.0.0.0"
 		}
@@ -526,14 +564,14 @@ type serveStoreInfo struct {
 	Role         string `json:"role"`
 	ClusterID    string `json:"cluster_id"`
 	Master       string `json:"master"`
-	Admin        string `json:"admin,omitempty"`
-	Segment      string `json:"segment,omitempty"`
-	SegmentBytes uint64 `json:"segment_bytes,omitempty"`
-	Endpoint     string `json:"te_endpoint,omitempty"`
-	Protocol     string `json:"protocol,omitempty"`
+	Admin        string `json:"admin"`
+	Segment      string `json:"segment"`
+	SegmentBytes uint64 `json:"segment_bytes"`
+	Endpoint     string `json:"te_endpoint"`
+	Protocol     string `json:"protocol"`
 	// Provider moves the segment's rdma bytes: "soft" (the software
-	// NIC, over TCP sockets) or "ibverbs".
-	Provider string `json:"provider,omitempty"`
+	// NIC, over TCP sockets) or "ibverbs"; "" for other transports.
+	Provider string `json:"provider"`
 }
 
 func runServeStore(ctx context.Context, o serveStoreOptions, p *printer) error {
@@ -597,11 +635,13 @@ type storeClientOptions struct {
 	Master    string
 	Admin     string
 	Checksums bool
+	AdminAuth adminTokenOptions
 }
 
 func (o *storeClientOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Master, "master", store.DefaultMaster, "master RPC address: host:port (mc's master), etcd://H:P[;H:P] to find the HA leader (cluster id from MC_STORE_CLUSTER_ID), or mooncake://H:P for a mooncake_master")
 	fs.StringVar(&o.Admin, "admin", "", "master admin HTTP API (default http://<master or leader host>:9003)")
+	o.AdminAuth.addFlags(fs, "bearer token for the admin API's state-changing calls, when the master has one")
 	// Only where values move (put, get): see addChecksumFlag.
 	o.Checksums = true
 }
@@ -655,7 +695,16 @@ func (o storeClientOptions) admin() (*store.Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	return store.NewAdmin(u)
+	tok, err := o.AdminAuth.token()
+	if err != nil {
+		return nil, err
+	}
+	a, err := store.NewAdmin(u)
+	if err != nil {
+		return nil, err
+	}
+	a.SetToken(tok)
+	return a, nil
 }
 
 func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
@@ -823,27 +872,42 @@ func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *pri
 
 type storeGetOptions struct {
 	storeClientOptions
-	Dest string // file, "-" for stdout
-	Out  io.Writer
+	Dest  string // --file: a file, "-" or "" for stdout
+	Force bool   // write a binary value to a terminal all the same
+	Out   io.Writer
+	tty   bool // Out is a terminal
 }
 
 func newStoreGetCmd(p *printer) *cobra.Command {
 	var o storeGetOptions
 	cmd := &cobra.Command{
-		Use:   "get KEY [-o FILE|-]",
+		Use:   "get KEY [--file FILE]",
 		Short: "Write KEY's value to standard output or a file",
 		Long: `get reads KEY's value from one of its replicas (another one when a transfer
-fails) and writes it to standard output, or to FILE with -o FILE. -o json
-prints the value base64-encoded in a JSON object instead.`,
-		Example: `  mc store get prefix/0001 -o block.bin
+fails) and writes it to standard output, or to FILE with --file FILE (-f).
+A value that is not text is not written to a terminal: give --file, redirect
+standard output, or --force. -o json prints the value base64-encoded in a
+JSON object instead, or, with --file, a JSON summary of what was written.
+
+-o is the output format here as everywhere (table or json). The old
+"-o FILE" still works for now, with a warning: use --file FILE.`,
+		Example: `  mc store get prefix/0001 --file block.bin
+  mc store get prefix/0001 > block.bin
   mc store get greeting
   mc store get greeting -o json`,
 		Annotations: map[string]string{outputMayBeFile: "true"},
 		Args:        cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Out = p.Out
+			o.tty = isTerminal(p.Out)
 			if f := cmd.Flag("output"); f != nil && f.Changed && f.Value.String() != "table" && f.Value.String() != "json" {
+				// Before -o meant the output format everywhere, it
+				// named get's file. Kept for scripts, with a warning.
+				if o.Dest != "" {
+					return usagef("invalid --output %q: want table or json (the file is --file %s)", f.Value.String(), o.Dest)
+				}
 				o.Dest = f.Value.String()
+				fmt.Fprintf(p.Err, "mc: store get: warning: -o %s names a file: -o is the output format (table or json); use --file %s\n", o.Dest, o.Dest)
 			}
 			return runStoreGet(cmd.Context(), o, args[0], p)
 		},
@@ -851,6 +915,9 @@ prints the value base64-encoded in a JSON object instead.`,
 	o.storeClientOptions.addFlags(cmd.Flags())
 	o.storeClientOptions.addChecksumFlag(cmd.Flags())
 	o.Data.addFlags(cmd.Flags())
+	cmd.Flags().StringVarP(&o.Dest, "file", "f", "", "write the value to FILE (- or none: standard output)")
+	cmd.Flags().BoolVar(&o.Force, "force", false, "write a binary value to a terminal all the same")
+	_ = cmd.MarkFlagFilename("file")
 	return cmd
 }
 
@@ -900,12 +967,16 @@ func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer)
 		return fmt.Errorf("get %q: %w", key, err)
 	}
 	via := c.Engine().Stats().Transport()
+	toStdout := o.Dest == "" || o.Dest == "-"
 	switch {
-	case p.JSON():
-		j := map[string]any{"key": key, "size": len(v), "value_base64": base64.StdEncoding.EncodeToString(v), "transport": via}
+	case p.JSON() && toStdout:
+		j := map[string]any{"key": key, "size": len(v), "value_base64": base64.StdEncoding.EncodeToString(v), "file": nil, "transport": via}
 		addProvider(j, c.Engine(), via)
 		return p.PrintJSON(j)
-	case o.Dest == "" || o.Dest == "-":
+	case toStdout:
+		if o.tty && !o.Force && isBinary(v) {
+			return usagef("get %q: the value is %d bytes of binary data, not written to a terminal: use --file FILE or redirect standard output, or --force", key, len(v))
+		}
 		_, err = o.Out.Write(v)
 		return err
 	}
@@ -914,18 +985,30 @@ func runStoreGet(ctx context.Context, o storeGetOptions, key string, p *printer)
 	if err := writeFileWith(o.Dest, func(f *os.File) error { _, err := f.Write(v); return err }); err != nil {
 		return fmt.Errorf("get %q: write %s: %w", key, o.Dest, err)
 	}
+	if p.JSON() {
+		j := map[string]any{"key": key, "size": len(v), "value_base64": nil, "file": o.Dest, "transport": via}
+		addProvider(j, c.Engine(), via)
+		return p.PrintJSON(j)
+	}
 	fmt.Fprintf(p.Err, "wrote %d bytes to %s%s\n", len(v), o.Dest, viaNote(c.Engine().TransportLabel(via)))
 	return nil
 }
 
-// addProvider adds "provider" to a JSON result when rdma moved some of
-// its bytes: "soft" says the software NIC did, over TCP sockets.
+// addProvider adds "provider" to a JSON result: "soft" says the
+// software NIC moved the rdma bytes, over TCP sockets; "" when rdma
+// moved none.
 func addProvider(j map[string]any, e *engine.Engine, via string) {
+	j["provider"] = ""
 	if slices.Contains(strings.Split(via, "+"), meta.ProtocolRDMA) {
-		if pr := e.Provider(meta.ProtocolRDMA); pr != "" {
-			j["provider"] = pr
-		}
+		j["provider"] = e.Provider(meta.ProtocolRDMA)
 	}
+}
+
+// isBinary reports whether a value would garble a terminal, as curl
+// decides before refusing to print one: it has a NUL byte, or is not
+// UTF-8 text.
+func isBinary(v []byte) bool {
+	return bytes.IndexByte(v, 0) >= 0 || !utf8.Valid(v)
 }
 
 // viaNote names the transports that moved a value's bytes ("" when none
@@ -1020,7 +1103,7 @@ error, 1 otherwise.`,
 			var failed []error
 			type row struct {
 				Key   string `json:"key"`
-				Error string `json:"error,omitempty"`
+				Error string `json:"error"`
 			}
 			rows := make([]row, len(args))
 			for i, err := range errs {
@@ -1233,7 +1316,7 @@ type storeStat struct {
 	// DiskTiers are the nodes' disk tiers (mc masters; empty without
 	// any), DiskTier the master's counters for them.
 	DiskTiers []store.AdminTier      `json:"disk_tiers"`
-	DiskTier  *store.AdminTierTotals `json:"disk_tier,omitempty"`
+	DiskTier  *store.AdminTierTotals `json:"disk_tier"`
 }
 
 func newStoreStatCmd(p *printer) *cobra.Command {
@@ -1362,7 +1445,7 @@ type storeQueryReplica struct {
 type storeQueryResult struct {
 	Key      string              `json:"key"`
 	Replicas []storeQueryReplica `json:"replicas"`
-	Error    string              `json:"error,omitempty"`
+	Error    string              `json:"error"`
 }
 
 func queryReplicas(reps []store.AdminReplica) ([]storeQueryReplica, [][]string) {
@@ -1494,7 +1577,7 @@ type storeReplayOptions struct {
 // --online.
 type storeReplayJSON struct {
 	Results []replay.Result      `json:"results"`
-	Online  *replay.OnlineResult `json:"online,omitempty"`
+	Online  *replay.OnlineResult `json:"online"`
 }
 
 func newStoreReplayCmd(p *printer) *cobra.Command {

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,9 +20,19 @@ import (
 // it works against mc's master and a real mooncake_master alike. It never
 // takes leases.
 type Admin struct {
-	base string
-	hc   *http.Client
+	base  string
+	hc    *http.Client
+	token string
 }
+
+// SetToken makes every request carry "Authorization: Bearer token" (a
+// master with an admin token refuses state-changing calls without it);
+// "" sends none.
+func (a *Admin) SetToken(token string) { a.token = token }
+
+// ErrAdminUnauthorized is a state-changing admin call refused for want of
+// the master's admin token.
+var ErrAdminUnauthorized = errors.New("the master's admin API wants its token and none, or another, was sent: give --admin-token, MC_ADMIN_TOKEN or --admin-token-file")
 
 // NewAdmin returns a reader of the admin API at base ("http://host:9003").
 func NewAdmin(base string) (*Admin, error) {
@@ -48,6 +59,9 @@ func (a *Admin) do(ctx context.Context, method, path string, body io.Reader) ([]
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if a.token != "" {
+		req.Header.Set("Authorization", "Bearer "+a.token)
 	}
 	resp, err := a.hc.Do(req)
 	if err != nil {
@@ -77,7 +91,13 @@ func adminError(where string, code int, body []byte) error {
 		Code    int32  `json:"error_code"`
 		Message string `json:"error_message"`
 	}
-	if json.Unmarshal(body, &e) == nil && e.Code != 0 {
+	ok := json.Unmarshal(body, &e) == nil
+	if code == http.StatusUnauthorized {
+		// The master has an admin token: the caller sent none, or
+		// another one.
+		return fmt.Errorf("admin API %s: HTTP 401: %w", where, ErrAdminUnauthorized)
+	}
+	if ok && e.Code != 0 {
 		return resultErr(e.Code, e.Message)
 	}
 	msg := strings.TrimSpace(string(body))

@@ -55,7 +55,7 @@ type DrainJobStatus struct {
 	LostPinned     int      `json:"lost_pinned_objects"`
 	LostBytes      uint64   `json:"lost_bytes"`
 	Unmounted      bool     `json:"unmounted"`
-	FinishedAtMs   int64    `json:"finished_at_ms_epoch,omitempty"`
+	FinishedAtMs   int64    `json:"finished_at_ms_epoch"`
 }
 
 // Drain job status names, as Mooncake numbers them.

@@ -40,7 +40,7 @@ type NIC struct {
 	Ports      []Port `json:"ports"`
 	// Used says whether the NIC enters the matrix; UnusedReason says why not.
 	Used         bool   `json:"used"`
-	UnusedReason string `json:"unused_reason,omitempty"`
+	UnusedReason string `json:"unused_reason"`
 
 	loc   pciLoc
 	locOK bool

@@ -52,7 +52,7 @@ type Result struct {
 	// Correct is null when --check was not asked for.
 	Correct *bool `json:"correct"`
 	// Failed lists ranks found failed while this row ran.
-	Failed []int `json:"failed,omitempty"`
+	Failed []int `json:"failed"`
 	// Transport names the transports that moved the row's bytes, over
 	// every active rank, as their engines counted them
 	// (engine.Stats.Transport: "shm", "tcp", "shm+tcp", ...).

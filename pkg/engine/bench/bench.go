@@ -173,7 +173,7 @@ type Result struct {
 	Transport string `json:"transport"`
 	// Provider moved rdma's bytes: "ibverbs", or "soft" (the software
 	// NIC, over TCP sockets); "" for other transports.
-	Provider string `json:"provider,omitempty"`
+	Provider string `json:"provider"`
 	Err      error  `json:"-"`
 }
 

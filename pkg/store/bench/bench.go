@@ -12,6 +12,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -114,19 +115,19 @@ type Result struct {
 	Corrupt int64 `json:"corrupt"`
 	// FirstError says what the first error was (not in the stable JSON
 	// contract; empty when Errors is 0).
-	FirstError string `json:"first_error,omitempty"`
+	FirstError string `json:"first_error"`
 	// Error is set on a row that measured nothing (no operation
 	// succeeded): why. Its figures are zeros, not a measurement, and
 	// Run's caller fails the run (ErrNothingMeasured).
-	Error string `json:"error,omitempty"`
+	Error string `json:"error"`
 	// DiskReads counts the disk-tier loads an on-disk get row made (one
 	// per get: a row where gets found staging copies left in memory is
 	// refused).
-	DiskReads uint64 `json:"disk_reads,omitempty"`
+	DiskReads uint64 `json:"disk_reads"`
 	// VsDisk is an on-disk get row's GB/s over the disk-read row before
 	// it (OnDisk), whose reads are measured half just before the row's
 	// gets and half just after.
-	VsDisk float64 `json:"vs_disk,omitempty"`
+	VsDisk float64 `json:"vs_disk"` // null in JSON when 0: not an on-disk get row
 	// Transport names the transports the client's engine moved the
 	// timed loop's bytes with, as it counted them (engine.Stats: "shm",
 	// "tcp", "local" for a segment of its own, "shm+tcp" for replicas
@@ -134,9 +135,26 @@ type Result struct {
 	Transport string `json:"transport"`
 	// Provider moved the rdma bytes ("soft": the software NIC, over TCP
 	// sockets; "ibverbs"); empty when rdma moved none.
-	Provider string `json:"provider,omitempty"`
+	Provider string `json:"provider"`
 	// VsTCP is the row's GB/s over the tcp row before it (Config.VsTCP).
-	VsTCP float64 `json:"vs_tcp,omitempty"`
+	VsTCP float64 `json:"vs_tcp"` // null in JSON when 0: no tcp row before it
+}
+
+// MarshalJSON writes every field, the ratios as null on rows that have
+// none (0 here), so one schema holds for every row.
+func (r Result) MarshalJSON() ([]byte, error) {
+	type plain Result
+	ratio := func(v float64) *float64 {
+		if v == 0 {
+			return nil
+		}
+		return &v
+	}
+	return json.Marshal(struct {
+		plain
+		VsDisk *float64 `json:"vs_disk"`
+		VsTCP  *float64 `json:"vs_tcp"`
+	}{plain(r), ratio(r.VsDisk), ratio(r.VsTCP)})
 }
 
 // DefaultSegmentSize is the embedded node's segment.

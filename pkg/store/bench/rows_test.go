@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -84,5 +85,26 @@ func TestPrefillBuffer(t *testing.T) {
 		if c < 1 || c > 1024 || int64(c)*vs > max(256<<20, vs) {
 			t.Errorf("value of %d bytes: %d a call (%d bytes of buffer)", vs, c, int64(c)*vs)
 		}
+	}
+}
+
+// TestResultJSONKeepsEveryField: a row's JSON has every field, the
+// ratios null when the row has none (issue 40: vs_tcp came and went).
+func TestResultJSONKeepsEveryField(t *testing.T) {
+	b, err := json.Marshal(Result{Op: "get", VsTCP: 1.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"error", "first_error", "disk_reads", "vs_disk", "vs_tcp", "transport"} {
+		if _, ok := m[k]; !ok {
+			t.Fatalf("no %q in %s", k, b)
+		}
+	}
+	if m["vs_disk"] != nil || m["vs_tcp"] != 1.5 {
+		t.Fatalf("ratios: %s", b)
 	}
 }

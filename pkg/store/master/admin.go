@@ -1,6 +1,7 @@
 package master
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -58,7 +59,36 @@ func NewAdminHandler(m *Master, o AdminOptions) http.Handler {
 	mux.HandleFunc("GET /api/v1/drain_jobs", a.serving(a.listDrains))
 	mux.HandleFunc("GET /api/v1/drain_jobs/query", a.serving(a.queryDrain))
 	mux.HandleFunc("POST /api/v1/drain_jobs/cancel", a.serving(a.cancelDrain))
-	return mux
+	return RequireAdminToken(mux, m.cfg.AdminToken)
+}
+
+// RequireAdminToken guards h's state-changing calls: with a token, a
+// request of any method but GET and HEAD must carry
+// "Authorization: Bearer <token>" or is answered 401 with a JSON error
+// in the admin API's shape. Reads stay open, as Mooncake's are. An empty
+// token guards nothing (Mooncake's master has no token).
+func RequireAdminToken(h http.Handler, token string) http.Handler {
+	if token == "" {
+		return h
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			h.ServeHTTP(w, r)
+			return
+		}
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="mc admin"`)
+			msg := "admin token required: send Authorization: Bearer TOKEN (mc: --admin-token or MC_ADMIN_TOKEN)"
+			if len(got) > 0 {
+				msg = "admin token refused"
+			}
+			writeJSON(w, http.StatusUnauthorized, errorBody{Code: int32(store.InvalidParams), Message: msg})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 type admin struct {

@@ -109,7 +109,11 @@ type Config struct {
 	// leased reads (default 2 s, at most the lease TTL): a read moves its
 	// bytes in milliseconds, the lease is only its upper bound.
 	GracefulUnmountWait time.Duration
-	Logger              *slog.Logger
+	// AdminToken, when set, is the bearer token the admin HTTP API asks
+	// of every call that changes state (any method but GET and HEAD:
+	// remove_all, drain jobs); reads stay open, as Mooncake's are.
+	AdminToken string
+	Logger     *slog.Logger
 }
 
 func (c *Config) setDefaults() error {

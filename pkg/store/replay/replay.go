@@ -84,7 +84,7 @@ type Result struct {
 	// SSDCapacityBlocks is the disk tier under the cache (0: none) and
 	// PromoteAfter the disk read that moves a block back (RunTiered).
 	SSDCapacityBlocks int `json:"ssd_capacity_blocks"`
-	PromoteAfter      int `json:"promote_after,omitempty"`
+	PromoteAfter      int `json:"promote_after"`
 	// The hits split by the tier that served them; HitRatio is their sum.
 	DRAMHitBlocks int     `json:"dram_hit_blocks"`
 	DiskHitBlocks int     `json:"disk_hit_blocks"`

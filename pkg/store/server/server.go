@@ -184,7 +184,25 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		s.admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 5 * time.Second}
 		go s.admin.Serve(lis)
 	}
+	if (s.Master != nil || s.Candidate != nil) && s.AdminAddr != "" && cfg.Master.AdminToken == "" && !IsLoopback(s.AdminAddr) {
+		s.log.Warn(fmt.Sprintf("admin HTTP API on %s is reachable beyond this host and has no token: anyone who reaches it can remove every object (POST /api/v1/remove_all) or drain segments; give --admin-token (MC_ADMIN_TOKEN) or --admin-token-file, or bind it to loopback with --metrics-address 127.0.0.1", s.AdminAddr))
+	}
 	return s, nil
+}
+
+// IsLoopback reports whether addr (host:port or a bare host) listens on
+// loopback only: 127.0.0.0/8, ::1 or localhost. 0.0.0.0, :: and an empty
+// host listen on every interface.
+func IsLoopback(addr string) bool {
+	host := addr
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		host = h
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (s *Server) report(cfg Config) {

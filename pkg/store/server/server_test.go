@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
+	"github.com/kvcache-ops/mc/pkg/store/master"
 )
 
 // TestAdminPortTakenFailsAtOnce: a node whose admin port is taken (two
@@ -47,5 +48,32 @@ func TestAdminPortTakenFailsAtOnce(t *testing.T) {
 	}
 	if segs := m.Master.Segments(); len(segs) != 0 {
 		t.Fatalf("the failed node left segments mounted: %+v", segs)
+	}
+}
+
+// TestAdminWarnsWhenOpen: a master whose admin API listens beyond
+// loopback without a token logs one warning at start; on loopback, or
+// with a token, none (issue 40).
+func TestAdminWarnsWhenOpen(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		admin, token string
+		warn         bool
+	}{
+		{"0.0.0.0:0", "", true},
+		{"127.0.0.1:0", "", false},
+		{"0.0.0.0:0", "tok", false},
+	} {
+		var logs strings.Builder
+		log := slog.New(slog.NewTextHandler(&logs, nil))
+		s, err := Start(ctx, Config{RPCAddress: "127.0.0.1:0", AdminAddress: c.admin, Logger: log,
+			Master: master.Config{AdminToken: c.token}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close(ctx)
+		if n := strings.Count(logs.String(), "has no token"); (n == 1) != c.warn || n > 1 {
+			t.Fatalf("admin %s token %q: %d warnings, want warn=%v; logs:\n%s", c.admin, c.token, n, c.warn, logs.String())
+		}
 	}
 }
