@@ -261,7 +261,7 @@ func TestPlotSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	svg := buf.String()
-	for _, want := range []string{"<svg", "block size", "GB/s", "p99 batch latency", ">4K<", ">64K<", ">1M<", "</svg>"} {
+	for _, want := range []string{"<svg", "block size", "GB/s", "p99 batch latency", ">4K<", ">64K<", ">1M<", "read, 1 thread, batch 128", "</svg>"} {
 		if !strings.Contains(svg, want) {
 			t.Fatalf("svg lacks %q", want)
 		}

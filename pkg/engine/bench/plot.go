@@ -28,7 +28,11 @@ func PlotSweep(w io.Writer, rs []Result, unit Unit) error {
 		p99 = append(p99, plotter.XY{X: x, Y: float64(r.LatencyP99) / 1e3})
 		ticks = append(ticks, plot.Tick{Value: x, Label: FormatSize(r.BlockSize)})
 	}
-	title := fmt.Sprintf("%s, %d threads, batch %d", rs[0].Operation, rs[0].Threads, rs[0].BatchSize)
+	threads := "threads"
+	if rs[0].Threads == 1 {
+		threads = "thread"
+	}
+	title := fmt.Sprintf("%s, %d %s, batch %d", rs[0].Operation, rs[0].Threads, threads, rs[0].BatchSize)
 	left, err := curve(title, unit.Name+"/s", tput, ticks)
 	if err != nil {
 		return err
