@@ -11,6 +11,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/semaphore"
 )
@@ -87,4 +91,25 @@ func (b *Budget) Release(n int64) {
 
 func (b *Budget) refusal(n int64) error {
 	return fmt.Errorf("%w: a request of %d bytes does not fit the %d-byte budget for requests in flight (%s); retry later, or raise it", ErrExhausted, n, b.limit, b.name)
+}
+
+var lastReturn atomic.Int64
+
+// ReturnMemory hands freed memory back to the system now, in the
+// background, at most once a second however often it is called: after a
+// server dropped a big request whose peer left or stalled, an idle server
+// might otherwise not collect for minutes and keep the pages resident.
+func ReturnMemory() {
+	now := time.Now().UnixNano()
+	last := lastReturn.Load()
+	if now-last < int64(time.Second) || !lastReturn.CompareAndSwap(last, now) {
+		return
+	}
+	// Shortly after: the caller's goroutine is still unwinding what it
+	// dropped. Two collections: the first moves buffers pooled with
+	// sync.Pool (gRPC's) to the victim cache, the second frees them.
+	time.AfterFunc(200*time.Millisecond, func() {
+		runtime.GC()
+		debug.FreeOSMemory()
+	})
 }

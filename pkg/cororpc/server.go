@@ -10,7 +10,6 @@ import (
 	"math"
 	"net"
 	"os"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -398,7 +397,7 @@ func (sc *serverConn) handleFrame(hb []byte) error {
 			// big frame: hand what it made us hold back to the system
 			// now rather than at the next collection, which an idle
 			// server may not run for minutes.
-			freeOSMemory()
+			budget.ReturnMemory()
 		}
 		return fmt.Errorf("request seq %d function %#08x: %w", h.Seq, h.FunctionID, err)
 	}
@@ -450,19 +449,6 @@ func (sc *serverConn) admit(n int64) (int64, error) {
 // freeOSMemoryAbove is the size of a dropped frame worth returning memory
 // to the system for.
 const freeOSMemoryAbove = 8 << 20
-
-var lastFree atomic.Int64
-
-// freeOSMemory runs debug.FreeOSMemory in the background, at most once a
-// second however many connections drop.
-func freeOSMemory() {
-	now := time.Now().UnixNano()
-	last := lastFree.Load()
-	if now-last < int64(time.Second) || !lastFree.CompareAndSwap(last, now) {
-		return
-	}
-	go debug.FreeOSMemory()
-}
 
 func (sc *serverConn) run(reg registered, req *Request, release func()) {
 	defer func() {
