@@ -462,3 +462,69 @@ func TestMooncakeStalledBodiesBounded(t *testing.T) {
 		t.Errorf("after the stalled connections were dropped the master still holds +%d MiB", after>>20)
 	}
 }
+
+// With the budget spent, a big request is refused with RESOURCE_EXHAUSTED
+// naming it, unary or on a Session stream (which ends with that status),
+// while a small one is served; once the budget is back, the big one is
+// served too.
+func TestGRPCBudgetRefusesUnaryAndSession(t *testing.T) {
+	m, _ := newTestMaster(t, Config{RequestBudget: 8 << 20})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := Serve(m, lis)
+	t.Cleanup(srv.Stop)
+	c := dialMaster(t, lis.Addr().String())
+	ctx := rpcCtx(t)
+	big := make([]string, 1000)
+	for i := range big {
+		big[i] = fmt.Sprintf("%04d-%s", i, strings.Repeat("b", 200))
+	}
+	held, err := m.budget.TryAcquire(8 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRefused := func(what string, err error) {
+		t.Helper()
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--request-budget") {
+			t.Errorf("%s with the budget spent: %v; want RESOURCE_EXHAUSTED naming --request-budget", what, err)
+		}
+	}
+	_, err = c.BatchExistKey(ctx, &pb.BatchKeysRequest{Keys: big})
+	wantRefused("a unary batch", err)
+	st, err := c.Session(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&pb.SessionRequest{Call: &pb.SessionRequest_ExistKey{ExistKey: &pb.BatchKeysRequest{Keys: big}}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Recv()
+	wantRefused("a batch on a Session stream", err)
+	if _, err := c.BatchExistKey(ctx, &pb.BatchKeysRequest{Keys: []string{"small"}}); err != nil {
+		t.Errorf("a small call with the budget spent: %v", err)
+	}
+	m.budget.Release(held)
+	if _, err := c.BatchExistKey(ctx, &pb.BatchKeysRequest{Keys: big}); err != nil {
+		t.Errorf("a big call with the budget back: %v", err)
+	}
+	st, err = c.Session(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := st.Send(&pb.SessionRequest{Call: &pb.SessionRequest_ExistKey{ExistKey: &pb.BatchKeysRequest{Keys: big}}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatalf("a batch on a Session stream with the budget back: %v", err)
+		}
+	}
+	// Every charge was handed back.
+	if n, err := m.budget.TryAcquire(8 << 20); err != nil {
+		t.Errorf("budget not whole after the calls: %v", err)
+	} else {
+		m.budget.Release(n)
+	}
+}
