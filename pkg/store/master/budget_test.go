@@ -194,6 +194,9 @@ func TestGRPCBatchesWithinBudget(t *testing.T) {
 					answered.Add(1)
 				case status.Code(err) == codes.ResourceExhausted && strings.Contains(err.Error(), "--request-budget"):
 					refused.Add(1)
+				case status.Code(err) == codes.DeadlineExceeded:
+					// The attack's end: gRPC's deadline can fire a moment
+					// before ctx's own.
 				case ctx.Err() == nil:
 					other.Add(1)
 					firstOther.CompareAndSwap(nil, err.Error())
