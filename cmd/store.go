@@ -147,8 +147,10 @@ type serveStoreOptions struct {
 	EnableOffload         bool
 	PromoteAfter          int
 	AdminAuth             adminTokenOptions
-	BindAddress           string               // the engine's handshake and data listeners
-	MetricsAddress        string               // the admin HTTP listener's host
+	BindAddress           string // the engine's handshake and data listeners
+	MetricsAddress        string // the admin HTTP listener's host
+	RequestBudget         int64
+	RequestReadTimeout    time.Duration
 	ready                 func(*server.Server) // tests
 }
 
@@ -205,6 +207,17 @@ The TTL flags take milliseconds as mooncake_master does (--default_kv_lease_ttl
 10000) or a Go duration (10s); the other durations take seconds or a Go
 duration.
 --rpc_thread_num is accepted for compatibility: gRPC sizes its own workers.
+
+The master bounds the memory callers can pin: --request-budget (default
+512 MiB) is the request bytes it holds at once on both wires. A coro_rpc
+frame of 64 KiB or more is charged its size before it is read, a gRPC
+message 8 times its size (what decoding and answering a batch costs)
+before it is decoded; a request that does not fit is refused (gRPC:
+RESOURCE_EXHAUSTED; coro_rpc: message_too_large), its message naming the
+budget, and the client may retry. A gRPC connection receives at most 4
+unary messages at once. A request that started must arrive whole within
+--request-read-timeout (default 30s), or its connection (coro_rpc) or call
+(gRPC) is dropped with what it sent.
 --config_path reads mooncake_master's config file (JSON or YAML, keys are
 the flag names); flags on the command line win over it. mooncake_master's
 own master.json works as it is: its settings mc has no flag for (root_fs_dir,
@@ -294,6 +307,8 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	envName(f, "cluster-id", store.ClusterIDEnv)
 	f.StringVar(&o.EvictionPolicy, "eviction-policy", master.DefaultEvictionPolicy, "eviction order: "+strings.Join(master.EvictionPolicies, ", ")+" (none: never evict; a put into a full store fails)")
 	_ = cmd.RegisterFlagCompletionFunc("eviction-policy", cobra.FixedCompletions(master.EvictionPolicies, cobra.ShellCompDirectiveNoFileComp))
+	sizeVar(f, &o.RequestBudget, "request-budget", master.DefaultRequestBudget, "request bytes the master holds at once, both wires together; a request over it is refused (0: unlimited)")
+	durationVar(f, &o.RequestReadTimeout, "request-read-timeout", master.DefaultRequestReadTimeout, "time a started request has to arrive whole before its connection (coro_rpc) or call (gRPC) is dropped")
 	addTierFlags(f, &o)
 	o.AdminAuth.addFlags(f, "bearer token the admin API asks of state-changing calls (remove_all, drain jobs); reads stay open")
 	_ = f.MarkHidden("port")
@@ -442,6 +457,13 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	if promote == 0 {
 		promote = -1 // master.Config: negative is never
 	}
+	if o.RequestBudget < 0 {
+		return cfg, fmt.Errorf("invalid --request-budget %d: want bytes, or 0 for unlimited", o.RequestBudget)
+	}
+	budget := o.RequestBudget
+	if budget == 0 {
+		budget = -1 // master.Config: negative is unlimited
+	}
 	allowSoft := o.AllowEvictSoftPinned
 	cfg = server.Config{
 		Tier:        tierCfg,
@@ -459,7 +481,8 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(o.RegionSize),
 			MaxRegionsPerInstance: o.MaxRegionsPerInstance, ExistKeyGrantLease: o.ExistKeyGrantLease,
 			EvictionPolicy: o.EvictionPolicy, PromoteAfter: promote,
-			AdminToken: token,
+			AdminToken:    token,
+			RequestBudget: budget, RequestReadTimeout: o.RequestReadTimeout,
 		},
 		MetricReporting: o.EnableMetricReporting,
 	}

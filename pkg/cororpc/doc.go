@@ -49,7 +49,10 @@
 // message_too_large when sending); the reader allocates whatever a header
 // announces. This package refuses, before allocating, any frame whose body
 // plus attachment exceeds a configurable limit, [DefaultMaxMessageLen] unless
-// set otherwise.
+// set otherwise. Its server also charges each frame to a byte budget before
+// reading it (ServerOptions.Budget), reads bodies as they arrive rather than
+// at the announced size, and drops a connection whose frame does not arrive
+// within ServerOptions.ReadTimeout.
 //
 // Where this package departs from coro_rpc on purpose: a call whose context
 // ends is failed alone and its late response discarded (coro_rpc closes the

@@ -243,6 +243,45 @@ func readResponseHeader(r io.Reader, maxLen uint32) (ResponseHeader, error) {
 	return h, h.Check(maxLen)
 }
 
+// payloadChunk is the most readPayloadGrowing allocates ahead of the bytes
+// it has received.
+const payloadChunk = 1 << 20
+
+// readPayloadGrowing reads what readPayload reads, but allocates as the
+// bytes arrive (doubling, from at most payloadChunk), not the announced
+// size up front: a peer that announces 64 MiB and stalls pins no more
+// than about twice what it sent.
+func readPayloadGrowing(r io.Reader, bodyLen, attachLen uint32) (body, attach []byte, err error) {
+	n := uint64(bodyLen) + uint64(attachLen)
+	if n <= payloadChunk {
+		return readPayload(r, bodyLen, attachLen)
+	}
+	if n > math.MaxInt {
+		return nil, nil, fmt.Errorf("payload of %d bytes: %w", n, ErrMessageTooLarge)
+	}
+	buf := make([]byte, 0, payloadChunk)
+	for uint64(len(buf)) < n {
+		if len(buf) == cap(buf) {
+			next := make([]byte, len(buf), min(uint64(2*cap(buf)), n))
+			copy(next, buf)
+			buf = next
+		}
+		m, err := io.ReadFull(r, buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+m]
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, nil, fmt.Errorf("read %d-byte payload (%d bytes came): %w", n, len(buf), err)
+		}
+	}
+	body = buf[:bodyLen:bodyLen]
+	if attachLen > 0 {
+		attach = buf[bodyLen:]
+	}
+	return body, attach, nil
+}
+
 // readPayload reads a body and an attachment whose lengths were already
 // checked against the limit. Both live in one allocation.
 func readPayload(r io.Reader, bodyLen, attachLen uint32) (body, attach []byte, err error) {

@@ -9,9 +9,12 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvcache-ops/mc/pkg/budget"
 )
 
 // Request is one call as a Handler sees it. Body and Attachment belong to
@@ -43,6 +46,22 @@ type ServerOptions struct {
 	// WriteTimeout bounds writing one response to a client that stopped
 	// reading; 0 means 30 s.
 	WriteTimeout time.Duration
+	// ReadTimeout bounds reading one request frame, from its first byte
+	// to its last; a client that stalls inside a frame loses the
+	// connection, and what was read of the frame is dropped. An idle
+	// connection (between frames) has no deadline. 0 means 30 s.
+	ReadTimeout time.Duration
+	// Budget, when set, bounds the request bytes the server holds: a
+	// frame's body is charged to it before a byte of it is kept, and
+	// handed back when its handler's answer has been written (or the
+	// call dropped). A frame that cannot be charged within AdmissionWait
+	// is read off the wire without being kept and answered with
+	// message_too_large and a message naming the budget. Shared with
+	// other servers (the gRPC side of a master) by passing the same one.
+	Budget *budget.Budget
+	// AdmissionWait bounds how long a frame waits for Budget (reading
+	// from its connection pauses meanwhile); 0 means 1 s.
+	AdmissionWait time.Duration
 	// Logger receives connection errors; nil means slog.Default().
 	Logger *slog.Logger
 	// Recycle, when set, is handed each body a handler returned once the
@@ -92,6 +111,12 @@ func NewServer(opts *ServerOptions) *Server {
 	}
 	if s.opts.WriteTimeout <= 0 {
 		s.opts.WriteTimeout = defaultTimeout
+	}
+	if s.opts.ReadTimeout <= 0 {
+		s.opts.ReadTimeout = defaultTimeout
+	}
+	if s.opts.AdmissionWait <= 0 {
+		s.opts.AdmissionWait = time.Second
 	}
 	s.log = s.opts.Logger
 	if s.log == nil {
@@ -271,6 +296,15 @@ func (sc *serverConn) stopReading() {
 	_ = sc.nc.SetReadDeadline(longAgo)
 }
 
+// setReadDeadline sets the connection's read deadline unless the server
+// is stopping it (stopReading's deadline in the past wins).
+func (sc *serverConn) setReadDeadline(t time.Time) {
+	_ = sc.nc.SetReadDeadline(t)
+	if sc.stopping.Load() {
+		_ = sc.nc.SetReadDeadline(longAgo)
+	}
+}
+
 func (sc *serverConn) serve() error {
 	s := sc.s
 	err := sc.readLoop()
@@ -296,12 +330,22 @@ func (sc *serverConn) readLoop() error {
 	peer := sc.nc.RemoteAddr()
 	var hb [RequestHeaderLen]byte
 	for {
-		_, err := io.ReadFull(sc.br, hb[:])
+		// Idle between frames for as long as the client likes; once a
+		// frame starts, all of it must come within ReadTimeout.
+		_, err := sc.br.Peek(1)
+		if err == nil {
+			sc.setReadDeadline(time.Now().Add(s.opts.ReadTimeout))
+			_, err = io.ReadFull(sc.br, hb[:])
+		}
 		if err == nil {
 			err = sc.handleFrame(hb[:])
 		}
 		if err == nil {
+			sc.setReadDeadline(time.Time{})
 			continue
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) && !sc.stopping.Load() {
+			err = fmt.Errorf("frame not read within %s: %w", s.opts.ReadTimeout, err)
 		}
 		if sc.stopping.Load() || errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil
@@ -333,31 +377,82 @@ func (sc *serverConn) handleFrame(hb []byte) error {
 		sc.writeError(h, ErrcMessageTooLarge, err.Error())
 		return nil
 	}
-	body, attach, err := readPayload(sc.br, h.Length, h.AttachLength)
+	n := int64(h.Length) + int64(h.AttachLength)
+	charged, err := sc.admit(n)
 	if err != nil {
+		// Refused before a byte of it was kept: skip it (under the
+		// frame's deadline) and say why.
+		if _, derr := io.CopyN(io.Discard, sc.br, n); derr != nil {
+			return fmt.Errorf("skip %d-byte request seq %d refused by the budget: %w", n, h.Seq, derr)
+		}
+		sc.writeError(h, ErrcMessageTooLarge, err.Error())
+		return nil
+	}
+	release := func() { s.opts.Budget.Release(charged) }
+	body, attach, err := readPayloadGrowing(sc.br, h.Length, h.AttachLength)
+	if err != nil {
+		release()
+		if n >= freeOSMemoryAbove {
+			// A peer that left (or stalled past the deadline) inside a
+			// big frame: hand what it made us hold back to the system
+			// now rather than at the next collection, which an idle
+			// server may not run for minutes.
+			budget.ReturnMemory()
+		}
 		return fmt.Errorf("request seq %d function %#08x: %w", h.Seq, h.FunctionID, err)
 	}
 	s.hmu.RLock()
 	reg, ok := s.handlers[h.FunctionID]
 	s.hmu.RUnlock()
 	if !ok {
+		release()
 		sc.writeError(h, ErrcFunctionNotRegistered, NotRegisteredMessage)
 		return nil
 	}
 	select {
 	case sc.inflight <- struct{}{}:
 	case <-sc.ctx.Done():
+		release()
 		sc.writeError(h, ErrcOperationCanceled, "server closing")
 		return nil
 	}
 	sc.running.Add(1)
 	req := &Request{Header: h, Body: body, Attachment: attach, RemoteAddr: sc.nc.RemoteAddr()}
-	go sc.run(reg, req)
+	go sc.run(reg, req, release)
 	return nil
 }
 
-func (sc *serverConn) run(reg registered, req *Request) {
+// FreeFrame is the payload size below which a frame is not charged to
+// the budget: the small calls that keep a pool going pass while big ones
+// wait their turn.
+const FreeFrame = 64 << 10
+
+// admit charges a frame's n payload bytes to the budget, waiting at most
+// AdmissionWait (reading from this connection pauses meanwhile).
+func (sc *serverConn) admit(n int64) (int64, error) {
+	b := sc.s.opts.Budget
+	if n < FreeFrame {
+		return 0, nil
+	}
+	if charged, err := b.TryAcquire(n); err == nil {
+		return charged, nil
+	}
+	ctx, cancel := context.WithTimeout(sc.ctx, sc.s.opts.AdmissionWait)
+	defer cancel()
+	// The frame's read deadline must not cut the wait short.
+	_ = sc.nc.SetReadDeadline(time.Time{})
+	charged, err := b.Acquire(ctx, n)
+	sc.setReadDeadline(time.Now().Add(sc.s.opts.ReadTimeout))
+	return charged, err
+}
+
+// freeOSMemoryAbove is the size of a dropped frame worth returning memory
+// to the system for.
+const freeOSMemoryAbove = 8 << 20
+
+func (sc *serverConn) run(reg registered, req *Request, release func()) {
 	defer func() {
+		release()
 		<-sc.inflight
 		sc.running.Done()
 	}()

@@ -28,6 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvcache-ops/mc/pkg/budget"
 	"github.com/kvcache-ops/mc/pkg/store"
 )
 
@@ -113,7 +114,14 @@ type Config struct {
 	// of every call that changes state (any method but GET and HEAD:
 	// remove_all, drain jobs); reads stay open, as Mooncake's are.
 	AdminToken string
-	Logger     *slog.Logger
+	// RequestBudget bounds the request bytes the master's RPC servers
+	// hold at once, both wires together (budget.go): DefaultRequestBudget
+	// when 0, unlimited when negative.
+	RequestBudget int64
+	// RequestReadTimeout bounds reading one request once its first byte
+	// came (a coro_rpc frame, a unary gRPC message): default 30 s.
+	RequestReadTimeout time.Duration
+	Logger             *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -130,6 +138,10 @@ func (c *Config) setDefaults() error {
 	def(&c.PutReleaseTimeout, DefaultPutReleaseTimeout)
 	def(&c.EvictionInterval, DefaultEvictionInterval)
 	def(&c.GracefulUnmountWait, 2*time.Second)
+	def(&c.RequestReadTimeout, DefaultRequestReadTimeout)
+	if c.RequestBudget == 0 {
+		c.RequestBudget = DefaultRequestBudget
+	}
 	c.GracefulUnmountWait = min(c.GracefulUnmountWait, c.KVLeaseTTL)
 	if c.AllowEvictSoftPinned == nil {
 		t := true
@@ -239,8 +251,10 @@ type Change struct {
 // Master is the store's metadata service. Its methods are safe for
 // concurrent use.
 type Master struct {
-	cfg    Config
-	log    *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// budget bounds request bytes in flight on both RPC wires.
+	budget *budget.Budget
 	seed   maphash.Seed
 	shards []shard
 	space  space
@@ -279,6 +293,7 @@ func New(cfg Config) (*Master, error) {
 	m := &Master{
 		cfg:       cfg,
 		log:       cfg.Logger,
+		budget:    budget.New(cfg.RequestBudget, "--request-budget"),
 		seed:      maphash.MakeSeed(),
 		shards:    make([]shard, defaultShards),
 		clients:   make(map[store.UUID]*clientState),

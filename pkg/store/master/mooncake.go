@@ -32,7 +32,10 @@ func NewMooncakeServer(m *Master, gate MooncakeGate, log *slog.Logger) *cororpc.
 	ms := &mooncakeServer{m: m, gate: gate, log: log, rpc: &rpcServer{m: m}}
 	// Every answer is encoded into a pooled buffer (wrap), returned to
 	// the pool once written.
-	srv := cororpc.NewServer(&cororpc.ServerOptions{MaxMessageLen: uint32(store.MaxMsgSize), Logger: log, Recycle: recycleBody})
+	srv := cororpc.NewServer(&cororpc.ServerOptions{
+		MaxMessageLen: uint32(store.MaxMsgSize), Logger: log, Recycle: recycleBody,
+		Budget: m.budget, ReadTimeout: m.cfg.RequestReadTimeout,
+	})
 	hs := ms.handlers()
 	for name, answer := range unsupportedCalls {
 		hs[name] = ms.unsupported(name, answer)

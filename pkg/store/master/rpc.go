@@ -43,8 +43,11 @@ func NewGRPCServer(m *Master, gate grpc.UnaryServerInterceptor) *GRPCServer {
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.InitialWindowSize(store.RPCWindow), grpc.InitialConnWindowSize(store.RPCConnWindow),
 	}
+	// The budget's interceptors run first: a refused call is not worth
+	// the gate's look.
+	opts = append(opts, newGRPCBudget(m.budget, m.cfg.RequestReadTimeout).serverOptions()...)
 	if gate != nil {
-		opts = append(opts, grpc.UnaryInterceptor(gate))
+		opts = append(opts, grpc.ChainUnaryInterceptor(gate))
 	}
 	s := grpc.NewServer(opts...)
 	pb.RegisterMasterServer(s, rs)
