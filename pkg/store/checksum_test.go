@@ -20,7 +20,7 @@ func TestChecksumCatchesWrongBytes(t *testing.T) {
 	c := startMaster(t, master.Config{})
 	c.client(16 << 20)
 	c.client(16 << 20)
-	cl := c.client(0)
+	cl := c.client(0, func(cfg *store.Config) { cfg.Checksums = true })
 	ctx := context.Background()
 	v := value(1<<20, 5)
 	if err := cl.Put(ctx, "two", v, store.WithReplicas(2)); err != nil {
@@ -51,8 +51,9 @@ func TestChecksumCatchesWrongBytes(t *testing.T) {
 	waitFor(t, "the master to count the mismatches", 5*time.Second, func() bool {
 		return gauge(t, c.m, "mc_store_checksum_mismatches_total") == 2
 	})
-	// With checksums off nothing is checked (and nothing recorded).
-	off := c.client(0, func(cfg *store.Config) { cfg.NoChecksums = true })
+	// With checksums off (the default) nothing is checked (and nothing
+	// recorded).
+	off := c.client(0)
 	store.SetAfterRead(off, func(string, []byte) { t.Error("a client with checksums off checked one") })
 	if err := off.Put(ctx, "plain", v); err != nil {
 		t.Fatal(err)

@@ -217,7 +217,7 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 	// the same memory; neither writes it).
 	var sums []uint64
 	var summed chan struct{}
-	if !c.cfg.NoChecksums {
+	if c.cfg.Checksums {
 		sums = make([]uint64, len(keys))
 		summed = make(chan struct{})
 		go func() {
@@ -381,7 +381,7 @@ func (c *Client) replicaLists(ctx context.Context, keys []string, errs []error) 
 	}
 	lists, listSums, listErrs, err := c.w.replicaLists(ctx, send)
 	var sums []uint64
-	if listSums != nil && !c.cfg.NoChecksums {
+	if listSums != nil && c.cfg.Checksums {
 		sums = make([]uint64, len(keys))
 	}
 	for j := range send {

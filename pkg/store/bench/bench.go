@@ -55,9 +55,9 @@ type Config struct {
 	// timed loop); 0 picks enough to spread reads over half the store.
 	Keys   int
 	Verify bool
-	// NoChecksums turns off the clients' checksums of values (written at
-	// put, checked at get: store.Config.NoChecksums).
-	NoChecksums bool
+	// Checksums makes the clients record and check checksums of values
+	// (store.Config.Checksums).
+	Checksums bool
 	// Engine configures the benchmark client's engine (and the embedded
 	// node's); default loopback TCP.
 	Engine engine.Config
@@ -273,7 +273,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			return nil, err
 		}
 	}
-	c, err := store.New(ctx, store.Config{Master: addr, EngineConfig: cfg.Engine, Logger: cfg.Logger, NoChecksums: cfg.NoChecksums})
+	c, err := store.New(ctx, store.Config{Master: addr, EngineConfig: cfg.Engine, Logger: cfg.Logger, Checksums: cfg.Checksums})
 	if err != nil {
 		return nil, err
 	}
@@ -283,7 +283,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if cfg.VsTCP {
 		tcfg := cfg.Engine
 		tcfg.Protocol = "tcp"
-		ct, err := store.New(ctx, store.Config{Master: addr, EngineConfig: tcfg, Logger: cfg.Logger, NoChecksums: cfg.NoChecksums})
+		ct, err := store.New(ctx, store.Config{Master: addr, EngineConfig: tcfg, Logger: cfg.Logger, Checksums: cfg.Checksums})
 		if err != nil {
 			return nil, fmt.Errorf("tcp client: %w", err)
 		}
