@@ -3,6 +3,7 @@ package ha
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"time"
@@ -277,21 +278,11 @@ func (s *state) restoredAt(now time.Time, release time.Duration) (objs []master.
 		stale   bool
 	}
 	var entries []*entry
-	keys := make([]string, 0, len(s.Objects))
-	for k := range s.Objects {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(s.Objects)) {
 		o := s.Objects[k]
 		entries = append(entries, &entry{key: k, size: o.Size, reps: o.Reps, seq: o.Seq, obj: o})
 	}
-	pkeys := make([]string, 0, len(s.Pending))
-	for k := range s.Pending {
-		pkeys = append(pkeys, k)
-	}
-	sort.Strings(pkeys)
-	for _, k := range pkeys {
+	for _, k := range slices.Sorted(maps.Keys(s.Pending)) {
 		p := s.Pending[k]
 		entries = append(entries, &entry{key: k, size: p.Size, reps: p.Reps, seq: p.Seq, pending: p})
 	}
