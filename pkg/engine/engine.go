@@ -149,6 +149,9 @@ type Engine struct {
 	advHost string
 	reg     registry
 	closed  atomic.Bool
+	// retiring counts old buffers of Renew still waiting for their last
+	// transfer before they are released.
+	retiring sync.WaitGroup
 
 	local      *localTransport
 	transports map[string]Transport
@@ -513,23 +516,59 @@ func (e *Engine) UnregisterMemory(ctx context.Context, m *Memory) error {
 
 // Renew replaces registered memory m with a new buffer of the same size
 // and location at a new address, with new registrations (rkeys) and a new
-// memfd, and unregisters m (waiting, as UnregisterMemory does, for the
-// transfers using it). Its contents are not carried over.
+// memfd, and takes m out of service at once. Its contents are not
+// carried over.
 //
 // It is how an owner revokes every grant of its memory at once: a peer
-// holding m's address, rkey or region, however late it acts, reaches
-// nothing (tcp: no registered buffer there; rdma: a remote access error;
-// shm: a retired region), never the new buffer. If m cannot be
-// unregistered in time, the new buffer is given up and m stays.
+// holding m's address, rkey or region, however late it acts, never
+// reaches the new buffer. New requests for m fail at once (tcp: no
+// registered buffer there; shm: a retired region); a transfer already
+// under way into m (a writer stalled mid-payload) is not waited for: it
+// finishes into m, which nobody reads any more, and m's pages are
+// released (its RDMA registration last) once the last such transfer
+// ends. So a stalled writer never holds up the renewal, at the cost of
+// m's memory until it lets go.
 func (e *Engine) Renew(ctx context.Context, m *Memory) (*Memory, error) {
 	n, err := e.RegisterMemory(ctx, m.Len(), m.location, m.remote)
 	if err != nil {
 		return nil, fmt.Errorf("renew memory at 0x%x: %w", m.addr, err)
 	}
-	if err := e.UnregisterMemory(ctx, m); err != nil {
+	if !e.reg.remove(m) {
 		_ = e.UnregisterMemory(ctx, n)
-		return nil, fmt.Errorf("renew memory: %w", err)
+		return nil, fmt.Errorf("renew memory at 0x%x: not registered", m.addr)
 	}
+	m.retireShared()
+	if m.remote {
+		if err := e.publish(ctx); err != nil {
+			// The descriptor still lists m: peers that read it fail on
+			// it (it is out of the registry) and read it again.
+			slog.Warn("renew memory: publish the descriptor without the old buffer", "err", err)
+		}
+	}
+	if m.retire(0) == nil {
+		if err := e.release(m); err != nil {
+			return n, fmt.Errorf("renew memory: release the old buffer at 0x%x: %w", m.addr, err)
+		}
+		return n, nil
+	}
+	e.retiring.Add(1)
+	go func() {
+		defer e.retiring.Done()
+		for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+			if m.refs.CompareAndSwap(0, -1) {
+				if err := e.release(m); err != nil {
+					slog.Warn("renew memory: release the old buffer", "addr", fmt.Sprintf("0x%x", m.addr), "err", err)
+				}
+				return
+			}
+			if e.closed.Load() {
+				// Still written at shutdown: leave it mapped rather than
+				// pull memory from under a copy (as shutdown does).
+				return
+			}
+			time.Sleep(wait)
+		}
+	}()
 	return n, nil
 }
 
@@ -630,6 +669,7 @@ func (e *Engine) shutdown(ctx context.Context) error {
 		}
 		errs = append(errs, e.release(m))
 	}
+	e.retiring.Wait()
 	return joinOneLine(errs...)
 }
 

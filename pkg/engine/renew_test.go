@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"testing"
+	"time"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
 )
@@ -61,5 +62,43 @@ func TestRenewFencesStaleHandles(t *testing.T) {
 				t.Fatal("renewed memory differs from what was written")
 			}
 		})
+	}
+}
+
+// A transfer still under way into the old memory (a writer stalled
+// mid-payload, here a pin) does not hold up Renew: the old buffer is out
+// of service at once and released when the transfer ends.
+func TestRenewDoesNotWaitForStalledTransfers(t *testing.T) {
+	ctx := context.Background()
+	target := newEngine(t, func(c *engine.Config) { c.UnregisterGrace = 10 * time.Second })
+	old := register(t, target, 1<<20, true)
+	if !old.Pin() {
+		t.Fatal("pin")
+	}
+	t0 := time.Now()
+	fresh, err := target.Renew(ctx, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Fatalf("Renew waited %s for a transfer into the old memory", d)
+	}
+	for _, m := range target.Memory() {
+		if m == old {
+			t.Fatal("the old memory is still registered")
+		}
+	}
+	if fresh.Addr() == old.Addr() {
+		t.Fatal("renewed at the same address")
+	}
+	old.Bytes()[0] = 1 // still mapped while the transfer holds it
+	old.Unpin()
+	deadline := time.Now().Add(5 * time.Second)
+	for old.Pin() {
+		old.Unpin()
+		if time.Now().After(deadline) {
+			t.Fatal("the old memory was never released after its last transfer")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

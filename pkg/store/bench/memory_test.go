@@ -64,6 +64,17 @@ func TestPutRowMemoryIsBounded(t *testing.T) {
 	}
 	per := (float64(h2) - float64(h1)) / float64(n2-n1)
 	t.Logf("live heap %d B after %d puts, %d B after %d puts: %.1f B per put", h1, n1, h2, n2, per)
+	if raceOn {
+		// Under -race on a loaded machine pings can fall behind the
+		// evictions, so the master's notices (bounded: 64 Ki keys, about
+		// 5 MB) may still be filling between the readings: bound the
+		// growth by that, well below what 90,000 puts held per put
+		// before (12 MB at 140 B each).
+		if grew := int64(h2) - int64(h1); grew > 8<<20 {
+			t.Fatalf("the client's heap grew %d B over %d puts (%.1f B per put): a put row must not hold memory per put", grew, n2-n1, per)
+		}
+		return
+	}
 	if per > 16 {
 		t.Fatalf("the client's heap grows %.1f B per put (from %d B at %d puts to %d B at %d): a put row must not hold memory per put", per, h1, n1, h2, n2)
 	}
