@@ -436,7 +436,10 @@ func (c *Client) orderReplicas(reps []Replica) []Replica {
 // is removed, so that the next put stores it anew.
 func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, sums []uint64, dst []local, errs []error) {
 	try := make([]int, len(keys))
-	bad := make([]int, len(keys)) // replicas that failed their checksum
+	var bad []int // per key, replicas that failed their checksum (with sums only)
+	if sums != nil {
+		bad = make([]int, len(keys))
+	}
 	for round := 0; ; round++ {
 		var reqs []xfer
 		for i := range keys {
@@ -460,13 +463,13 @@ func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, sums
 		for _, x := range reqs {
 			i := x.item
 			if err := failed[i]; err != nil {
-				if CodeOf(err) == InvalidReplica {
+				if bad != nil && CodeOf(err) == InvalidReplica {
 					bad[i]++
 				}
 				try[i]++
 				if try[i] >= len(reps[i]) {
 					errs[i] = fmt.Errorf("every replica failed, last: %w", err)
-					if bad[i] == len(reps[i]) {
+					if bad != nil && bad[i] == len(reps[i]) {
 						errs[i] = err
 						c.dropCorrupt(ctx, keys[i])
 					}
