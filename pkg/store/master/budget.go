@@ -244,10 +244,12 @@ func (s *budgetStream) RecvMsg(m any) error {
 	return nil
 }
 
+// SendMsg hands the charge back before the answer goes out: the request
+// is handled by then, and a caller that sees the answer must find the
+// budget whole (released after, a caller could see the answer first).
 func (s *budgetStream) SendMsg(m any) error {
-	err := s.ServerStream.SendMsg(m)
 	s.release()
-	return err
+	return s.ServerStream.SendMsg(m)
 }
 
 // budgetCodec is gRPC's proto codec with the budget applied before
