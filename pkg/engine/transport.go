@@ -82,6 +82,23 @@ func (s *Segment) Provider() string {
 	return s.e.Provider(s.via)
 }
 
+// aborter is a Route that can fail what is in flight to its peer at once.
+type aborter interface{ Abort(err error) }
+
+// Abort fails every transfer in flight to the segment's peer with err, on
+// this handle and on every other one sharing its connections, and closes
+// the handle. It is for a peer known to be gone (the store's master
+// dropped it) that would otherwise hold transfers until their timeout.
+// Routes that cannot hang on a silent peer (local, shm: the copy is this
+// process's own) and those without it (rdma: the NIC's retry limit ends
+// them) just close.
+func (s *Segment) Abort(err error) {
+	if a, ok := s.route.(aborter); ok {
+		a.Abort(fmt.Errorf("segment %q: %w", s.name, err))
+	}
+	s.Close()
+}
+
 // Close closes the handle; later requests on it fail with ErrSegmentClosed.
 // Connections are shared per peer and stay for other handles; a shm
 // mapping is the handle's own and is unmapped once copies in flight end.
@@ -220,3 +237,5 @@ func (r *tcpRoute) Submit(tasks []*Task) {
 }
 
 func (r *tcpRoute) Close() error { return nil }
+
+func (r *tcpRoute) Abort(err error) { r.t.client.Abort(r.addr, err) }

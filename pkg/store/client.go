@@ -112,6 +112,10 @@ type Client struct {
 	// mismatches counts checksum mismatches; reported the part the
 	// master has been told of (Ping).
 	mismatches, reported atomic.Uint64
+	// dropsSeen is the master's drop number as of the last ping.
+	dropsSeen atomic.Uint64
+	// aborts counts abortEndpoint's aborts (Stats.DroppedPeerAborts).
+	aborts atomic.Uint64
 }
 
 var errClientClosed = &Error{Code: UnavailableInCurrentStatus, Msg: "client closed"}
@@ -174,6 +178,9 @@ type ClientStats struct {
 	// DrainCopies and DrainBytes count the copies this node made for
 	// drain jobs.
 	DrainCopies, DrainBytes uint64
+	// DroppedPeerAborts counts the times transfers in flight were failed
+	// because the master dropped their node for going silent.
+	DroppedPeerAborts uint64
 }
 
 // Stats reports the client's ping and re-mount counters.
@@ -183,6 +190,7 @@ func (c *Client) Stats() ClientStats {
 	s := c.stats
 	s.MasterUp = c.masterUp
 	s.ChecksumMismatches = c.mismatches.Load()
+	s.DroppedPeerAborts = c.aborts.Load()
 	c.evicted.mu.Lock()
 	s.EvictedKeys = c.evicted.total
 	c.evicted.mu.Unlock()
@@ -440,7 +448,7 @@ func (c *Client) pingLoop() {
 // master answered and this client is mounted there.
 func (c *Client) ping(ctx context.Context) bool {
 	seen := c.mismatches.Load()
-	resp, err := c.w.ping(ctx, seen-c.reported.Load())
+	resp, err := c.w.ping(ctx, seen-c.reported.Load(), c.dropsSeen.Load())
 	if err == nil {
 		c.reported.Store(seen)
 	}
@@ -465,6 +473,10 @@ func (c *Client) ping(ctx context.Context) bool {
 	c.view = resp.view
 	c.mu.Unlock()
 	c.evicted.deliver(resp.evicted)
+	c.dropsSeen.Store(resp.dropsSeq)
+	for _, ep := range resp.dropped {
+		c.abortEndpoint(ep)
+	}
 	if resp.status == ClientNeedRemount {
 		if err := c.remount(ctx); err != nil {
 			c.log.Warn(fmt.Sprintf("re-mount on master %s: %v", c.cfg.Master, err))
@@ -583,6 +595,24 @@ func (c *Client) openSegment(ctx context.Context, endpoint string) (*engine.Segm
 	c.segs[endpoint] = s
 	c.segsMu.Unlock()
 	return s, nil
+}
+
+// abortEndpoint fails the transfers in flight to a node the master
+// dropped for going silent: they would otherwise wait out the transfer
+// timeout against a peer that may never answer (a SIGSTOPped process, a
+// hung host). A get then tries its next replica; a put fails and is
+// revoked.
+func (c *Client) abortEndpoint(endpoint string) {
+	c.segsMu.Lock()
+	s := c.segs[endpoint]
+	delete(c.segs, endpoint)
+	c.segsMu.Unlock()
+	if s == nil {
+		return
+	}
+	c.log.Warn(fmt.Sprintf("the master dropped the segment at %s (its node went silent): failing transfers in flight to it", endpoint))
+	c.aborts.Add(1)
+	s.Abort(fmt.Errorf("dropped by the master: its node stopped answering (no ping within client_ttl)"))
 }
 
 func (c *Client) dropSegment(endpoint string, s *engine.Segment) {

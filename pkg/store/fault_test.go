@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -129,6 +130,67 @@ func TestNodeKilled(t *testing.T) {
 	}
 	if reps, _ := cl.Query(ctx, "both"); len(reps) != 1 {
 		t.Fatalf("both has %d replicas after the drop, want 1", len(reps))
+	}
+}
+
+// A node SIGSTOPped with a get and a put in flight to it: the master
+// drops it at client_ttl and the client, told with its next ping, fails
+// both at once instead of waiting out the 30 s transfer timeout against a
+// process that never answers. The put leaves nothing behind.
+func TestNodeStoppedFailsTransfersAtOnce(t *testing.T) {
+	c := startMaster(t, master.Config{ClientTTL: 500 * time.Millisecond, KVLeaseTTL: 100 * time.Millisecond})
+	child, childSeg := startChildNode(t, c.addr)
+	c.client(32 << 20)
+	cl := c.client(0)
+	ctx := context.Background()
+	onChild := store.WithConfig(store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{childSeg}})
+	v := value(1<<20, 3)
+	if err := cl.Put(ctx, "on-child", v, onChild); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cl.Get(ctx, "on-child"); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("get before the stop: %v", err)
+	}
+	big := value(16<<20, 4)
+	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { child.Process.Signal(syscall.SIGCONT) })
+	type result struct {
+		what string
+		err  error
+		took time.Duration
+	}
+	done := make(chan result, 2)
+	start := time.Now()
+	go func() {
+		_, err := cl.Get(ctx, "on-child")
+		done <- result{"get", err, time.Since(start)}
+	}()
+	go func() {
+		err := cl.Put(ctx, "new-on-child", big, onChild)
+		done <- result{"put", err, time.Since(start)}
+	}()
+	// The master drops the node after client_ttl (0.5 s); the transfer
+	// timeout is 30 s. 10 s tells the two apart with room for a slow CI.
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	for range 2 {
+		select {
+		case r := <-done:
+			t.Logf("%s to the stopped node ended after %s: %v", r.what, r.took.Round(time.Millisecond), r.err)
+			if r.err == nil {
+				t.Errorf("%s to a stopped node succeeded", r.what)
+			}
+		case <-timer.C:
+			t.Fatalf("a transfer to a node the master dropped at client_ttl still waits after %s", time.Since(start).Round(time.Millisecond))
+		}
+	}
+	if cl.Stats().DroppedPeerAborts == 0 {
+		t.Errorf("the client counted no abort of a dropped node's transfers")
+	}
+	if ok, err := cl.Exist(ctx, "new-on-child"); err != nil || ok {
+		t.Errorf("the failed put left its key: exists %v, %v", ok, err)
 	}
 }
 

@@ -27,8 +27,9 @@ type masterWire interface {
 	// so the node must renew it and mount it anew.
 	remount(ctx context.Context, segs []SegmentInfo) error
 	// ping tells the master the client is alive, and how many checksum
-	// mismatches it saw since the last ping (a wire that can carry it).
-	ping(ctx context.Context, mismatches uint64) (pingResult, error)
+	// mismatches it saw since the last ping (a wire that can carry it);
+	// dropsSeen is the last pingResult.dropsSeq.
+	ping(ctx context.Context, mismatches, dropsSeen uint64) (pingResult, error)
 	// unmount takes a segment away gracefully (reads in flight finish).
 	unmount(ctx context.Context, seg UUID) error
 	// unregister tells the master the client leaves (best effort).
@@ -67,6 +68,10 @@ type pingResult struct {
 	view    uint64
 	status  ClientStatus
 	evicted []string
+	// dropped are the transfer endpoints the master dropped (their owner
+	// went silent) since dropsSeen; dropsSeq the number to send next.
+	dropsSeq uint64
+	dropped  []string
 }
 
 // wireConfig is what every wire needs from the client's Config.

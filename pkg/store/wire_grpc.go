@@ -226,10 +226,10 @@ func (w *grpcWire) remount(ctx context.Context, segs []SegmentInfo) error {
 	return nil
 }
 
-func (w *grpcWire) ping(ctx context.Context, mismatches uint64) (pingResult, error) {
+func (w *grpcWire) ping(ctx context.Context, mismatches, dropsSeen uint64) (pingResult, error) {
 	var resp *pb.PingResponse
 	err := w.call(ctx, "ping", func(ctx context.Context) (err error) {
-		resp, err = w.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(w.cfg.id), ChecksumMismatches: mismatches}, failFast)
+		resp, err = w.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(w.cfg.id), ChecksumMismatches: mismatches, DropsSeen: dropsSeen}, failFast)
 		return err
 	})
 	if err != nil {
@@ -239,7 +239,7 @@ func (w *grpcWire) ping(ctx context.Context, mismatches uint64) (pingResult, err
 	if resp.ClientStatus == pb.ClientStatus_NEED_REMOUNT {
 		st = ClientNeedRemount
 	}
-	return pingResult{view: resp.ViewVersion, status: st, evicted: resp.EvictedKeys}, nil
+	return pingResult{view: resp.ViewVersion, status: st, evicted: resp.EvictedKeys, dropsSeq: resp.DropsSeq, dropped: resp.DroppedEndpoints}, nil
 }
 
 func (w *grpcWire) unmount(ctx context.Context, seg UUID) error {

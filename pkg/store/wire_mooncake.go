@@ -158,7 +158,9 @@ func (w *mooncakeWire) remount(ctx context.Context, segs []SegmentInfo) error {
 	return nil
 }
 
-func (w *mooncakeWire) ping(ctx context.Context, _ uint64) (pingResult, error) {
+// Mooncake's Ping carries no drops: a transfer to a node that went silent
+// ends at the transfer timeout.
+func (w *mooncakeWire) ping(ctx context.Context, _, _ uint64) (pingResult, error) {
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	r, err := w.mc.Ping(ctx, w.id())

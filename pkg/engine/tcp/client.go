@@ -187,6 +187,35 @@ func (c *Client) lane(ctx context.Context, p *peer) (*lane, error) {
 	return l, nil
 }
 
+// Abort fails every operation queued or in flight to the data server at
+// addr with err and closes its lanes (the next Submit dials anew). An op
+// being received completes only once its connection is closed, so no byte
+// of it lands in local memory after its completion. It is for a peer
+// known to be gone (its node dropped by the store's master) that would
+// otherwise hold its ops until StatusTimeout. Per-request connections are
+// left to their own deadlines.
+func (c *Client) Abort(addr string, err error) {
+	c.mu.Lock()
+	var ps []*peer
+	for _, key := range []string{addr, addr + "/v1"} {
+		if p := c.peers[key]; p != nil {
+			ps = append(ps, p)
+			delete(c.peers, key)
+		}
+	}
+	c.mu.Unlock()
+	for _, p := range ps {
+		p.mu.Lock()
+		for i, l := range p.lanes {
+			if l != nil {
+				l.close(err)
+				p.lanes[i] = nil
+			}
+		}
+		p.mu.Unlock()
+	}
+}
+
 // Close fails queued operations with ErrClosed, closes every lane and
 // waits for the lane goroutines to exit.
 func (c *Client) Close() error {
@@ -461,6 +490,14 @@ func (l *lane) readReply(br io.Reader, op *Op, st []byte) error {
 
 // describe turns a read error into a reason an operator can act on.
 func (l *lane) describe(err error) error {
+	// The lane was killed (Abort, Close): its reason, not the closed
+	// connection it left, is what the op's owner needs.
+	l.mu.Lock()
+	why := l.err
+	l.mu.Unlock()
+	if why != nil {
+		return why
+	}
 	var ne net.Error
 	switch {
 	case errors.As(err, &ne) && ne.Timeout():

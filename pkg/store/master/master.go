@@ -255,6 +255,8 @@ type Master struct {
 	log *slog.Logger
 	// budget bounds request bytes in flight on both RPC wires.
 	budget *budget.Budget
+	// drops are the segments dropped for a silent owner, told with pings.
+	drops *dropLog
 	seed   maphash.Seed
 	shards []shard
 	space  space
@@ -294,6 +296,7 @@ func New(cfg Config) (*Master, error) {
 		cfg:       cfg,
 		log:       cfg.Logger,
 		budget:    budget.New(cfg.RequestBudget, "--request-budget"),
+		drops:     newDropLog(),
 		seed:      maphash.MakeSeed(),
 		shards:    make([]shard, defaultShards),
 		clients:   make(map[store.UUID]*clientState),
@@ -576,6 +579,9 @@ func (m *Master) dropClient(c *clientState, why string) {
 	for _, id := range ids {
 		if seg, err := m.space.beginUnmount(c.id, id, SegUnmounting); err == nil {
 			m.finishUnmount(seg)
+			if why == "" {
+				m.drops.add(seg.info.Endpoint, time.Now())
+			}
 		}
 	}
 	m.space.dropInstance(c.id)

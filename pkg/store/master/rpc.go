@@ -464,7 +464,8 @@ func (s *rpcServer) Ping(_ context.Context, r *pb.PingRequest) (*pb.PingResponse
 	if st == store.ClientNeedRemount {
 		cs = pb.ClientStatus_NEED_REMOUNT
 	}
-	return &pb.PingResponse{ViewVersion: v, ClientStatus: cs, EvictedKeys: s.m.TakeEvictedKeys(store.UUIDFromPB(r.ClientId))}, nil
+	seq, dropped := s.m.DroppedSince(r.DropsSeen)
+	return &pb.PingResponse{ViewVersion: v, ClientStatus: cs, EvictedKeys: s.m.TakeEvictedKeys(store.UUIDFromPB(r.ClientId)), DropsSeq: seq, DroppedEndpoints: dropped}, nil
 }
 
 func (s *rpcServer) MountSegment(_ context.Context, r *pb.MountSegmentRequest) (*pb.Result, error) {

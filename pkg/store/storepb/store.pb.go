@@ -805,8 +805,11 @@ type PingRequest struct {
 	// Gets of this client whose bytes did not match the writer's checksum
 	// since its last ping (counted in the master's /metrics).
 	ChecksumMismatches uint64 `protobuf:"varint,2,opt,name=checksum_mismatches,json=checksumMismatches,proto3" json:"checksum_mismatches,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// drops_seen: the last drops_seq this client was given (0 on its first
+	// ping: it is told the current one and no drops).
+	DropsSeen     uint64 `protobuf:"varint,3,opt,name=drops_seen,json=dropsSeen,proto3" json:"drops_seen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PingRequest) Reset() {
@@ -853,6 +856,13 @@ func (x *PingRequest) GetChecksumMismatches() uint64 {
 	return 0
 }
 
+func (x *PingRequest) GetDropsSeen() uint64 {
+	if x != nil {
+		return x.DropsSeen
+	}
+	return 0
+}
+
 type PingResponse struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	ViewVersion  uint64                 `protobuf:"varint,1,opt,name=view_version,json=viewVersion,proto3" json:"view_version,omitempty"`
@@ -860,9 +870,15 @@ type PingResponse struct {
 	// evicted_keys: keys evicted from this client's regions since its last
 	// ping (at most 10000; the rest come with the next pings). The client
 	// drops its local state for them.
-	EvictedKeys   []string `protobuf:"bytes,3,rep,name=evicted_keys,json=evictedKeys,proto3" json:"evicted_keys,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EvictedKeys []string `protobuf:"bytes,3,rep,name=evicted_keys,json=evictedKeys,proto3" json:"evicted_keys,omitempty"`
+	// Segments the master dropped since drops_seen because their owner went
+	// silent (client_ttl), by transfer endpoint: the client fails its
+	// transfers in flight to them at once instead of waiting out the
+	// transfer timeout against a node that no longer answers.
+	DropsSeq         uint64   `protobuf:"varint,4,opt,name=drops_seq,json=dropsSeq,proto3" json:"drops_seq,omitempty"`
+	DroppedEndpoints []string `protobuf:"bytes,5,rep,name=dropped_endpoints,json=droppedEndpoints,proto3" json:"dropped_endpoints,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PingResponse) Reset() {
@@ -912,6 +928,20 @@ func (x *PingResponse) GetClientStatus() ClientStatus {
 func (x *PingResponse) GetEvictedKeys() []string {
 	if x != nil {
 		return x.EvictedKeys
+	}
+	return nil
+}
+
+func (x *PingResponse) GetDropsSeq() uint64 {
+	if x != nil {
+		return x.DropsSeq
+	}
+	return 0
+}
+
+func (x *PingResponse) GetDroppedEndpoints() []string {
+	if x != nil {
+		return x.DroppedEndpoints
 	}
 	return nil
 }
@@ -2220,14 +2250,18 @@ const file_store_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x1f\n" +
 	"\vte_endpoint\x18\x05 \x01(\tR\n" +
 	"teEndpoint\x12\x1a\n" +
-	"\bprotocol\x18\x06 \x01(\tR\bprotocol\"n\n" +
+	"\bprotocol\x18\x06 \x01(\tR\bprotocol\"\x8d\x01\n" +
 	"\vPingRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12/\n" +
-	"\x13checksum_mismatches\x18\x02 \x01(\x04R\x12checksumMismatches\"\x94\x01\n" +
+	"\x13checksum_mismatches\x18\x02 \x01(\x04R\x12checksumMismatches\x12\x1d\n" +
+	"\n" +
+	"drops_seen\x18\x03 \x01(\x04R\tdropsSeen\"\xde\x01\n" +
 	"\fPingResponse\x12!\n" +
 	"\fview_version\x18\x01 \x01(\x04R\vviewVersion\x12>\n" +
 	"\rclient_status\x18\x02 \x01(\x0e2\x19.mc.store.v1.ClientStatusR\fclientStatus\x12!\n" +
-	"\fevicted_keys\x18\x03 \x03(\tR\vevictedKeys\"u\n" +
+	"\fevicted_keys\x18\x03 \x03(\tR\vevictedKeys\x12\x1b\n" +
+	"\tdrops_seq\x18\x04 \x01(\x04R\bdropsSeq\x12+\n" +
+	"\x11dropped_endpoints\x18\x05 \x03(\tR\x10droppedEndpoints\"u\n" +
 	"\x13MountSegmentRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12.\n" +
 	"\asegment\x18\x02 \x01(\v2\x14.mc.store.v1.SegmentR\asegment\"y\n" +
