@@ -256,7 +256,7 @@ type Master struct {
 	// budget bounds request bytes in flight on both RPC wires.
 	budget *budget.Budget
 	// drops are the segments dropped for a silent owner, told with pings.
-	drops *dropLog
+	drops  *dropLog
 	seed   maphash.Seed
 	shards []shard
 	space  space
