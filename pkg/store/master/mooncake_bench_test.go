@@ -229,3 +229,42 @@ func closedLoop(clients int, d time.Duration, newCall func(c int) func() int) fl
 	wg.Wait()
 	return float64(done.Load()) / d.Seconds()
 }
+
+// BenchmarkWireSingleCaller is what one of vLLM's workers sees of the
+// master through Mooncake's client: one key per call, one call at a time
+// (a put is PutStart then PutEnd, a get GetReplicaList). ns/op is the
+// round trip of the calls on loopback, the master's work included.
+func BenchmarkWireSingleCaller(b *testing.B) {
+	_, addr, _ := wireBenchMaster(b)
+	ctx := context.Background()
+	c := mooncake.NewClient(addr, nil)
+	defer c.Close()
+	id := mooncake.UUID{First: 9, Second: 2}
+	rc := mooncake.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{}, PreferredNoFSegments: []string{}}
+	b.Run("put", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			k := "single-put-" + strconv.Itoa(i)
+			i++
+			if _, err := c.PutStart(ctx, id, k, 4096, rc, false); err != nil {
+				b.Fatal(err)
+			}
+			if err := c.PutEnd(ctx, id, k, false); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("get", func(b *testing.B) {
+		if _, err := c.PutStart(ctx, id, "single-get", 4096, rc, false); err != nil {
+			b.Fatal(err)
+		}
+		if err := c.PutEnd(ctx, id, "single-get", false); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if _, err := c.GetReplicaList(ctx, "single-get"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
