@@ -167,6 +167,14 @@ MOONCAKE_BUILD ?= ../mooncake-build/build
 bench-mooncake-master: build
 	scripts/bench-mooncake-master.sh $(MOONCAKE_BUILD) bin/mc
 
+# Mooncake's Python client, one caller, one key per call: p50/p99 of 4K
+# puts and gets and GB/s of 1M puts and gets on a Mooncake pool and on mc
+# pools, alternated, medians of three rounds (issue 39); needs
+# MOONCAKE_BUILD as above. About 3 minutes.
+.PHONY: bench-mooncake-latency
+bench-mooncake-latency: build
+	scripts/bench-mooncake-latency.sh $(MOONCAKE_BUILD) bin/mc 3
+
 # mc against the real Mooncake Store (mooncake_master, mooncake_client,
 # the Python client), one line per case; needs MOONCAKE_BUILD as above.
 .PHONY: mooncake-interop

@@ -64,6 +64,16 @@ type ServerOptions struct {
 	AdmissionWait time.Duration
 	// Logger receives connection errors; nil means slog.Default().
 	Logger *slog.Logger
+	// Inline, when set, says which functions may run in the connection's
+	// read loop instead of a goroutine of their own, when nothing else
+	// is running or waiting on the connection (a caller making one call
+	// at a time, as one of Mooncake's clients does). That saves the hand
+	// over to another goroutine and its stack's growth: on a loaded
+	// 2-core host about a fifth of a call's round trip. Only functions
+	// that never block for long (no waits on a quorum, a lease, another
+	// client) may be inline: the connection reads nothing while one
+	// runs.
+	Inline func(functionID uint32) bool
 	// Recycle, when set, is handed each body a handler returned once the
 	// server is done with it (written, or dropped with the connection),
 	// so that handlers can encode answers into reused buffers. Set it
@@ -92,8 +102,9 @@ type Server struct {
 }
 
 type registered struct {
-	name string
-	h    Handler
+	name   string
+	h      Handler
+	inline bool
 }
 
 // NewServer returns a Server with no handlers.
@@ -136,7 +147,7 @@ func (s *Server) Register(qualifiedName string, h Handler) (uint32, error) {
 	if prev, ok := s.handlers[id]; ok {
 		return id, fmt.Errorf("register %q: function id %#08x already taken by %q", qualifiedName, id, prev.name)
 	}
-	s.handlers[id] = registered{name: qualifiedName, h: h}
+	s.handlers[id] = registered{name: qualifiedName, h: h, inline: s.opts.Inline != nil && s.opts.Inline(id)}
 	return id, nil
 }
 
@@ -418,6 +429,10 @@ func (sc *serverConn) handleFrame(hb []byte) error {
 	}
 	sc.running.Add(1)
 	req := &Request{Header: h, Body: body, Attachment: attach, RemoteAddr: sc.nc.RemoteAddr()}
+	if reg.inline && len(sc.inflight) == 1 && sc.br.Buffered() == 0 {
+		sc.run(reg, req, release)
+		return nil
+	}
 	go sc.run(reg, req, release)
 	return nil
 }

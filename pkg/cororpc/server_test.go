@@ -581,3 +581,55 @@ func TestServerRecyclesBodies(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// An inline function runs in the read loop only when nothing else runs or
+// waits on the connection: behind a blocked call it still gets its own
+// goroutine and answers first, and calls sent back to back are all
+// answered.
+func TestServerInlineOnlyWhenAlone(t *testing.T) {
+	var fastID uint32
+	s := NewServer(&ServerOptions{Inline: func(id uint32) bool { return id == fastID }})
+	fastID = FunctionID("test::Fast")
+	releaseSlow := make(chan struct{})
+	slow := mustRegister(t, s, "test::Slow", func(ctx context.Context, req *Request) ([]byte, error) {
+		<-releaseSlow
+		return []byte("slow"), nil
+	})
+	fast := mustRegister(t, s, "test::Fast", func(ctx context.Context, req *Request) ([]byte, error) {
+		return append([]byte("fast"), req.Body...), nil
+	})
+	if !s.handlers[fast].inline || s.handlers[slow].inline {
+		t.Fatalf("inline flags: fast %v slow %v", s.handlers[fast].inline, s.handlers[slow].inline)
+	}
+	addr := startServer(t, s)
+	conn := rawDial(t, addr)
+	sendReq(t, conn, 1, slow, nil)
+	sendReq(t, conn, 2, fast, nil)
+	if h, body := recvResp(t, conn); h.Seq != 2 || string(body) != "fast" {
+		t.Fatalf("first response %+v %q, want the fast call's", h, body)
+	}
+	close(releaseSlow)
+	if h, body := recvResp(t, conn); h.Seq != 1 || string(body) != "slow" {
+		t.Fatalf("second response %+v %q, want the slow call's", h, body)
+	}
+	for i := range 16 {
+		sendReq(t, conn, uint32(10+i), fast, []byte{byte(i)})
+	}
+	// Answers may come in any order (coro_rpc matches them by seq).
+	seen := make(map[uint32]bool)
+	for range 16 {
+		h, body := recvResp(t, conn)
+		i := h.Seq - 10
+		if i >= 16 || seen[h.Seq] || string(body) != "fast"+string([]byte{byte(i)}) {
+			t.Fatalf("back-to-back calls: answer %+v %q", h, body)
+		}
+		seen[h.Seq] = true
+	}
+	c := NewClient(addr, nil)
+	defer c.Close()
+	for i := range 100 {
+		if got, err := c.Call(context.Background(), fast, []byte{byte(i)}); err != nil || string(got) != "fast"+string([]byte{byte(i)}) {
+			t.Fatalf("serial call %d: %q %v", i, got, err)
+		}
+	}
+}

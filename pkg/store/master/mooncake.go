@@ -32,9 +32,14 @@ func NewMooncakeServer(m *Master, gate MooncakeGate, log *slog.Logger) *cororpc.
 	ms := &mooncakeServer{m: m, gate: gate, log: log, rpc: &rpcServer{m: m}}
 	// Every answer is encoded into a pooled buffer (wrap), returned to
 	// the pool once written.
+	inline := make(map[uint32]bool)
+	for name := range inlineCalls(m.cfg.Sync != nil) {
+		inline[cororpc.FunctionID(mooncake.Service+"::"+name)] = true
+	}
 	srv := cororpc.NewServer(&cororpc.ServerOptions{
 		MaxMessageLen: uint32(store.MaxMsgSize), Logger: log, Recycle: recycleBody,
 		Budget: m.budget, ReadTimeout: m.cfg.RequestReadTimeout,
+		Inline: func(id uint32) bool { return inline[id] },
 	})
 	hs := ms.handlers()
 	for name, answer := range unsupportedCalls {
@@ -48,6 +53,27 @@ func NewMooncakeServer(m *Master, gate MooncakeGate, log *slog.Logger) *cororpc.
 		}
 	}
 	return srv
+}
+
+// inlineCalls are the calls a connection's read loop may run itself when
+// its client makes one call at a time (cororpc.ServerOptions.Inline): the
+// hot calls of a put and a get, which only take the master's locks. With
+// HA, puts and removes wait for the op log's quorum, so only reads are.
+// Never: long polls (FetchTasks, PollRemoveAll), graceful unmounts (they
+// wait for reads), scans (regex, RemoveAll).
+func inlineCalls(ha bool) map[string]bool {
+	calls := map[string]bool{
+		"ServiceReady": true, "GetStorageConfig": true, "Ping": true,
+		"ExistKey": true, "BatchExistKey": true, "GetReplicaList": true, "BatchGetReplicaList": true,
+	}
+	if !ha {
+		for _, c := range []string{"PutStart", "UpsertStart", "BatchPutStart", "BatchUpsertStart",
+			"PutEnd", "UpsertEnd", "BatchPutEnd", "BatchUpsertEnd",
+			"PutRevoke", "UpsertRevoke", "BatchPutRevoke", "BatchUpsertRevoke", "Remove", "BatchRemove"} {
+			calls[c] = true
+		}
+	}
+	return calls
 }
 
 type mooncakeServer struct {
