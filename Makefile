@@ -13,7 +13,7 @@ LDFLAGS := -X github.com/kvcache-ops/mc/cmd.version=$(VERSION) -X github.com/kvc
 # Debian packages `make test` needs: the verbs headers, so the `ibverbs`
 # build of pkg/rdma compiles; protoc, to check the store's generated RPC
 # code is fresh (its Go plugins are pinned as tools in go.mod).
-DEB_PKGS := libibverbs-dev protobuf-compiler
+DEB_PKGS := libibverbs-dev protobuf-compiler python3-zmq python3-msgpack
 
 PROTO_DIR := pkg/store/storepb
 PROTO_GEN := .cache/protoc-gen

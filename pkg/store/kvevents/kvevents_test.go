@@ -1,0 +1,372 @@
+package kvevents
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestParseSeqHash(t *testing.T) {
+	for _, c := range []struct {
+		key  string
+		want uint64
+		ok   bool
+	}{
+		{"1234567", 1234567, true},
+		{"0x1f2e", 7982, true},
+		{"0X1F2E", 7982, true},
+		{"plainkey", 0, false},
+		{"", 0, false},
+		{"0x", 0, false},
+		{"0x1g", 0, false},
+		{"0x-5", 0, false},
+		{"12a", 0, false},
+		{" 12", 12, true},
+		{"+12", 12, true},
+		{"-1", 1<<64 - 1, true},
+		{"18446744073709551615", 1<<64 - 1, true},
+		{"18446744073709551616", 0, false},
+		{"0xffffffffffffffff", 1<<64 - 1, true},
+		{"0x10000000000000000", 0, false},
+		{"1_000", 0, false},
+		{" ", 0, false},
+		{"12 ", 0, false},
+	} {
+		got, ok := ParseSeqHash(c.key)
+		if got != c.want || ok != c.ok {
+			t.Errorf("ParseSeqHash(%q) = %d, %v; want %d, %v", c.key, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+// The forms msgpack-c's packer picks, byte for byte.
+func TestMsgpackForms(t *testing.T) {
+	hex := func(b []byte) string { return fmt.Sprintf("% x", b) }
+	for _, c := range []struct {
+		got, want string
+	}{
+		{hex(appendUint(nil, 127)), "7f"},
+		{hex(appendUint(nil, 128)), "cc 80"},
+		{hex(appendUint(nil, 1<<16)), "ce 00 01 00 00"},
+		{hex(appendInt(nil, 1700000000000)), "cf 00 00 01 8b cf e5 68 00"},
+		{hex(appendInt(nil, -1)), "ff"},
+		{hex(appendInt(nil, -33)), "d0 df"},
+		{hex(appendInt(nil, -1<<63)), "d3 80 00 00 00 00 00 00 00"},
+		{hex(appendStr(nil, "abc")), "a3 61 62 63"},
+		{hex(appendStr(nil, strings.Repeat("x", 32))[:2]), "d9 20"},
+		{hex(appendMapHeader(nil, 20)), "de 00 14"},
+		{hex(appendArrayHeader(nil, 0)), "90"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %s, want %s", c.got, c.want)
+		}
+	}
+}
+
+func FuzzDecodePayload(f *testing.F) {
+	b := appendArrayHeader(nil, 3)
+	b = appendInt(b, 1)
+	b = appendArrayHeader(b, 1)
+	b = appendEvent(b, 1, 1, true, true, true, "be", "12", "cpu", 12, true)
+	b = appendUint(b, 0)
+	f.Add(b)
+	f.Add([]byte{0x93, 0x01, 0x90, 0x00})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _, _, _ = DecodePayload(b) // must not panic
+	})
+}
+
+// debianPython is Debian's interpreter, the one python3-zmq and
+// python3-msgpack install into (a python3 earlier on PATH may not have
+// them).
+const debianPython = "/usr/bin/python3"
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newTestPublisher(t *testing.T, cfg Config) *Publisher {
+	t.Helper()
+	if cfg.Endpoint == "" {
+		cfg.Endpoint = "tcp://127.0.0.1:0"
+	}
+	if cfg.BackendID == "" {
+		cfg.BackendID = "pool-a"
+	}
+	p, err := open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func waitFor(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// pyField is one [name, python type, value] of an event as sub.py saw it.
+type pyMsg struct {
+	Ready   bool                  `json:"ready"`
+	NFrames int                   `json:"nframes"`
+	Topic   string                `json:"topic"`
+	SeqLen  int                   `json:"seq_len"`
+	Seq     uint64                `json:"seq"`
+	TS      int64                 `json:"ts"`
+	DPRank  *int                  `json:"dp_rank"`
+	Events  [][][]json.RawMessage `json:"events"`
+}
+
+// TestPythonConsumer: libzmq's SUB (python3-zmq) and msgpack-python
+// decode what Mooncake's publisher sends for puts of 1234567, 0x1f2e and
+// plainkey and a remove of 1234567: four messages, sequence 1-4, every
+// field with Mooncake's name, order, type and value.
+func TestPythonConsumer(t *testing.T) {
+	p := newTestPublisher(t, Config{})
+	go p.run()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, debianPython, "testdata/sub.py", p.Endpoint(), "4")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("python3 (Debian's python3-zmq and python3-msgpack; make deps-deb installs them): %v", err)
+	}
+	defer func() { _ = cmd.Wait() }()
+	sc := bufio.NewScanner(out)
+	sc.Buffer(nil, 1<<20)
+	if !sc.Scan() {
+		t.Fatalf("python consumer did not start: %s", stderr.String())
+	}
+	waitFor(t, "the python subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	ops := []struct {
+		removed bool
+		key     string
+	}{{false, "1234567"}, {false, "0x1f2e"}, {false, "plainkey"}, {true, "1234567"}}
+	for i, op := range ops {
+		if op.removed {
+			p.Removed(op.key, MediumCPU)
+		} else {
+			p.Stored(op.key, MediumCPU)
+		}
+		waitFor(t, "a batch", func() bool { return p.Stats().PublishedBatches == uint64(i+1) })
+	}
+	hashes := []string{"[1234567]", "[7982]", "[]", "[1234567]"}
+	for i, op := range ops {
+		if !sc.Scan() {
+			t.Fatalf("message %d: python consumer ended: %s", i+1, stderr.String())
+		}
+		var m pyMsg
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatal(err)
+		}
+		if m.NFrames != 3 || m.Topic != "" || m.SeqLen != 8 || m.Seq != uint64(i+1) || m.DPRank == nil || *m.DPRank != 0 {
+			t.Fatalf("message %d: frames %d topic %q seq %d (%d bytes) dp_rank %v; want 3 frames, empty topic, 8-byte seq %d, dp_rank 0", i+1, m.NFrames, m.Topic, m.Seq, m.SeqLen, m.DPRank, i+1)
+		}
+		if len(m.Events) != 1 {
+			t.Fatalf("message %d: %d events, want 1", i+1, len(m.Events))
+		}
+		var got []string
+		for _, f := range m.Events[0] {
+			got = append(got, fmt.Sprintf("%s:%s=%s", f[0], strings.Trim(string(f[1]), `"`), f[2]))
+		}
+		ts := fmt.Sprint(m.TS)
+		want := []string{
+			fmt.Sprintf("\"event_id\":int=%d", i+1), "\"timestamp\":int=" + ts,
+		}
+		typ, legacy := `"stored"`, `"BlockStored"`
+		if op.removed {
+			typ, legacy = `"removed"`, `"BlockRemoved"`
+		}
+		want = append(want, `"event_type":str=`+typ, `"type":str=`+legacy,
+			`"model_name":NoneType=null`, `"block_size":NoneType=null`, `"additional_salt":NoneType=null`, `"lora_name":NoneType=null`,
+			`"tenant_id":str="default"`, `"backend_id":str="pool-a"`, `"group_id":NoneType=null`, `"medium":str="cpu"`, `"dp_rank":NoneType=null`,
+			`"object_key":str="`+op.key+`"`, `"seq_hashes":list=`+hashes[i], `"block_hashes":list=`+hashes[i])
+		if op.removed {
+			want = append(want, `"base_block_idx":NoneType=null`)
+		} else {
+			want = append(want, `"base_block_idx":int=0`, `"parent_hash":NoneType=null`, `"token_ids":NoneType=null`, `"parent_block_hash":NoneType=null`)
+		}
+		if strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("message %d event:\ngot\n%s\nwant\n%s", i+1, strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		if d := time.Since(time.UnixMilli(m.TS)); d < 0 || d > time.Minute {
+			t.Errorf("message %d: timestamp %d ms is not now", i+1, m.TS)
+		}
+	}
+	if s := p.Stats(); s.PublishedEvents != 4 || s.SkippedUnparsedKeys != 1 || s.DroppedEvents != 0 {
+		t.Errorf("stats %+v: want 4 published, 1 unparsed key (plainkey), 0 dropped", s)
+	}
+}
+
+// A full queue drops its oldest events, counts them and skips one
+// sequence number per event, as Mooncake's does.
+func TestQueueFullDropsOldestAndSkipsSequence(t *testing.T) {
+	p := newTestPublisher(t, Config{QueueCapacity: 3})
+	s, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	for i := 1; i <= 5; i++ { // the publisher goroutine is not running yet
+		p.Stored(fmt.Sprint(i), MediumCPU)
+	}
+	if st := p.Stats(); st.DroppedEvents != 2 || st.QueueLength != 3 {
+		t.Fatalf("stats %+v: want 2 dropped, 3 queued", st)
+	}
+	go p.run()
+	b, err := s.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, e := range b.Events {
+		keys = append(keys, e.ObjectKey)
+	}
+	if b.Seq != 3 || strings.Join(keys, ",") != "3,4,5" {
+		t.Fatalf("message seq %d keys %v: want seq 3 (1 and 2 skipped for the drops) with keys 3,4,5", b.Seq, keys)
+	}
+}
+
+// Without object keys, events whose key is no hash are not sent (and are
+// counted); the map loses object_key; without legacy fields it loses
+// type, block_hashes and parent_block_hash.
+func TestNoObjectKeyNoLegacy(t *testing.T) {
+	p := newTestPublisher(t, Config{NoObjectKey: true, NoLegacyFields: true})
+	s, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	p.Stored("plain", MediumDisk)
+	p.Stored("0x10", MediumDisk)
+	go p.run()
+	b, err := s.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Events) != 1 || b.Seq != 1 {
+		t.Fatalf("got seq %d with %d events, want seq 1 with the hashed key alone", b.Seq, len(b.Events))
+	}
+	e := b.Events[0]
+	if len(e.Fields) != 16 || e.Medium != "disk" || len(e.SeqHashes) != 1 || e.SeqHashes[0] != 16 || e.ID != 1 {
+		t.Errorf("event %+v: want 16 fields, medium disk, seq_hashes [16], event_id 1", e)
+	}
+	for _, k := range []string{"object_key", "type", "block_hashes", "parent_block_hash"} {
+		if _, ok := e.Fields[k]; ok {
+			t.Errorf("field %s sent", k)
+		}
+	}
+	if st := p.Stats(); st.SkippedUnparsedKeys != 1 {
+		t.Errorf("skipped %d, want 1", st.SkippedUnparsedKeys)
+	}
+}
+
+// A subscriber that connects, subscribes and never reads: events keep
+// flowing to the others, Stored never waits, and its drops are counted.
+func TestStalledSubscriber(t *testing.T) {
+	p := newTestPublisher(t, Config{SendHWM: 4})
+	go p.run()
+	stalled, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.Close()
+	good, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	waitFor(t, "two subscribers", func() bool { return p.Stats().Subscribers == 2 })
+	const n = 3000
+	key := strings.Repeat("k", 4000) // big messages fill the socket buffers fast
+	got := make(chan int)
+	go func() {
+		events := 0
+		for events < n {
+			b, err := good.Next()
+			if err != nil {
+				break
+			}
+			events += len(b.Events)
+		}
+		got <- events
+	}()
+	start := time.Now()
+	for i := range n {
+		p.Stored(fmt.Sprint(key, i), MediumCPU)
+		if i%MaxBatch == 0 {
+			// one batch at a time, so the reading subscriber keeps up
+			waitFor(t, "the batch", func() bool { return p.Stats().QueueLength == 0 })
+		}
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("%d puts' events took %s to queue", n, d)
+	}
+	select {
+	case events := <-got:
+		if events != n {
+			t.Fatalf("the reading subscriber got %d events, want %d", events, n)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the reading subscriber stalled behind the one that does not read")
+	}
+	if st := p.Stats(); st.SubscriberDrops == 0 || st.DroppedEvents != 0 {
+		t.Errorf("stats %+v: want messages dropped for the stalled subscriber alone", st)
+	}
+}
+
+func TestEndpointErrors(t *testing.T) {
+	for _, ep := range []string{"127.0.0.1:5557", "tcp://127.0.0.1", "udp://1.2.3.4:5", "tcp://h:notaport", "ipc://"} {
+		if _, err := New(Config{Endpoint: ep, BackendID: "b"}); err == nil || !strings.Contains(err.Error(), "endpoint") {
+			t.Errorf("New(%q) = %v, want an endpoint error", ep, err)
+		}
+	}
+	if _, err := New(Config{Endpoint: "tcp://127.0.0.1:0"}); err == nil || !strings.Contains(err.Error(), "backend") {
+		t.Errorf("no backend id: %v, want an error naming it", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, err = New(Config{Endpoint: "tcp://" + ln.Addr().String(), BackendID: "b"})
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		t.Errorf("port in use: %v, want EADDRINUSE", err)
+	}
+}

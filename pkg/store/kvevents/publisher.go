@@ -1,0 +1,379 @@
+// Package kvevents publishes the store's KV events for cache-aware
+// routers (Dynamo's KV router, llm-d's indexer, SGLang's and vLLM's
+// routers), wire-compatible with mooncake_master's publisher (RFC #1527,
+// --enable_kv_events): a ZMQ PUB socket sending one multipart message per
+// batch (empty topic, 8-byte big-endian sequence number, msgpack
+// [timestamp_ms, [event...], dp_rank]), each event a map with Mooncake's
+// field names.
+//
+// ZMTP is spoken here (zmtp.go) rather than through a ZMQ library: a cgo
+// binding to libzmq would end mc being one static binary, and the pure-Go
+// go-zeromq/zmq4 PUB writes to its subscribers one after another from one
+// goroutine with no deadline, so a subscriber that stops reading stalls
+// every other, and its high-water mark drops silently. Here every
+// subscriber has its own bounded queue (Mooncake's ZMQ_SNDHWM, 10000
+// messages) and writer: one that stops reading loses its own messages,
+// counted, and nobody else's.
+//
+// Main types: Publisher (the master's side), Subscriber (mc store events),
+// Event and Batch.
+package kvevents
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults, as Mooncake's publisher.
+const (
+	DefaultQueueCapacity = 65536
+	DefaultTenantID      = "default"
+	// DefaultSendHWM is the messages queued for one subscriber before
+	// further ones are dropped for it (Mooncake's kZmqSendHwm).
+	DefaultSendHWM = 10000
+	// MaxBatch is the most events one message carries.
+	MaxBatch = 64
+)
+
+// Media of an event (Mooncake's master: cpu or disk).
+const (
+	MediumCPU  = "cpu"
+	MediumDisk = "disk"
+)
+
+// Config configures a Publisher.
+type Config struct {
+	// Endpoint is the PUB socket's bind address: tcp://HOST:PORT or
+	// ipc://PATH.
+	Endpoint string
+	// BackendID names the cache owner on every event (required).
+	BackendID string
+	// QueueCapacity bounds the events waiting to be sent; when it is
+	// full the oldest goes. Default DefaultQueueCapacity; negative:
+	// unbounded (Mooncake's 0).
+	QueueCapacity int
+	// NoLegacyFields leaves out the vLLM/SGLang aliases (type,
+	// block_hashes, parent_block_hash): Mooncake's
+	// kv_events_emit_legacy_compat=false.
+	NoLegacyFields bool
+	// NoObjectKey leaves out object_key, and with it every event whose
+	// key is no hash (Mooncake's kv_events_emit_object_key=false).
+	NoObjectKey bool
+	// SendHWM bounds each subscriber's queue (default DefaultSendHWM).
+	SendHWM int
+	Logger  *slog.Logger
+	// now is the clock (tests).
+	now func() time.Time
+}
+
+// Stats are a publisher's counters (Mooncake's /kv_events/status fields,
+// and the messages dropped for subscribers that fell behind).
+type Stats struct {
+	Enabled             bool   `json:"enabled"`
+	PublishedBatches    uint64 `json:"published_batches"`
+	PublishedEvents     uint64 `json:"published_events"`
+	DroppedEvents       uint64 `json:"dropped_events"`
+	SkippedUnparsedKeys uint64 `json:"skipped_unparsed_keys"`
+	SubscriberDrops     uint64 `json:"subscriber_dropped_messages"`
+	Subscribers         int    `json:"subscribers"`
+	QueueLength         int    `json:"queue_length"`
+}
+
+type pending struct {
+	removed bool
+	key     string
+	medium  string
+}
+
+// Publisher queues events and sends them in batches from one goroutine.
+// Stored and Removed never block on the network: a full queue drops its
+// oldest event, counts it and skips a sequence number so that consumers
+// see the gap.
+type Publisher struct {
+	cfg  Config
+	log  *slog.Logger
+	sock *pubSocket
+
+	mu      sync.Mutex
+	queue   []pending // ring
+	head, n int
+	kick    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+	closed  sync.Once
+
+	nextEventID atomic.Uint64
+	nextSeq     atomic.Uint64
+
+	batches, events, dropped, skipped atomic.Uint64
+}
+
+// New binds cfg.Endpoint and starts the publisher goroutine.
+func New(cfg Config) (*Publisher, error) {
+	p, err := open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	go p.run()
+	p.log.Info(fmt.Sprintf("kv events publisher on %s (backend_id %s, queue %d)", p.Endpoint(), p.cfg.BackendID, p.cfg.QueueCapacity))
+	return p, nil
+}
+
+// open binds and makes the publisher without starting its goroutine.
+func open(cfg Config) (*Publisher, error) {
+	if cfg.BackendID == "" {
+		return nil, errors.New("kv events: no backend id: every event names its cache owner (kv_events_backend_id)")
+	}
+	network, addr, err := ParseEndpoint(cfg.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("kv events: %w", err)
+	}
+	if cfg.QueueCapacity == 0 {
+		cfg.QueueCapacity = DefaultQueueCapacity
+	}
+	if cfg.SendHWM <= 0 {
+		cfg.SendHWM = DefaultSendHWM
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
+	ln, err := net.Listen(network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("kv events: bind %s: %w", cfg.Endpoint, err)
+	}
+	return newPublisher(cfg, ln), nil
+}
+
+// newPublisher makes a publisher on ln; its goroutine is not started.
+func newPublisher(cfg Config, ln net.Listener) *Publisher {
+	p := &Publisher{
+		cfg: cfg, log: cfg.Logger,
+		queue: make([]pending, 64),
+		kick:  make(chan struct{}, 1),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	p.nextEventID.Store(1)
+	p.nextSeq.Store(1)
+	p.sock = newPubSocket(ln, cfg.SendHWM, cfg.Logger)
+	return p
+}
+
+// Endpoint is the bound endpoint (the port filled in for tcp://H:0).
+func (p *Publisher) Endpoint() string {
+	a := p.sock.ln.Addr()
+	if a.Network() == "unix" {
+		return "ipc://" + a.String()
+	}
+	return "tcp://" + a.String()
+}
+
+// Stored queues a stored event for key, now held in medium.
+func (p *Publisher) Stored(key, medium string) { p.enqueue(pending{key: key, medium: medium}) }
+
+// Removed queues a removed event for key, last held in medium.
+func (p *Publisher) Removed(key, medium string) {
+	p.enqueue(pending{removed: true, key: key, medium: medium})
+}
+
+func (p *Publisher) enqueue(e pending) {
+	p.mu.Lock()
+	if c := p.cfg.QueueCapacity; c > 0 && p.n >= c {
+		p.queue[p.head] = pending{}
+		p.head = (p.head + 1) % len(p.queue)
+		p.n--
+		p.dropped.Add(1)
+		p.nextSeq.Add(1) // the gap tells consumers they lost events
+	}
+	if p.n == len(p.queue) {
+		grown := make([]pending, 2*len(p.queue))
+		for i := range p.n {
+			grown[i] = p.queue[(p.head+i)%len(p.queue)]
+		}
+		p.queue, p.head = grown, 0
+	}
+	p.queue[(p.head+p.n)%len(p.queue)] = e
+	p.n++
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// take moves up to MaxBatch queued events into buf.
+func (p *Publisher) take(buf []pending) []pending {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.n > 0 && len(buf) < MaxBatch {
+		buf = append(buf, p.queue[p.head])
+		p.queue[p.head] = pending{}
+		p.head = (p.head + 1) % len(p.queue)
+		p.n--
+	}
+	if p.n == 0 && len(p.queue) > 4*MaxBatch {
+		p.queue, p.head = make([]pending, MaxBatch), 0 // a burst's ring goes
+	}
+	return buf
+}
+
+func (p *Publisher) run() {
+	defer close(p.done)
+	batch := make([]pending, 0, MaxBatch)
+	var payload []byte
+	for {
+		batch = p.take(batch[:0])
+		if len(batch) > 0 {
+			payload = p.publish(batch, payload[:0])
+			continue
+		}
+		select {
+		case <-p.kick:
+		case <-p.stop:
+			for batch = p.take(batch[:0]); len(batch) > 0; batch = p.take(batch[:0]) {
+				payload = p.publish(batch, payload[:0])
+			}
+			return
+		}
+	}
+}
+
+// publish encodes batch and hands it to the socket; buf is reused.
+func (p *Publisher) publish(batch []pending, buf []byte) []byte {
+	type enc struct {
+		pending
+		hash   uint64
+		hashed bool
+		id     uint64
+	}
+	var items [MaxBatch]enc
+	n := 0
+	for _, e := range batch {
+		h, ok := ParseSeqHash(e.key)
+		if !ok {
+			p.skipped.Add(1)
+			if p.cfg.NoObjectKey || e.key == "" {
+				continue
+			}
+		}
+		items[n] = enc{pending: e, hash: h, hashed: ok, id: p.nextEventID.Add(1) - 1}
+		n++
+	}
+	if n == 0 {
+		return buf
+	}
+	ts := p.cfg.now().UnixMilli()
+	legacy, withKey := !p.cfg.NoLegacyFields, !p.cfg.NoObjectKey
+	b := appendArrayHeader(buf, 3)
+	b = appendInt(b, ts)
+	b = appendArrayHeader(b, n)
+	for _, it := range items[:n] {
+		b = appendEvent(b, it.id, ts, !it.removed, legacy, withKey, p.cfg.BackendID, it.key, it.medium, it.hash, it.hashed)
+	}
+	b = appendUint(b, 0) // batch dp_rank: a pool has no DP context
+	seq := p.nextSeq.Add(1) - 1
+	p.sock.send(b, seq)
+	p.batches.Add(1)
+	p.events.Add(uint64(n))
+	return b
+}
+
+// appendEvent writes one event map in Mooncake's field order.
+func appendEvent(b []byte, id uint64, ts int64, stored, legacy, withKey bool, backend, key, medium string, hash uint64, hashed bool) []byte {
+	size := 13
+	if legacy {
+		size += 2
+	}
+	if withKey {
+		size++
+	}
+	if stored {
+		size += 3
+		if legacy {
+			size++
+		}
+	} else {
+		size++
+	}
+	b = appendMapHeader(b, size)
+	b = appendUint(appendStr(b, "event_id"), id)
+	b = appendInt(appendStr(b, "timestamp"), ts)
+	typ, legacyTyp := "removed", "BlockRemoved"
+	if stored {
+		typ, legacyTyp = "stored", "BlockStored"
+	}
+	b = appendStr(appendStr(b, "event_type"), typ)
+	if legacy {
+		b = appendStr(appendStr(b, "type"), legacyTyp)
+	}
+	for _, k := range [...]string{"model_name", "block_size", "additional_salt", "lora_name"} {
+		b = appendNil(appendStr(b, k))
+	}
+	b = appendStr(appendStr(b, "tenant_id"), DefaultTenantID)
+	b = appendStr(appendStr(b, "backend_id"), backend)
+	b = appendNil(appendStr(b, "group_id")) // mc has no object groups
+	b = appendOptStr(appendStr(b, "medium"), medium)
+	b = appendNil(appendStr(b, "dp_rank"))
+	if withKey {
+		b = appendStr(appendStr(b, "object_key"), key)
+	}
+	b = appendStr(b, "seq_hashes")
+	if hashed {
+		b = appendUint(appendArrayHeader(b, 1), hash)
+	} else {
+		b = appendArrayHeader(b, 0)
+	}
+	if legacy {
+		b = appendStr(b, "block_hashes")
+		if hashed {
+			b = appendInt(appendArrayHeader(b, 1), int64(hash)) // Mooncake's int64 cast
+		} else {
+			b = appendArrayHeader(b, 0)
+		}
+	}
+	b = appendStr(b, "base_block_idx")
+	if stored {
+		b = appendUint(b, 0)
+		b = appendNil(appendStr(b, "parent_hash"))
+		b = appendNil(appendStr(b, "token_ids"))
+		if legacy {
+			b = appendNil(appendStr(b, "parent_block_hash"))
+		}
+	} else {
+		b = appendNil(b)
+	}
+	return b
+}
+
+// Stats reads the counters.
+func (p *Publisher) Stats() Stats {
+	p.mu.Lock()
+	q := p.n
+	p.mu.Unlock()
+	subs, drops := p.sock.stats()
+	return Stats{
+		Enabled: true, PublishedBatches: p.batches.Load(), PublishedEvents: p.events.Load(),
+		DroppedEvents: p.dropped.Load(), SkippedUnparsedKeys: p.skipped.Load(),
+		SubscriberDrops: drops, Subscribers: subs, QueueLength: q,
+	}
+}
+
+// Close sends what is queued (to subscribers that keep up), then closes
+// the socket and its connections.
+func (p *Publisher) Close() error {
+	var err error
+	p.closed.Do(func() {
+		close(p.stop)
+		<-p.done
+		err = p.sock.close()
+	})
+	return err
+}

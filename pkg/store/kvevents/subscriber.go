@@ -1,0 +1,172 @@
+package kvevents
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+)
+
+// Event is one decoded KV event. Fields holds the whole map as sent,
+// nil fields included.
+type Event struct {
+	ID        uint64
+	Timestamp int64 // unix milliseconds
+	Type      string
+	TenantID  string
+	BackendID string
+	Medium    string
+	ObjectKey string
+	SeqHashes []uint64
+	Fields    map[string]any
+}
+
+// Batch is one published message.
+type Batch struct {
+	Seq       uint64
+	Timestamp int64 // unix milliseconds
+	Events    []Event
+	DPRank    uint64
+}
+
+// DecodePayload decodes a message's msgpack payload
+// [timestamp_ms, [event...], dp_rank].
+func DecodePayload(b []byte) (ts int64, events []Event, dpRank uint64, err error) {
+	v, rest, err := decodeValue(b)
+	if err != nil {
+		return 0, nil, 0, err
+	}
+	if len(rest) != 0 {
+		return 0, nil, 0, fmt.Errorf("payload: %d bytes after the batch", len(rest))
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) < 2 {
+		return 0, nil, 0, errors.New("payload: want [timestamp, [events], dp_rank]")
+	}
+	ts, ok = asInt(arr[0])
+	if !ok {
+		return 0, nil, 0, fmt.Errorf("payload: timestamp %v is not an integer", arr[0])
+	}
+	if len(arr) > 2 {
+		if r, ok := asInt(arr[2]); ok && r >= 0 {
+			dpRank = uint64(r)
+		}
+	}
+	evs, ok := arr[1].([]any)
+	if !ok {
+		return 0, nil, 0, errors.New("payload: events are not a list")
+	}
+	for i, x := range evs {
+		m, ok := x.(map[string]any)
+		if !ok {
+			return 0, nil, 0, fmt.Errorf("payload: event %d is not a map", i)
+		}
+		e := Event{Fields: m}
+		if id, ok := m["event_id"].(uint64); ok {
+			e.ID = id
+		}
+		e.Timestamp, _ = asInt(m["timestamp"])
+		e.Type, _ = m["event_type"].(string)
+		if e.Type == "" {
+			switch m["type"] {
+			case "BlockStored":
+				e.Type = "stored"
+			case "BlockRemoved":
+				e.Type = "removed"
+			}
+		}
+		e.TenantID, _ = m["tenant_id"].(string)
+		e.BackendID, _ = m["backend_id"].(string)
+		e.Medium, _ = m["medium"].(string)
+		e.ObjectKey, _ = m["object_key"].(string)
+		if hs, ok := m["seq_hashes"].([]any); ok {
+			for _, h := range hs {
+				switch h := h.(type) {
+				case uint64:
+					e.SeqHashes = append(e.SeqHashes, h)
+				case int64:
+					e.SeqHashes = append(e.SeqHashes, uint64(h))
+				}
+			}
+		}
+		events = append(events, e)
+	}
+	return ts, events, dpRank, nil
+}
+
+func asInt(v any) (int64, bool) {
+	switch v := v.(type) {
+	case uint64:
+		return int64(v), true
+	case int64:
+		return v, true
+	}
+	return 0, false
+}
+
+// Subscriber is a SUB socket connected to a publisher, subscribed to
+// every topic.
+type Subscriber struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+// Subscribe connects to endpoint (tcp://HOST:PORT or ipc://PATH).
+func Subscribe(ctx context.Context, endpoint string) (*Subscriber, error) {
+	network, addr, err := ParseEndpoint(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", endpoint, err)
+	}
+	r := bufio.NewReaderSize(c, 64<<10)
+	if err := handshake(c, r, false, "SUB", "PUB", "XPUB"); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("%s: %w", endpoint, err)
+	}
+	if _, err := c.Write(appendFrame(nil, 0, []byte{1})); err != nil { // subscribe to ""
+		_ = c.Close()
+		return nil, fmt.Errorf("%s: subscribe: %w", endpoint, err)
+	}
+	return &Subscriber{c: c, r: r}, nil
+}
+
+// Next reads the next message: its frames are the topic, the sequence
+// number and the payload.
+func (s *Subscriber) Next() (Batch, error) {
+	var frames [][]byte
+	for {
+		flags, body, err := readFrame(s.r, maxPublisherFrame)
+		if err != nil {
+			return Batch{}, err
+		}
+		if flags&flagCommand != 0 {
+			continue
+		}
+		frames = append(frames, body)
+		if flags&flagMore == 0 {
+			break
+		}
+		if len(frames) > 16 {
+			return Batch{}, errors.New("message of more than 16 frames: not a KV event batch")
+		}
+	}
+	if len(frames) != 3 || len(frames[1]) != 8 {
+		return Batch{}, fmt.Errorf("message of %d frames: want topic, 8-byte sequence number, payload", len(frames))
+	}
+	b := Batch{Seq: binary.BigEndian.Uint64(frames[1])}
+	var err error
+	b.Timestamp, b.Events, b.DPRank, err = DecodePayload(frames[2])
+	if err != nil {
+		return Batch{}, fmt.Errorf("message %d: %w", b.Seq, err)
+	}
+	return b, nil
+}
+
+// Close closes the connection (a pending Next returns an error).
+func (s *Subscriber) Close() error { return s.c.Close() }
