@@ -91,6 +91,9 @@ type Config struct {
 	// durable. An error fails the call's items with
 	// UNAVAILABLE_IN_CURRENT_MODE, since the change may be lost.
 	Sync func() error
+	// Events, when set, is told of objects stored and removed (KV
+	// events for cache-aware routers; events.go).
+	Events Events
 	// ViewVersion is reported by Ping (the HA view version; 0 without HA).
 	ViewVersion uint64
 	// Now is the clock (tests); default time.Now.
@@ -533,6 +536,9 @@ func (m *Master) finishUnmount(seg *segment) {
 				o.tier.staged = false
 			} else if len(o.replicas) == 0 {
 				lost++
+				if o.state == stateComplete || o.inPlace {
+					m.eventRemoved(o)
+				}
 				sh.remove(key, o)
 				if o.upsert != nil {
 					// The resize's replicas on other segments: its

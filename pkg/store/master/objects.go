@@ -334,6 +334,9 @@ func (m *Master) discardStaleIn(sh *shard, cut int64) {
 			o.upsert = nil
 			o.putStart = 0
 		case o.state == stateProcessing:
+			if o.inPlace {
+				m.eventRemoved(o)
+			}
 			sh.remove(key, o)
 			m.pend.addRelease(release, o.size, o.replicas)
 			if o.inPlace {

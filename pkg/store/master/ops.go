@@ -257,6 +257,7 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64) er
 		// (keys decoded borrowed), which the op log would keep alive.
 		m.emit(Change{Op: OpPutEnd, Key: o.key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin, Sum: sum})
 	}
+	m.eventStored(o.key, mediumCPU)
 	return nil
 }
 
@@ -300,6 +301,9 @@ func (m *Master) revoke(client store.UUID, key string) error {
 		return nil
 	case o.state == stateComplete:
 		return store.Errorf(store.InvalidWrite, "key %q is complete: remove it instead", key)
+	}
+	if o.inPlace {
+		m.eventRemoved(o)
 	}
 	sh.remove(key, o)
 	m.space.free(o.replicas, o.size)
@@ -620,6 +624,7 @@ func (m *Master) remove(key string, force bool, now int64) error {
 	if err := removable(key, o, force, now); err != nil {
 		return err
 	}
+	m.eventRemoved(o)
 	sh.remove(key, o)
 	m.releaseLocked(o)
 	m.emit(Change{Op: OpRemove, Key: key})
@@ -650,6 +655,7 @@ func (m *Master) RemoveAll() int {
 		sh.mu.Lock()
 		for k, o := range sh.objects {
 			if o.state == stateComplete && o.upsert == nil && o.lease <= now {
+				m.eventRemoved(o)
 				sh.remove(k, o)
 				m.releaseLocked(o)
 				m.emit(Change{Op: OpRemove, Key: k})

@@ -359,6 +359,7 @@ func (m *Master) dropMemoryLocked(sh *shard, o *Object) {
 	m.freeMemoryLocked(o)
 	o.tier.staged = false
 	m.emit(Change{Op: OpDiskOnly, Key: o.key, Size: o.size, Version: o.tier.version, Tier: o.tier.node.id})
+	m.eventStored(o.key, mediumDisk)
 }
 
 // freeMemoryLocked frees o's DRAM replicas now, or when the lease of a
@@ -459,6 +460,7 @@ func (m *Master) offloadDone(n *tierNode, op *tierOp, err error) {
 	m.tiers.offloadBytes.Add(o.size)
 	m.countEvicted(phaseOffload, 1, bytes)
 	m.emit(Change{Op: OpDiskOnly, Key: o.key, Size: o.size, Version: o.tier.version, Tier: n.id})
+	m.eventStored(o.key, mediumDisk)
 }
 
 // ---- reads of objects on disk ----
@@ -558,6 +560,7 @@ func (m *Master) readLocked(sh *shard, o *Object, depth int) {
 		}
 		if o.onDisk() {
 			m.emit(Change{Op: OpPromote, Key: o.key, Size: o.size, Replicas: o.descriptors(true), Version: o.tier.version, Tier: o.tier.node.id})
+			m.eventStored(o.key, mediumCPU)
 		}
 	}
 }
@@ -697,6 +700,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 			sh.keys++
 			added++
 			m.emit(Change{Op: OpDiskOnly, Key: o.key, Size: o.size, Version: r.GetVersion(), Tier: n.id})
+			m.eventStored(o.key, mediumDisk)
 		case o.tier != nil && o.tier.version == r.GetVersion() && o.size == r.GetSize() && o.state == stateComplete:
 			if o.tier.node != n && o.tier.node != nil {
 				// Another tier holds it too: one disk replica is enough.
@@ -783,6 +787,7 @@ var errDetached = errors.New("the node's tier stream ended")
 func (m *Master) loseDiskLocked(sh *shard, o *Object) {
 	switch {
 	case len(o.replicas) == 0 && o.tier.loading == nil:
+		m.eventRemoved(o)
 		sh.remove(o.key, o)
 		m.emit(Change{Op: OpEvict, Key: o.key})
 	case o.tier.staged:
