@@ -151,6 +151,7 @@ type serveStoreOptions struct {
 	MetricsAddress        string // the admin HTTP listener's host
 	RequestBudget         int64
 	RequestReadTimeout    time.Duration
+	KVEvents              kvEventsOptions
 	ready                 func(*server.Server) // tests
 }
 
@@ -221,7 +222,7 @@ unary messages at once. A request that started must arrive whole within
 --config_path reads mooncake_master's config file (JSON or YAML, keys are
 the flag names); flags on the command line win over it. mooncake_master's
 own master.json works as it is: its settings mc has no flag for (root_fs_dir,
-memory_allocator, rpc_conn_timeout_seconds, kv_events_*, ...) are named in
+memory_allocator, rpc_conn_timeout_seconds, kv_events_model_name, ...) are named in
 one warning and ignored; a key neither knows is refused.
 
 The admin HTTP API on --metrics_port has the Mooncake master's paths:
@@ -238,6 +239,17 @@ Listeners: RPC on --rpc_address (0.0.0.0), admin HTTP on --metrics-address
 (default --rpc_address), the transfer engine's handshake and data ports on
 --bind-address or MC_TCP_BIND_ADDRESS (default --rpc_address when it names
 one host, else 0.0.0.0).
+
+--enable_kv_events publishes KV events for cache-aware routers as
+mooncake_master does: a ZMQ PUB socket on --kv-events-endpoint
+(--kv_events_bind_endpoint), one message per batch of up to 64 events
+(empty topic, 8-byte big-endian sequence number, msgpack
+[timestamp_ms, [event...], 0]); a stored event when a put ends (medium
+cpu), an offload lands (disk) or a promotion ends (cpu); a removed event
+when a key leaves the pool. --kv-events-backend-id is required. A full
+queue (--kv-events-queue-capacity) drops its oldest event and skips a
+sequence number; a subscriber that falls 10000 messages behind loses its
+own. With HA only the leader publishes.
 
 SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 		Example: `  mc serve store
@@ -310,6 +322,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	sizeVar(f, &o.RequestBudget, "request-budget", master.DefaultRequestBudget, "request bytes the master holds at once, both wires together; a request over it is refused (0: unlimited)")
 	durationVar(f, &o.RequestReadTimeout, "request-read-timeout", master.DefaultRequestReadTimeout, "time a started request has to arrive whole before its connection (coro_rpc) or call (gRPC) is dropped")
 	addTierFlags(f, &o)
+	o.KVEvents.addFlags(f)
 	o.AdminAuth.addFlags(f, "bearer token the admin API asks of state-changing calls (remove_all, drain jobs); reads stay open")
 	_ = f.MarkHidden("port")
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions(benchProtocols, cobra.ShellCompDirectiveNoFileComp))
@@ -503,6 +516,9 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		if cfg.HA, err = o.haConfig(); err != nil {
 			return cfg, err
 		}
+	}
+	if cfg.KVEvents, err = o.KVEvents.config(o.Master); err != nil {
+		return cfg, err
 	}
 	if o.Master == "" {
 		// Validate the master's settings before binding anything.

@@ -292,7 +292,7 @@ func TestServeStoreMooncakeMasterJSON(t *testing.T) {
 	}
 	notApplicable := []string{"rpc_interface", "rpc_conn_timeout_seconds", "rpc_enable_tcp_no_delay",
 		"dynamic_replication_mode", "enable_oplog", "root_fs_dir", "memory_allocator",
-		"enable_http_metadata_server", "enable_kv_events", "kv_events_emit_object_key"}
+		"enable_http_metadata_server", "kv_events_model_name", "kv_events_tenant_id"}
 	if len(warn) != 1 || !strings.HasPrefix(warn[0], "W") || !strings.Contains(warn[0], "do not apply to mc, ignored") {
 		t.Fatalf("want one warning line about the config file, got %q", warn)
 	}
@@ -301,7 +301,8 @@ func TestServeStoreMooncakeMasterJSON(t *testing.T) {
 			t.Errorf("the warning does not name %s: %q", k, warn[0])
 		}
 	}
-	for _, k := range []string{"rpc_port", "metrics_port", "client_live_ttl_sec", "eviction_ratio", "cluster_id", "enable_ha"} {
+	for _, k := range []string{"rpc_port", "metrics_port", "client_live_ttl_sec", "eviction_ratio", "cluster_id", "enable_ha",
+		"enable_kv_events", "kv_events_bind_endpoint", "kv_events_backend_id", "kv_events_emit_object_key"} {
 		if strings.Contains(warn[0], " "+k) {
 			t.Errorf("the warning names %s, which mc honours: %q", k, warn[0])
 		}

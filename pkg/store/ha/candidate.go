@@ -155,7 +155,9 @@ func Start(ctx context.Context, cfg Config) (*Candidate, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("HA: no etcd endpoint")
 	}
-	idle, err := master.New(cfg.Master)
+	idleCfg := cfg.Master
+	idleCfg.Events = nil // only a leader term's master publishes KV events
+	idle, err := master.New(idleCfg)
 	if err != nil {
 		return nil, err
 	}

@@ -45,6 +45,9 @@ var rpcOps = []string{
 func newMetrics(m *Master) *Metrics {
 	r := prometheus.NewRegistry()
 	x := &Metrics{Registry: r, ops: make(map[string][2]prometheus.Counter), items: make(map[string]prometheus.Counter)}
+	if c, ok := m.cfg.Events.(prometheus.Collector); ok {
+		r.MustRegister(c) // the KV events publisher's counters
+	}
 	counter := func(name, help string) prometheus.Counter {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 		r.MustRegister(c)

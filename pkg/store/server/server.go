@@ -22,6 +22,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/ha"
+	"github.com/kvcache-ops/mc/pkg/store/kvevents"
 	"github.com/kvcache-ops/mc/pkg/store/master"
 )
 
@@ -52,9 +53,13 @@ type Config struct {
 	// MetricReporting logs the master's summary line every
 	// ReportInterval (Mooncake's --enable_metric_reporting).
 	MetricReporting bool
-	ReportInterval  time.Duration
-	PingInterval    time.Duration
-	Logger          *slog.Logger
+	// KVEvents, when set, publishes the master's KV events
+	// (--enable_kv_events): the socket binds at start, before the RPC
+	// listener; with HA, only a leader's master publishes.
+	KVEvents       *kvevents.Config
+	ReportInterval time.Duration
+	PingInterval   time.Duration
+	Logger         *slog.Logger
 }
 
 // Server is a running master and/or node.
@@ -63,7 +68,8 @@ type Server struct {
 	Candidate *ha.Candidate   // an HA master candidate
 	Node      *store.Client   // nil for a master only
 	Tier      *store.TierNode // the node's disk tier, if any
-	RPCAddr   string          // the master's RPC address (this one, or the one the node uses)
+	KVEvents  *kvevents.Publisher
+	RPCAddr   string // the master's RPC address (this one, or the one the node uses)
 	AdminAddr string
 	log       *slog.Logger
 	grpc      *master.GRPCServer
@@ -104,7 +110,21 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		if s.Tier != nil {
 			s.Tier.Close()
 		}
+		if s.KVEvents != nil {
+			_ = s.KVEvents.Close()
+		}
 		return nil, err
+	}
+	if cfg.KVEvents != nil && cfg.MasterAddr == "" {
+		kc := *cfg.KVEvents
+		if kc.Logger == nil {
+			kc.Logger = cfg.Logger
+		}
+		p, err := kvevents.New(kc)
+		if err != nil {
+			return fail(err)
+		}
+		s.KVEvents, cfg.Master.Events = p, p
 	}
 	var adminHandler http.Handler
 	nodeMaster := cfg.MasterAddr
@@ -259,6 +279,11 @@ func (s *Server) Close(ctx context.Context) error {
 		cancel()
 	}
 	s.shutdownMaster()
+	if s.KVEvents != nil {
+		if err := s.KVEvents.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("kv events: %w", err))
+		}
+	}
 	<-s.done
 	return errors.Join(errs...)
 }

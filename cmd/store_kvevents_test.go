@@ -1,0 +1,39 @@
+package cmd
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestKVEventsFlagsRefused(t *testing.T) {
+	ok := kvEventsOptions{Enable: true, Endpoint: "tcp://127.0.0.1:5557", BackendID: "pool", QueueCapacity: 10, EmitObjectKey: true, EmitLegacy: true}
+	for _, c := range []struct {
+		edit func(*kvEventsOptions)
+		node string
+		want string
+	}{
+		{func(o *kvEventsOptions) { o.Endpoint = "127.0.0.1:5557" }, "", "invalid --kv-events-endpoint"},
+		{func(o *kvEventsOptions) { o.Endpoint = "tcp://127.0.0.1" }, "", "invalid --kv-events-endpoint"},
+		{func(o *kvEventsOptions) { o.Endpoint = "" }, "", "needs --kv-events-endpoint"},
+		{func(o *kvEventsOptions) { o.BackendID = "" }, "", "needs --kv-events-backend-id"},
+		{func(o *kvEventsOptions) { o.QueueCapacity = -1 }, "", "--kv-events-queue-capacity"},
+		{func(*kvEventsOptions) {}, "10.0.0.1:50051", "--master makes this process a node"},
+	} {
+		o := ok
+		c.edit(&o)
+		_, err := o.config(c.node)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !isUsage(err) {
+			t.Errorf("%+v: %v, want a usage error containing %q", o, err, c.want)
+		}
+	}
+	cfg, err := ok.config("")
+	if err != nil || cfg.BackendID != "pool" || cfg.QueueCapacity != 10 || cfg.NoObjectKey || cfg.NoLegacyFields {
+		t.Errorf("config %+v, %v", cfg, err)
+	}
+}
+
+func isUsage(err error) bool {
+	var u *usageErr
+	return errors.As(err, &u)
+}
