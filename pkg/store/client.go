@@ -116,6 +116,8 @@ type Client struct {
 	dropsSeen atomic.Uint64
 	// aborts counts abortEndpoint's aborts (Stats.DroppedPeerAborts).
 	aborts atomic.Uint64
+	// partialPuts counts puts stored with fewer replicas than granted.
+	partialPuts atomic.Uint64
 }
 
 var errClientClosed = &Error{Code: UnavailableInCurrentStatus, Msg: "client closed"}
@@ -169,6 +171,10 @@ type ClientStats struct {
 	// ChecksumMismatches counts replicas whose bytes did not match the
 	// writer's checksum (the get tried another replica or failed).
 	ChecksumMismatches uint64
+	// PartialPuts counts puts stored with fewer replicas than the master
+	// granted: a transfer to one failed, the others were written (mc's
+	// gRPC only; its segment is avoided until its node pings).
+	PartialPuts uint64
 	// Renewals counts segment renewals: re-mounts on a master that no
 	// longer knew the segment, which revoke every earlier grant in it.
 	Renewals uint64
@@ -191,6 +197,7 @@ func (c *Client) Stats() ClientStats {
 	s.MasterUp = c.masterUp
 	s.ChecksumMismatches = c.mismatches.Load()
 	s.DroppedPeerAborts = c.aborts.Load()
+	s.PartialPuts = c.partialPuts.Load()
 	c.evicted.mu.Lock()
 	s.EvictedKeys = c.evicted.total
 	c.evicted.mu.Unlock()

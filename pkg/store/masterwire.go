@@ -36,9 +36,16 @@ type masterWire interface {
 	unregister(ctx context.Context) error
 	putStart(ctx context.Context, items []putItem, rc ReplicateConfig, upsert bool) ([][]Replica, []error, error)
 	// putEnd ends puts; sums (nil, or one per key) are the writer's
-	// checksums of the values, for a wire that carries them.
-	putEnd(ctx context.Context, keys []string, sums []uint64, upsert bool) []error
-	putRevoke(ctx context.Context, keys []string, upsert bool) []error
+	// checksums of the values, for a wire that carries them; failed are
+	// replicas the writer could not write (a wire that endsPartial only).
+	putEnd(ctx context.Context, keys []string, sums []uint64, failed []failedReplica, upsert bool) []error
+	// putRevoke gives grants back; unreachable names the segments the
+	// writer could not write to, for a wire that can tell the master.
+	putRevoke(ctx context.Context, keys []string, upsert bool, unreachable []string) []error
+	// endsPartial reports whether putEnd can complete a put with some
+	// of its replicas (the master drops the failed ones): mc's gRPC
+	// can, Mooncake's wire cannot (such a put is revoked and fails).
+	endsPartial() bool
 	// replicaLists answers where keys' complete replicas are, granting
 	// read leases.
 	// The sums are the writers' checksums (nil, or per key: 0 for none).
@@ -55,6 +62,13 @@ type masterWire interface {
 	// views signals a new HA leader (nil: never).
 	views() <-chan struct{}
 	close()
+}
+
+// failedReplica is a replica its writer could not write: key indexes
+// the putEnd's keys.
+type failedReplica struct {
+	key     int
+	segment string
 }
 
 // putItem is one key of a put start.

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
 )
@@ -191,7 +192,7 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 			for j, i := range idx {
 				ks[j] = keys[i]
 			}
-			c.w.putRevoke(context.WithoutCancel(ctx), ks, upsert)
+			c.w.putRevoke(context.WithoutCancel(ctx), ks, upsert, nil)
 		}
 		return
 	}
@@ -229,35 +230,67 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 			}
 		}()
 	}
-	failed := c.transfer(ctx, reqs, len(keys))
+	// A replica that could not be written does not fail the put when
+	// another one was (and the wire can end it without that replica):
+	// the master drops it and avoids its segment until its node pings.
+	failed := make([]error, len(keys))
+	wrote := make([]int, len(keys))
+	var bad []failedReplica // key: index in keys
+	var unreachable []string
+	for j, err := range c.transferEach(ctx, reqs) {
+		x := reqs[j]
+		if err == nil {
+			wrote[x.item]++
+			continue
+		}
+		if failed[x.item] == nil {
+			failed[x.item] = err
+		}
+		bad = append(bad, failedReplica{key: x.item, segment: x.rep.Segment})
+		if !slices.Contains(unreachable, x.rep.Segment) {
+			unreachable = append(unreachable, x.rep.Segment)
+		}
+	}
 	if summed != nil {
 		<-summed
 	}
 	var end, revoke []string
 	var endSums []uint64
 	var endIdx []int
-	for _, i := range idx {
+	endAt := make([]int, len(keys)) // an item's index in end, +1
+	for j, i := range idx {
 		if errs[i] != nil {
 			continue
 		}
-		if err := failed[i]; err != nil {
+		if err := failed[i]; err != nil && (wrote[i] == 0 || !c.w.endsPartial()) {
 			errs[i] = err
 			revoke = append(revoke, keys[i])
 			continue
+		} else if err != nil {
+			c.partialPuts.Add(1)
+			c.log.Warn(fmt.Sprintf("put %q: stored with %d of %d replicas: %v", keys[i], wrote[i], len(lists[j]), err))
 		}
 		end = append(end, keys[i])
+		endAt[i] = len(end)
 		endIdx = append(endIdx, i)
 		if sums != nil {
 			endSums = append(endSums, sums[i])
 		}
 	}
+	// The failed replicas of the keys that end, by their index in end.
+	var endFailed []failedReplica
+	for _, f := range bad {
+		if k := endAt[f.key]; k > 0 {
+			endFailed = append(endFailed, failedReplica{key: k - 1, segment: f.segment})
+		}
+	}
 	// Grants the master may have made (and, with HA, logged) though it
 	// answered with an error go back too.
 	if revoke = append(revoke, lost...); len(revoke) > 0 {
-		c.w.putRevoke(context.WithoutCancel(ctx), revoke, upsert)
+		c.w.putRevoke(context.WithoutCancel(ctx), revoke, upsert, unreachable)
 	}
 	if len(end) > 0 {
-		res := c.w.putEnd(ctx, end, endSums, upsert)
+		res := c.w.putEnd(ctx, end, endSums, endFailed, upsert)
 		var again []string
 		for j, i := range endIdx {
 			errs[i] = res[j]
@@ -271,7 +304,7 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 			// leader, which has it from the op log, does not hold the
 			// key as being written until the discard timeout. An end
 			// that did land makes the revoke fail harmlessly.
-			c.w.putRevoke(context.WithoutCancel(ctx), again, upsert)
+			c.w.putRevoke(context.WithoutCancel(ctx), again, upsert, nil)
 		}
 	}
 }
@@ -526,13 +559,25 @@ type xfer struct {
 // (items < n), the error of each item that had a failed transfer.
 func (c *Client) transfer(ctx context.Context, reqs []xfer, n int) []error {
 	failed := make([]error, n)
+	for j, err := range c.transferEach(ctx, reqs) {
+		if err != nil && failed[reqs[j].item] == nil {
+			failed[reqs[j].item] = err
+		}
+	}
+	return failed
+}
+
+// transferEach runs reqs as one engine batch and returns the error of
+// each request (nil for those that moved their bytes).
+func (c *Client) transferEach(ctx context.Context, reqs []xfer) []error {
+	failed := make([]error, len(reqs))
 	if len(reqs) == 0 {
 		return failed
 	}
 	ereqs := make([]engine.Request, 0, len(reqs))
-	sent := make([]xfer, 0, len(reqs))
+	sent := make([]int, 0, len(reqs))
 	segs := make([]*engine.Segment, 0, len(reqs))
-	for _, x := range reqs {
+	for j, x := range reqs {
 		seg, err := c.openSegment(ctx, x.rep.Endpoint)
 		if err == nil && !seg.Holds(x.rep.Addr, x.rep.Len) {
 			// The node renewed its memory since this handle read its
@@ -541,11 +586,11 @@ func (c *Client) transfer(ctx context.Context, reqs []xfer, n int) []error {
 			seg, err = c.openSegment(ctx, x.rep.Endpoint)
 		}
 		if err != nil {
-			failed[x.item] = err
+			failed[j] = err
 			continue
 		}
 		ereqs = append(ereqs, engine.Request{Op: x.op, Source: x.local, Segment: seg, Target: x.rep.Addr, Length: x.rep.Len})
-		sent = append(sent, x)
+		sent = append(sent, j)
 		segs = append(segs, seg)
 	}
 	if len(ereqs) == 0 {
@@ -553,14 +598,14 @@ func (c *Client) transfer(ctx context.Context, reqs []xfer, n int) []error {
 	}
 	b, err := c.eng.AllocateBatch(len(ereqs))
 	if err != nil {
-		for _, x := range sent {
-			failed[x.item] = Errorf(TransferFail, "%v", err)
+		for _, j := range sent {
+			failed[j] = Errorf(TransferFail, "%v", err)
 		}
 		return failed
 	}
 	if _, err := b.Submit(ereqs...); err != nil {
-		for _, x := range sent {
-			failed[x.item] = Errorf(TransferFail, "%v", err)
+		for _, j := range sent {
+			failed[j] = Errorf(TransferFail, "%v", err)
 		}
 		return failed
 	}
@@ -569,12 +614,11 @@ func (c *Client) transfer(ctx context.Context, reqs []xfer, n int) []error {
 		// the caller reuses it.
 		_ = b.Wait(context.Background())
 	}
-	for i, x := range sent {
+	for i, j := range sent {
 		st, _ := b.TaskStatus(i)
 		if st.Status == engine.Failed {
-			if failed[x.item] == nil {
-				failed[x.item] = Errorf(TransferFail, "%s %d bytes at 0x%x on %s (%s): %v", x.op, x.rep.Len, x.rep.Addr, x.rep.Segment, x.rep.Endpoint, st.Err)
-			}
+			x := reqs[j]
+			failed[j] = Errorf(TransferFail, "%s %d bytes at 0x%x on %s (%s): %v", x.op, x.rep.Len, x.rep.Addr, x.rep.Segment, x.rep.Endpoint, st.Err)
 			c.dropSegment(x.rep.Endpoint, segs[i])
 		}
 	}

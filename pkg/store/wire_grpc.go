@@ -278,9 +278,18 @@ func (w *grpcWire) putStart(ctx context.Context, items []putItem, rc ReplicateCo
 	return replicaTableFromPB(table, len(items))
 }
 
-func (w *grpcWire) putEnd(ctx context.Context, keys []string, sums []uint64, upsert bool) []error {
+func (w *grpcWire) endsPartial() bool { return true }
+
+func (w *grpcWire) putEnd(ctx context.Context, keys []string, sums []uint64, failed []failedReplica, upsert bool) []error {
+	var fk []uint32
+	var fs []string
+	for _, f := range failed {
+		fk = append(fk, uint32(f.key))
+		fs = append(fs, f.segment)
+	}
 	return w.keysCall(ctx, "put end", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
 		r.Checksums = sums
+		r.FailedKeys, r.FailedSegments = fk, fs
 		if upsert {
 			return w.ses.BatchUpsertEnd(ctx, r)
 		}
@@ -293,7 +302,7 @@ func (w *grpcWire) putEnd(ctx context.Context, keys []string, sums []uint64, ups
 // next leader holds until the discard timeout: following HA masters, it
 // is asked again through a failover, within the RPC timeout, until the
 // master answers for every key.
-func (w *grpcWire) putRevoke(ctx context.Context, keys []string, upsert bool) []error {
+func (w *grpcWire) putRevoke(ctx context.Context, keys []string, upsert bool, unreachable []string) []error {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.timeout)
 	defer cancel()
 	out := make([]error, len(keys))
@@ -307,6 +316,7 @@ func (w *grpcWire) putRevoke(ctx context.Context, keys []string, upsert bool) []
 			ks[j] = keys[i]
 		}
 		res := w.keysCallAgain(ctx, "put revoke", ks, w.leaderR != nil, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+			r.FailedSegments = unreachable
 			if upsert {
 				return w.ses.BatchUpsertRevoke(ctx, r)
 			}

@@ -267,14 +267,17 @@ func (w *mooncakeWire) keysResult(what string, keys []string, errs []error, err 
 	return out
 }
 
-func (w *mooncakeWire) putEnd(ctx context.Context, keys []string, _ []uint64, upsert bool) []error {
+// endsPartial: Mooncake's PutEnd has no field for failed replicas.
+func (w *mooncakeWire) endsPartial() bool { return false }
+
+func (w *mooncakeWire) putEnd(ctx context.Context, keys []string, _ []uint64, _ []failedReplica, upsert bool) []error {
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	errs, err := w.mc.BatchPutEnd(ctx, w.id(), keys, upsert)
 	return w.keysResult("put end", keys, errs, err, ctx)
 }
 
-func (w *mooncakeWire) putRevoke(ctx context.Context, keys []string, upsert bool) []error {
+func (w *mooncakeWire) putRevoke(ctx context.Context, keys []string, upsert bool, _ []string) []error {
 	ctx, cancel := w.bound(ctx)
 	defer cancel()
 	errs, err := w.mc.BatchPutRevoke(ctx, w.id(), keys, upsert)

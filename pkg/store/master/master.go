@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -363,7 +364,25 @@ func (m *Master) Ping(client store.UUID) (viewVersion uint64, status store.Clien
 		return m.cfg.ViewVersion, store.ClientNeedRemount
 	}
 	c.lastPing.Store(m.now())
+	if back := m.space.reachable(client); len(back) > 0 {
+		m.log.Info(fmt.Sprintf("segments %s, reported unreachable by a writer, are placed on again: their node %s pinged", strings.Join(back, ", "), client))
+	}
 	return m.cfg.ViewVersion, store.ClientOK
+}
+
+// ReportUnreachable records that client could not write to the named
+// segments (a failed transfer): nothing is placed there while another
+// segment can take the replica, until the segment's node pings again. A
+// dead node stays avoided until client_ttl drops it; a node that is
+// alive comes back within its ping interval.
+func (m *Master) ReportUnreachable(client store.UUID, segments []string) {
+	if len(segments) == 0 {
+		return
+	}
+	for _, seg := range m.space.markUnreachable(segments) {
+		m.m.unreachableReports.Inc()
+		m.log.Warn(fmt.Sprintf("client %s could not write to segment %s (%s, node %s): placing nothing there until its node pings again", client, seg.Info.Name, seg.Info.Endpoint, seg.Client))
+	}
 }
 
 // touchClient returns client's state, registering it when new.

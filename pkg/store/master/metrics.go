@@ -11,15 +11,16 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	putStart, putStartFail             prometheus.Counter
-	getReplicaList, getReplicaListFail prometheus.Counter
-	existKey, existKeyFail             prometheus.Counter
-	remove, removeFail                 prometheus.Counter
-	allocFailures                      prometheus.Counter
-	putDiscards, putReleases           prometheus.Counter
-	checksumMismatches                 prometheus.Counter
-	evictAttempts, evictSuccess        atomic.Uint64
-	evictedKeys, evictedBytes          atomic.Uint64
+	putStart, putStartFail              prometheus.Counter
+	getReplicaList, getReplicaListFail  prometheus.Counter
+	existKey, existKeyFail              prometheus.Counter
+	remove, removeFail                  prometheus.Counter
+	allocFailures                       prometheus.Counter
+	putDiscards, putReleases            prometheus.Counter
+	checksumMismatches                  prometheus.Counter
+	droppedReplicas, unreachableReports prometheus.Counter
+	evictAttempts, evictSuccess         atomic.Uint64
+	evictedKeys, evictedBytes           atomic.Uint64
 	// Mooncake's reads of GetReplicaList: every key asked (total_get_nums_)
 	// and those answered with a replica (valid_get_nums_).
 	totalGets, validGets prometheus.Counter
@@ -67,6 +68,8 @@ func newMetrics(m *Master) *Metrics {
 	x.allocFailures = counter("master_put_start_alloc_failures_total", "PutStart items refused for lack of space")
 	x.putDiscards = counter("master_put_start_discard_cnt", "puts discarded for want of a PutEnd within the discard timeout")
 	x.checksumMismatches = counter("mc_store_checksum_mismatches_total", "replicas whose bytes did not match the writer's checksum, as mc's clients reported them (each such get tried another replica or failed; it never returned the bytes)")
+	x.droppedReplicas = counter("mc_store_put_replicas_dropped_total", "replicas granted at PutStart that their writer could not write (a failed transfer): the put completed with the others")
+	x.unreachableReports = counter("mc_store_segment_unreachable_total", "times a segment was marked unreachable by a writer's failed transfer (placement avoids it until its node pings)")
 	x.putReleases = counter("master_put_start_release_cnt", "discarded puts whose space was released after the release timeout")
 	counterOf := func(name, help string, v *atomic.Uint64) {
 		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) }))
@@ -116,6 +119,7 @@ func newMetrics(m *Master) *Metrics {
 	gauge("master_allocated_bytes", "bytes of object replicas placed", func() float64 { return float64(m.space.used.Load()) })
 	gauge("master_total_capacity_bytes", "bytes of mounted segments", func() float64 { return float64(m.space.capacity.Load()) })
 	gauge("master_key_count", "complete objects", func() float64 { return float64(m.KeyCount()) })
+	gauge("mc_store_unreachable_segments", "segments a writer could not reach whose node has not pinged since (placement avoids them)", func() float64 { return float64(m.space.nunreachable.Load()) })
 	gauge("master_active_clients", "clients the master knows", func() float64 { return float64(m.ActiveClients()) })
 	gauge("master_soft_pin_key_count", "objects with a soft pin (live or expired)", func() float64 { return float64(m.softPinnedCount()) })
 	r.MustRegister(&segmentCollector{m: m})

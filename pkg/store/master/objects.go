@@ -141,6 +141,9 @@ func (o *Object) appendDescriptors(buf []store.Replica, complete bool) []store.R
 	return buf
 }
 
+// segName is the name of the replica's segment, as its descriptor says.
+func (r replicaRef) segName() string { return r.reg.seg.info.Name }
+
 func (r replicaRef) descriptor(size uint64, complete bool) store.Replica {
 	s := r.reg.seg
 	return store.Replica{

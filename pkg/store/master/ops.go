@@ -186,16 +186,45 @@ func (m *Master) BatchPutEnd(client store.UUID, keys []string) []error {
 // (sums nil, or one per key: store.Checksum's form, 0 for none), kept
 // with the object for readers to check.
 func (m *Master) BatchPutEndSums(client store.UUID, keys []string, sums []uint64) []error {
+	return m.BatchPutEndFailed(client, keys, sums, nil)
+}
+
+// FailedReplica is a replica its writer could not write: Key indexes the
+// call's keys, Segment names the replica's segment.
+type FailedReplica struct {
+	Key     int
+	Segment string
+}
+
+// BatchPutEndFailed is BatchPutEndSums for a writer that could not write
+// some replicas (failed): those are dropped and their space freed, the
+// object completes with the replicas that were written, and the segments
+// are avoided for placement until their nodes ping (ReportUnreachable).
+// A key with no replica left fails (the writer revokes such a put).
+func (m *Master) BatchPutEndFailed(client store.UUID, keys []string, sums []uint64, failed []FailedReplica) []error {
 	out := make([]error, len(keys))
 	if sums != nil && len(sums) != len(keys) {
 		return failErrs(out, store.Errorf(store.InvalidParams, "put end: %d checksums for %d keys", len(sums), len(keys)))
+	}
+	var drop map[int][]string
+	if len(failed) > 0 {
+		drop = make(map[int][]string)
+		segs := make([]string, 0, len(failed))
+		for _, f := range failed {
+			if f.Key < 0 || f.Key >= len(keys) {
+				return failErrs(out, store.Errorf(store.InvalidParams, "put end: failed replica of key %d in a batch of %d keys", f.Key, len(keys)))
+			}
+			drop[f.Key] = append(drop[f.Key], f.Segment)
+			segs = append(segs, f.Segment)
+		}
+		m.ReportUnreachable(client, segs)
 	}
 	for i, k := range keys {
 		var sum uint64
 		if sums != nil {
 			sum = sums[i]
 		}
-		out[i] = m.putEnd(client, k, i, sum)
+		out[i] = m.putEnd(client, k, i, sum, drop[i])
 	}
 	return out
 }
@@ -207,7 +236,7 @@ func failErrs(out []error, err error) []error {
 	return out
 }
 
-func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64) error {
+func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64, drop []string) error {
 	sh := m.shardOf(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -217,6 +246,11 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64) er
 	}
 	if err := o.checkWriter(client, "end"); err != nil {
 		return err
+	}
+	if len(drop) > 0 {
+		if err := m.dropUnwritten(o, drop); err != nil {
+			return err
+		}
 	}
 	switch {
 	case o.upsert != nil:
@@ -258,6 +292,50 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64) er
 		m.emit(Change{Op: OpPutEnd, Key: o.key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin, Sum: sum})
 	}
 	m.eventStored(o.key, mediumCPU)
+	return nil
+}
+
+// dropUnwritten takes the replicas on the segments in drop out of the
+// version o's writer is ending (its shard locked) and frees them: the
+// writer could not write them. It refuses, changing nothing, when no
+// replica would be left, or when o is complete with no upsert (nothing
+// being written).
+func (m *Master) dropUnwritten(o *Object, drop []string) error {
+	refs, size := &o.replicas, o.size
+	switch {
+	case o.upsert != nil:
+		refs = &o.upsert.refs
+		if o.upsert.size != 0 {
+			size = o.upsert.size
+		}
+	case o.state == stateComplete:
+		return store.Errorf(store.InvalidWrite, "key %q is already complete", o.key)
+	}
+	left := 0
+	for _, r := range *refs {
+		if !slices.Contains(drop, r.segName()) {
+			left++
+		}
+	}
+	switch left {
+	case 0:
+		return store.Errorf(store.InvalidParams, "key %q: none of its replicas was written: revoke the put", o.key)
+	case len(*refs):
+		return nil // none of its replicas is on those segments
+	}
+	var gone []replicaRef
+	keep := (*refs)[:0]
+	for _, r := range *refs {
+		if slices.Contains(drop, r.segName()) {
+			gone = append(gone, r)
+		} else {
+			keep = append(keep, r)
+		}
+	}
+	clear((*refs)[len(keep):])
+	*refs = keep
+	m.space.free(gone, size)
+	m.m.droppedReplicas.Add(float64(len(gone)))
 	return nil
 }
 

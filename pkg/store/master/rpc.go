@@ -523,7 +523,37 @@ func (s *rpcServer) endWithSums(r *pb.BatchKeysRequest) func(store.UUID, []strin
 		if len(r.Checksums) > 0 {
 			sums = r.Checksums
 		}
-		return s.m.BatchPutEndSums(client, keys, sums)
+		failed, err := failedReplicas(r)
+		if err != nil {
+			return failErrs(make([]error, len(keys)), err)
+		}
+		return s.m.BatchPutEndFailed(client, keys, sums, failed)
+	}
+}
+
+// failedReplicas reads a PutEnd's or PutRevoke's failed replicas.
+func failedReplicas(r *pb.BatchKeysRequest) ([]FailedReplica, error) {
+	if len(r.FailedKeys) != len(r.FailedSegments) {
+		return nil, store.Errorf(store.InvalidParams, "%d failed_keys but %d failed_segments", len(r.FailedKeys), len(r.FailedSegments))
+	}
+	if len(r.FailedKeys) == 0 {
+		return nil, nil
+	}
+	out := make([]FailedReplica, len(r.FailedKeys))
+	for i, k := range r.FailedKeys {
+		out[i] = FailedReplica{Key: int(k), Segment: r.FailedSegments[i]}
+	}
+	return out, nil
+}
+
+// revokeReporting revokes puts (or upserts), first recording the
+// segments the writer could not write to.
+func (s *rpcServer) revokeReporting(r *pb.BatchKeysRequest, revoke func(store.UUID, []string) []error) func(store.UUID, []string) []error {
+	return func(client store.UUID, keys []string) []error {
+		if len(r.FailedSegments) > 0 {
+			s.m.ReportUnreachable(client, r.FailedSegments)
+		}
+		return revoke(client, keys)
 	}
 }
 
@@ -532,7 +562,7 @@ func (s *rpcServer) BatchPutEnd(_ context.Context, r *pb.BatchKeysRequest) (*pb.
 }
 
 func (s *rpcServer) BatchPutRevoke(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
-	return s.keysOp("batch_put_revoke", r, s.m.BatchPutRevoke)
+	return s.keysOp("batch_put_revoke", r, s.revokeReporting(r, s.m.BatchPutRevoke))
 }
 
 func (s *rpcServer) BatchUpsertEnd(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
@@ -540,7 +570,7 @@ func (s *rpcServer) BatchUpsertEnd(_ context.Context, r *pb.BatchKeysRequest) (*
 }
 
 func (s *rpcServer) BatchUpsertRevoke(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
-	return s.keysOp("batch_upsert_revoke", r, s.m.BatchUpsertRevoke)
+	return s.keysOp("batch_upsert_revoke", r, s.revokeReporting(r, s.m.BatchUpsertRevoke))
 }
 
 func (s *rpcServer) BatchExistKey(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchExistResponse, error) {

@@ -45,6 +45,10 @@ type segment struct {
 	// live is set on the placeholder of a restored segment once the real
 	// segment is mounted (guarded by space.mu).
 	live *segment
+	// unreachable: a writer reported a transfer to it failed, and its
+	// node has not pinged since (guarded by space.mu). Placement avoids
+	// it while any other segment can take the replica.
+	unreachable bool
 }
 
 // region is a piece of a segment owned by one writing instance; its
@@ -82,7 +86,13 @@ type space struct {
 	restoredAt map[store.UUID]int64
 	capacity   atomic.Uint64
 	used       atomic.Uint64
-	rng        *rand.Rand
+	// nunreachable counts segments marked unreachable, so a ping looks
+	// for its node's segments only when some are.
+	nunreachable atomic.Int32
+	// withUnreachable lets placement use unreachable segments (the last
+	// try of place; guarded by mu).
+	withUnreachable bool
+	rng             *rand.Rand
 	// tiered reports whether a disk tier is attached (set by the master;
 	// nil in tests of space alone): eviction then offloads.
 	tiered func() bool
@@ -267,6 +277,10 @@ func (s *space) unmount(seg *segment) {
 	delete(s.segs, seg.info.ID)
 	delete(s.byName, seg.info.Name)
 	s.order = slices.DeleteFunc(s.order, func(x *segment) bool { return x == seg })
+	if seg.unreachable {
+		seg.unreachable = false
+		s.nunreachable.Add(-1)
+	}
 	for _, in := range s.instances {
 		in.regions = slices.DeleteFunc(in.regions, func(r *region) bool { return r.seg == seg })
 		in.dedicated = slices.DeleteFunc(in.dedicated, func(r *region) bool { return r.seg == seg })
@@ -347,6 +361,16 @@ func (s *space) place(dst []replicaRef, client store.UUID, host string, size uin
 		out = append(out, r)
 		used = append(used, r.reg.seg)
 	}
+	if len(out) == 0 && s.nunreachable.Load() > 0 {
+		// Only segments a writer could not reach have room: one
+		// replica there beats a refusal (the report may be a writer's
+		// own trouble, and a dead node is dropped after client_ttl).
+		s.withUnreachable = true
+		if r, ok := s.placeOne(in, host, size, cfg, used); ok {
+			out = append(out, r)
+		}
+		s.withUnreachable = false
+	}
 	if len(out) == 0 {
 		return nil, s.whyNoSpace(in, size)
 	}
@@ -404,7 +428,46 @@ func (s *space) whyNoSpace(in *instance, size uint64) error {
 }
 
 func (s *space) eligible(seg *segment, used []*segment) bool {
-	return seg.status == SegOK && !slices.Contains(used, seg)
+	return seg.status == SegOK && (!seg.unreachable || s.withUnreachable) && !slices.Contains(used, seg)
+}
+
+// markUnreachable records that a writer could not move bytes to the
+// named segments, and returns those newly marked. Placement avoids them
+// until their node pings again (reachable).
+func (s *space) markUnreachable(names []string) []SegmentStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []SegmentStatus
+	for _, name := range names {
+		seg := s.byName[name]
+		if seg == nil || seg.unreachable {
+			continue
+		}
+		seg.unreachable = true
+		s.nunreachable.Add(1)
+		out = append(out, SegmentStatus{Info: seg.info, Client: seg.owner})
+	}
+	return out
+}
+
+// reachable clears the mark on client's segments (its node pinged) and
+// returns the names cleared. It costs one atomic load when no segment is
+// marked.
+func (s *space) reachable(client store.UUID) []string {
+	if s.nunreachable.Load() == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, seg := range s.order {
+		if seg.unreachable && seg.owner == client {
+			seg.unreachable = false
+			s.nunreachable.Add(-1)
+			out = append(out, seg.info.Name)
+		}
+	}
+	return out
 }
 
 func (s *space) placeOne(in *instance, host string, size uint64, cfg store.ReplicateConfig, used []*segment) (replicaRef, bool) {
@@ -662,6 +725,9 @@ type SegmentStatus struct {
 	Used     uint64 // object bytes
 	Capacity uint64
 	Regions  int
+	// Unreachable: a writer could not reach it and its node has not
+	// pinged since; placement avoids it.
+	Unreachable bool
 }
 
 func (s *space) list() []SegmentStatus {
@@ -672,6 +738,7 @@ func (s *space) list() []SegmentStatus {
 		out = append(out, SegmentStatus{
 			Info: seg.info, Client: seg.owner, Status: seg.status,
 			Used: seg.used.Load(), Capacity: seg.info.Size, Regions: seg.nreg,
+			Unreachable: seg.unreachable,
 		})
 	}
 	return out

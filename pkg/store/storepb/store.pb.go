@@ -1289,7 +1289,12 @@ type BatchPutStartRequest struct {
 	Items    []*PutStartItem        `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
 	Config   *ReplicateConfig       `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"`
 	// client_host names the writer's host for local-first placement.
-	ClientHost    string `protobuf:"bytes,4,opt,name=client_host,json=clientHost,proto3" json:"client_host,omitempty"`
+	ClientHost string `protobuf:"bytes,4,opt,name=client_host,json=clientHost,proto3" json:"client_host,omitempty"`
+	// lease_wait_ms: how long the master may hold this call, when read
+	// leases are all that keeps it from evicting room for an item, for the
+	// earliest of them to end (0: no wait, as on Mooncake's wire). mc's
+	// clients send most of what is left of the call's deadline.
+	LeaseWaitMs   uint64 `protobuf:"varint,5,opt,name=lease_wait_ms,json=leaseWaitMs,proto3" json:"lease_wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1350,6 +1355,13 @@ func (x *BatchPutStartRequest) GetClientHost() string {
 		return x.ClientHost
 	}
 	return ""
+}
+
+func (x *BatchPutStartRequest) GetLeaseWaitMs() uint64 {
+	if x != nil {
+		return x.LeaseWaitMs
+	}
+	return 0
 }
 
 type Replica struct {
@@ -1566,9 +1578,17 @@ type BatchKeysRequest struct {
 	// PutEnd only, none or one per key: the writer's checksum of the value,
 	// 1<<32 | its CRC32C (Castagnoli); 0 for a key without one. Readers
 	// check it before they return the bytes.
-	Checksums     []uint64 `protobuf:"varint,3,rep,packed,name=checksums,proto3" json:"checksums,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Checksums []uint64 `protobuf:"varint,3,rep,packed,name=checksums,proto3" json:"checksums,omitempty"`
+	// PutEnd and PutRevoke only: the replicas the writer could not write,
+	// as pairs (failed_keys[i] an index into keys, failed_segments[i] the
+	// segment name of its replica). PutEnd drops those replicas and
+	// completes the object with the others; the master places nothing on
+	// such a segment until its node pings again. A PutRevoke may send
+	// failed_segments alone.
+	FailedKeys     []uint32 `protobuf:"varint,4,rep,packed,name=failed_keys,json=failedKeys,proto3" json:"failed_keys,omitempty"`
+	FailedSegments []string `protobuf:"bytes,5,rep,name=failed_segments,json=failedSegments,proto3" json:"failed_segments,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *BatchKeysRequest) Reset() {
@@ -1618,6 +1638,20 @@ func (x *BatchKeysRequest) GetKeys() []string {
 func (x *BatchKeysRequest) GetChecksums() []uint64 {
 	if x != nil {
 		return x.Checksums
+	}
+	return nil
+}
+
+func (x *BatchKeysRequest) GetFailedKeys() []uint32 {
+	if x != nil {
+		return x.FailedKeys
+	}
+	return nil
+}
+
+func (x *BatchKeysRequest) GetFailedSegments() []string {
+	if x != nil {
+		return x.FailedSegments
 	}
 	return nil
 }
@@ -2284,13 +2318,14 @@ const file_store_proto_rawDesc = "" +
 	"\rwith_hard_pin\x18\x06 \x01(\bR\vwithHardPin\"8\n" +
 	"\fPutStartItem\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
-	"\x06length\x18\x02 \x01(\x04R\x06length\"\xce\x01\n" +
+	"\x06length\x18\x02 \x01(\x04R\x06length\"\xf2\x01\n" +
 	"\x14BatchPutStartRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12/\n" +
 	"\x05items\x18\x02 \x03(\v2\x19.mc.store.v1.PutStartItemR\x05items\x124\n" +
 	"\x06config\x18\x03 \x01(\v2\x1c.mc.store.v1.ReplicateConfigR\x06config\x12\x1f\n" +
 	"\vclient_host\x18\x04 \x01(\tR\n" +
-	"clientHost\"\xcf\x01\n" +
+	"clientHost\x12\"\n" +
+	"\rlease_wait_ms\x18\x05 \x01(\x04R\vleaseWaitMs\"\xcf\x01\n" +
 	"\aReplica\x12!\n" +
 	"\fsegment_name\x18\x01 \x01(\tR\vsegmentName\x12\x1f\n" +
 	"\vte_endpoint\x18\x02 \x01(\tR\n" +
@@ -2307,11 +2342,14 @@ const file_store_proto_rawDesc = "" +
 	"leaseTtlMs\x12\x1a\n" +
 	"\bchecksum\x18\x05 \x01(\x04R\bchecksum\"K\n" +
 	"\x15BatchPutStartResponse\x122\n" +
-	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"t\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"\xbe\x01\n" +
 	"\x10BatchKeysRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x1c\n" +
-	"\tchecksums\x18\x03 \x03(\x04R\tchecksums\"N\n" +
+	"\tchecksums\x18\x03 \x03(\x04R\tchecksums\x12\x1f\n" +
+	"\vfailed_keys\x18\x04 \x03(\rR\n" +
+	"failedKeys\x12'\n" +
+	"\x0ffailed_segments\x18\x05 \x03(\tR\x0efailedSegments\"N\n" +
 	"\x18BatchReplicaListResponse\x122\n" +
 	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"[\n" +
 	"\x12BatchExistResponse\x12-\n" +
