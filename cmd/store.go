@@ -892,7 +892,7 @@ func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *pri
 	warning := ""
 	if len(reps) < o.Replicas {
 		// --replicas is best effort (distinct segments with room).
-		warning = fmt.Sprintf("fewer than the %d asked: each replica needs a distinct segment with room", o.Replicas)
+		warning = fmt.Sprintf("fewer than the %d asked: each replica needs a distinct segment with room that the client could reach", o.Replicas)
 	}
 	if p.JSON() {
 		j := map[string]any{"key": key, "size": len(value), "replicas": len(reps), "replicas_requested": o.Replicas, "transport": via}

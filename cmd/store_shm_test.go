@@ -59,11 +59,12 @@ func TestStoreSameHostSHM(t *testing.T) {
 	if !strings.Contains(out, "│ tcp ") {
 		t.Fatalf("stat does not list the node's segment as tcp:\n%s", out)
 	}
-	// A node without shared memory: --protocol shm says why it cannot.
+	// A node without shared memory: --protocol shm says why it cannot
+	// write the replica there, and the put keeps the one it wrote.
 	_, _, _, _ = startServeStore(t, "--master", rpc, "--segment-size", "32M")
-	_, errs, code = execMC(t, append([]string{"store", "put", "k2", src, "--protocol", "shm", "--replicas", "2"}, m...)...)
-	if code == 0 || !strings.Contains(errs, "advertises no shared memory") {
-		t.Fatalf("put --protocol shm with a replica on a tcp-only node: exit %d %q", code, errs)
+	out, errs, code = execMC(t, append([]string{"store", "put", "k2", src, "--protocol", "shm", "--replicas", "2"}, m...)...)
+	if code != 0 || !strings.Contains(errs, "advertises no shared memory") || !strings.Contains(out, "1 replica(s) (fewer than the 2 asked") {
+		t.Fatalf("put --protocol shm with a replica on a tcp-only node: exit %d %q %q", code, out, errs)
 	}
 }
 

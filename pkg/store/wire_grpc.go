@@ -269,6 +269,7 @@ func (w *grpcWire) putStart(ctx context.Context, items []putItem, rc ReplicateCo
 	}
 	var table *pb.ReplicaTable
 	err := w.call(ctx, "put start", func(ctx context.Context) (err error) {
+		req.LeaseWaitMs = uint64(leaseWait(ctx) / time.Millisecond)
 		table, err = w.ses.PutStart(ctx, req, upsert)
 		return err
 	})
@@ -279,6 +280,22 @@ func (w *grpcWire) putStart(ctx context.Context, items []putItem, rc ReplicateCo
 }
 
 func (w *grpcWire) endsPartial() bool { return true }
+
+// leaseWait is how long a put start may wait on the master for a read
+// lease to end (when leases are all that keeps it from room): what is
+// left of the call's deadline but a margin for the answer's way back,
+// a tenth of it (at least 100 ms, at most half).
+func leaseWait(ctx context.Context) time.Duration {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 0
+	}
+	left := time.Until(dl)
+	if left <= 0 {
+		return 0
+	}
+	return left - min(max(left/10, 100*time.Millisecond), left/2)
+}
 
 func (w *grpcWire) putEnd(ctx context.Context, keys []string, sums []uint64, failed []failedReplica, upsert bool) []error {
 	var fk []uint32

@@ -73,6 +73,7 @@ const (
 	phaseWatermark    = "watermark"     // the background loop
 	phaseOwnRegions   = "own_regions"   // phase 1: the writer's own regions
 	phaseOtherRegions = "other_regions" // phase 3: whole regions of others
+	phasePolicy       = "policy"        // older objects anywhere, for a put phases 1 and 3 left short
 	phaseOffload      = "offload"       // an offload to a disk tier landed (or failed)
 	phaseStage        = "stage"         // room for a read of a disk object, on its node
 )
@@ -82,6 +83,9 @@ const (
 type sweep struct {
 	now       int64
 	allowSoft bool
+	// fresh spares the objects completed after it (unix nanos; 0 spares
+	// none): see freshCut.
+	fresh int64
 	// in narrows the round (phase 1: objects in the writer's regions).
 	in      func(o *Object) bool
 	blocked blockers
@@ -89,9 +93,33 @@ type sweep struct {
 
 // blockers counts the objects a round could not evict, and why: the
 // message of a put that finds nothing evictable.
-type blockers struct{ leased, hardPinned, softPinned, writing int }
+type blockers struct {
+	leased, hardPinned, softPinned, writing, fresh int
+	// leaseEnd is when the first lease in the way ends (unix nanos).
+	leaseEnd int64
+}
 
-func (b blockers) any() bool { return b.leased+b.hardPinned+b.softPinned+b.writing > 0 }
+func (b blockers) any() bool {
+	return b.leased+b.hardPinned+b.softPinned+b.writing+b.fresh > 0
+}
+
+// merge adds c's counts to b, keeping the earlier lease end.
+func (b *blockers) merge(c blockers) {
+	if c.leased > 0 && (b.leaseEnd == 0 || c.leaseEnd < b.leaseEnd) {
+		b.leaseEnd = c.leaseEnd
+	}
+	b.leased += c.leased
+	b.hardPinned += c.hardPinned
+	b.softPinned += c.softPinned
+	b.writing += c.writing
+	b.fresh += c.fresh
+}
+
+// freshCut is the sweep.fresh of a round at now: an object put (its
+// PutEnd) within the last KV lease TTL is evicted only after every older
+// evictable one. A writer that reads what it writes does so within about
+// that long, and the object it just put is the one it is about to read.
+func (m *Master) freshCut(now int64) int64 { return now - m.cfg.KVLeaseTTL.Nanoseconds() }
 
 func (b blockers) String() string {
 	var parts []string
@@ -104,6 +132,7 @@ func (b blockers) String() string {
 	add(b.leased, "leased (being read)")
 	add(b.softPinned, "soft-pinned (allow_evict_soft_pinned_objects is off)")
 	add(b.writing, "being written")
+	add(b.fresh, "put within the last lease TTL")
 	return strings.Join(parts, ", ")
 }
 
@@ -116,9 +145,15 @@ func (sw *sweep) take(o *Object) bool {
 	case o.state != stateComplete || o.upsert != nil || o.busyOnTier():
 		sw.blocked.writing++
 	case o.lease > sw.now:
+		if sw.blocked.leased == 0 || o.lease < sw.blocked.leaseEnd {
+			sw.blocked.leaseEnd = o.lease
+		}
 		sw.blocked.leased++
 	case !sw.allowSoft && o.softPin > sw.now:
 		sw.blocked.softPinned++
+	case sw.fresh != 0 && o.putStart > sw.fresh:
+		// Complete with no upsert (above): putStart is its PutEnd.
+		sw.blocked.fresh++
 	default:
 		return true
 	}
@@ -151,19 +186,35 @@ func (m *Master) EvictIfNeeded() uint64 {
 // Evict frees at least target bytes of evictable objects when it can, and
 // returns the bytes freed.
 func (m *Master) Evict(target uint64) uint64 {
-	freed, _, _ := m.evictRound(phaseWatermark, target, nil)
+	freed, _, _ := m.evictRound(phaseWatermark, target, nil, freshFirst)
 	return freed
 }
 
+// How a round treats objects put within the last lease TTL (freshCut).
+type freshRule uint8
+
+const (
+	freshFirst  freshRule = iota // after every older evictable object
+	freshSpared                  // not at all
+)
+
 // evictRound frees at least need bytes of the objects in (nil: all) in
-// policy order, soft-pinned ones in a second pass when allowed. It
+// policy order: those put within the last lease TTL in a second pass
+// (none with freshSpared), soft-pinned ones in a third when allowed. It
 // returns the bytes freed now and those being offloaded to disk (free
 // once the writes land).
-func (m *Master) evictRound(phase string, need uint64, in func(*Object) bool) (freed, later uint64, blocked blockers) {
+func (m *Master) evictRound(phase string, need uint64, in func(*Object) bool, fr freshRule) (freed, later uint64, blocked blockers) {
 	m.m.evictAttempts.Add(1)
 	var keys, offloads uint64
-	for pass := 0; pass < 2 && freed+later < need; pass++ {
-		sw := &sweep{now: m.now(), allowSoft: pass == 1, in: in}
+	for pass := 0; pass < 3 && freed+later < need; pass++ {
+		now := m.now()
+		sw := &sweep{now: now, allowSoft: pass == 2, in: in}
+		if pass == 0 || fr == freshSpared {
+			sw.fresh = m.freshCut(now)
+		}
+		if pass == 1 && fr == freshSpared {
+			continue
+		}
 		if sw.allowSoft && !*m.cfg.AllowEvictSoftPinned {
 			break
 		}

@@ -19,6 +19,7 @@ type Metrics struct {
 	putDiscards, putReleases            prometheus.Counter
 	checksumMismatches                  prometheus.Counter
 	droppedReplicas, unreachableReports prometheus.Counter
+	leaseWaits                          prometheus.Counter
 	evictAttempts, evictSuccess         atomic.Uint64
 	evictedKeys, evictedBytes           atomic.Uint64
 	// Mooncake's reads of GetReplicaList: every key asked (total_get_nums_)
@@ -70,6 +71,7 @@ func newMetrics(m *Master) *Metrics {
 	x.checksumMismatches = counter("mc_store_checksum_mismatches_total", "replicas whose bytes did not match the writer's checksum, as mc's clients reported them (each such get tried another replica or failed; it never returned the bytes)")
 	x.droppedReplicas = counter("mc_store_put_replicas_dropped_total", "replicas granted at PutStart that their writer could not write (a failed transfer): the put completed with the others")
 	x.unreachableReports = counter("mc_store_segment_unreachable_total", "times a segment was marked unreachable by a writer's failed transfer (placement avoids it until its node pings)")
+	x.leaseWaits = counter("mc_store_put_lease_waits_total", "times a PutStart with no room waited for a read lease to end (mc's gRPC writers) before evicting again")
 	x.putReleases = counter("master_put_start_release_cnt", "discarded puts whose space was released after the release timeout")
 	counterOf := func(name, help string, v *atomic.Uint64) {
 		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v.Load()) }))

@@ -52,8 +52,12 @@ type Object struct {
 	// so a policy costs no allocation per object.
 	ent policy.Entry[*Object]
 
-	key      string
-	putStart int64 // unix nanos of the PutStart that created this version
+	key string
+	// putStart is, while a version is written, when its PutStart came
+	// (unix nanos); once complete, when its PutEnd came (eviction takes
+	// an object put within the last lease TTL after older ones), 0 when
+	// unknown (restored). One field for both: tens of millions of them.
+	putStart int64
 	// pendPrev and pendNext link a put in progress into its shard's
 	// pending list (oldest first) for the discard scan; an ended put
 	// leaves the list at once, so the master keeps nothing of a put

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -64,6 +65,17 @@ func failAll(out []ReplicaResult, err error) []ReplicaResult {
 // whose put started less than the discard timeout ago, is refused with
 // OBJECT_ALREADY_EXISTS; an older unfinished put is replaced.
 func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig) []ReplicaResult {
+	return m.BatchPutStartWait(context.Background(), client, host, items, cfg, 0)
+}
+
+// BatchPutStartWait is BatchPutStart for a writer that lets the master
+// hold its call up to wait (bounded by the KV lease TTL, and ended early
+// with ctx) when read leases are all that keeps it from evicting room:
+// it waits for the first of them to end, if that is within wait, instead
+// of evicting an object put within the last lease TTL or failing. A
+// Mooncake client sends no wait (its wire has no field for it) and gets
+// Mooncake's answer at once.
+func (m *Master) BatchPutStartWait(ctx context.Context, client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig, wait time.Duration) []ReplicaResult {
 	m.touchClient(client)
 	out := make([]ReplicaResult, len(items))
 	if err := checkConfig(cfg); err != nil {
@@ -74,7 +86,7 @@ func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, 
 		m.m.putStart.Inc()
 		out[i] = m.putStart(client, host, it, cfg, ar)
 	}
-	m.evictForPuts(client, host, items, cfg, out, ar)
+	m.makeRoom(ctx, client, host, items, cfg, out, ar, min(wait, m.cfg.KVLeaseTTL))
 	m.syncStarts(client, items, out)
 	for i, r := range out {
 		if r.Err == nil {
@@ -87,6 +99,51 @@ func (m *Master) BatchPutStart(client store.UUID, host string, items []PutItem, 
 		}
 	}
 	return out
+}
+
+// makeRoom evicts for the items of out that found no room: first only
+// objects older than a lease TTL (evictForPuts with freshSpared); when
+// leases are in the way and the first ends within wait, it waits for it
+// and tries again; then objects put within the last lease TTL go too.
+func (m *Master) makeRoom(ctx context.Context, client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig, out []ReplicaResult, ar *descArena, wait time.Duration) {
+	deadline := m.now() + wait.Nanoseconds()
+	var largest uint64
+	short := func() bool {
+		for i, r := range out {
+			if store.CodeOf(r.Err) != store.NoAvailableHandle {
+				continue
+			}
+			if largest == 0 {
+				largest = m.space.largestSegment()
+			}
+			if items[i].Size <= largest {
+				return true
+			}
+		}
+		return false
+	}
+	for short() {
+		seen := m.evictForPuts(client, host, items, cfg, out, ar, freshSpared)
+		if !short() {
+			return
+		}
+		if seen.leased == 0 || seen.leaseEnd > deadline || wait <= 0 {
+			break
+		}
+		// +1ms: a lease ending at t is over after t.
+		d := time.Duration(seen.leaseEnd-m.now()) + time.Millisecond
+		t := time.NewTimer(max(d, time.Millisecond))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+		m.m.leaseWaits.Inc()
+	}
+	if short() {
+		m.evictForPuts(client, host, items, cfg, out, ar, freshFirst)
+	}
 }
 
 // descArena holds a batch's replica descriptors in one array (as lookup
@@ -281,7 +338,9 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64, dr
 			sh.softPinned++
 		}
 	}
-	o.state, o.inPlace, o.putStart, o.writer = stateComplete, false, 0, store.UUID{}
+	// putStart of a complete object is when it became complete: eviction
+	// spares it for a lease TTL (freshCut).
+	o.state, o.inPlace, o.putStart, o.writer = stateComplete, false, m.now(), store.UUID{}
 	o.sum = sum
 	sh.unlinkPending(o)
 	o.gen++

@@ -35,8 +35,10 @@ const (
 )
 
 // evictForPuts retries, after evicting, the items of a batch that failed
-// for want of space.
-func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig, out []ReplicaResult, ar *descArena) {
+// for want of space, and returns what it found in the way. With
+// freshSpared it evicts no object put within the last lease TTL; with
+// freshFirst, those only after every older one it may take.
+func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig, out []ReplicaResult, ar *descArena, fr freshRule) (seen blockers) {
 	var largest uint64
 	hopeless := make([]bool, len(out)) // eviction cannot make room: failed, not retried
 	short := func() (idx []int, need uint64) {
@@ -56,7 +58,11 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 	}
 	idx, need := short()
 	if len(idx) == 0 || !m.evicting() {
-		return
+		return seen
+	}
+	var cut int64 // the fresh objects of phase 3 and of the room estimate
+	if fr == freshSpared {
+		cut = m.freshCut(m.now())
 	}
 	retry := func() {
 		for _, i := range idx {
@@ -70,16 +76,18 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 	m.evictMu.Lock()
 	defer m.evictMu.Unlock()
 	if retry(); len(idx) == 0 {
-		return
+		return seen
 	}
 	// Evict only for puts that eviction can serve: one that would still
 	// be short with every evictable object gone fails now, and costs
 	// nobody else their objects.
-	if !m.roomAfterEviction(items, idx, out, hopeless) {
-		return
+	ok, b := m.roomAfterEviction(items, idx, out, hopeless, cut)
+	seen.merge(b)
+	if !ok {
+		return seen
 	}
 	if idx, need = short(); len(idx) == 0 {
-		return
+		return seen
 	}
 	var blocked blockers
 	var total, offloading uint64
@@ -98,20 +106,35 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 					}
 				}
 				return false
-			})
+			}, fr)
 			freed, blocked = freed+f, b
+			seen.merge(b)
 			offloading += l
 			if f > 0 {
 				retry()
 			}
 		}
 		if len(idx) > 0 && offloading < need {
-			f, l, b := m.evictOtherRegions(client, need-min(need, offloading))
+			f, l, b := m.evictOtherRegions(client, need-min(need, offloading), cut)
 			freed = freed + f
 			offloading += l
+			seen.merge(b)
 			if b.any() {
 				blocked = b
 			}
+			if f > 0 {
+				retry()
+			}
+		}
+		if len(idx) > 0 && offloading < need && fr == freshSpared {
+			// Older objects outside the writer's regions and in
+			// regions that cannot go whole (a leased neighbour): their
+			// room is borrowed, or the region returns once empty. Not
+			// with freshFirst: this stage took them already.
+			f, l, b := m.evictRound(phasePolicy, need-min(need, offloading), nil, freshSpared)
+			freed = freed + f
+			offloading += l
+			seen.merge(b)
 		}
 		total += freed
 		if len(idx) > 0 {
@@ -125,7 +148,9 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 		// object, so they stay few.)
 		if freed > 0 {
 			stuck = 0
-		} else if stuck++; stuck == 3 {
+		} else if stuck++; stuck == 3 || fr == freshSpared {
+			// Sparing fresh objects, a round that frees nothing ends
+			// the try: the next one may take them.
 			break
 		}
 		if len(idx) > 0 && offloading >= need {
@@ -135,7 +160,7 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 		}
 	}
 	if len(idx) == 0 {
-		return
+		return seen
 	}
 	for _, i := range idx {
 		switch {
@@ -147,6 +172,7 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 			out[i].Err = store.Errorf(store.NoAvailableHandle, "key %q: no room for %d bytes: this put evicted %s, and concurrent puts took it (%v)", items[i].Key, items[i].Size, fmtBytes(total), out[i].Err)
 		}
 	}
+	return seen
 }
 
 // roomAfterEviction checks the items of out at idx against the most room
@@ -159,7 +185,7 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 // The walk stops as soon as a segment has room for the largest item, so
 // a small put into a full store of evictable objects looks at a few
 // objects; only a put that cannot fit (or barely can) walks them all.
-func (m *Master) roomAfterEviction(items []PutItem, idx []int, out []ReplicaResult, hopeless []bool) bool {
+func (m *Master) roomAfterEviction(items []PutItem, idx []int, out []ReplicaResult, hopeless []bool, fresh int64) (bool, blockers) {
 	var biggest uint64
 	for _, i := range idx {
 		biggest = max(biggest, items[i].Size)
@@ -180,9 +206,9 @@ func (m *Master) roomAfterEviction(items []PutItem, idx []int, out []ReplicaResu
 	}
 	m.space.mu.Unlock()
 	if bestSeg == nil {
-		return true // nothing mounted: the errors already say so
+		return true, blockers{} // nothing mounted: the errors already say so
 	}
-	sw := &sweep{now: m.now(), allowSoft: *m.cfg.AllowEvictSoftPinned}
+	sw := &sweep{now: m.now(), allowSoft: *m.cfg.AllowEvictSoftPinned, fresh: fresh}
 walk:
 	for i := range m.shards {
 		if best >= biggest {
@@ -227,7 +253,7 @@ walk:
 			"key %q: no room for %d bytes, and eviction cannot make it: at most %s on one segment (%s) with every evictable object gone (%s); evicted nothing",
 			items[i].Key, items[i].Size, fmtBytes(best), bestSeg.info.Name, why)
 	}
-	return left
+	return left, sw.blocked
 }
 
 // maxEvictRounds bounds the evict-and-retry rounds of one put.
@@ -245,9 +271,9 @@ type regionTally struct {
 // than client's, lowest reference count first, until their bytes cover
 // need. It walks every object twice (to weigh the regions, then to evict
 // the chosen ones' objects): the last resort costs O(objects).
-func (m *Master) evictOtherRegions(client store.UUID, need uint64) (freed, later uint64, blocked blockers) {
+func (m *Master) evictOtherRegions(client store.UUID, need uint64, fresh int64) (freed, later uint64, blocked blockers) {
 	m.m.evictAttempts.Add(1)
-	sw := &sweep{now: m.now(), allowSoft: *m.cfg.AllowEvictSoftPinned}
+	sw := &sweep{now: m.now(), allowSoft: *m.cfg.AllowEvictSoftPinned, fresh: fresh}
 	tally := make(map[*region]*regionTally)
 	for i := range m.shards {
 		sh := &m.shards[i]
@@ -287,7 +313,7 @@ func (m *Master) evictOtherRegions(client store.UUID, need uint64) (freed, later
 		return 0, 0, sw.blocked
 	}
 	var keys uint64
-	quiet := &sweep{now: m.now(), allowSoft: sw.allowSoft}
+	quiet := &sweep{now: m.now(), allowSoft: sw.allowSoft, fresh: fresh}
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()

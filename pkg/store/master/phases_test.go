@@ -75,7 +75,9 @@ func TestPhase1EvictsOwnLRU(t *testing.T) {
 // A batch adds up its shortage and evicts once for all its items.
 func TestPhase1BatchEvictsOnce(t *testing.T) {
 	m, clk := fullPool(t, Config{}, plain(), plain())
-	clk.Advance(time.Second)
+	// Past the lease TTL: objects put a moment ago would be spared by a
+	// first try (TestFreshObjectsEvictedLast).
+	clk.Advance(DefaultKVLeaseTTL + time.Second)
 	items := []PutItem{{"a6", 300 * KiB}, {"a7", 300 * KiB}, {"a8", 300 * KiB}}
 	for i, r := range m.BatchPutStart(uuidOf("a"), "", items, plain()) {
 		if r.Err != nil {

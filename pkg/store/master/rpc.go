@@ -397,8 +397,13 @@ func replicaCall[T any](s *rpcServer, name string, n int, run func() []ReplicaRe
 }
 
 // startPuts is BatchPutStart or BatchUpsertStart in either form.
-func startPuts[T any](s *rpcServer, r *pb.BatchPutStartRequest, upsert bool, form func([]ReplicaResult) (T, bool)) (T, error) {
-	start, name := s.m.BatchPutStart, "batch_put_start"
+func startPuts[T any](ctx context.Context, s *rpcServer, r *pb.BatchPutStartRequest, upsert bool, form func([]ReplicaResult) (T, bool)) (T, error) {
+	// A writer may let its put wait for a read lease to end (mc's
+	// clients do): see BatchPutStartWait.
+	start := func(client store.UUID, host string, items []PutItem, cfg store.ReplicateConfig) []ReplicaResult {
+		return s.m.BatchPutStartWait(ctx, client, host, items, cfg, time.Duration(min(r.LeaseWaitMs, 1<<40))*time.Millisecond)
+	}
+	name := "batch_put_start"
 	if upsert {
 		start, name = s.m.BatchUpsertStart, "batch_upsert_start"
 	}
@@ -415,7 +420,7 @@ func (s *rpcServer) putStartTable(ctx context.Context, r *pb.BatchPutStartReques
 	if err := s.m.AwaitTakeover(ctx); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	return startPuts(s, r, upsert, replicaTable)
+	return startPuts(ctx, s, r, upsert, replicaTable)
 }
 
 // putStartResponse is replicaLists in BatchPutStartResponse's message.
@@ -428,14 +433,14 @@ func (s *rpcServer) BatchPutStart(ctx context.Context, r *pb.BatchPutStartReques
 	if err := s.m.AwaitTakeover(ctx); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	return startPuts(s, r, false, putStartResponse)
+	return startPuts(ctx, s, r, false, putStartResponse)
 }
 
 func (s *rpcServer) BatchUpsertStart(ctx context.Context, r *pb.BatchPutStartRequest) (*pb.BatchPutStartResponse, error) {
 	if err := s.m.AwaitTakeover(ctx); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	return startPuts(s, r, true, putStartResponse)
+	return startPuts(ctx, s, r, true, putStartResponse)
 }
 
 func (s *rpcServer) BatchGetReplicaList(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {

@@ -1101,7 +1101,7 @@ func (m *Master) makeRoomOn(seg store.UUID, size uint64) {
 			}
 		}
 		return false
-	})
+	}, freshFirst)
 }
 
 // stageRetry bounds how long a read waits for room to stage a disk

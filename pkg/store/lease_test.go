@@ -1,0 +1,80 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+)
+
+// A writer that reads what it writes (issue 34, item 7): when every
+// object is leased, a put that only needs a lease to end waits for it
+// within its deadline instead of failing "nothing evictable: leased".
+func TestPutWaitsForLeaseInsteadOfFailing(t *testing.T) {
+	const ttl = 400 * time.Millisecond
+	c := startMaster(t, master.Config{KVLeaseTTL: ttl, HighWatermark: 1})
+	c.client(4 << 20) // 4 regions of 1 MiB: 16 slots of 256 KiB
+	cl := c.client(0)
+	ctx := context.Background()
+	var keys []string
+	for i := range 15 {
+		key := fmt.Sprint("old", i)
+		if err := cl.Put(ctx, key, value(256<<10, byte(i))); err != nil {
+			t.Fatalf("fill %s: %v", key, err)
+		}
+		keys = append(keys, key)
+	}
+	// Old enough that eviction may take them once their leases end.
+	time.Sleep(ttl + 50*time.Millisecond)
+	if _, errs := cl.BatchGet(ctx, keys); errs[0] != nil {
+		t.Fatalf("read: %v", errs[0])
+	}
+	leased := time.Now()
+	// 300 KiB fits no free slot: room needs an eviction, and every
+	// object is leased.
+	err := cl.Put(ctx, "new", value(300<<10, 99))
+	if err != nil {
+		t.Fatalf("put into a pool of leased objects: %v (want it to wait for a lease to end)", err)
+	}
+	if waited := time.Since(leased); waited < ttl/2 {
+		t.Errorf("put returned after %s: it cannot have waited for a lease of %s", waited, ttl)
+	}
+	if n := gauge(t, c.m, "mc_store_put_lease_waits_total"); n < 1 {
+		t.Errorf("%v lease waits counted", n)
+	}
+}
+
+// Mooncake's semantics are kept for a put that may not wait (Mooncake's
+// wire carries no wait): it fails at once, naming the leases.
+func TestPutWithNoWaitFailsOnLeases(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: time.Minute, HighWatermark: 1})
+	c.client(4 << 20)
+	cl := c.client(0)
+	ctx := context.Background()
+	var keys []string
+	for i := range 15 {
+		key := fmt.Sprint("old", i)
+		if err := cl.Put(ctx, key, value(256<<10, byte(i))); err != nil {
+			t.Fatalf("fill %s: %v", key, err)
+		}
+		keys = append(keys, key)
+	}
+	cl.BatchGet(ctx, keys)
+	r := c.m.BatchPutStart(store.UUID{First: 1, Second: 2}, "", []master.PutItem{{Key: "new", Size: 300 << 10}}, store.ReplicateConfig{ReplicaNum: 1})[0]
+	if store.CodeOf(r.Err) != store.NoAvailableHandle {
+		t.Fatalf("put start with no wait into leased objects: %v, want NO_AVAILABLE_HANDLE", r.Err)
+	}
+	// A deadline shorter than the leases: the put does not wait in vain.
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := cl.Put(short, "new", value(300<<10, 99)); store.CodeOf(err) != store.NoAvailableHandle {
+		t.Fatalf("put with a deadline before any lease ends: %v, want NO_AVAILABLE_HANDLE", err)
+	}
+	if d := time.Since(start); d > 250*time.Millisecond {
+		t.Errorf("a put that no lease end could serve took %s", d)
+	}
+}
