@@ -14,7 +14,7 @@ import (
 // object is leased, a put that only needs a lease to end waits for it
 // within its deadline instead of failing "nothing evictable: leased".
 func TestPutWaitsForLeaseInsteadOfFailing(t *testing.T) {
-	const ttl = 400 * time.Millisecond
+	const ttl = 1500 * time.Millisecond
 	c := startMaster(t, master.Config{KVLeaseTTL: ttl, HighWatermark: 1})
 	c.client(4 << 20) // 4 regions of 1 MiB: 16 slots of 256 KiB
 	cl := c.client(0)
@@ -29,17 +29,17 @@ func TestPutWaitsForLeaseInsteadOfFailing(t *testing.T) {
 	}
 	// Old enough that eviction may take them once their leases end.
 	time.Sleep(ttl + 50*time.Millisecond)
+	leased := time.Now() // the leases are granted after this
 	if _, errs := cl.BatchGet(ctx, keys); errs[0] != nil {
 		t.Fatalf("read: %v", errs[0])
 	}
-	leased := time.Now()
 	// 300 KiB fits no free slot: room needs an eviction, and every
 	// object is leased.
 	err := cl.Put(ctx, "new", value(300<<10, 99))
 	if err != nil {
 		t.Fatalf("put into a pool of leased objects: %v (want it to wait for a lease to end)", err)
 	}
-	if waited := time.Since(leased); waited < ttl/2 {
+	if waited := time.Since(leased); waited < ttl {
 		t.Errorf("put returned after %s: it cannot have waited for a lease of %s", waited, ttl)
 	}
 	if n := gauge(t, c.m, "mc_store_put_lease_waits_total"); n < 1 {
