@@ -573,21 +573,38 @@ func (r *runner) survivors(ctx context.Context, keys []string) ([]string, error)
 // cleanup removes the keys a row wrote (not timed), so rows do not fill
 // the store for each other and a benchmarked store is left as found:
 // key(i) for i in [0, n), 1024 a call.
+//
+// After an interrupt it removes them again, a few times: puts cut short
+// may have their ends on the way, and a key still being written is not
+// removed but lands after.
 func (r *runner) cleanup(ctx context.Context, n uint64, key func(uint64) string) {
+	interrupted := ctx.Err() != nil
 	ctx = context.WithoutCancel(ctx)
 	keys := make([]string, 0, 1024)
-	for i := uint64(0); i < n; i += 1024 {
-		keys = keys[:0]
-		for j := i; j < min(i+1024, n); j++ {
-			keys = append(keys, key(j))
+	for round := 0; round == 0 || interrupted && round <= settleRounds; round++ {
+		if round > 0 {
+			time.Sleep(settlePause)
 		}
-		for _, err := range r.c.BatchRemove(ctx, keys, true) {
-			if err == nil {
-				r.removed.Add(1)
+		for i := uint64(0); i < n; i += 1024 {
+			keys = keys[:0]
+			for j := i; j < min(i+1024, n); j++ {
+				keys = append(keys, key(j))
+			}
+			for _, err := range r.c.BatchRemove(ctx, keys, true) {
+				if err == nil {
+					r.removed.Add(1)
+				}
 			}
 		}
 	}
 }
+
+// After an interrupt, cleanup repeats its removal settleRounds times,
+// settlePause apart.
+const (
+	settleRounds = 3
+	settlePause  = 100 * time.Millisecond
+)
 
 func (r *runner) putPrefix(vs int64) string {
 	return fmt.Sprintf("%s%s%d/put/", r.prefix(), r.tcpPart(), vs)
