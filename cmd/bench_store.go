@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -236,10 +237,12 @@ func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
 	if o.Progress != nil {
 		bar, lines = *o.Progress, false
 	}
+	stopBar := func() {}
 	if bar {
 		update, stop := storeProgress(p.Out, cfg.Duration)
 		cfg.Progress = update
-		defer stop()
+		stopBar = sync.OnceFunc(stop)
+		defer stopBar()
 	}
 	if lines {
 		n := 0
@@ -262,6 +265,7 @@ func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
 		fmt.Fprintln(w, report)
 	}()
 	results, err := sbench.Run(ctx, cfg)
+	stopBar() // before the table
 	if o.Plot != "" && len(results) > 0 {
 		if perr := writeFileWith(o.Plot, func(f *os.File) error { return sbench.Plot(f, results) }); perr != nil {
 			return fmt.Errorf("--plot: %w", perr)
