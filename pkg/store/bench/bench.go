@@ -320,7 +320,11 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 	}
 	if cfg.Master != "" && cfg.Report != nil {
-		defer func() { cfg.Report(r.report(context.WithoutCancel(ctx), cfg)) }()
+		defer func() {
+			if r.touched.Load() { // else nothing was written
+				cfg.Report(r.report(context.WithoutCancel(ctx), cfg))
+			}
+		}()
 	}
 	var rt *runner // VsTCP: the tcp client's rows
 	if cfg.VsTCP {
@@ -440,6 +444,8 @@ type runner struct {
 	removed     *atomic.Uint64
 	removedKeys atomic.Uint64
 	tcp         bool // the VsTCP runner: its keys are apart from the other's
+	// touched: a row began writing (the run has something to report)
+	touched atomic.Bool
 }
 
 // prefix is the run's key prefix: every key it writes starts with it.
@@ -642,6 +648,7 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 			return res, err
 		}
 	}
+	r.touched.Store(true)
 	if err := r.fit(ctx, vs); err != nil {
 		return res, err
 	}
