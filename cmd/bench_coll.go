@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jedib0t/go-pretty/v6/progress"
 	"github.com/spf13/cobra"
 
 	"github.com/kvcache-ops/mc/pkg/coll"
@@ -38,7 +39,10 @@ type benchCollOptions struct {
 	SlotSize   int64
 	Slots      int
 	Timeout    time.Duration
-	Protocol   string
+	// JoinTimeout bounds the wait for the group's other ranks at the
+	// start.
+	JoinTimeout time.Duration
+	Protocol    string
 	// One rank of a group (across hosts, or launched by the parent).
 	Rank        int
 	WorldSize   int
@@ -46,6 +50,9 @@ type benchCollOptions struct {
 	Group       string
 	BindAddress string
 	EmitRows    bool // internal: JSON lines of every row, for the parent
+	// Progress forces (true) or suppresses (false) the progress bar; nil
+	// means a bar on a terminal and one line per row on stderr otherwise.
+	Progress *bool
 	// exit ends the killed rank of the drill; nil: the process exits.
 	exit func()
 }
@@ -81,6 +88,13 @@ its records from the store, so the --group name serves the next run; an
 interrupted run leaves them, and the next run of that name fails: pick
 another --group.
 
+A rank waits --join-timeout (default 2m) for the group's other ranks to
+start, then fails naming those that never came.
+
+On a terminal a progress bar follows the sweep; otherwise each finished
+row is one line on stderr. SIGINT stops the sweep: the rows done are
+printed and the run exits 130.
+
 --kill-rank R --kill-after K is a failure drill: rank R exits after K
 collectives; the others find it failed, the collective in flight is
 retried over the survivors and the sweep goes on. Rows show the ranks
@@ -88,7 +102,7 @@ that were active and those that failed while the row ran; the run then
 exits 1, since rank R did not finish.
 
 Exit status: 0 when every rank finished (and every checked row was
-right), 64 on a usage error, 1 otherwise.`,
+right), 64 on a usage error, 130 when interrupted, 1 otherwise.`,
 		Example: `  mc bench coll --collective all_reduce --ranks 4 -b 8 -e 64M -f 2 --check
   mc bench coll --collective all_gather --ranks 8 -b 1K -e 16M -f 4 -o json
   mc bench coll --ranks 4 -b 1M -e 16M --iters 50 --kill-rank 2 --kill-after 60
@@ -117,6 +131,7 @@ right), 64 on a usage error, 1 otherwise.`,
 	sizeVar(fs, &o.SlotSize, "slot-size", 4<<20, "mailbox slot size per peer (every rank must agree)")
 	fs.IntVar(&o.Slots, "slots", 2, "mailbox slots per peer (pipelining depth)")
 	durationVar(fs, &o.Timeout, "timeout", coll.DefaultTimeout, "a peer silent this long (its engine still up) is marked failed")
+	durationVar(fs, &o.JoinTimeout, "join-timeout", defaultJoinTimeout, "how long a rank waits for the group's other ranks to start, then fails naming them (0: as long as it takes)")
 	fs.StringVar(&o.Protocol, "protocol", engine.ProtocolAuto, "transport between ranks: auto (shared memory on one host, else tcp), tcp, or shm (shared memory only)")
 	fs.IntVar(&o.Rank, "rank", 0, "run as this rank of a group (with --world-size and --store)")
 	fs.IntVar(&o.WorldSize, "world-size", 0, "ranks of the group (with --rank)")
@@ -144,6 +159,10 @@ func (o benchCollOptions) sweep() (collbench.Config, error) {
 	}
 	return cfg, nil
 }
+
+// defaultJoinTimeout is --join-timeout's default: time to start the
+// ranks of a group by hand on several hosts.
+const defaultJoinTimeout = 2 * time.Minute
 
 // collProtocols are the values --protocol takes.
 var collProtocols = []string{engine.ProtocolAuto, "tcp", engine.ProtocolSHM}
@@ -179,6 +198,9 @@ func runBenchColl(ctx context.Context, o benchCollOptions, p *printer) error {
 	if o.KillRank >= o.Ranks {
 		return usagef("--kill-rank %d: the group has ranks 0-%d", o.KillRank, o.Ranks-1)
 	}
+	if o.JoinTimeout < 0 {
+		return usagef("invalid --join-timeout %s: want a duration (0: wait as long as it takes)", o.JoinTimeout)
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find this binary to start ranks: %w", err)
@@ -187,17 +209,26 @@ func runBenchColl(ctx context.Context, o benchCollOptions, p *printer) error {
 		"--collective", o.Collective, "-b", units.FormatSize(o.MinBytes), "-e", units.FormatSize(o.MaxBytes), "-f", strconv.FormatInt(o.Factor, 10),
 		"--iters", strconv.Itoa(o.Iters), "--warmup", strconv.Itoa(o.Warmup),
 		"--kill-rank", strconv.Itoa(o.KillRank), "--kill-after", strconv.Itoa(o.KillAfter),
-		"--slot-size", units.FormatSize(o.SlotSize), "--slots", strconv.Itoa(o.Slots), "--timeout", o.Timeout.String(), "--protocol", o.Protocol,
+		"--slot-size", units.FormatSize(o.SlotSize), "--slots", strconv.Itoa(o.Slots), "--timeout", o.Timeout.String(), "--join-timeout", o.JoinTimeout.String(), "--protocol", o.Protocol,
 		"--check=" + strconv.FormatBool(o.Check)}
 	if !p.JSON() {
 		fmt.Fprintf(p.Out, "%d local ranks (--protocol %s), rendezvous in an embedded etcd\n", o.Ranks, o.Protocol)
 	}
+	cfg, _ := o.sweep()
+	onRow, stop := collProgress(o, p, len(cfg.Sizes()))
 	rows, err := collbench.Launch(ctx, collbench.LaunchConfig{
-		Exe: exe, Args: args, Ranks: o.Ranks, Stderr: p.Err,
+		Exe: exe, Args: args, Ranks: o.Ranks, Stderr: p.Err, OnRow: onRow,
 		RankArgs: func(r int, store, group string) []string {
 			return []string{"--rank", strconv.Itoa(r), "--world-size", strconv.Itoa(o.Ranks), "--store", store, "--group", group}
 		},
 	})
+	stop()
+	if ctx.Err() != nil {
+		if len(rows) > 0 && rows[len(rows)-1].ActiveRanks[0] != o.Rank {
+			rows = nil // the lowest active rank prints them
+		}
+		return interruptedColl(p, rows, len(cfg.Sizes()))
+	}
 	if err != nil {
 		return err
 	}
@@ -205,6 +236,54 @@ func runBenchColl(ctx context.Context, o benchCollOptions, p *printer) error {
 		return err
 	}
 	return unfinished(collbench.Unfinished(rows, o.Ranks))
+}
+
+// interruptedColl prints the rows done before SIGINT and exits 130.
+func interruptedColl(p *printer, rows []collbench.Result, sizes int) error {
+	if len(rows) > 0 {
+		printCollRows(p, rows)
+	}
+	return &exitError{code: exitInterrupted, err: fmt.Errorf("bench coll: interrupted after %d of %d sizes", len(rows), sizes)}
+}
+
+// collProgress follows a sweep of n sizes: a go-pretty bar on a terminal
+// (as mc bench initiator and mc store drain draw), else one line per
+// finished row on stderr (none with -o json). stop ends the bar.
+func collProgress(o benchCollOptions, p *printer, n int) (onRow func(collbench.Result), stop func()) {
+	tty := !p.JSON() && isTerminal(p.Out)
+	bar, lines := tty, !tty && !p.JSON()
+	if o.Progress != nil {
+		bar, lines = *o.Progress, false
+	}
+	done := 0
+	switch {
+	case bar:
+		pw := startProgress(p.Out, 48)
+		pw.Style().Visibility.Percentage = true
+		tr := &progress.Tracker{Total: int64(n), Units: progress.UnitsDefault, Message: fmt.Sprintf("%s, %d sizes", o.Collective, n)}
+		pw.AppendTracker(tr)
+		return func(r collbench.Result) {
+			done++
+			tr.UpdateMessage(fmt.Sprintf("%s %s: busbw %.3f GB/s (%d/%d)", r.Collective, bench.FormatSize(r.SizeBytes), r.BusBW, done, n))
+			tr.SetValue(int64(done))
+		}, func() { stopProgress(pw, tr) }
+	case lines:
+		return func(r collbench.Result) {
+			done++
+			fmt.Fprintln(p.Err, collRowLine(done, n, r))
+		}, func() {}
+	}
+	return nil, func() {}
+}
+
+// collRowLine is a finished row as one progress line (not a terminal).
+func collRowLine(i, n int, r collbench.Result) string {
+	correct := ""
+	if r.Correct != nil {
+		correct = ", correct " + map[bool]string{true: "yes", false: "WRONG"}[*r.Correct]
+	}
+	return fmt.Sprintf("row %d/%d: %s %s, %d ranks: %.1f us, algbw %.3f GB/s, busbw %.3f GB/s%s", i, n, r.Collective,
+		bench.FormatSize(r.SizeBytes), r.Ranks, r.TimeUS, r.AlgBW, r.BusBW, correct)
 }
 
 // unfinished fails a run some ranks did not finish: the rows then
@@ -248,6 +327,8 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 		return usagef("--rank %d: want 0 to %d", o.Rank, o.WorldSize-1)
 	case o.Store == "" || o.Store == meta.P2PHandshake:
 		return usagef("--store: want the rendezvous (etcd host:port or http://host:port/path)")
+	case o.JoinTimeout < 0:
+		return usagef("invalid --join-timeout %s: want a duration (0: wait as long as it takes)", o.JoinTimeout)
 	}
 	be, err := meta.Open(ctx, o.Store, meta.Options{HTTPToken: metadataToken()})
 	if err != nil {
@@ -269,9 +350,14 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 	defer eng.Close()
 	g, err := coll.New(ctx, coll.Config{
 		Group: o.Group, Rank: o.Rank, WorldSize: o.WorldSize, Engine: eng, Store: st,
-		Slots: o.Slots, SlotSize: slot, Timeout: o.Timeout,
+		Slots: o.Slots, SlotSize: slot, Timeout: o.Timeout, JoinTimeout: o.JoinTimeout,
 	})
-	if err != nil {
+	switch {
+	case ctx.Err() != nil:
+		return &exitError{code: exitInterrupted, err: fmt.Errorf("bench coll: interrupted while waiting for the group's ranks")}
+	case errors.Is(err, coll.ErrJoinTimeout):
+		return fmt.Errorf("bench coll: %w (--join-timeout %s: start every rank with the same --group and --store, or give a longer --join-timeout)", err, o.JoinTimeout)
+	case err != nil:
 		return fmt.Errorf("bench coll: %w (a --group whose earlier run did not finish keeps its records: use another --group)", err)
 	}
 	defer g.Close()
@@ -296,6 +382,12 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 		os.Exit(0)
 	}
 	var rows []collbench.Result
+	onRow, stop := func(collbench.Result) {}, func() {}
+	if !o.EmitRows {
+		if f, s := collProgress(o, p, len(cfg.Sizes())); f != nil {
+			onRow, stop = f, s
+		}
+	}
 	emit := func(r collbench.Result) {
 		if o.EmitRows {
 			b, _ := json.Marshal(r)
@@ -303,8 +395,20 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 			return
 		}
 		rows = append(rows, r)
+		onRow(r)
 	}
-	if err := collbench.RunRank(ctx, g, eng, cfg, emit); err != nil {
+	err = collbench.RunRank(ctx, g, eng, cfg, emit)
+	stop()
+	if ctx.Err() != nil {
+		if o.EmitRows {
+			return &exitError{code: exitInterrupted, err: errors.New("bench coll: interrupted")}
+		}
+		if len(rows) > 0 && rows[len(rows)-1].ActiveRanks[0] != o.Rank {
+			rows = nil // the lowest active rank prints them
+		}
+		return interruptedColl(p, rows, len(cfg.Sizes()))
+	}
+	if err != nil {
 		return err
 	}
 	var gone []int

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http/httptest"
 	"runtime"
@@ -206,5 +207,61 @@ func TestBenchCollGroupRunsAndMissingRanks(t *testing.T) {
 	}
 	if _, found, err := st.ReadKey(context.Background(), "mc-coll/drill/size"); err != nil || found {
 		t.Fatalf("the drill left the group's records (%v)", err)
+	}
+}
+
+// cancelOnWrite cancels when something is written to it: the first
+// progress line.
+type cancelOnWrite struct {
+	bytes.Buffer
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnWrite) Write(b []byte) (int, error) {
+	c.cancel()
+	return c.Buffer.Write(b)
+}
+
+// A rank reports each finished row as a line on stderr when stdout is not
+// a terminal; interrupted, it prints the rows done and exits 130; alone in
+// a group whose other ranks never start, it fails after --join-timeout,
+// naming them and the flag, instead of waiting forever (issue 40.4).
+func TestBenchCollProgressInterruptAndJoinTimeout(t *testing.T) {
+	isolateEnv(t)
+	srv := httptest.NewServer(meta.NewHTTPHandler())
+	defer srv.Close()
+	_, errs, err := runCmd(t, "bench", "coll", "--rank", "0", "--world-size", "1", "--store", srv.URL+"/metadata",
+		"-b", "1K", "-e", "4K", "-f", "4", "--iters", "1", "--check", "--protocol", "tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(errs, "row 1/2: all_reduce 1K, 1 ranks: ") || !strings.Contains(errs, "row 2/2: all_reduce 4K, 1 ranks: ") || !strings.Contains(errs, "correct yes") {
+		t.Fatalf("stderr has no line per row:\n%s", errs)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out bytes.Buffer
+	stderr := &cancelOnWrite{cancel: cancel}
+	o := benchCollOptions{Collective: "all_reduce", MinBytes: 8, MaxBytes: 8 << 20, Factor: 2, Iters: 200, Warmup: 1,
+		KillRank: -1, SlotSize: 4 << 10, Slots: 2, Timeout: 10 * time.Second, JoinTimeout: time.Minute, Protocol: "tcp",
+		Rank: 0, WorldSize: 1, Store: srv.URL + "/metadata", Group: "interrupted", BindAddress: "127.0.0.1"}
+	err = runBenchCollRank(ctx, o, &printer{Out: &out, Err: stderr, format: "table"})
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != exitInterrupted || !strings.Contains(err.Error(), "bench coll: interrupted after ") || !strings.Contains(err.Error(), " of 21 sizes") {
+		t.Fatalf("interrupted rank: %v, want exit 130 naming the sizes done", err)
+	}
+	if !strings.Contains(out.String(), "│ 8 ") {
+		t.Fatalf("the rows done were not printed:\n%s", out.String())
+	}
+
+	t0 := time.Now()
+	_, _, err = runCmd(t, "bench", "coll", "--rank", "0", "--world-size", "3", "--store", srv.URL+"/metadata", "--group", "lonely",
+		"--join-timeout", "300ms", "-b", "1K", "-e", "1K")
+	if err == nil || !strings.Contains(err.Error(), "ranks 1,2 of 3 not there after 300ms") || !strings.Contains(err.Error(), "--join-timeout 300ms") {
+		t.Fatalf("lone rank: %v, want a join timeout naming ranks 1,2 and the flag", err)
+	}
+	if d := time.Since(t0); d > 10*time.Second {
+		t.Fatalf("lone rank gave up after %s", d)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine"
 	ebench "github.com/kvcache-ops/mc/pkg/engine/bench"
 	sbench "github.com/kvcache-ops/mc/pkg/store/bench"
+	"github.com/kvcache-ops/mc/pkg/store/master"
 	"github.com/kvcache-ops/mc/pkg/units"
 )
 
@@ -39,8 +41,14 @@ type benchStoreOptions struct {
 	SSDSize     int64
 	OnDisk      bool
 	VsTCP       bool
-	// Progress forces (true) or suppresses (false) the live line; nil
-	// means "on a terminal".
+	// A store this run did not start: its admin API, whether the run
+	// may evict its other keys, and its eviction watermark.
+	Admin         string
+	AllowEvict    bool
+	HighWatermark float64
+	// Progress forces (true) or suppresses (false) the live bar; nil
+	// means a bar on a terminal and one line per row on stderr
+	// otherwise.
 	Progress *bool
 }
 
@@ -61,6 +69,20 @@ segment is refused before the run (one put of that size tells).
 With no --master it starts a master and a node (--segment-size) in this
 process and benchmarks them from a separate client engine, as mc bench
 initiator does with its embedded target.
+
+Against a store it did not start (--master), the run leaves the store's
+other keys alone: it writes under its own key prefix (bench/<run id>/),
+reads the store's capacity and use from the master's admin API (--admin)
+before every row, and sizes the row to the room below the store's eviction
+watermark (--eviction-high-watermark-ratio): the keys gets read, and the
+puts it keeps at a time (a put row removes its oldest keys as it writes
+new ones). A row that cannot fit is refused before the run, saying so;
+--allow-evict runs it anyway, letting the store evict other keys. Every
+key of the run is removed at the end, also on SIGINT, and one line says
+what the run did.
+
+On a terminal a progress bar follows each row; otherwise each finished row
+is one line on stderr.
 
 --protocol auto (the default here) moves bytes through shared memory with
 a node on this host (the embedded one, or one started with mc serve store
@@ -109,6 +131,9 @@ gives its ratio to it.`,
 	sizeVar(f, &o.SSDSize, "ssd-size", 0, "the disk tier's capacity (0: 90% of the space free in --ssd-dir)")
 	f.BoolVar(&o.OnDisk, "on-disk", false, "gets read objects that live only on the disk tier, next to the disk's own O_DIRECT reads (needs --ssd-dir)")
 	f.BoolVar(&o.VsTCP, "vs-tcp", false, "run every row from a tcp client first and give the ratio to it (with --protocol auto or shm)")
+	f.StringVar(&o.Admin, "admin", "", "with --master: the master's admin HTTP API, read for the store's capacity and use (default http://<master or leader host>:9003)")
+	f.BoolVar(&o.AllowEvict, "allow-evict", false, "with --master: do not size the run to the store's room below its eviction watermark; the store may evict its other keys to make room")
+	f.Float64Var(&o.HighWatermark, "eviction-high-watermark-ratio", master.DefaultHighWatermark, "with --master: the store's eviction watermark (its master's --eviction_high_watermark_ratio; mooncake_master's default is 0.95); the run keeps the store's use below it")
 	_ = cmd.RegisterFlagCompletionFunc("op", cobra.FixedCompletions(sbench.Ops, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -183,11 +208,22 @@ func (o benchStoreOptions) config() (sbench.Config, error) {
 		return cfg, usagef("--vs-tcp compares shared memory with tcp: give --protocol auto or shm, not %s", o.Data.Protocol)
 	case o.VsTCP && o.OnDisk:
 		return cfg, usagef("--vs-tcp with --on-disk: one comparison per run")
+	case o.Master == "" && (o.Admin != "" || o.AllowEvict):
+		return cfg, usagef("--admin and --allow-evict concern a running store: give --master with them (the embedded store is the run's own)")
+	case o.HighWatermark <= 0 || o.HighWatermark > 1:
+		return cfg, usagef("invalid --eviction-high-watermark-ratio %g: want a fraction in (0, 1]", o.HighWatermark)
+	}
+	admin := ""
+	if o.Master != "" && !o.AllowEvict {
+		if admin, err = (storeClientOptions{Master: o.Master, Admin: o.Admin}).adminURL(); err != nil {
+			return cfg, err
+		}
 	}
 	return sbench.Config{
 		Master: o.Master, SegmentSize: uint64(seg), ValueSizes: sizes, Ops: ops, GetRatio: o.GetRatio,
 		Concurrency: conc, Batch: o.Batch, Duration: o.Duration, Keys: o.Keys, Verify: o.Verify, Checksums: o.Checksums,
 		Engine: ecfg, Logger: quietLogger(), SSDDir: o.SSDDir, SSDSize: uint64(ssdSize), OnDisk: o.OnDisk, VsTCP: o.VsTCP,
+		Admin: admin, AllowEvict: o.AllowEvict, HighWatermark: o.HighWatermark,
 	}, nil
 }
 
@@ -196,16 +232,40 @@ func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
 	if err != nil {
 		return err
 	}
-	show := !p.JSON() && isTerminal(p.Out)
+	tty := !p.JSON() && isTerminal(p.Out)
+	bar, lines := tty, !tty && !p.JSON()
 	if o.Progress != nil {
-		show = *o.Progress
+		bar, lines = *o.Progress, false
 	}
-	if show {
+	stopBar := func() {}
+	if bar {
 		update, stop := storeProgress(p.Out, cfg.Duration)
 		cfg.Progress = update
-		defer stop()
+		stopBar = sync.OnceFunc(stop)
+		defer stopBar()
 	}
+	if lines {
+		n := 0
+		cfg.RowDone = func(r sbench.Result) {
+			n++
+			fmt.Fprintln(p.Err, storeRowLine(n, r))
+		}
+	}
+	var report string
+	cfg.Report = func(s string) { report = s }
+	defer func() {
+		// After the rows: what the run did to a store it did not start.
+		if report == "" {
+			return
+		}
+		w := p.Out
+		if p.JSON() {
+			w = p.Err
+		}
+		fmt.Fprintln(w, report)
+	}()
 	results, err := sbench.Run(ctx, cfg)
+	stopBar() // before the table
 	if o.Plot != "" && len(results) > 0 {
 		if perr := writeFileWith(o.Plot, func(f *os.File) error { return sbench.Plot(f, results) }); perr != nil {
 			return fmt.Errorf("--plot: %w", perr)
@@ -299,6 +359,15 @@ func printStoreResults(p *printer, results []sbench.Result) error {
 		fmt.Fprintln(p.Out, n)
 	}
 	return nil
+}
+
+// storeRowLine is a finished row as one progress line (not a terminal).
+func storeRowLine(n int, r sbench.Result) string {
+	if r.Error != "" {
+		return fmt.Sprintf("row %d: %s %s x%d: failed: %s", n, ebench.FormatSize(r.ValueSize), r.Op, r.Concurrency, r.Error)
+	}
+	return fmt.Sprintf("row %d: %s %s x%d batch %d: %.0f ops/s, %.2f GB/s, p99 %.0f µs, %d errors", n, ebench.FormatSize(r.ValueSize), r.Op,
+		r.Concurrency, r.Batch, r.OpsPerSec, r.GBPerSec, r.P99us, r.Errors)
 }
 
 // storeProgress draws one go-pretty tracker per row: elapsed time and the

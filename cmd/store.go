@@ -1636,7 +1636,9 @@ order, inserted when absent, evicting per the policy when full.
 every block's key, reads the hits and writes the misses (--block-bytes
 each), and reports hit ratios, bytes moved and GB/s. Size the store to C
 blocks and give --capacity-blocks C to print the offline figures at C next
-to it.
+to it. Each run writes under a prefix of its own (replay/<run id>/), so no
+earlier run's keys count as hits, and removes its keys when it ends (on
+SIGINT too, exiting 130).
 
 --ssd-capacity-blocks S puts a disk tier of S blocks under the cache (every
 C with every S): the tiers are exclusive, a block evicted from DRAM moves
@@ -1651,7 +1653,9 @@ file_cache_hit_nums_ (its admin API: --admin, or port 9003 of --master).`,
   mc store replay --trace testdata/traces/conversation_trace.jsonl --capacity-blocks 10000,30000 --ssd-capacity-blocks 0,50000 --promote-after 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runStoreReplay(cmd.Context(), o, p)
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runStoreReplay(ctx, o, p)
 		},
 	}
 	f := cmd.Flags()
@@ -1772,8 +1776,12 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 			}
 		}
 		r, err := replay.Online(ctx, c, t, ocfg)
+		if ctx.Err() != nil {
+			return &exitError{code: exitInterrupted, err: fmt.Errorf("store replay: interrupted after %d of %d requests; removed the run's %d keys under %q",
+				r.Requests, len(t.Blocks), r.KeysRemoved, r.KeyPrefix)}
+		}
 		if err != nil {
-			return fmt.Errorf("online replay: %w", err)
+			return fmt.Errorf("online replay: %w (removed the run's %d keys under %q)", err, r.KeysRemoved, r.KeyPrefix)
 		}
 		out.Online = &r
 	}
@@ -1813,6 +1821,7 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 		p.Table("online", []string{"bytes read", "bytes written", "seconds", "GB/s", "put failures", "get failures"}, [][]string{{
 			humanBytes(r.BytesRead), humanBytes(r.BytesWritten), strconv.FormatFloat(r.Seconds, 'f', 2, 64),
 			strconv.FormatFloat(r.GBPerSec, 'f', 3, 64), strconv.Itoa(r.PutFailures), strconv.Itoa(r.GetFailures)}})
+		fmt.Fprintf(p.Out, "online replay: wrote under %q; removed the %d of its keys the store still held at the end\n", r.KeyPrefix, r.KeysRemoved)
 	}
 	return nil
 }

@@ -50,7 +50,7 @@ func TestStoreOverMooncakeWire(t *testing.T) {
 	if _, errs, code := execMC(t, append([]string{"store", "rm", "model:x@r0/1", "--force"}, m...)...); code != 0 {
 		t.Fatalf("rm: %q", errs)
 	}
-	if _, errs, code := execMC(t, "bench", "store", "--master", moon, "--value-size", "4K", "--op", "put,get", "--keys", "64", "--duration", "1", "--verify"); code != 0 {
+	if _, errs, code := execMC(t, "bench", "store", "--master", moon, "--admin", admin, "--value-size", "4K", "--op", "put,get", "--keys", "64", "--duration", "1", "--verify"); code != 0 {
 		t.Fatalf("bench store over the Mooncake wire: %q", errs)
 	}
 	if code := stopNode(); code != 0 {

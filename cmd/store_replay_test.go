@@ -42,6 +42,8 @@ type replayJSON struct {
 		BytesWritten uint64  `json:"bytes_written"`
 		BytesRead    uint64  `json:"bytes_read"`
 		GBPerSec     float64 `json:"gb_per_sec"`
+		KeyPrefix    string  `json:"key_prefix"`
+		KeysRemoved  int     `json:"keys_removed"`
 	} `json:"online"`
 }
 
@@ -122,7 +124,12 @@ func TestStoreReplayOnlineAndStat(t *testing.T) {
 	if len(j.Results) != 1 || j.Results[0].CapacityBlocks != 16 {
 		t.Errorf("offline figures at the store's capacity: %+v", j.Results)
 	}
+	// The run's keys are its own and gone at the end (issue 35.4).
+	if o := j.Online; !strings.HasPrefix(o.KeyPrefix, "replay/") || len(o.KeyPrefix) <= len("replay/") || o.KeysRemoved == 0 {
+		t.Errorf("online: prefix %q, %d keys removed", o.KeyPrefix, o.KeysRemoved)
+	}
 	var sj struct {
+		Keys        int64            `json:"keys"`
 		EvictedKeys int64            `json:"evicted_keys"`
 		Attempts    int64            `json:"eviction_attempts"`
 		Phases      map[string]int64 `json:"evicted_keys_by_phase"`
@@ -144,6 +151,9 @@ func TestStoreReplayOnlineAndStat(t *testing.T) {
 	if sj.EvictedKeys == 0 || sj.Attempts == 0 || sj.Phases["own_regions"] == 0 ||
 		sj.Phases["watermark"]+sj.Phases["own_regions"]+sj.Phases["other_regions"] != sj.EvictedKeys {
 		t.Errorf("stat: %+v", sj)
+	}
+	if sj.Keys != 0 {
+		t.Errorf("the replay left %d keys in the store", sj.Keys)
 	}
 	out, _, _ = execMC(t, append([]string{"store", "stat"}, m...)...)
 	if !strings.Contains(out, "evicted keys by phase") {

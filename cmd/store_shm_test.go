@@ -75,11 +75,11 @@ func TestStoreSameHostSHM(t *testing.T) {
 // refused.
 func TestBenchStoreSameHostTransport(t *testing.T) {
 	isolateEnv(t)
-	rpc, _, _, _ := startServeStore(t, "--segment-size", "0")
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "0")
 	startServeStore(t, "--master", rpc, "--segment-size", "64M", "--protocol", "auto")
 	bench := func(args ...string) []map[string]any {
 		t.Helper()
-		args = append([]string{"bench", "store", "--master", rpc, "--value-size", "64K", "--op", "get", "--keys", "32",
+		args = append([]string{"bench", "store", "--master", rpc, "--admin", admin, "--value-size", "64K", "--op", "get", "--keys", "32",
 			"--duration", "300ms", "--verify", "-o", "json"}, args...)
 		out, errs, code := execMC(t, args...)
 		if code != 0 {
@@ -109,5 +109,40 @@ func TestBenchStoreSameHostTransport(t *testing.T) {
 	_, errs, code := execMC(t, "bench", "store", "--master", rpc, "--vs-tcp", "--protocol", "tcp")
 	if code == 0 || !strings.Contains(errs, "--vs-tcp compares shared memory with tcp") {
 		t.Fatalf("--vs-tcp --protocol tcp: exit %d %q", code, errs)
+	}
+}
+
+// mc bench store against a running store: each finished row is a line on
+// stderr when stdout is not a terminal (issue 40.4: 22 s of silence), and
+// the run ends with one line saying what it did to the store, whose own
+// key it leaves alone (issue 35.4); a row that cannot fit is refused,
+// naming --allow-evict.
+func TestBenchStoreRunningStoreLines(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "0")
+	startServeStore(t, "--master", rpc, "--segment-size", "32M", "--protocol", "tcp")
+	dir := t.TempDir()
+	src := filepath.Join(dir, "v")
+	os.WriteFile(src, bytes.Repeat([]byte("u"), 4<<20), 0o644)
+	m := []string{"--master", rpc, "--admin", admin}
+	if _, errs, code := execMC(t, append([]string{"store", "put", "user/key", src}, m...)...); code != 0 {
+		t.Fatalf("put: %q", errs)
+	}
+	out, errs, code := execMC(t, append([]string{"bench", "store", "--value-size", "1M", "--op", "put,get", "--duration", "500ms", "--protocol", "tcp"}, m...)...)
+	if code != 0 {
+		t.Fatalf("bench store: exit %d: %s", code, errs)
+	}
+	if !strings.Contains(errs, "row 1: 1M put x1 batch 1: ") || !strings.Contains(errs, "row 2: 1M get x1 batch 1: ") {
+		t.Fatalf("stderr has no line per row:\n%s", errs)
+	}
+	if !strings.Contains(out, `bench store: wrote under "bench/`) || !strings.Contains(out, "the store evicted 0 keys meanwhile") {
+		t.Fatalf("stdout does not say what the run did:\n%s", out)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "exists", "user/key"}, m...)...); code != 0 {
+		t.Fatalf("user/key gone after the run: exit %d %s", code, errs)
+	}
+	_, errs, code = execMC(t, append([]string{"bench", "store", "--value-size", "16M", "--op", "put", "--concurrency", "2", "--duration", "200ms", "--protocol", "tcp"}, m...)...)
+	if code != 1 || !strings.Contains(errs, "not enough room below the store's eviction watermark") || !strings.Contains(errs, "--allow-evict") {
+		t.Fatalf("a row larger than the room: exit %d %q", code, errs)
 	}
 }

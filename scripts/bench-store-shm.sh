@@ -28,7 +28,7 @@ spread() { sort -g | awk 'NR==1 {lo=$1} {hi=$1} END {printf "%.2f-%.2f", lo, hi}
 : >"$W/rows"
 for r in $(seq "$ROUNDS"); do
 	# One line per concurrency: "conc tcp_GBps shm_GBps ratio transport_of_tcp_row transport_of_auto_row".
-	"$MC" bench store --master "127.0.0.1:$RPC" --value-size 1M --op get --concurrency 1,4 --duration "$DUR" --vs-tcp -o json |
+	"$MC" bench store --master "127.0.0.1:$RPC" --admin "http://127.0.0.1:$ADMIN" --value-size 1M --op get --concurrency 1,4 --duration "$DUR" --vs-tcp -o json |
 		jq -r '.results as $r | range(0; $r | length; 2) as $i |
 			"\($r[$i].concurrency) \($r[$i].gb_per_sec) \($r[$i+1].gb_per_sec) \($r[$i+1].vs_tcp) \($r[$i].transport) \($r[$i+1].transport) \($r[$i].errors + $r[$i+1].errors)"' >"$W/round"
 	while read -r c t s q tt st e; do

@@ -79,11 +79,11 @@ run_client_cases() { # label metadata-server
 	# Puts at 4 KiB only: the 256 MB segment fills in a second at 64 KiB,
 	# and mooncake_master answers NO_AVAILABLE_HANDLE rather than evict
 	# inside a put.
-	out=$( { "$MC" bench store --master "$M" --metadata-server "$meta" --value-size 4K --batch 8 --keys 512 --op put,get --verify --duration 2s -o json &&
-		"$MC" bench store --master "$M" --metadata-server "$meta" --value-size 64K --batch 8 --keys 512 --op get --verify --duration 2s -o json; } 2>&1)
+	out=$( { "$MC" bench store --master "$M" --admin "$ADMIN" --metadata-server "$meta" --value-size 4K --batch 8 --keys 512 --op put,get --verify --duration 2s -o json &&
+		"$MC" bench store --master "$M" --admin "$ADMIN" --metadata-server "$meta" --value-size 64K --batch 8 --keys 512 --op get --verify --duration 2s -o json; } 2>&1)
 	if echo "$out" | python3 -c 'import json,sys; d=json.JSONDecoder(); t=sys.stdin.read().strip(); rows=[]
-while t:
-    o,i=d.raw_decode(t); rows+=o["results"]; t=t[i:].strip()
+while "{" in t:
+    t=t[t.index("{"):]; o,i=d.raw_decode(t); rows+=o["results"]; t=t[i:].strip()
 assert len(rows)==3 and all(r["errors"]==0 and r["corrupt"]==0 and r["ops_per_sec"]>0 for r in rows), rows
 print(" ".join("%s %s %.0f/s" % (r["value_size"], r["op"], r["ops_per_sec"]) for r in rows))' >"$W/bench-$label.txt" 2>&1; then
 		pass "$label: batch put/get (bench store --batch 8 --verify)" "$(cat "$W/bench-$label.txt")"

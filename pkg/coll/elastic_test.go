@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -387,4 +388,31 @@ func finishTwice(t *testing.T, c *testCluster) {
 		}
 		return nil
 	})
+}
+
+// A lone rank whose peers never come ends with ErrJoinTimeout after
+// JoinTimeout, naming the ranks that never came, instead of waiting
+// forever (issue 40.4).
+func TestNewJoinTimeoutNamesMissingRanks(t *testing.T) {
+	be := meta.NewMemory()
+	st, err := meta.StoreOf(be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &testCluster{t: t, be: be, st: st, name: t.Name()}
+	eng := c.newEngine(0)
+	defer eng.Close()
+	cfg := testConfig()
+	cfg.Group, cfg.Rank, cfg.WorldSize, cfg.Engine, cfg.Store, cfg.JoinTimeout = t.Name(), 0, 3, eng, st, 300*time.Millisecond
+	t0 := time.Now()
+	g, err := New(context.Background(), cfg)
+	if g != nil {
+		g.Close()
+	}
+	if !errors.Is(err, ErrJoinTimeout) || !strings.Contains(err.Error(), "ranks 1,2 of 3 not there after 300ms") {
+		t.Fatalf("New = %v, want ErrJoinTimeout naming ranks 1,2", err)
+	}
+	if d := time.Since(t0); d < 300*time.Millisecond || d > 5*time.Second {
+		t.Fatalf("gave up after %s, want about 300ms", d)
+	}
 }

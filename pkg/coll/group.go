@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,9 @@ var (
 	ErrInactive = errors.New("this rank is inactive in the group")
 	// ErrClosed: the group was closed.
 	ErrClosed = errors.New("group closed")
+	// ErrJoinTimeout: New waited Config.JoinTimeout and some initial
+	// ranks had not published themselves.
+	ErrJoinTimeout = errors.New("ranks did not join in time")
 )
 
 // RankError fails a collective during which ranks were found failed (by
@@ -87,6 +91,10 @@ type Config struct {
 	// still answers is marked inactive (one whose engine is gone is
 	// found by its failed writes within about PingInterval). Default 30 s.
 	Timeout time.Duration
+	// JoinTimeout bounds how long New waits for the other initial ranks
+	// to publish themselves; then it fails with ErrJoinTimeout, naming
+	// the ranks that never came. 0 waits until ctx ends.
+	JoinTimeout time.Duration
 	// SmallSize: all-reduces and broadcasts up to this many bytes use the
 	// latency-bound algorithms (one round of direct messages), larger ones
 	// the ring and the pipelined chain. Default 64 KiB.
@@ -226,14 +234,28 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 	if err := g.publish(ctx, st.Epoch); err != nil {
 		return fail(err)
 	}
-	v, err := g.await(ctx, func(v *view) bool {
+	missing := func(v *view) []int {
+		var out []int
 		for r := 0; r < g.cfg.WorldSize; r++ {
 			if !v.active[r] && v.infos[r] == nil {
-				return false
+				out = append(out, r)
 			}
 		}
-		return true
-	})
+		return out
+	}
+	actx, cancel := ctx, context.CancelFunc(func() {})
+	if cfg.JoinTimeout > 0 {
+		actx, cancel = context.WithTimeout(ctx, cfg.JoinTimeout)
+	}
+	v, err := g.await(actx, func(v *view) bool { return len(missing(v)) == 0 })
+	cancel()
+	if err != nil && ctx.Err() == nil && actx.Err() != nil {
+		// The join timed out, not the caller: name who never came.
+		if last, lerr := g.loadView(ctx); lerr == nil {
+			return fail(fmt.Errorf("%w: %s of %d not there after %s", ErrJoinTimeout, rankNames(missing(last)), g.cfg.WorldSize, cfg.JoinTimeout))
+		}
+		return fail(fmt.Errorf("%w: not every rank of %d there after %s", ErrJoinTimeout, g.cfg.WorldSize, cfg.JoinTimeout))
+	}
 	if err != nil {
 		return fail(err)
 	}
@@ -241,6 +263,18 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 		return fail(err)
 	}
 	return g, nil
+}
+
+// rankNames is "rank 1" or "ranks 1,3".
+func rankNames(ranks []int) string {
+	s := make([]string, len(ranks))
+	for i, r := range ranks {
+		s[i] = strconv.Itoa(r)
+	}
+	if len(s) == 1 {
+		return "rank " + s[0]
+	}
+	return "ranks " + strings.Join(s, ",")
 }
 
 // JoinGroup starts a rank in extension mode: it takes reserved or failed

@@ -3,6 +3,7 @@ package collbench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -41,6 +42,7 @@ func childRank(args []string) error {
 	kill := fs.Int("kill-rank", -1, "")
 	after := fs.Int("kill-after", 0, "")
 	protocol := fs.String("protocol", engine.ProtocolAuto, "")
+	iters := fs.Int("iters", 3, "")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -64,7 +66,7 @@ func childRank(args []string) error {
 		return err
 	}
 	defer g.Close()
-	cfg := Config{Collective: *collective, MinBytes: 8, MaxBytes: 64 << 10, Factor: 8, Iters: 3, Warmup: 1, Check: true,
+	cfg := Config{Collective: *collective, MinBytes: 8, MaxBytes: 64 << 10, Factor: 8, Iters: *iters, Warmup: 1, Check: true,
 		KillRank: *kill, KillAfter: *after, Exit: func() { os.Exit(0) }}
 	return RunRank(ctx, g, eng, cfg, func(r Result) {
 		b, _ := json.Marshal(r)
@@ -73,6 +75,42 @@ func childRank(args []string) error {
 }
 
 var rankPrefix = regexp.MustCompile(`^rank [0-2]: `)
+
+// An interrupted launch returns at once with the rows reported so far,
+// each of which OnRow got as it came (issue 40.4: mc bench coll was
+// silent until the end, and SIGINT lost every row).
+func TestLaunchInterrupted(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var seen []Result
+	var at time.Time
+	rows, err := Launch(ctx, LaunchConfig{
+		Exe: exe, Args: []string{"-iters", "2000", "-protocol", "tcp"}, Ranks: 2, Env: []string{"MC_COLLBENCH_RANK=1"},
+		RankArgs: func(r int, store, group string) []string {
+			return []string{"-rank", strconv.Itoa(r), "-world-size", "2", "-store", store, "-group", group}
+		},
+		OnRow: func(r Result) {
+			seen = append(seen, r)
+			if len(seen) == 1 {
+				at = time.Now()
+				cancel()
+			}
+		},
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Launch = %d rows, %v; want the rows so far and context.Canceled", len(rows), err)
+	}
+	if len(seen) == 0 || len(rows) == 0 || len(rows) > 4 || rows[0].SizeBytes != seen[0].SizeBytes {
+		t.Fatalf("rows %+v, OnRow saw %+v", rows, seen)
+	}
+	if d := time.Since(at); d > rankStopGrace+3*time.Second {
+		t.Fatalf("returned %s after the interrupt", d)
+	}
+}
 
 func TestLaunchProcesses(t *testing.T) {
 	exe, err := os.Executable()

@@ -29,12 +29,18 @@ type LaunchConfig struct {
 	Stderr   io.Writer
 	// Env is added to each rank's environment.
 	Env []string
+	// OnRow, when set, gets each size's row as soon as the first rank
+	// active in it reports it (Launch's merged rows are those rows).
+	OnRow func(Result)
 }
 
 // Launch starts an embedded etcd on a loopback port as the rendezvous,
 // runs the ranks to completion and merges their rows: per size, the row of
 // the lowest rank that was active in it. A rank that exits with an error
 // fails the launch; one that exits 0 early (the failure drill) does not.
+// When ctx ends, the ranks get SIGINT (SIGKILL if they are still there
+// after rankStopGrace) and Launch returns the rows reported until then
+// with ctx's error.
 func Launch(ctx context.Context, lc LaunchConfig) ([]Result, error) {
 	if lc.Ranks < 1 {
 		return nil, fmt.Errorf("ranks %d: want at least 1", lc.Ranks)
@@ -48,12 +54,15 @@ func Launch(ctx context.Context, lc LaunchConfig) ([]Result, error) {
 	group := fmt.Sprintf("bench-%d-%d", os.Getpid(), time.Now().UnixNano())
 
 	var mu sync.Mutex
+	reported := map[int64]bool{}
 	rows := make([][]Result, lc.Ranks)
 	errs := make([]error, lc.Ranks)
 	var wg sync.WaitGroup
 	for r := 0; r < lc.Ranks; r++ {
 		args := append(slices.Clone(lc.Args), lc.RankArgs(r, store, group)...)
 		cmd := exec.CommandContext(ctx, lc.Exe, args...)
+		cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+		cmd.WaitDelay = rankStopGrace
 		cmd.Env = append(os.Environ(), lc.Env...)
 		cmd.Stderr = &prefixWriter{w: lc.Stderr, prefix: "rank " + strconv.Itoa(r) + ": ", mu: &mu}
 		out, err := cmd.StdoutPipe()
@@ -74,7 +83,13 @@ func Launch(ctx context.Context, lc LaunchConfig) ([]Result, error) {
 					errs[r] = fmt.Errorf("rank %d wrote %q: %w", r, sc.Text(), err)
 					continue
 				}
+				mu.Lock()
 				rows[r] = append(rows[r], res)
+				if lc.OnRow != nil && slices.Contains(res.ActiveRanks, r) && !reported[res.SizeBytes] {
+					reported[res.SizeBytes] = true
+					lc.OnRow(res)
+				}
+				mu.Unlock()
 			}
 			if err := cmd.Wait(); err != nil && errs[r] == nil {
 				errs[r] = fmt.Errorf("rank %d: %w", r, err)
@@ -82,11 +97,18 @@ func Launch(ctx context.Context, lc LaunchConfig) ([]Result, error) {
 		}()
 	}
 	wg.Wait()
+	if ctx.Err() != nil {
+		return Merge(rows), ctx.Err()
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return Merge(rows), nil
 }
+
+// rankStopGrace is how long an interrupted rank has to exit before it
+// is killed.
+const rankStopGrace = 5 * time.Second
 
 // Unfinished lists the ranks of a group of n that were not active in the
 // sweep's last row (every rank when there is no row): those that failed

@@ -80,9 +80,31 @@ type Config struct {
 	// disk's own throughput at its best, measured for half the duration
 	// just before the row's gets and half just after.
 	OnDisk bool
+	// Admin is the admin API ("http://host:port") of the store at
+	// Master. Against a store it did not start, the run reads the
+	// store's capacity and use from it before every row and sizes the
+	// row's working set (the keys gets read, and the puts it keeps at a
+	// time) to the room below the store's eviction watermark, so that
+	// it evicts none of the store's other keys; it refuses a row that
+	// cannot fit. Required with Master unless AllowEvict.
+	Admin string
+	// AllowEvict lets a run against a store it did not start fill the
+	// store past its watermark, as a run against the embedded store
+	// does: the store then evicts other keys to make room.
+	AllowEvict bool
+	// HighWatermark is the store's eviction_high_watermark_ratio
+	// (default master.DefaultHighWatermark, below mooncake_master's
+	// 0.95): the run keeps the store's use below it.
+	HighWatermark float64
+	// Report, when set, gets one line saying what a run against a store
+	// it did not start did there: its key prefix, its working set, the
+	// keys it removed and what the store evicted meanwhile.
+	Report func(string)
 	// Progress, when set, is called about every 200 ms during a row.
 	Progress func(Progress)
-	Logger   *slog.Logger
+	// RowDone, when set, is called with every row as it finishes.
+	RowDone func(Result)
+	Logger  *slog.Logger
 }
 
 // Progress is a running row's state.
@@ -216,6 +238,9 @@ func (c *Config) check() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.HighWatermark == 0 {
+		c.HighWatermark = master.DefaultHighWatermark
+	}
 	if c.Engine.BindAddress == "" {
 		c.Engine.BindAddress = "127.0.0.1"
 	}
@@ -228,6 +253,12 @@ func (c *Config) check() error {
 		return fmt.Errorf("one comparison per run: against tcp or against the disk, not both")
 	case c.VsTCP && c.Engine.Protocol != engine.ProtocolAuto && c.Engine.Protocol != engine.ProtocolSHM:
 		return fmt.Errorf("a comparison with tcp measures shared memory: the client's protocol is %q, want auto or shm", c.Engine.Protocol)
+	case c.HighWatermark < 0 || c.HighWatermark > 1:
+		return fmt.Errorf("eviction high watermark %g: want a fraction in (0, 1]", c.HighWatermark)
+	case c.Master != "" && c.Admin == "" && !c.AllowEvict:
+		return fmt.Errorf("a store this run did not start: its admin API is needed to size the working set to the room below its eviction watermark (or allow the run to evict the store's other keys)")
+	case c.Master == "" && c.Admin != "":
+		return fmt.Errorf("an admin API without a master: the embedded store is this run's own")
 	}
 	return nil
 }
@@ -279,6 +310,22 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	defer c.Close(context.WithoutCancel(ctx))
 	r := &runner{cfg: cfg, c: c, run: newRunID(), srv: srv}
+	r.removed = &r.removedKeys
+	if cfg.Master != "" && !cfg.AllowEvict {
+		if r.foreign, err = newForeign(ctx, cfg); err != nil {
+			return nil, err
+		}
+		if err := r.foreign.check(cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Master != "" && cfg.Report != nil {
+		defer func() {
+			if r.touched.Load() { // else nothing was written
+				cfg.Report(r.report(context.WithoutCancel(ctx), cfg))
+			}
+		}()
+	}
 	var rt *runner // VsTCP: the tcp client's rows
 	if cfg.VsTCP {
 		tcfg := cfg.Engine
@@ -288,7 +335,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			return nil, fmt.Errorf("tcp client: %w", err)
 		}
 		defer ct.Close(context.WithoutCancel(ctx))
-		rt = &runner{cfg: cfg, c: ct, run: newRunID(), srv: srv}
+		rt = &runner{cfg: cfg, c: ct, run: r.run, srv: srv, foreign: r.foreign, removed: &r.removedKeys, tcp: true}
 	}
 	var out []Result
 	for _, vs := range cfg.ValueSizes {
@@ -315,6 +362,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 						return out, fmt.Errorf("%s %s x%d over tcp: %w", ebench.FormatSize(vs), op, n, err)
 					}
 					out = append(out, base)
+					if cfg.RowDone != nil {
+						cfg.RowDone(base)
+					}
 				}
 				res, err := r.row(ctx, vs, op, n)
 				if r.probe != nil {
@@ -325,6 +375,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 						err = errors.New("the disk-read baseline measured nothing")
 					}
 					out = append(out, base)
+					if cfg.RowDone != nil {
+						cfg.RowDone(base)
+					}
 				}
 				if rt != nil && out[len(out)-1].GBPerSec > 0 {
 					res.VsTCP = res.GBPerSec / out[len(out)-1].GBPerSec
@@ -343,6 +396,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 					return out, fmt.Errorf("%s %s x%d: %w", ebench.FormatSize(vs), op, n, err)
 				}
 				out = append(out, res)
+				if cfg.RowDone != nil {
+					cfg.RowDone(res)
+				}
 			}
 		}
 	}
@@ -380,10 +436,31 @@ type runner struct {
 	probe *diskFile
 	// fits records the value sizes a probe put showed the store takes.
 	fits map[int64]bool
+	// foreign sizes rows to a store the run did not start (nil: the
+	// embedded store, or AllowEvict).
+	foreign *foreign
+	// removed counts the keys the run removed (shared with the VsTCP
+	// runner); removedKeys holds it for the first runner.
+	removed     *atomic.Uint64
+	removedKeys atomic.Uint64
+	tcp         bool // the VsTCP runner: its keys are apart from the other's
+	// touched: a row began writing (the run has something to report)
+	touched atomic.Bool
+}
+
+// prefix is the run's key prefix: every key it writes starts with it.
+func (r *runner) prefix() string { return fmt.Sprintf("bench/%08x/", r.run) }
+
+// tcpPart keeps the VsTCP runner's keys apart from the other's.
+func (r *runner) tcpPart() string {
+	if r.tcp {
+		return "tcp/"
+	}
+	return ""
 }
 
 func (r *runner) getKey(vs int64, i int) string {
-	return fmt.Sprintf("bench/%d/%x/get/%d", vs, r.run, i)
+	return fmt.Sprintf("%s%s%d/get/%d", r.prefix(), r.tcpPart(), vs, i)
 }
 
 // newRunID names a run's keys (a variable for tests).
@@ -502,19 +579,42 @@ func (r *runner) survivors(ctx context.Context, keys []string) ([]string, error)
 // cleanup removes the keys a row wrote (not timed), so rows do not fill
 // the store for each other and a benchmarked store is left as found:
 // key(i) for i in [0, n), 1024 a call.
+//
+// After an interrupt it removes them again, a few times: puts cut short
+// may have their ends on the way, and a key still being written is not
+// removed but lands after.
 func (r *runner) cleanup(ctx context.Context, n uint64, key func(uint64) string) {
+	interrupted := ctx.Err() != nil
 	ctx = context.WithoutCancel(ctx)
 	keys := make([]string, 0, 1024)
-	for i := uint64(0); i < n; i += 1024 {
-		keys = keys[:0]
-		for j := i; j < min(i+1024, n); j++ {
-			keys = append(keys, key(j))
+	for round := 0; round == 0 || interrupted && round <= settleRounds; round++ {
+		if round > 0 {
+			time.Sleep(settlePause)
 		}
-		r.c.BatchRemove(ctx, keys, true)
+		for i := uint64(0); i < n; i += 1024 {
+			keys = keys[:0]
+			for j := i; j < min(i+1024, n); j++ {
+				keys = append(keys, key(j))
+			}
+			for _, err := range r.c.BatchRemove(ctx, keys, true) {
+				if err == nil {
+					r.removed.Add(1)
+				}
+			}
+		}
 	}
 }
 
-func (r *runner) putPrefix(vs int64) string { return fmt.Sprintf("bench/%d/%x/put/", vs, r.run) }
+// After an interrupt, cleanup repeats its removal settleRounds times,
+// settlePause apart.
+const (
+	settleRounds = 3
+	settlePause  = 100 * time.Millisecond
+)
+
+func (r *runner) putPrefix(vs int64) string {
+	return fmt.Sprintf("%s%s%d/put/", r.prefix(), r.tcpPart(), vs)
+}
 
 // keyCount is how many keys gets read: --keys, or about 256 MiB of them
 // (far more than any CPU cache, so reads are not served from cache),
@@ -533,12 +633,35 @@ func (r *runner) keyCount(vs int64, workers int) int {
 
 func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Result, error) {
 	res := Result{ValueSize: vs, Op: op, Concurrency: workers, Batch: r.cfg.Batch}
+	nkeys, putLimit := 0, 0
+	if op != "put" {
+		nkeys = r.keyCount(vs, workers)
+	}
+	if r.foreign != nil {
+		// Sized to the store's room now, before any key of the row is
+		// written: the probe put of fit takes room too.
+		rm, err := r.foreign.room(ctx)
+		if err != nil {
+			return res, err
+		}
+		if nkeys, putLimit, err = r.foreign.plan(rm, vs, op, workers, r.cfg.Batch, nkeys); err != nil {
+			return res, err
+		}
+	}
+	r.touched.Store(true)
 	if err := r.fit(ctx, vs); err != nil {
 		return res, err
 	}
-	nkeys := 0
+	seq0 := r.seq.Load()
+	// Removed however the row ends (an interrupt included): the keys
+	// gets read, and every key a put of the row was given, written or
+	// not (removing one that is not there costs nothing).
+	defer func() {
+		r.cleanup(ctx, uint64(nkeys), func(i uint64) string { return r.getKey(vs, int(i)) })
+		prefix := r.putPrefix(vs)
+		r.cleanup(ctx, r.seq.Load()-seq0, func(i uint64) string { return prefix + strconv.FormatUint(seq0+1+i, 10) })
+	}()
 	if op != "put" {
-		nkeys = r.keyCount(vs, workers)
 		if err := r.prefill(ctx, vs, nkeys); err != nil {
 			return res, err
 		}
@@ -548,14 +671,6 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 			}
 		}
 	}
-	seq0 := r.seq.Load()
-	defer func() {
-		r.cleanup(ctx, uint64(nkeys), func(i uint64) string { return r.getKey(vs, int(i)) })
-		// Every key a put of the row was given, written or not (removing
-		// one that is not there costs nothing).
-		prefix := r.putPrefix(vs)
-		r.cleanup(ctx, r.seq.Load()-seq0, func(i uint64) string { return prefix + strconv.FormatUint(seq0+1+i, 10) })
-	}()
 	getKeys := make([]string, nkeys)
 	for i := range getKeys {
 		getKeys[i] = r.getKey(vs, i)
@@ -600,7 +715,19 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 			r.c.ReleaseBuffer(context.WithoutCancel(ctx), w.buf)
 		}
 	}()
+	var win *putWindow
+	if putLimit > 0 {
+		win = newPutWindow(r.c, r.removed, putLimit, r.cfg.Batch, workers)
+		defer win.close()
+		for _, w := range ws {
+			w.win = win
+		}
+	}
 	var stop atomic.Bool
+	quit := make(chan struct{})
+	for _, w := range ws {
+		w.quit = quit
+	}
 	var ops, bytesDone atomic.Uint64
 	var wg sync.WaitGroup
 	moved := r.c.Engine().Stats()
@@ -641,8 +768,12 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 		}
 	}()
 	stop.Store(true)
+	close(quit)
 	wg.Wait()
 	elapsed := time.Since(start)
+	if win != nil {
+		win.close()
+	}
 	if onDiskGets && r.probe != nil && ctx.Err() == nil {
 		if err := r.probe.measure(ctx, workers, r.cfg.Duration-r.cfg.Duration/2); err != nil {
 			return res, fmt.Errorf("disk-read baseline: %w", err)
@@ -704,7 +835,7 @@ func (r *runner) fit(ctx context.Context, vs int64) error {
 		return fmt.Errorf("buffer for a value of %s: %w", ebench.FormatSize(vs), err)
 	}
 	defer r.c.ReleaseBuffer(context.WithoutCancel(ctx), buf)
-	key := fmt.Sprintf("bench/%d/%x/fit", vs, r.run)
+	key := fmt.Sprintf("%s%s%d/fit", r.prefix(), r.tcpPart(), vs)
 	err = r.c.PutFrom(ctx, key, store.Slice{Buf: buf, Len: int(vs)})
 	if err == nil {
 		r.c.Remove(context.WithoutCancel(ctx), key, true)
@@ -746,6 +877,10 @@ type worker struct {
 	corrupt    int64
 	corruptErr error
 	want       []byte
+	// win bounds the put keys kept in a store the run did not start
+	// (nil: unbounded); quit closes when the row ends.
+	win  *putWindow
+	quit <-chan struct{}
 }
 
 func (w *worker) fail(err error) {
@@ -774,6 +909,9 @@ func (w *worker) loop(ctx context.Context, stop *atomic.Bool, ops, bytesDone *at
 				keys[i] = w.getKeys[w.rng.IntN(len(w.getKeys))]
 			}
 		default:
+			if w.win != nil && !w.win.take(ctx, w.quit) {
+				return
+			}
 			for i := range keys {
 				keys[i] = w.putPrefix + strconv.FormatUint(w.r.seq.Add(1), 10)
 			}
@@ -786,6 +924,9 @@ func (w *worker) loop(ctx context.Context, stop *atomic.Bool, ops, bytesDone *at
 			errs = w.r.c.BatchPutFrom(ctx, keys, sl)
 		}
 		w.lat.add(time.Since(t0))
+		if !get && w.win != nil {
+			w.win.put(keys)
+		}
 		okN := 0
 		for i, err := range errs {
 			if err != nil {

@@ -17,8 +17,8 @@ func TestRunAgainstAStore(t *testing.T) {
 	ctx := context.Background()
 	// Big enough that no row fills it: a full store fails puts until the
 	// background eviction catches up, which is not what this checks.
-	srv := startStore(t, 1<<30)
-	res, err := Run(ctx, Config{Master: srv.RPCAddr, SegmentSize: 1 << 30, ValueSizes: []int64{4096, 100000}, Ops: []string{"get", "put", "mix"},
+	srv, admin := startStoreWithAdmin(t, 1<<30)
+	res, err := Run(ctx, Config{Master: srv.RPCAddr, Admin: admin, SegmentSize: 1 << 30, ValueSizes: []int64{4096, 100000}, Ops: []string{"get", "put", "mix"},
 		GetRatio: 0.5, Concurrency: []int{1, 3}, Batch: 4, Duration: 150 * time.Millisecond, Verify: true, Engine: engineLoopback(), Logger: quietLog()})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +49,7 @@ func TestRunAgainstAStore(t *testing.T) {
 // that already exist, as a rerun against a store would).
 func TestVerifyReportsCorruption(t *testing.T) {
 	ctx := context.Background()
-	srv := startStore(t, 64<<20)
+	srv, admin := startStoreWithAdmin(t, 64<<20)
 	newRunID = func() uint32 { return 0xbad }
 	defer func() { newRunID = rand.Uint32 }()
 	const keys = 8
@@ -59,7 +59,7 @@ func TestVerifyReportsCorruption(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res, err := Run(ctx, Config{Master: srv.RPCAddr, SegmentSize: 64 << 20, ValueSizes: []int64{4096}, Ops: []string{"get"},
+	res, err := Run(ctx, Config{Master: srv.RPCAddr, Admin: admin, SegmentSize: 64 << 20, ValueSizes: []int64{4096}, Ops: []string{"get"},
 		Keys: keys, Concurrency: []int{2}, Batch: 2, Duration: 100 * time.Millisecond, Verify: true, Engine: engineLoopback(), Logger: quietLog()})
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +164,7 @@ func TestMasterGoneDoesNotSpin(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		srv.Close(context.Background())
 	}()
-	res, err := Run(context.Background(), Config{Master: srv.RPCAddr, SegmentSize: 64 << 20, ValueSizes: []int64{4096}, Ops: []string{"get"},
+	res, err := Run(context.Background(), Config{Master: srv.RPCAddr, AllowEvict: true, SegmentSize: 64 << 20, ValueSizes: []int64{4096}, Ops: []string{"get"},
 		Keys: 8, Concurrency: []int{2}, Batch: 1, Duration: 1500 * time.Millisecond, Engine: engineLoopback(), Logger: quietLog()})
 	if err != nil {
 		t.Fatal(err)
@@ -181,9 +181,11 @@ func TestMasterGoneDoesNotSpin(t *testing.T) {
 // watermark evicts part of the working set after the puts returned. Gets
 // then read the keys the store kept, not evicted ones counted as errors
 // of the store (a 64 MiB `mc serve store` once showed 650 errors a row).
+// That is a run allowed to evict (without it the working set is sized to
+// the store's room from the start).
 func TestGetsReadWhatASmallStoreKept(t *testing.T) {
 	srv := startStore(t, 16<<20)
-	res, err := Run(context.Background(), Config{Master: srv.RPCAddr, ValueSizes: []int64{64 << 10}, Ops: []string{"get"},
+	res, err := Run(context.Background(), Config{Master: srv.RPCAddr, AllowEvict: true, ValueSizes: []int64{64 << 10}, Ops: []string{"get"},
 		Concurrency: []int{2}, Batch: 2, Duration: 200 * time.Millisecond, Verify: true, Engine: engineLoopback(), Logger: quietLog()})
 	if err != nil {
 		t.Fatal(err)

@@ -38,7 +38,7 @@ func TestPutRowMemoryIsBounded(t *testing.T) {
 		runtime.ReadMemStats(&ms)
 		return ms.HeapAlloc
 	}
-	_, err := Run(ctx, Config{Master: srv.RPCAddr, SegmentSize: 4 << 20, ValueSizes: []int64{256}, Ops: []string{"put"},
+	_, err := Run(ctx, Config{Master: srv.RPCAddr, AllowEvict: true, SegmentSize: 4 << 20, ValueSizes: []int64{256}, Ops: []string{"put"},
 		Concurrency: []int{2}, Batch: 32, Duration: 2 * time.Minute, Engine: engineLoopback(), Logger: quietLog(),
 		Progress: func(p Progress) {
 			switch {

@@ -25,7 +25,7 @@ func TestValueLargerThanSegmentRefusedAtOnce(t *testing.T) {
 	srv := startStore(t, 16<<20)
 	for _, op := range []string{"put", "get"} {
 		t0 := time.Now()
-		res, err := Run(ctx, Config{Master: srv.RPCAddr, ValueSizes: []int64{32 << 20}, Ops: []string{op},
+		res, err := Run(ctx, Config{Master: srv.RPCAddr, AllowEvict: true, ValueSizes: []int64{32 << 20}, Ops: []string{op},
 			Duration: 200 * time.Millisecond, Engine: engineLoopback(), Logger: quietLog()})
 		if !errors.Is(err, store.ErrNoAvailableHandle) || !strings.Contains(err.Error(), "value size 32M does not fit the store") || len(res) != 0 {
 			t.Fatalf("%s against a 16M store: %+v, %v; want no row and the value refused", op, res, err)
@@ -55,7 +55,7 @@ func TestRowOfFailuresIsMarked(t *testing.T) {
 	if n == 0 || n == 32 {
 		t.Fatalf("filled the store with %d hard-pinned values", n)
 	}
-	res, err := Run(ctx, Config{Master: srv.RPCAddr, ValueSizes: []int64{1 << 20, 4096}, Ops: []string{"put"},
+	res, err := Run(ctx, Config{Master: srv.RPCAddr, AllowEvict: true, ValueSizes: []int64{1 << 20, 4096}, Ops: []string{"put"},
 		Duration: 200 * time.Millisecond, Engine: engineLoopback(), Logger: quietLog()})
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -14,7 +15,9 @@ import (
 type OnlineConfig struct {
 	// BlockBytes is the value size of one block.
 	BlockBytes int
-	// KeyPrefix namespaces the block keys (default "replay/").
+	// KeyPrefix namespaces the block keys (default "replay/<random run
+	// id>/": a run of its own, which no earlier run's keys answer).
+	// Every key the run wrote is removed when it ends, however it ends.
 	KeyPrefix string
 	// Label names the run in the result (the store's policy, if known).
 	Label string
@@ -43,6 +46,10 @@ type OnlineResult struct {
 	// GetFailures: hits gone between the existence check and the read.
 	PutFailures int `json:"put_failures"`
 	GetFailures int `json:"get_failures"`
+	// KeyPrefix is the run's key prefix; KeysRemoved counts the keys it
+	// removed at the end (those the store had not evicted by then).
+	KeyPrefix   string `json:"key_prefix"`
+	KeysRemoved int    `json:"keys_removed"`
 }
 
 // Online drives a store with t through c: per request (in replay order),
@@ -50,18 +57,33 @@ type OnlineResult struct {
 // bytes. The store's own eviction decides what stays. A request's reads
 // and writes are one batch each, so its hits are refreshed before its
 // misses are inserted (offline interleaves them in block order).
-func Online(ctx context.Context, c *store.Client, t *Trace, cfg OnlineConfig) (OnlineResult, error) {
+func Online(ctx context.Context, c *store.Client, t *Trace, cfg OnlineConfig) (res OnlineResult, err error) {
 	if cfg.BlockBytes <= 0 {
 		return OnlineResult{}, fmt.Errorf("block bytes %d: want more than 0", cfg.BlockBytes)
 	}
 	if cfg.KeyPrefix == "" {
-		cfg.KeyPrefix = "replay/"
+		cfg.KeyPrefix = fmt.Sprintf("replay/%08x/", newRunID())
 	}
 	val := make([]byte, cfg.BlockBytes)
 	for i := range val {
 		val[i] = byte(i * 31)
 	}
-	res := OnlineResult{Result: Result{Policy: cfg.Label, CapacityBlocks: cfg.CapacityBlocks, SSDCapacityBlocks: cfg.SSDCapacityBlocks, PromoteAfter: cfg.PromoteAfter}}
+	res = OnlineResult{Result: Result{Policy: cfg.Label, CapacityBlocks: cfg.CapacityBlocks, SSDCapacityBlocks: cfg.SSDCapacityBlocks, PromoteAfter: cfg.PromoteAfter},
+		KeyPrefix: cfg.KeyPrefix}
+	// written marks the blocks the run put (block numbers are dense), so
+	// that it removes them when it ends: a later run would read them as
+	// hits, and they would hold the store's memory.
+	var written []bool
+	defer func() {
+		res.KeysRemoved = removeWritten(context.WithoutCancel(ctx), c, cfg.KeyPrefix, written)
+		// An interrupt cuts puts short with their ends possibly on the
+		// way: a key still being written is not removed, and lands
+		// after. Removed again once they have.
+		for i := 0; i < settleRounds && ctx.Err() != nil; i++ {
+			time.Sleep(settlePause)
+			res.KeysRemoved += removeWritten(context.WithoutCancel(ctx), c, cfg.KeyPrefix, written)
+		}
+	}()
 	var dram0, disk0 uint64
 	if cfg.TierHits != nil {
 		var err error
@@ -90,11 +112,13 @@ func Online(ctx context.Context, c *store.Client, t *Trace, cfg OnlineConfig) (O
 		hits = append(hits[:0], exist...)
 		res.count(hits)
 		var hit, miss []string
+		var missBlocks []int32
 		for i, k := range keys {
 			if exist[i] {
 				hit = append(hit, k)
 			} else {
 				miss = append(miss, k)
+				missBlocks = append(missBlocks, blocks[i])
 			}
 		}
 		if len(hit) > 0 {
@@ -114,6 +138,14 @@ func Online(ctx context.Context, c *store.Client, t *Trace, cfg OnlineConfig) (O
 			vals := make([][]byte, len(miss))
 			for i := range vals {
 				vals[i] = val
+			}
+			// Marked before the put, whatever its answer: one cut short
+			// by an interrupt may still land.
+			for _, b := range missBlocks {
+				for int(b) >= len(written) {
+					written = append(written, false)
+				}
+				written[b] = true
 			}
 			for i, err := range c.BatchPut(ctx, miss, vals) {
 				switch {
@@ -142,6 +174,43 @@ func Online(ctx context.Context, c *store.Client, t *Trace, cfg OnlineConfig) (O
 		res.GBPerSec = float64(res.BytesRead+res.BytesWritten) / res.Seconds / 1e9
 	}
 	return res, nil
+}
+
+// After an interrupt, the removal is repeated settleRounds times,
+// settlePause apart.
+const (
+	settleRounds = 3
+	settlePause  = 100 * time.Millisecond
+)
+
+// newRunID names a run's keys (a variable for tests).
+var newRunID = rand.Uint32
+
+// removeWritten removes the run's keys, 1024 a call, and counts those
+// removed (the others the store had evicted).
+func removeWritten(ctx context.Context, c *store.Client, prefix string, written []bool) int {
+	removed := 0
+	var keys []string
+	flush := func() {
+		for _, err := range c.BatchRemove(ctx, keys, true) {
+			if err == nil {
+				removed++
+			}
+		}
+		keys = keys[:0]
+	}
+	for b, w := range written {
+		if !w {
+			continue
+		}
+		if keys = append(keys, prefix+strconv.Itoa(b)); len(keys) == 1024 {
+			flush()
+		}
+	}
+	if len(keys) > 0 {
+		flush()
+	}
+	return removed
 }
 
 func firstErr(errs []error) error {

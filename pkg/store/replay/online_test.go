@@ -2,9 +2,11 @@ package replay
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,5 +141,50 @@ func TestOnlineWithDiskTier(t *testing.T) {
 	}
 	if on.HitRatio <= dramOnly.HitRatio+0.02 {
 		t.Fatalf("online with a disk tier %.4f, DRAM alone (offline) %.4f: the disk tier should add hits", on.HitRatio, dramOnly.HitRatio)
+	}
+}
+
+// Each online run has keys of its own and removes them when it ends: a
+// second run against the same store finds none of the first's (issue
+// 35.4: the second of two runs read the first's keys, hit ratio 1.000
+// instead of 0.080, and 7,814 replay/* keys were left behind), and an
+// interrupted run leaves nothing either.
+func TestOnlineRunsAreIndependent(t *testing.T) {
+	tr := loadTrace(t, "conversation_trace.jsonl")
+	const n, block = 400, 4096
+	tr.Requests, tr.Blocks = tr.Requests[:n], tr.Blocks[:n]
+	c, m := startStore(t, master.Config{Logger: quiet}, 64<<20) // holds every block: no eviction
+	ctx := context.Background()
+	first, err := Online(ctx, c, tr, OnlineConfig{BlockBytes: block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := m.Stats().Keys; k != 0 || first.KeysRemoved == 0 || !strings.HasPrefix(first.KeyPrefix, "replay/") {
+		t.Fatalf("after the first run the store holds %d keys; it removed %d under %q", k, first.KeysRemoved, first.KeyPrefix)
+	}
+	second, err := Online(ctx, c, tr, OnlineConfig{BlockBytes: block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.HitRatio != first.HitRatio || second.KeyPrefix == first.KeyPrefix {
+		t.Fatalf("second run: hit ratio %.4f under %q, first %.4f under %q: want the same figures under another prefix",
+			second.HitRatio, second.KeyPrefix, first.HitRatio, first.KeyPrefix)
+	}
+	if second.KeysRemoved != first.KeysRemoved || m.Stats().Keys != 0 {
+		t.Fatalf("second run removed %d keys (first %d); %d left", second.KeysRemoved, first.KeysRemoved, m.Stats().Keys)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	calls := 0
+	_, err = Online(cctx, c, tr, OnlineConfig{BlockBytes: block, TierHits: func(context.Context) (uint64, uint64, error) {
+		if calls++; calls == 1 {
+			go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+		}
+		return 0, 0, nil
+	}})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("%v, want the run interrupted", err)
+	}
+	if k := m.Stats().Keys; k != 0 {
+		t.Fatalf("an interrupted run left %d keys", k)
 	}
 }
