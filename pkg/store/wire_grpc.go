@@ -147,6 +147,7 @@ func (w *grpcWire) readCall(ctx context.Context, what string, f func(context.Con
 }
 
 func (w *grpcWire) invoke(ctx context.Context, what string, f func(context.Context) error, again bool) error {
+	clock := startClock(ctx, w.cfg.timeout)
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.timeout)
 	defer cancel()
 	err := f(ctx)
@@ -167,7 +168,7 @@ func (w *grpcWire) invoke(ctx context.Context, what string, f func(context.Conte
 	switch st.Code() {
 	case codes.DeadlineExceeded:
 		if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return Errorf(RPCTimeout, "%s: master %s: no answer within %s", what, w.cfg.master, w.cfg.timeout)
+			return clock.timeoutErr(what, w.cfg.master)
 		}
 		return Errorf(RPCTimeout, "%s: master %s: %s", what, w.cfg.master, st.Message())
 	case codes.Canceled:
