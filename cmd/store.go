@@ -679,7 +679,7 @@ type storeClientOptions struct {
 
 func (o *storeClientOptions) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Master, "master", store.DefaultMaster, "master RPC address: host:port (mc's master), etcd://H:P[;H:P] to find the HA leader (cluster id from MC_STORE_CLUSTER_ID), or mooncake://H:P for a mooncake_master")
-	fs.StringVar(&o.Admin, "admin", "", "master admin HTTP API (default http://<master or leader host>:9003)")
+	fs.StringVar(&o.Admin, "admin", "", "master admin HTTP API (default: with etcd://, the address the leader publishes; else http://<master host>:9003)")
 	o.AdminAuth.addFlags(fs, "bearer token for the admin API's state-changing calls, when the master has one")
 	// Only where values move (put, get): see addChecksumFlag.
 	o.Checksums = true
@@ -689,6 +689,10 @@ func (o *storeClientOptions) addFlags(fs *pflag.FlagSet) {
 func (o *storeClientOptions) addChecksumFlag(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Checksums, "checksums", true, "record a CRC32C of each value put and check it before a get returns the bytes (mc's master; --checksums=false: neither)")
 }
+
+// storeRPCTimeout bounds each call of mc store's verbs to the master, and
+// the wait for an HA leader during a failover.
+const storeRPCTimeout = 5 * time.Second
 
 func (o storeClientOptions) adminURL() (string, error) {
 	if o.Admin != "" {
@@ -702,25 +706,13 @@ func (o storeClientOptions) adminURL() (string, error) {
 		}
 		addr = a
 	} else if store.IsEtcdAddress(o.Master) {
-		eps, err := store.ParseEtcdAddress(o.Master)
-		if err != nil {
+		if _, err := store.ParseEtcdAddress(o.Master); err != nil {
 			return "", usagef("invalid --master: %w", err)
 		}
-		cli, err := store.NewEtcdClient(eps)
-		if err != nil {
-			return "", err
-		}
-		defer cli.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		v, ok, err := store.ReadView(ctx, cli, store.ClusterID(""))
-		switch {
-		case err != nil:
-			return "", fmt.Errorf("master %s: no leader within 5s (is etcd up, and a master elected?): %w", o.Master, err)
-		case !ok:
-			return "", fmt.Errorf("no store master leader in etcd %s (cluster %q)", o.Master, store.ClusterID(""))
-		}
-		addr = store.DialAddr(v.Leader)
+		// The address the leader publishes in etcd (its admin port
+		// may not be 9003), waiting through a failover as the RPC
+		// verbs do.
+		return store.LeaderAdminURL(context.Background(), o.Master, "", storeRPCTimeout)
 	}
 	h, _, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -757,7 +749,7 @@ func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
 	ecfg.NameWithPort = true // beside a node of this host under its name
 	// A one-shot client waits for nobody: fail fast when the master is
 	// not there.
-	c, err := store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: 5 * time.Second, Logger: quietLogger(), Checksums: o.Checksums})
+	c, err := store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: storeRPCTimeout, Logger: quietLogger(), Checksums: o.Checksums})
 	if err != nil {
 		return nil, httpPortHint(o.Master, err)
 	}

@@ -187,12 +187,17 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 		}
 		if unsure(err) {
 			// The grants may have been made (and, with HA, logged)
-			// with the answer lost: give them back (see below).
+			// with the answer lost, or be made yet (the start is on
+			// its way; the master gives back a grant whose caller gave
+			// up before the answer): give them back (see below).
 			ks := make([]string, len(idx))
 			for j, i := range idx {
 				ks[j] = keys[i]
 			}
-			c.w.putRevoke(context.WithoutCancel(ctx), ks, upsert, nil)
+			res := c.w.putRevoke(context.WithoutCancel(ctx), ks, upsert, nil)
+			for j, i := range idx {
+				errs[i] = settled(ks[j], err, res[j], false)
+			}
 		}
 		return
 	}
@@ -256,7 +261,7 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 	}
 	var end, revoke []string
 	var endSums []uint64
-	var endIdx []int
+	var endIdx, revokeIdx []int
 	endAt := make([]int, len(keys)) // an item's index in end, +1
 	for j, i := range idx {
 		if errs[i] != nil {
@@ -265,6 +270,7 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 		if err := failed[i]; err != nil && (wrote[i] == 0 || !c.w.endsPartial()) {
 			errs[i] = err
 			revoke = append(revoke, keys[i])
+			revokeIdx = append(revokeIdx, i)
 			continue
 		} else if err != nil {
 			c.partialPuts.Add(1)
@@ -286,27 +292,57 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 	}
 	// Grants the master may have made (and, with HA, logged) though it
 	// answered with an error go back too.
-	if revoke = append(revoke, lost...); len(revoke) > 0 {
-		c.w.putRevoke(context.WithoutCancel(ctx), revoke, upsert, unreachable)
+	if n := len(revoke); n+len(lost) > 0 {
+		res := c.w.putRevoke(context.WithoutCancel(ctx), append(revoke, lost...), upsert, unreachable)
+		for j, i := range revokeIdx {
+			errs[i] = settled(keys[i], errs[i], res[j], false)
+		}
 	}
 	if len(end) > 0 {
 		res := c.w.putEnd(ctx, end, endSums, endFailed, upsert)
 		var again []string
+		var againIdx []int
 		for j, i := range endIdx {
 			errs[i] = res[j]
 			if unsure(res[j]) {
 				again = append(again, end[j])
+				againIdx = append(againIdx, i)
 			}
 		}
 		if len(again) > 0 {
 			// The end may not have reached the master (a failover, a
-			// lost connection): give the grant back, so the next HA
-			// leader, which has it from the op log, does not hold the
-			// key as being written until the discard timeout. An end
-			// that did land makes the revoke fail harmlessly.
-			c.w.putRevoke(context.WithoutCancel(ctx), again, upsert, nil)
+			// lost connection, the caller's deadline): give the grant
+			// back, so the key is free at once (and the next HA leader,
+			// which has the grant from the op log, does not hold the
+			// key as being written until the discard timeout). An end
+			// that did land makes the revoke fail, saying the object
+			// is complete: the put then succeeded.
+			res := c.w.putRevoke(context.WithoutCancel(ctx), again, upsert, nil)
+			for j, i := range againIdx {
+				errs[i] = settled(again[j], errs[i], res[j], true)
+			}
 		}
 	}
+}
+
+// settled is the outcome of a put of key that failed with cause and
+// whose grant was then revoked, the revoke answering rev: not stored
+// (the revoke freed the grant, or found none to free), stored (ended:
+// the put's end had been sent, and the revoke found the object
+// complete), or unknown, with how to find out.
+func settled(key string, cause, rev error, ended bool) error {
+	switch {
+	case rev == nil || CodeOf(rev) == ObjectNotFound:
+		return fmt.Errorf("%w; %q not stored (its put was revoked)", cause, key)
+	case ended && CodeOf(rev) == InvalidWrite:
+		return nil
+	case !ended:
+		// No byte reached an object that can complete: only the
+		// grant may be left, holding the key until the master
+		// discards it.
+		return fmt.Errorf("%w; %q not stored, but revoking its put failed (%v): the key may stay reserved until the master discards the unfinished put (--put_start_discard_timeout_sec, 30 s)", cause, key, rev)
+	}
+	return fmt.Errorf("%w; whether %q was stored is unknown (revoking its put failed: %v): `mc store exists` (Client.Exist) tells", cause, key, rev)
 }
 
 // unsure reports whether a call that failed with err may still have

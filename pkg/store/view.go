@@ -2,8 +2,11 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -48,6 +51,14 @@ func KeyPrefix(cluster string) string {
 // "<rpc_address>:<rpc_port>", its create revision the view version.
 func ViewKey(cluster string) string { return KeyPrefix(cluster) + "master_view" }
 
+// AdminKey is where mc's leader publishes its admin HTTP API, beside
+// the view: the value is "<host>:<port>", written in the view's own
+// transaction under the view's lease, so it lives and dies with the view
+// and its mod revision equals the view version. Mooncake's masters do
+// not write it (their admin port is their --metrics_port, 9003 by
+// default); the view's value stays Mooncake's plain "<host>:<port>".
+func AdminKey(cluster string) string { return KeyPrefix(cluster) + "master_admin" }
+
 // IsEtcdAddress reports whether a master address names etcd endpoints
 // (etcd://H:P[;H:P]) rather than one master.
 func IsEtcdAddress(s string) bool { return strings.HasPrefix(s, etcdScheme) }
@@ -81,19 +92,116 @@ func ParseEndpoints(s string) ([]string, error) {
 type View struct {
 	Leader  string // "<rpc_address>:<rpc_port>"
 	Version uint64
+	// Admin is the leader's admin HTTP API, "<host>:<port>", when it
+	// publishes one (AdminKey): "" for a Mooncake leader.
+	Admin string
 }
 
-// ReadView reads the cluster's view; ok is false when there is no leader.
+// ReadView reads the cluster's view (and the leader's admin address, in
+// the same read); ok is false when there is no leader.
 func ReadView(ctx context.Context, cli *clientv3.Client, cluster string) (v View, ok bool, err error) {
-	resp, err := cli.Get(ctx, ViewKey(cluster))
+	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(ViewKey(cluster)), clientv3.OpGet(AdminKey(cluster))).Commit()
 	if err != nil {
 		return View{}, false, fmt.Errorf("read master view %q: %w", ViewKey(cluster), err)
 	}
-	if len(resp.Kvs) == 0 {
+	views := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(views) == 0 {
 		return View{}, false, nil
 	}
-	kv := resp.Kvs[0]
-	return View{Leader: string(kv.Value), Version: uint64(kv.CreateRevision)}, true, nil
+	kv := views[0]
+	v = View{Leader: string(kv.Value), Version: uint64(kv.CreateRevision)}
+	if admin := resp.Responses[1].GetResponseRange().GetKvs(); len(admin) > 0 && admin[0].ModRevision == kv.CreateRevision {
+		// Written in the transaction that created this view, so this
+		// leader's.
+		v.Admin = string(admin[0].Value)
+	}
+	return v, true, nil
+}
+
+// DefaultAdminPort is the admin HTTP port of a leader that does not
+// publish its admin address (a mooncake_master's --metrics_port default).
+const DefaultAdminPort = "9003"
+
+// AdminURL is the leader's admin HTTP API: the address it publishes, else
+// its RPC host at DefaultAdminPort.
+func (v View) AdminURL() string {
+	if v.Admin != "" {
+		return "http://" + DialAddr(v.Admin)
+	}
+	h, _, err := net.SplitHostPort(DialAddr(v.Leader))
+	if err != nil {
+		h = v.Leader
+	}
+	return "http://" + net.JoinHostPort(h, DefaultAdminPort)
+}
+
+// LeaderAdminURL finds the admin HTTP API of the HA leader that the etcd://
+// master address master names: the address the leader publishes, so a
+// client asks the leader whatever its admin port. During a failover it
+// waits, up to wait, for a leader whose admin API is there and serving
+// (the view names a dead leader until its lease expires, and the next
+// one answers 503 while it takes over); at the end of wait it returns
+// the last leader's address found, and the caller's request says what is
+// wrong.
+func LeaderAdminURL(ctx context.Context, master, cluster string, wait time.Duration) (string, error) {
+	eps, err := ParseEtcdAddress(master)
+	if err != nil {
+		return "", err
+	}
+	cli, err := NewEtcdClient(eps)
+	if err != nil {
+		return "", fmt.Errorf("master %s: %w", master, err)
+	}
+	defer cli.Close()
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	cluster = ClusterID(cluster)
+	found := ""
+	for {
+		v, err := WaitView(wctx, cli, cluster)
+		if err != nil {
+			if found != "" {
+				return found, nil
+			}
+			return "", fmt.Errorf("master %s: no leader within %s (is etcd up, and a master elected?): %w", master, wait, err)
+		}
+		found = v.AdminURL()
+		if adminServing(wctx, found) {
+			return found, nil
+		}
+		select {
+		case <-wctx.Done():
+			return found, nil
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// adminServing reports whether the admin API at base answers as a
+// serving leader: its /health does not say 503 or service_ready false (a
+// master whose /health is older than that field counts as serving).
+func adminServing(ctx context.Context, base string) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusServiceUnavailable {
+		return false
+	}
+	var h struct {
+		Ready *bool `json:"service_ready"`
+	}
+	if json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&h) == nil && h.Ready != nil {
+		return *h.Ready
+	}
+	return true
 }
 
 // DialAddr turns a published address into one a client can dial: a

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -159,4 +160,55 @@ func replicaTableFromPB(t *storepb.ReplicaTable, n int) ([][]Replica, []error, e
 		return bad(fmt.Sprintf("%d of %d replicas and %d of %d messages used", at, total, msg, len(t.Messages)))
 	}
 	return reps, errs, nil
+}
+
+// callClock is when a call to the master began and which deadline bounds
+// it: the caller's, when that comes before the client's RPC timeout. A
+// timeout names the one that applied and the time that really passed (a
+// put with a 100 ms deadline once said "no answer within 5s" after 0.2 s).
+type callClock struct {
+	start      time.Time
+	caller     time.Time // the caller's deadline, zero without one
+	rpcTimeout time.Duration
+}
+
+func startClock(ctx context.Context, timeout time.Duration) callClock {
+	dl, _ := ctx.Deadline()
+	return callClock{start: time.Now(), caller: dl, rpcTimeout: timeout}
+}
+
+// callerBound reports whether the caller's deadline, not the RPC timeout,
+// ends the call.
+func (k callClock) callerBound() bool {
+	return !k.caller.IsZero() && k.caller.Before(k.start.Add(k.rpcTimeout))
+}
+
+// timeoutErr is RPC_TIMEOUT for a call to master that ran out of time.
+func (k callClock) timeoutErr(what, master string) error {
+	took := time.Since(k.start).Round(time.Millisecond)
+	if k.callerBound() {
+		left := max(k.caller.Sub(k.start), 0).Round(time.Millisecond)
+		return Errorf(RPCTimeout, "%s: master %s: no answer before the caller's deadline, which left the call %s: gave up after %s (the RPC timeout, %s, did not apply)",
+			what, master, left, took, k.rpcTimeout)
+	}
+	return Errorf(RPCTimeout, "%s: master %s: no answer within the RPC timeout of %s: gave up after %s", what, master, k.rpcTimeout, took)
+}
+
+type clockKey struct{}
+
+// withClock bounds ctx by the RPC timeout and remembers the call's clock
+// for timeoutErr (clockOf).
+func withClock(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	k := startClock(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	return context.WithValue(ctx, clockKey{}, k), cancel
+}
+
+// clockOf is the clock withClock put in ctx (a clock starting now
+// without one).
+func clockOf(ctx context.Context, timeout time.Duration) callClock {
+	if k, ok := ctx.Value(clockKey{}).(callClock); ok {
+		return k
+	}
+	return startClock(ctx, timeout)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -29,6 +30,11 @@ type grpcWire struct {
 	leaderR *leaderResolver  // etcd:// masters
 	rpc     pb.MasterClient
 	ses     *sessions
+
+	// contacted is set once the master answered a mount or remount:
+	// until then, following HA masters, the first contact waits for a
+	// serving leader (see firstContact).
+	contacted atomic.Bool
 
 	newView chan struct{}
 	stop    chan struct{}
@@ -146,11 +152,60 @@ func (w *grpcWire) readCall(ctx context.Context, what string, f func(context.Con
 	return w.invoke(ctx, what, f, w.leaderR != nil)
 }
 
+// firstContact is how a mount or remount is sent: fail-fast (pings and
+// the ping loop's re-mounts repeat anyway, and must not hold Close) once
+// the client has reached its master, but the client's first contact
+// with HA masters waits, within its RPC timeout, for a serving leader,
+// and is asked again when the leader goes under it. A client started
+// during a failover (a one-shot `mc store put`) would otherwise fail at
+// once on the dead leader's address, which the view names until its
+// lease expires, or on the new leader still taking over, where a
+// long-running client rides through. Both calls are safe to repeat (a
+// mount that landed twice is taken back by a remount: see mount).
+func (w *grpcWire) firstContact() (grpc.CallOption, retry) {
+	if w.leaderR == nil || w.contacted.Load() {
+		return failFast, retryNever
+	}
+	return grpc.WaitForReady(true), retryUnsure
+}
+
+// retry says which failures invoke asks again (following HA masters,
+// within the call's RPC timeout).
+type retry int
+
+const (
+	retryNever retry = iota
+	// retryUnsure asks again a call that was lost on the way (a dying
+	// leader's connection) or refused by a master that is not (yet)
+	// the serving leader: for calls safe to repeat.
+	retryUnsure
+)
+
+func (w *grpcWire) askAgain(err error, r retry) bool {
+	if err == nil || w.leaderR == nil {
+		return false
+	}
+	switch r {
+	case retryUnsure:
+		return status.Code(err) == codes.Unavailable || status.Code(err) == codes.FailedPrecondition
+	}
+	return false
+}
+
 func (w *grpcWire) invoke(ctx context.Context, what string, f func(context.Context) error, again bool) error {
+	r := retryNever
+	if again {
+		r = retryUnsure
+	}
+	return w.invokeRetry(ctx, what, f, r)
+}
+
+func (w *grpcWire) invokeRetry(ctx context.Context, what string, f func(context.Context) error, again retry) error {
+	clock := startClock(ctx, w.cfg.timeout)
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.timeout)
 	defer cancel()
 	err := f(ctx)
-	for again && ctx.Err() == nil && (status.Code(err) == codes.Unavailable || status.Code(err) == codes.FailedPrecondition) {
+	for ctx.Err() == nil && w.askAgain(err, again) {
 		select {
 		case <-time.After(20 * time.Millisecond):
 		case <-ctx.Done():
@@ -167,7 +222,7 @@ func (w *grpcWire) invoke(ctx context.Context, what string, f func(context.Conte
 	switch st.Code() {
 	case codes.DeadlineExceeded:
 		if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return Errorf(RPCTimeout, "%s: master %s: no answer within %s", what, w.cfg.master, w.cfg.timeout)
+			return clock.timeoutErr(what, w.cfg.master)
 		}
 		return Errorf(RPCTimeout, "%s: master %s: %s", what, w.cfg.master, st.Message())
 	case codes.Canceled:
@@ -186,12 +241,23 @@ func (w *grpcWire) invoke(ctx context.Context, what string, f func(context.Conte
 func (w *grpcWire) mount(ctx context.Context, seg SegmentInfo) error {
 	req := &pb.MountSegmentRequest{ClientId: UUIDToPB(w.cfg.id), Segment: SegmentToPB(seg)}
 	var resp *pb.Result
-	err := w.call(ctx, "mount segment", func(ctx context.Context) (err error) {
-		resp, err = w.rpc.MountSegment(ctx, req, failFast)
+	opt, again := w.firstContact()
+	tries := 0
+	err := w.invokeRetry(ctx, "mount segment", func(ctx context.Context) (err error) {
+		tries++
+		resp, err = w.rpc.MountSegment(ctx, req, opt)
 		return err
-	})
+	}, again)
 	if err == nil {
+		w.contacted.Store(true)
 		err = ResultFromPB(resp)
+		if tries > 1 && CodeOf(err) == SegmentAlreadyExists {
+			// An earlier try landed, its answer lost (a leader that
+			// went, its successor restoring the mount from the op
+			// log): a remount takes the segment as this client's own
+			// when the master has it at the same range.
+			err = w.remount(ctx, []SegmentInfo{seg})
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("mount segment %q: %w", seg.Name, err)
@@ -207,13 +273,15 @@ func (w *grpcWire) remount(ctx context.Context, segs []SegmentInfo) error {
 		what = "mount segment"
 	}
 	var resp *pb.ReMountSegmentResponse
-	err := w.call(ctx, what, func(ctx context.Context) (err error) {
-		resp, err = w.rpc.ReMountSegment(ctx, req, failFast)
+	opt, again := w.firstContact()
+	err := w.invokeRetry(ctx, what, func(ctx context.Context) (err error) {
+		resp, err = w.rpc.ReMountSegment(ctx, req, opt)
 		return err
-	})
+	}, again)
 	if err != nil {
 		return err
 	}
+	w.contacted.Store(true)
 	for i, r := range resp.Results {
 		if err := ResultFromPB(r); err != nil {
 			name := ""

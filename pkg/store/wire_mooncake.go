@@ -76,7 +76,7 @@ func (w *mooncakeWire) err(what string, ctx context.Context, err error) error {
 	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
 		return fmt.Errorf("%s: %w", what, context.Canceled)
 	case errors.Is(err, context.DeadlineExceeded):
-		return Errorf(RPCTimeout, "%s: master %s: no answer within %s", what, w.cfg.master, w.cfg.timeout)
+		return clockOf(ctx, w.cfg.timeout).timeoutErr(what, w.cfg.master)
 	}
 	return Errorf(RPCFail, "%s: master %s: %v", what, w.cfg.master, err)
 }
@@ -93,7 +93,7 @@ func (w *mooncakeWire) itemErr(what string, err error) error {
 }
 
 func (w *mooncakeWire) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, w.cfg.timeout)
+	return withClock(ctx, w.cfg.timeout)
 }
 
 func (w *mooncakeWire) id() mooncake.UUID { return toMooncakeUUID(w.cfg.id) }

@@ -83,6 +83,9 @@ type Candidate struct {
 	idle      *master.Master
 	RPCAddr   string // bound RPC address
 	AdminAddr string // bound admin address, "" without one
+	// adminAdvertise is the admin address published with the view
+	// (store.AdminKey), "" without an admin API.
+	adminAdvertise string
 
 	stateMu sync.Mutex // guards st
 	st      *state     // the committed state (warm copy)
@@ -188,6 +191,7 @@ func Start(ctx context.Context, cfg Config) (*Candidate, error) {
 			return nil, fmt.Errorf("admin HTTP listener: %w", err)
 		}
 		c.AdminAddr = alis.Addr().String()
+		c.adminAdvertise = advertiseAdmin(c.cfg.Advertise, c.AdminAddr)
 		c.admin = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			c.adminH.Load().(http.Handler).ServeHTTP(w, r)
 		}), ReadHeaderTimeout: 5 * time.Second}
@@ -201,6 +205,26 @@ func Start(ctx context.Context, cfg Config) (*Candidate, error) {
 
 // Advertise is the address this candidate publishes when it leads.
 func (c *Candidate) Advertise() string { return c.cfg.Advertise }
+
+// AdvertiseAdmin is the admin address this candidate publishes with its
+// view when it leads (store.AdminKey), "" without an admin API.
+func (c *Candidate) AdvertiseAdmin() string { return c.adminAdvertise }
+
+// advertiseAdmin is the admin address to publish for one bound at bound:
+// an admin API on every interface is reached at the RPC address's host,
+// as clients reach the leader.
+func advertiseAdmin(rpc, bound string) string {
+	h, p, err := net.SplitHostPort(bound)
+	if err != nil {
+		return bound
+	}
+	if ip := net.ParseIP(h); h == "" || (ip != nil && ip.IsUnspecified()) {
+		if rh, _, err := net.SplitHostPort(rpc); err == nil {
+			h = rh
+		}
+	}
+	return net.JoinHostPort(h, p)
+}
 
 // Master is the serving master while this candidate leads, else nil.
 func (c *Candidate) Master() *master.Master {
@@ -375,9 +399,15 @@ func (c *Candidate) campaign() (*term, int64, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("grant lease: %w", err)
 	}
+	// The view is Mooncake's key and value; the admin address goes
+	// beside it in the same transaction, under the same lease.
+	puts := []clientv3.Op{clientv3.OpPut(key, c.cfg.Advertise, clientv3.WithLease(lease.ID))}
+	if c.adminAdvertise != "" {
+		puts = append(puts, clientv3.OpPut(store.AdminKey(c.cfg.ClusterID), c.adminAdvertise, clientv3.WithLease(lease.ID)))
+	}
 	resp, err := c.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, c.cfg.Advertise, clientv3.WithLease(lease.ID))).
+		Then(puts...).
 		Else(clientv3.OpGet(key)).Commit()
 	if err != nil || !resp.Succeeded {
 		rctx, rcancel := context.WithTimeout(c.ctx, time.Second)

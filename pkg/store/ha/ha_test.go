@@ -837,3 +837,71 @@ func TestTakeoverPutsWaitForSegments(t *testing.T) {
 		t.Fatalf("%d puts failed NO_AVAILABLE_HANDLE across the takeover, first: %v", len(noHandle), noHandle[0])
 	}
 }
+
+// A client started while the leader is dead (a one-shot `mc store put`
+// during a failover) waits, within its RPC timeout, for the next leader,
+// as a long-running client rides through: it once failed in 0.04 s with
+// RPC_FAIL "connection refused" on the dead leader's address, which the
+// view names until its lease expires (issue 40.5).
+func TestNewClientDuringFailover(t *testing.T) {
+	h := newHarness(t)
+	h.candidate()
+	h.candidate()
+	old := h.leader(5 * time.Second)
+	h.client(32 << 20)
+	h.forget(old)
+	old.Kill()
+	for _, seg := range []uint64{0, 16 << 20} {
+		t0 := time.Now()
+		cl, err := store.New(context.Background(), store.Config{
+			Master: h.direct, ClusterID: h.cluster, SegmentSize: seg, PingInterval: 100 * time.Millisecond,
+			RPCTimeout: 4 * testLease, StagingSize: 4 << 20,
+			EngineConfig: engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"},
+		})
+		if err != nil {
+			t.Fatalf("client (segment %d) started as the leader died, after %s: %v", seg, time.Since(t0).Round(time.Millisecond), err)
+		}
+		t.Logf("client (segment %d) waited %s for the next leader", seg, time.Since(t0).Round(time.Millisecond))
+		key := fmt.Sprintf("k-%d", seg)
+		want := value(key, 4096)
+		if err := cl.Put(context.Background(), key, want); err != nil {
+			t.Fatalf("put: %v", err)
+		}
+		if got, err := cl.Get(context.Background(), key); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("get: %v", err)
+		}
+		cl.Close(context.Background())
+	}
+	if h.leader(time.Second) == old {
+		t.Fatal("the killed candidate still leads")
+	}
+}
+
+// The leader publishes its admin API beside the view, so a client finds
+// it whatever its port (not 9003 here), before and after a failover, and
+// one that asks during the failover waits for the next leader to serve.
+func TestLeaderAdminFromEtcd(t *testing.T) {
+	h := newHarness(t)
+	h.candidate()
+	h.candidate()
+	ctx := context.Background()
+	l := h.leader(10 * time.Second)
+	for round := range 2 {
+		u, err := store.LeaderAdminURL(ctx, h.direct, h.cluster, 4*testLease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if round == 1 {
+			// Asked as the old leader died: the next one, once it serves.
+			l = h.leader(time.Second)
+		}
+		if want := "http://" + l.AdminAddr; u != want {
+			t.Fatalf("round %d: admin of the leader %s: %s, want %s", round, l.Advertise(), u, want)
+		}
+		if code, body := getText(t, u+"/role"); code != 200 || body != "leader" {
+			t.Fatalf("round %d: %s/role: %d %q", round, u, code, body)
+		}
+		h.forget(l)
+		l.Kill()
+	}
+}

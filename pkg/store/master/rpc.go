@@ -407,9 +407,51 @@ func startPuts[T any](ctx context.Context, s *rpcServer, r *pb.BatchPutStartRequ
 	if upsert {
 		start, name = s.m.BatchUpsertStart, "batch_upsert_start"
 	}
-	return replicaCall(s, name, len(r.Items), func() []ReplicaResult {
-		return start(store.UUIDFromPB(r.ClientId), r.ClientHost, items(r.Items), store.ConfigFromPB(r.Config))
+	out, err := replicaCall(s, name, len(r.Items), func() []ReplicaResult {
+		client := store.UUIDFromPB(r.ClientId)
+		res := start(client, r.ClientHost, items(r.Items), store.ConfigFromPB(r.Config))
+		if ctx.Err() != nil {
+			s.giveBack(client, r.Items, res, upsert)
+		}
+		return res
 	}, form)
+	if err == nil && ctx.Err() != nil {
+		var zero T
+		return zero, status.FromContextError(ctx.Err()).Err()
+	}
+	return out, err
+}
+
+// giveBack revokes the grants of a put start whose caller gave up before
+// its answer could reach it (its deadline passed, it was cancelled, its
+// connection went). The caller revokes what it may have started too, on
+// another stream, but that revoke can be handled before this start (it
+// then finds nothing): left alone, the grant would hold the key against
+// every other writer until the discard timeout (30 s) and its space
+// until the release timeout. Over one connection the caller's
+// cancellation arrives before its revoke, so one of the two always
+// finds the grant.
+func (s *rpcServer) giveBack(client store.UUID, in []*pb.PutStartItem, res []ReplicaResult, upsert bool) {
+	var keys []string
+	for i, r := range res {
+		if r.Err == nil {
+			keys = append(keys, in[i].Key)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	revoke := s.m.BatchPutRevoke
+	if upsert {
+		revoke = s.m.BatchUpsertRevoke
+	}
+	n := 0
+	for _, err := range revoke(client, keys) {
+		if err == nil {
+			n++
+		}
+	}
+	s.m.log.Info(fmt.Sprintf("put start of %d keys (first %q) by client %s: the caller gave up before the answer; revoked %d grants", len(keys), keys[0], client, n))
 }
 
 func (s *rpcServer) getReplicaTable(r *pb.BatchKeysRequest) (*pb.ReplicaTable, error) {
