@@ -108,3 +108,49 @@ func TestStoreDrainInterruptedWait(t *testing.T) {
 		t.Fatalf("no progress line before the interrupt: %q", errb.String())
 	}
 }
+
+// `mc store drain --undo SEGMENT` puts a drained segment back into
+// service, and a put refused meanwhile says why (issue 40, item 7).
+func TestStoreDrainUndoCLI(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "16M", "--admin-token", "tok")
+	m := []string{"--master", rpc, "--admin", admin}
+	var st struct {
+		Segments []store.SegmentDetail `json:"segments"`
+	}
+	out, errs, code := execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || len(st.Segments) != 1 {
+		t.Fatalf("stat: %d %s %s", code, out, errs)
+	}
+	seg := st.Segments[0].Name
+	t.Setenv("MC_ADMIN_TOKEN", "tok")
+	if out, errs, code := execMC(t, append([]string{"store", "drain", seg, "--wait", "--interval", "100ms"}, m...)...); code != 0 {
+		t.Fatalf("drain: %d %s %s", code, out, errs)
+	}
+	f := filepath.Join(t.TempDir(), "v")
+	os.WriteFile(f, bytes.Repeat([]byte("x"), 1<<20), 0o644)
+	_, errs, code = execMC(t, append([]string{"store", "put", "k", f}, m...)...)
+	if code == 0 || !strings.Contains(errs, "1 segment is draining/drained ("+seg) || !strings.Contains(errs, "mc store drain --undo SEGMENT") {
+		t.Fatalf("put into a drained store: %d %q", code, errs)
+	}
+	t.Setenv("MC_ADMIN_TOKEN", "")
+	if _, errs, code := execMC(t, append([]string{"store", "drain", "--undo", seg}, m...)...); code != 1 || !strings.Contains(errs, "--admin-token") {
+		t.Fatalf("undo without the token: %d %q", code, errs)
+	}
+	t.Setenv("MC_ADMIN_TOKEN", "tok")
+	out, errs, code = execMC(t, append([]string{"store", "drain", "--undo", seg}, m...)...)
+	if code != 0 || out != "segment "+seg+": DRAINED -> OK (back in service: takes new objects)\n" {
+		t.Fatalf("undo: %d %q %q", code, out, errs)
+	}
+	if out, errs, code := execMC(t, append([]string{"store", "put", "k", f}, m...)...); code != 0 {
+		t.Fatalf("put after undo: %d %s %s", code, out, errs)
+	}
+	out, _, code = execMC(t, append([]string{"store", "drain", "--undo", seg, "-o", "json"}, m...)...)
+	var j map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || j["segment"] != seg || j["status"] != "OK" || j["previous_status"] != "OK" {
+		t.Fatalf("undo of a segment in service, JSON: %d %s", code, out)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "drain", "--undo", seg, "--status", "1-2"}, m...)...); code != 64 || !strings.Contains(errs, "one of the four") {
+		t.Fatalf("--undo with --status: %d %q", code, errs)
+	}
+}
