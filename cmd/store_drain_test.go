@@ -154,3 +154,37 @@ func TestStoreDrainUndoCLI(t *testing.T) {
 		t.Fatalf("--undo with --status: %d %q", code, errs)
 	}
 }
+
+// `mc store rm --all` sends the admin token (MC_ADMIN_TOKEN or
+// --admin-token) that a master with one asks of RemoveAll over gRPC.
+func TestStoreRmAllAdminToken(t *testing.T) {
+	isolateEnv(t)
+	rpc, _, _, _ := startServeStore(t, "--segment-size", "16M", "--admin-token", "tok")
+	m := []string{"--master", rpc}
+	f := filepath.Join(t.TempDir(), "v")
+	os.WriteFile(f, []byte("value"), 0o644)
+	for _, k := range []string{"a", "b"} {
+		if out, errs, code := execMC(t, append([]string{"store", "put", k, f}, m...)...); code != 0 {
+			t.Fatalf("put: %d %s %s", code, out, errs)
+		}
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "rm", "--all"}, m...)...); code != 1 || !strings.Contains(errs, "mc: store rm: --all: remove all:") || !strings.Contains(errs, "--admin-token") {
+		t.Fatalf("rm --all without the token: %d %q", code, errs)
+	}
+	if out, _, code := execMC(t, append([]string{"store", "exists", "a"}, m...)...); code != 0 {
+		t.Fatalf("a refused rm --all removed a key: %d %s", code, out)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "rm", "--all", "a"}, m...)...); code != 64 {
+		t.Fatalf("rm --all with a key: %d %q", code, errs)
+	}
+	out, errs, code := execMC(t, append([]string{"store", "rm", "--all", "--admin-token", "tok"}, m...)...)
+	if code != 0 || out != "removed 2 key(s) (keys being read are kept)\n" {
+		t.Fatalf("rm --all with --admin-token: %d %q %q", code, out, errs)
+	}
+	t.Setenv("MC_ADMIN_TOKEN", "tok")
+	out, errs, code = execMC(t, append([]string{"store", "rm", "--all", "-o", "json"}, m...)...)
+	var j map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || j["removed_count"] != float64(0) {
+		t.Fatalf("rm --all with MC_ADMIN_TOKEN, JSON: %d %q %q", code, out, errs)
+	}
+}
