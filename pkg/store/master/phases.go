@@ -2,6 +2,7 @@ package master
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -43,7 +44,8 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 	hopeless := make([]bool, len(out)) // eviction cannot make room: failed, not retried
 	short := func() (idx []int, need uint64) {
 		for i, r := range out {
-			if r.Err == nil || store.CodeOf(r.Err) != store.NoAvailableHandle || hopeless[i] {
+			var wm *watermarkRefusal
+			if r.Err == nil || store.CodeOf(r.Err) != store.NoAvailableHandle || hopeless[i] || errors.As(r.Err, &wm) {
 				continue
 			}
 			if largest == 0 {
