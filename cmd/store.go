@@ -1090,10 +1090,10 @@ func newStoreExistsCmd(p *printer) *cobra.Command {
 
 func newStoreRmCmd(p *printer) *cobra.Command {
 	var o storeClientOptions
-	var force, dryRun bool
+	var force, dryRun, all bool
 	var pattern string
 	cmd := &cobra.Command{
-		Use:   "rm {KEY... | --regex RE}",
+		Use:   "rm {KEY... | --regex RE | --all}",
 		Short: "Remove keys, or the keys a pattern finds (refused while being read unless --force)",
 		Long: `rm removes the keys given, or with --regex RE every stored key the pattern
 finds anywhere in it (RE2 syntax, Go's regexp: ^model:llama@ for the keys
@@ -1101,15 +1101,27 @@ that start so, add $ to anchor the end), in one call to the master
 (Mooncake's RemoveByRegex). A key being read holds a lease and is kept
 unless --force. --dry-run lists what would go and what would be kept,
 and removes nothing. The counts cover every match; the master lists at
-most 16384 keys of each.
+most 16384 keys of each. --all removes every stored key not being read
+(Mooncake's RemoveAll, in one call); a master with an admin token asks
+for it (--admin-token, MC_ADMIN_TOKEN or --admin-token-file).
 
 Exit status: 0 when every key went (or with --dry-run), 64 on a usage
 error, 1 otherwise.`,
 		Example: `  mc store rm prefix/0001 prefix/0002
   mc store rm --regex '^model:llama-70b@' --dry-run
-  mc store rm --regex '^model:llama-70b@' --force`,
+  mc store rm --regex '^model:llama-70b@' --force
+  MC_ADMIN_TOKEN=... mc store rm --all`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if all {
+				switch {
+				case len(args) > 0 || cmd.Flags().Changed("regex"):
+					return usagef("store rm: --all removes every key: give no keys and no --regex with it")
+				case force || dryRun:
+					return usagef("store rm: --all takes neither --force nor --dry-run (it keeps the keys being read; --regex . --dry-run lists what it would find)")
+				}
+				return runStoreRmAll(cmd.Context(), o, p)
+			}
 			if cmd.Flags().Changed("regex") {
 				if len(args) > 0 {
 					return usagef("store rm: give keys or --regex, not both")
@@ -1163,7 +1175,31 @@ error, 1 otherwise.`,
 	cmd.Flags().BoolVar(&force, "force", false, "remove even while a read holds a lease")
 	cmd.Flags().StringVar(&pattern, "regex", "", "remove every key this RE2 pattern finds (Go's regexp syntax, unanchored)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "with --regex: list what would be removed and kept, remove nothing")
+	cmd.Flags().BoolVar(&all, "all", false, "remove every stored key not being read (needs the admin token when the master has one)")
 	return cmd
+}
+
+// runStoreRmAll is `mc store rm --all`: the master's RemoveAll, with the
+// admin token (gRPC metadata) when one is given.
+func runStoreRmAll(ctx context.Context, o storeClientOptions, p *printer) error {
+	tok, err := o.AdminAuth.token()
+	if err != nil {
+		return err
+	}
+	c, err := o.client(ctx)
+	if err != nil {
+		return fmt.Errorf("rm --all: %w", err)
+	}
+	defer c.Close(context.Background())
+	n, err := c.RemoveAll(store.WithAdminToken(ctx, tok))
+	if err != nil {
+		return fmt.Errorf("rm --all: %w", err)
+	}
+	if p.JSON() {
+		return p.PrintJSON(map[string]any{"removed_count": n})
+	}
+	fmt.Fprintf(p.Out, "removed %d key(s) (keys being read are kept)\n", n)
+	return nil
 }
 
 // storeRmRegexJSON is `mc store rm --regex RE -o json`.

@@ -24,6 +24,7 @@ type storeDrainOptions struct {
 	Wait           bool
 	Status         string
 	Cancel         string
+	Undo           string
 	Interval       time.Duration
 	// tty: stdout is a terminal (progress bar, and --wait's default).
 	tty bool
@@ -32,7 +33,7 @@ type storeDrainOptions struct {
 func newStoreDrainCmd(p *printer) *cobra.Command {
 	var o storeDrainOptions
 	cmd := &cobra.Command{
-		Use:   "drain {SEGMENT... | --status JOB | --cancel JOB}",
+		Use:   "drain {SEGMENT... | --status JOB | --cancel JOB | --undo SEGMENT}",
 		Short: "Empty segments before maintenance: copy what lives only there elsewhere",
 		Long: `drain creates a drain job on the master (Mooncake's /api/v1/drain_jobs, so it
 also drives a mooncake_master): the segments stop taking new objects, and every
@@ -45,11 +46,20 @@ objects and bytes would be lost (--force unmounts anyway).
 
 --wait (the default on a terminal) follows the job with a progress bar, or a
 line every --interval when the output is not a terminal, and exits non-zero if
-the job does not succeed.`,
+the job does not succeed.
+
+--undo SEGMENT returns a DRAINING or DRAINED segment to service (status OK):
+it takes new objects again at once, and a job draining only that segment is
+canceled (copies under way finish). A segment left DRAINED by a finished job
+otherwise stays out of service until its node restarts; --cancel applies only
+while a job runs. A segment already in service is left as it is (exit 0).
+Needs mc's master (POST /api/v1/segments/undrain; mooncake_master has no
+such call) and, when the master has one, its admin token.`,
 		Example: `  mc store drain node-7:15001 --unmount
   mc store drain node-7:15001 --to node-8:15001 --max-concurrency 32 --wait=false
   mc store drain --status 8f14e45f-c9f0a2b1
-  mc store drain --cancel 8f14e45f-c9f0a2b1`,
+  mc store drain --cancel 8f14e45f-c9f0a2b1
+  mc store drain --undo node-7:15001`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.tty = isTerminal(p.Out)
@@ -57,13 +67,13 @@ the job does not succeed.`,
 				o.Wait = o.tty
 			}
 			modes := 0
-			for _, b := range []bool{len(args) > 0, o.Status != "", o.Cancel != ""} {
+			for _, b := range []bool{len(args) > 0, o.Status != "", o.Cancel != "", o.Undo != ""} {
 				if b {
 					modes++
 				}
 			}
 			if modes != 1 {
-				return usagef("drain: name the segments to drain, or give --status JOB or --cancel JOB (one of the three)")
+				return usagef("drain: name the segments to drain, or give --status JOB, --cancel JOB or --undo SEGMENT (one of the four)")
 			}
 			if o.MaxConcurrency < 0 {
 				return usagef("invalid --max-concurrency %d: want 1 or more (0: the master's default)", o.MaxConcurrency)
@@ -99,12 +109,34 @@ the job does not succeed.`,
 	f.BoolVar(&o.Wait, "wait", false, "follow the job until it ends (default: on a terminal)")
 	f.StringVar(&o.Status, "status", "", "show the state of job JOB")
 	f.StringVar(&o.Cancel, "cancel", "", "cancel job JOB (copies under way finish; the segments return to service)")
+	f.StringVar(&o.Undo, "undo", "", "return SEGMENT, DRAINING or DRAINED, to service (status OK)")
 	durationVar(f, &o.Interval, "interval", 2*time.Second, "with --wait and no terminal: time between progress lines")
 	return cmd
 }
 
+// storeUndrainJSON is `mc store drain --undo SEGMENT -o json`.
+type storeUndrainJSON struct {
+	Segment        string `json:"segment"`
+	Status         string `json:"status"`
+	PreviousStatus string `json:"previous_status"`
+}
+
 func runStoreDrain(ctx context.Context, o storeDrainOptions, a *store.Admin, segments []string, p *printer) error {
 	switch {
+	case o.Undo != "":
+		st, err := a.UndrainSegment(ctx, o.Undo)
+		if err != nil {
+			return fmt.Errorf("undo drain of %s: %w", o.Undo, err)
+		}
+		if p.JSON() {
+			return p.PrintJSON(storeUndrainJSON{Segment: st.Segment, Status: st.StatusName, PreviousStatus: st.PreviousStatusName})
+		}
+		if st.PreviousStatusName == "OK" {
+			fmt.Fprintf(p.Out, "segment %s: already in service (OK)\n", st.Segment)
+			return nil
+		}
+		fmt.Fprintf(p.Out, "segment %s: %s -> %s (back in service: takes new objects)\n", st.Segment, st.PreviousStatusName, st.StatusName)
+		return nil
 	case o.Cancel != "":
 		if err := a.CancelDrainJob(ctx, o.Cancel); err != nil {
 			return fmt.Errorf("cancel drain job %s: %w", o.Cancel, err)

@@ -108,3 +108,83 @@ func TestStoreDrainInterruptedWait(t *testing.T) {
 		t.Fatalf("no progress line before the interrupt: %q", errb.String())
 	}
 }
+
+// `mc store drain --undo SEGMENT` puts a drained segment back into
+// service, and a put refused meanwhile says why (issue 40, item 7).
+func TestStoreDrainUndoCLI(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "16M", "--admin-token", "tok")
+	m := []string{"--master", rpc, "--admin", admin}
+	var st struct {
+		Segments []store.SegmentDetail `json:"segments"`
+	}
+	out, errs, code := execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || len(st.Segments) != 1 {
+		t.Fatalf("stat: %d %s %s", code, out, errs)
+	}
+	seg := st.Segments[0].Name
+	t.Setenv("MC_ADMIN_TOKEN", "tok")
+	if out, errs, code := execMC(t, append([]string{"store", "drain", seg, "--wait", "--interval", "100ms"}, m...)...); code != 0 {
+		t.Fatalf("drain: %d %s %s", code, out, errs)
+	}
+	f := filepath.Join(t.TempDir(), "v")
+	os.WriteFile(f, bytes.Repeat([]byte("x"), 1<<20), 0o644)
+	_, errs, code = execMC(t, append([]string{"store", "put", "k", f}, m...)...)
+	if code == 0 || !strings.Contains(errs, "1 segment is draining/drained ("+seg) || !strings.Contains(errs, "mc store drain --undo SEGMENT") {
+		t.Fatalf("put into a drained store: %d %q", code, errs)
+	}
+	t.Setenv("MC_ADMIN_TOKEN", "")
+	if _, errs, code := execMC(t, append([]string{"store", "drain", "--undo", seg}, m...)...); code != 1 || !strings.Contains(errs, "--admin-token") {
+		t.Fatalf("undo without the token: %d %q", code, errs)
+	}
+	t.Setenv("MC_ADMIN_TOKEN", "tok")
+	out, errs, code = execMC(t, append([]string{"store", "drain", "--undo", seg}, m...)...)
+	if code != 0 || out != "segment "+seg+": DRAINED -> OK (back in service: takes new objects)\n" {
+		t.Fatalf("undo: %d %q %q", code, out, errs)
+	}
+	if out, errs, code := execMC(t, append([]string{"store", "put", "k", f}, m...)...); code != 0 {
+		t.Fatalf("put after undo: %d %s %s", code, out, errs)
+	}
+	out, _, code = execMC(t, append([]string{"store", "drain", "--undo", seg, "-o", "json"}, m...)...)
+	var j map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || j["segment"] != seg || j["status"] != "OK" || j["previous_status"] != "OK" {
+		t.Fatalf("undo of a segment in service, JSON: %d %s", code, out)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "drain", "--undo", seg, "--status", "1-2"}, m...)...); code != 64 || !strings.Contains(errs, "one of the four") {
+		t.Fatalf("--undo with --status: %d %q", code, errs)
+	}
+}
+
+// `mc store rm --all` sends the admin token (MC_ADMIN_TOKEN or
+// --admin-token) that a master with one asks of RemoveAll over gRPC.
+func TestStoreRmAllAdminToken(t *testing.T) {
+	isolateEnv(t)
+	rpc, _, _, _ := startServeStore(t, "--segment-size", "16M", "--admin-token", "tok")
+	m := []string{"--master", rpc}
+	f := filepath.Join(t.TempDir(), "v")
+	os.WriteFile(f, []byte("value"), 0o644)
+	for _, k := range []string{"a", "b"} {
+		if out, errs, code := execMC(t, append([]string{"store", "put", k, f}, m...)...); code != 0 {
+			t.Fatalf("put: %d %s %s", code, out, errs)
+		}
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "rm", "--all"}, m...)...); code != 1 || !strings.Contains(errs, "mc: store rm: --all: remove all:") || !strings.Contains(errs, "--admin-token") {
+		t.Fatalf("rm --all without the token: %d %q", code, errs)
+	}
+	if out, _, code := execMC(t, append([]string{"store", "exists", "a"}, m...)...); code != 0 {
+		t.Fatalf("a refused rm --all removed a key: %d %s", code, out)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "rm", "--all", "a"}, m...)...); code != 64 {
+		t.Fatalf("rm --all with a key: %d %q", code, errs)
+	}
+	out, errs, code := execMC(t, append([]string{"store", "rm", "--all", "--admin-token", "tok"}, m...)...)
+	if code != 0 || out != "removed 2 key(s) (keys being read are kept)\n" {
+		t.Fatalf("rm --all with --admin-token: %d %q %q", code, out, errs)
+	}
+	t.Setenv("MC_ADMIN_TOKEN", "tok")
+	out, errs, code = execMC(t, append([]string{"store", "rm", "--all", "-o", "json"}, m...)...)
+	var j map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &j) != nil || j["removed_count"] != float64(0) {
+		t.Fatalf("rm --all with MC_ADMIN_TOKEN, JSON: %d %q %q", code, out, errs)
+	}
+}

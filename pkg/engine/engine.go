@@ -575,6 +575,25 @@ func (e *Engine) Renew(ctx context.Context, m *Memory) (*Memory, error) {
 // Memory returns the registered buffers, by address.
 func (e *Engine) Memory() []*Memory { return append([]*Memory(nil), e.reg.list()...) }
 
+// ErrProtocolNotSupported is a segment whose descriptor names a
+// transport this engine was not started with (an rdma node met by a tcp
+// engine): callers name the setting that starts it (--protocol).
+var ErrProtocolNotSupported = errors.New("protocol not supported by this engine")
+
+// ProtocolError is OpenSegment's ErrProtocolNotSupported, with the
+// protocols on each side.
+type ProtocolError struct {
+	Segment  string
+	Protocol string // the segment's
+	Engine   string // this engine's primary protocol
+}
+
+func (e *ProtocolError) Error() string {
+	return fmt.Sprintf("open segment %q: protocol %q not supported by this engine (it speaks %s)", e.Segment, e.Protocol, e.Engine)
+}
+
+func (e *ProtocolError) Unwrap() error { return ErrProtocolNotSupported }
+
 // OpenSegment looks name up and returns a handle for requests. The name of
 // this engine's own segment (or its local server name) opens the local
 // transport.
@@ -609,7 +628,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (*Segment, error)
 	}
 	tr := e.transports[d.Protocol]
 	if tr == nil {
-		return nil, fmt.Errorf("open segment %q: protocol %q not supported by this engine", name, d.Protocol)
+		return nil, &ProtocolError{Segment: name, Protocol: d.Protocol, Engine: e.cfg.Protocol}
 	}
 	rpc, err := e.backend.GetRPCMeta(ctx, name)
 	if err != nil {

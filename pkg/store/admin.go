@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/grpc/metadata"
 )
 
 // Admin reads a master's admin HTTP API (Mooncake's paths and shapes), so
@@ -30,9 +31,9 @@ type Admin struct {
 // "" sends none.
 func (a *Admin) SetToken(token string) { a.token = token }
 
-// ErrAdminUnauthorized is a state-changing admin call refused for want of
-// the master's admin token.
-var ErrAdminUnauthorized = errors.New("the master's admin API wants its token and none, or another, was sent: give --admin-token, MC_ADMIN_TOKEN or --admin-token-file")
+// ErrAdminUnauthorized is a state-changing admin call (admin HTTP API, or
+// RemoveAll over gRPC) refused for want of the master's admin token.
+var ErrAdminUnauthorized = errors.New("the master wants its admin token and none, or another, was sent: give --admin-token, MC_ADMIN_TOKEN or --admin-token-file")
 
 // NewAdmin returns a reader of the admin API at base ("http://host:9003").
 func NewAdmin(base string) (*Admin, error) {
@@ -297,4 +298,14 @@ func (a *Admin) Metrics(ctx context.Context) (map[string]float64, error) {
 		}
 	}
 	return out, nil
+}
+
+// WithAdminToken returns ctx carrying the admin token for the master's
+// admin operations over gRPC (RemoveAll), as gRPC metadata
+// "authorization: Bearer token"; "" returns ctx as it is.
+func WithAdminToken(ctx context.Context, token string) context.Context {
+	if token == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 }

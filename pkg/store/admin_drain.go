@@ -132,3 +132,59 @@ func truncate(b []byte) string {
 	}
 	return string(b)
 }
+
+// SegmentState is a segment's status as GET /api/v1/segments/status
+// ?segment=NAME answers it (Mooncake's shape; Status numbered as its
+// SegmentStatus enum, OK 1), and POST /api/v1/segments/undrain (mc's
+// way back from a drain), which adds the status it had.
+type SegmentState struct {
+	Success            bool   `json:"success"`
+	Segment            string `json:"segment"`
+	Status             int    `json:"status"`
+	StatusName         string `json:"status_name"`
+	PreviousStatus     int    `json:"previous_status"`
+	PreviousStatusName string `json:"previous_status_name"`
+	ErrorCode          int32  `json:"error_code"`
+	ErrorMessage       string `json:"error_message"`
+}
+
+// SegmentStatus reads one segment's status (works against
+// mooncake_master too).
+func (a *Admin) SegmentStatus(ctx context.Context, segment string) (SegmentState, error) {
+	b, err := a.getOK(ctx, "/api/v1/segments/status?segment="+url.QueryEscape(segment))
+	if err != nil {
+		return SegmentState{}, err
+	}
+	var out SegmentState
+	if err := json.Unmarshal(b, &out); err != nil {
+		return SegmentState{}, fmt.Errorf("admin API %s: segment %s status: %w", a.base, segment, err)
+	}
+	return out, nil
+}
+
+// UndrainSegment returns a DRAINING or DRAINED segment to service (mc's
+// master; a state-changing call, so it carries the admin token).
+func (a *Admin) UndrainSegment(ctx context.Context, segment string) (SegmentState, error) {
+	path := "/api/v1/segments/undrain?segment=" + url.QueryEscape(segment)
+	b, code, err := a.post(ctx, path, nil)
+	if err != nil {
+		return SegmentState{}, err
+	}
+	if code == http.StatusNotFound || code == http.StatusMethodNotAllowed {
+		// mooncake_master has no such route: its 404 is not a segment's.
+		var e struct {
+			Code int32 `json:"error_code"`
+		}
+		if json.Unmarshal(b, &e) != nil || e.Code == 0 {
+			return SegmentState{}, fmt.Errorf("admin API %s%s: HTTP %d: this master has no way back from a drain (mooncake_master has none: restart the segment's node)", a.base, path, code)
+		}
+	}
+	if code != http.StatusOK {
+		return SegmentState{}, adminError(a.base+path, code, b)
+	}
+	var out SegmentState
+	if err := json.Unmarshal(b, &out); err != nil {
+		return SegmentState{}, fmt.Errorf("admin API %s: undrain %s: %w", a.base, segment, err)
+	}
+	return out, nil
+}

@@ -590,6 +590,9 @@ func (c *Client) openSegment(ctx context.Context, endpoint string) (*engine.Segm
 		return s, nil
 	}
 	s, err := c.eng.OpenSegment(ctx, endpoint)
+	if pe, ok := err.(*engine.ProtocolError); ok {
+		return nil, Errorf(TransferFail, "%v: the node serves its segment over %s: pass --protocol %s to reach it", err, pe.Protocol, pe.Protocol)
+	}
 	if err != nil {
 		return nil, Errorf(TransferFail, "%v", err)
 	}

@@ -503,6 +503,16 @@ func TestPutGetOverRDMA(t *testing.T) {
 	if reps, _ := cl.Query(ctx, "r"); reps[0].Protocol != "rdma" {
 		t.Fatalf("replica protocol %q", reps[0].Protocol)
 	}
+	// A tcp client meeting the rdma node is told the flag that reaches
+	// it (issue 40, item 8), on a get and on a put.
+	tcpCl := c.client(0)
+	_, err = tcpCl.Get(ctx, "r")
+	err2 := tcpCl.Put(ctx, "r2", v)
+	for _, e := range []error{err, err2} {
+		if e == nil || !strings.Contains(e.Error(), "pass --protocol rdma") || store.CodeOf(e) != store.TransferFail {
+			t.Fatalf("tcp client against an rdma node: %v, want a TRANSFER_FAIL naming --protocol rdma", e)
+		}
+	}
 }
 
 // The data path's calls ride pooled Session streams, which a master

@@ -234,6 +234,9 @@ func (w *grpcWire) invokeRetry(ctx context.Context, what string, f func(context.
 		return Errorf(UnavailableInCurrentMode, "%s: master %s: %s", what, w.leader(), st.Message())
 	case codes.InvalidArgument, codes.ResourceExhausted:
 		return Errorf(InvalidParams, "%s: %s", what, st.Message())
+	case codes.Unauthenticated, codes.PermissionDenied:
+		// An admin operation (RemoveAll) on a master with an admin token.
+		return fmt.Errorf("%s: master %s: %s: %w", what, w.cfg.master, st.Message(), ErrAdminUnauthorized)
 	}
 	return Errorf(RPCFail, "%s: master %s: %s", what, w.cfg.master, st.Message())
 }

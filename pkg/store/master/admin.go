@@ -53,6 +53,7 @@ func NewAdminHandler(m *Master, o AdminOptions) http.Handler {
 	mux.HandleFunc("GET /query_key", a.serving(a.queryKey))
 	mux.HandleFunc("GET /batch_query_keys", a.serving(a.batchQueryKeys))
 	mux.HandleFunc("GET /api/v1/segments/status", a.serving(a.segmentsStatus))
+	mux.HandleFunc("POST /api/v1/segments/undrain", a.serving(a.undrainSegment))
 	mux.HandleFunc("POST /api/v1/remove_all", a.serving(a.removeAll))
 	mux.HandleFunc("GET /api/v1/tiers", a.serving(a.tiers))
 	mux.HandleFunc("POST /api/v1/drain_jobs", a.serving(a.createDrain))
@@ -305,7 +306,39 @@ func (a *admin) batchQueryKeys(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "data": data})
 }
 
-func (a *admin) segmentsStatus(w http.ResponseWriter, _ *http.Request) {
+// SegmentStatusBody is the body of GET /api/v1/segments/status?segment=NAME
+// (Mooncake's HttpSegmentStatusResponse: status numbered as its
+// SegmentStatus enum).
+type SegmentStatusBody struct {
+	Success      bool   `json:"success"`
+	Segment      string `json:"segment"`
+	Status       int    `json:"status"`
+	StatusName   string `json:"status_name"`
+	ErrorCode    int32  `json:"error_code"`
+	ErrorMessage string `json:"error_message"`
+}
+
+// UndrainBody is the body of POST /api/v1/segments/undrain: the
+// segment's status now (OK) and the one it had.
+type UndrainBody struct {
+	SegmentStatusBody
+	PreviousStatus     int    `json:"previous_status"`
+	PreviousStatusName string `json:"previous_status_name"`
+}
+
+// segmentsStatus answers ?segment=NAME as mooncake_master does (one
+// segment's status); without it, mc lists every segment (Mooncake
+// answers 400 there).
+func (a *admin) segmentsStatus(w http.ResponseWriter, r *http.Request) {
+	if name := queryParam(r, "segment", false); name != "" {
+		st, err := a.m.SegmentStatusOf(name)
+		if err != nil {
+			writeErr(w, httpStatusOf(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, SegmentStatusBody{Success: true, Segment: name, Status: st.MooncakeCode(), StatusName: st.String()})
+		return
+	}
 	type seg struct {
 		Name     string `json:"segment_name"`
 		Status   string `json:"status"`
@@ -318,6 +351,24 @@ func (a *admin) segmentsStatus(w http.ResponseWriter, _ *http.Request) {
 		out = append(out, seg{s.Info.Name, s.Status.String(), s.Used, s.Capacity})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "segments": out})
+}
+
+// undrainSegment returns ?segment=NAME to service (mc store drain
+// --undo): an mc extension in Mooncake's shapes.
+func (a *admin) undrainSegment(w http.ResponseWriter, r *http.Request) {
+	name := queryParam(r, "segment", false)
+	if name == "" {
+		writeErr(w, http.StatusBadRequest, store.Errorf(store.InvalidParams, "Missing segment query parameter: POST /api/v1/segments/undrain?segment=NAME"))
+		return
+	}
+	prev, err := a.m.UndrainSegment(name)
+	if err != nil {
+		writeErr(w, httpStatusOf(err), err)
+		return
+	}
+	writeJSON(w, http.StatusOK, UndrainBody{
+		SegmentStatusBody: SegmentStatusBody{Success: true, Segment: name, Status: SegOK.MooncakeCode(), StatusName: SegOK.String()},
+		PreviousStatus:    prev.MooncakeCode(), PreviousStatusName: prev.String()})
 }
 
 func (a *admin) removeAll(w http.ResponseWriter, _ *http.Request) {

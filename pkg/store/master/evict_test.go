@@ -115,9 +115,18 @@ func TestEvictSkipsLeasedAndHardPinned(t *testing.T) {
 func TestEvictSoftPinned(t *testing.T) {
 	soft := store.ReplicateConfig{ReplicaNum: 1, SoftPin: true}
 	fill := func(cfg Config) (*Master, *fakeClock) {
-		m, clk := evictFixture(t, cfg, 90, soft) // key000..key089 soft-pinned
+		// key090..key094 unpinned, then key000..key089 soft-pinned: the
+		// unpinned ones first, since an unpinned put that took the store
+		// over the watermark with only soft-pinned objects left would be
+		// refused (TestPutOverWatermarkWithRestUnevictable).
+		cfg.RegionSize = 4 * MiB
+		m, clk := newTestMaster(t, cfg)
+		mount(t, m, "node", "seg", "127.0.0.1", 0, 100*MiB)
 		for i := 90; i < 95; i++ {
 			put(t, m, "w", fmt.Sprintf("key%03d", i), MiB)
+		}
+		for i := range 90 {
+			put(t, m, "w", fmt.Sprintf("key%03d", i), MiB, soft)
 		}
 		return m, clk
 	}

@@ -614,6 +614,11 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := s.args("RemoveAll", req, &force, &tenant); err != nil {
 				return nil, err
 			}
+			if m.cfg.AdminToken != "" {
+				// Mooncake's wire carries no token (admin_rpc.go).
+				m.m.Op("remove_all", true)
+				return nil, &cororpc.RPCError{Code: cororpc.ErrcRPCThrowException, Message: "RemoveAll is an admin operation and this master has an admin token, which Mooncake's wire cannot carry: use POST /api/v1/remove_all on the admin port with Authorization: Bearer TOKEN"}
+			}
 			n := m.RemoveAll()
 			if err := one(nil); err != nil {
 				// Mooncake's RemoveAll answers a bare count: a change the

@@ -84,6 +84,10 @@ func (m *Master) BatchPutStartWait(ctx context.Context, client store.UUID, host 
 	ar := &descArena{buf: make([]store.Replica, 0, len(items)*max(cfg.ReplicaNum, 1))}
 	for i, it := range items {
 		m.m.putStart.Inc()
+		if err := m.watermarkVictim(it, cfg); err != nil {
+			out[i] = ReplicaResult{Err: err}
+			continue
+		}
 		out[i] = m.putStart(client, host, it, cfg, ar)
 	}
 	m.makeRoom(ctx, client, host, items, cfg, out, ar, min(wait, m.cfg.KVLeaseTTL))

@@ -2,6 +2,7 @@ package master
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -43,7 +44,8 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 	hopeless := make([]bool, len(out)) // eviction cannot make room: failed, not retried
 	short := func() (idx []int, need uint64) {
 		for i, r := range out {
-			if r.Err == nil || store.CodeOf(r.Err) != store.NoAvailableHandle || hopeless[i] {
+			var wm *watermarkRefusal
+			if r.Err == nil || store.CodeOf(r.Err) != store.NoAvailableHandle || hopeless[i] || errors.As(r.Err, &wm) {
 				continue
 			}
 			if largest == 0 {
@@ -204,9 +206,12 @@ func (m *Master) roomAfterEviction(items []PutItem, idx []int, out []ReplicaResu
 			best, bestSeg = free, seg
 		}
 	}
+	outOfService := m.space.outOfServiceLocked()
 	m.space.mu.Unlock()
 	if bestSeg == nil {
-		return true, blockers{} // nothing mounted: the errors already say so
+		// No segment in service (none mounted, or all drained): no
+		// eviction makes room, and the errors already say why.
+		return false, blockers{}
 	}
 	sw := &sweep{now: m.now(), allowSoft: *m.cfg.AllowEvictSoftPinned, fresh: fresh}
 walk:
@@ -250,8 +255,8 @@ walk:
 			why = "the rest cannot go: " + sw.blocked.String()
 		}
 		out[i].Err = store.Errorf(store.NoAvailableHandle,
-			"key %q: no room for %d bytes, and eviction cannot make it: at most %s on one segment (%s) with every evictable object gone (%s); evicted nothing",
-			items[i].Key, items[i].Size, fmtBytes(best), bestSeg.info.Name, why)
+			"key %q: no room for %d bytes, and eviction cannot make it: at most %s on one segment (%s) with every evictable object gone (%s); evicted nothing%s",
+			items[i].Key, items[i].Size, fmtBytes(best), bestSeg.info.Name, why, drainedHint(outOfService))
 	}
 	return left, sw.blocked
 }

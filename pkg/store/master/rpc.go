@@ -640,7 +640,11 @@ func (s *rpcServer) BatchRemove(_ context.Context, r *pb.BatchRemoveRequest) (*p
 	return res, nil
 }
 
-func (s *rpcServer) RemoveAll(_ context.Context, r *pb.RemoveAllRequest) (*pb.RemoveAllResponse, error) {
+func (s *rpcServer) RemoveAll(ctx context.Context, r *pb.RemoveAllRequest) (*pb.RemoveAllResponse, error) {
+	if err := s.m.adminAuthorized(ctx); err != nil {
+		s.m.m.Op("remove_all", true)
+		return nil, err
+	}
 	n := s.m.RemoveAll()
 	if err := s.durable([]error{nil})[0]; err != nil {
 		s.m.m.Op("remove_all", true)

@@ -424,6 +424,22 @@ func (s *space) whyNoSpace(in *instance, size uint64) error {
 	case s.cfg.MaxRegionsPerInstance > 0 && in.count >= s.cfg.MaxRegionsPerInstance:
 		return store.Errorf(store.NoAvailableHandle, "no room for %d bytes in this client's %d regions (max_regions_per_instance) and eviction has not freed space yet", size, in.count)
 	}
+	if out := s.outOfServiceLocked(); len(out) > 0 {
+		// The store-wide figures would show room on segments that take
+		// no new objects: give those of the segments in service.
+		var used, capacity uint64
+		for _, seg := range s.order {
+			if seg.status == SegOK {
+				used += seg.used.Load()
+				capacity += seg.info.Size
+			}
+		}
+		fig := "none is"
+		if capacity > 0 {
+			fig = fmt.Sprintf("used %d of %d in service", used, capacity)
+		}
+		return store.Errorf(store.NoAvailableHandle, "no segment in service has %d free bytes (%s)%s", size, fig, drainedHint(out))
+	}
 	return store.Errorf(store.NoAvailableHandle, "no segment has %d free bytes (used %d of %d); eviction runs in the background", size, s.used.Load(), s.capacity.Load())
 }
 

@@ -1,0 +1,89 @@
+package master
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+)
+
+// watermarkVictim refuses a put the next watermark round would evict as
+// soon as it is acknowledged (issue 35, item 2): one that takes the store
+// over the high watermark while the other objects that round may take
+// ahead of it (complete, not leased, not pinned) cannot free what the
+// round frees. The new object is the policy's last choice among them
+// (the most recent), so it survives only if they cover the round's
+// target; soft-pinned objects go in a later pass, after it. A pinned put
+// is never such a victim, and with a disk tier eviction offloads instead
+// of dropping. Cheap when under the watermark; over it, the walk stops as
+// soon as enough evictable bytes are found.
+func (m *Master) watermarkVictim(it PutItem, cfg store.ReplicateConfig) error {
+	if cfg.HardPin || cfg.SoftPin || !m.evicting() || (m.space.tiered != nil && m.space.tiered()) {
+		return nil
+	}
+	capacity := m.space.capacity.Load()
+	if capacity == 0 || it.Size == 0 {
+		return nil
+	}
+	kept := m.space.keptByWatermark(it.Size, max(cfg.ReplicaNum, 1))
+	if kept == 0 {
+		return nil // above the watermark on its own: place refuses it
+	}
+	add := it.Size * uint64(kept)
+	used := m.space.used.Load() - min(m.space.used.Load(), uint64(max(m.tiers.inflight.Load(), 0)))
+	ratio := float64(used+add) / float64(capacity)
+	if ratio < m.cfg.HighWatermark || used+add > capacity {
+		// Under it; or no room without evicting, which
+		// allocation-failure eviction (phases.go) answers.
+		return nil
+	}
+	target := uint64(max(m.cfg.EvictionRatio, ratio-m.cfg.HighWatermark+m.cfg.EvictionRatio) * float64(capacity))
+	sw := &sweep{now: m.now()}
+	var evictable uint64
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for _, o := range sh.objects {
+			// An object being written is complete before the next
+			// round, and older than this put: it goes first.
+			writing := o.state != stateComplete && !o.hardPin && o.softPin <= sw.now
+			if writing || sw.take(o) {
+				evictable += o.size * uint64(max(len(o.replicas), 1))
+				if evictable >= target {
+					sh.mu.Unlock()
+					return nil
+				}
+			}
+		}
+		sh.mu.Unlock()
+	}
+	var why []string
+	add2 := func(n int, what string) {
+		if n > 0 {
+			why = append(why, fmt.Sprintf("%d %s", n, what))
+		}
+	}
+	add2(sw.blocked.hardPinned, "hard-pinned")
+	add2(sw.blocked.softPinned, "soft-pinned")
+	add2(sw.blocked.leased, "leased (being read)")
+	add2(sw.blocked.writing, "being rewritten")
+	rest := "nothing else is stored"
+	if len(why) > 0 {
+		rest = strings.Join(why, ", ")
+	}
+	others := fmt.Sprintf("other objects can free only %d of the %d bytes a watermark round frees (the rest cannot go first: %s)", evictable, target, rest)
+	if evictable == 0 {
+		others = "nothing evictable is left ahead of it: " + rest
+	}
+	return &watermarkRefusal{store.Errorf(store.NoAvailableHandle,
+		"key %q: %d bytes would take the store to %d of %d bytes, over the eviction high watermark (%.2f), and %s: the store would evict this object at once; evicted nothing (remove or unpin objects, or retry once reads end)",
+		it.Key, it.Size, used+add, capacity, m.cfg.HighWatermark, others)}
+}
+
+// watermarkRefusal marks watermarkVictim's refusal: no eviction on the
+// put's behalf changes it (it is about what a round would take after),
+// so evictForPuts leaves it alone.
+type watermarkRefusal struct{ err error }
+
+func (w *watermarkRefusal) Error() string { return w.err.Error() }
+func (w *watermarkRefusal) Unwrap() error { return w.err }
