@@ -657,6 +657,9 @@ func (m *Master) lookupOne(k string, depth int, lease bool, now int64, stamp uin
 		r.Err = store.Errorf(store.ObjectNotFound, "key %q not found", k)
 	case o.state != stateComplete:
 		r.Err = store.Errorf(store.ReplicaIsNotReady, "key %q is still being written", k)
+	case lease && len(o.replicas) == 0 && o.onDisk() && o.tier.stage != nil && m.promoteDue(o) && m.promoteLoad(o, &r):
+		// The read that promotes: loaded into the segment, not shared.
+		return r, o.tier.loading
 	case lease && len(o.replicas) == 0 && o.tier != nil && o.tier.stage != nil:
 		// A staged copy readers hold now: this read shares it.
 		n := len(*descs)
@@ -942,4 +945,16 @@ func (m *Master) awaitDisk(keys []string, lease bool, deadline time.Time, out []
 		out[i].Err = store.Errorf(store.RPCTimeout, "key %q: its disk copy did not load within %s", keys[i], bound.Round(time.Millisecond))
 	}
 	return out
+}
+
+// promoteLoad starts o's promotion into free room of its node's segment
+// (shard locked); false when there is none (the read shares the staged
+// copy instead). r gets the object's checksum, or the load's error.
+func (m *Master) promoteLoad(o *Object, r *ReplicaResult) bool {
+	op, err := m.loadLocked(o, true)
+	if op == nil && err == nil {
+		return false
+	}
+	r.Sum, r.Err = o.sum, err
+	return true
 }

@@ -522,6 +522,20 @@ func (e *errNoStagingRoom) Unwrap() error { return e.err }
 // load goes into the node's segment instead, when it has free room, and
 // the copy stays as a DRAM replica.
 func (m *Master) stageLocked(o *Object) (*tierOp, error) {
+	return m.loadLocked(o, false)
+}
+
+// promoteDue reports whether o's next disk read is the one that promotes
+// it.
+func (m *Master) promoteDue(o *Object) bool {
+	p := m.cfg.PromoteAfter
+	return p > 0 && int(o.tier.reads)+1 >= p
+}
+
+// loadLocked is stageLocked; with onlyPromote it starts nothing (nil,
+// nil) unless the load is a promotion into free room of the segment (a
+// read that would otherwise share a staged copy).
+func (m *Master) loadLocked(o *Object, onlyPromote bool) (*tierOp, error) {
 	if op := o.tier.loading; op != nil {
 		return op, nil
 	}
@@ -535,11 +549,14 @@ func (m *Master) stageLocked(o *Object) (*tierOp, error) {
 	op := &tierOp{id: m.tiers.nextOp.Add(1), kind: pb.TierCommand_LOAD, key: o.key, version: o.tier.version,
 		obj: o, size: o.size, done: make(chan struct{})}
 	var addr uint64
-	if p := m.cfg.PromoteAfter; p > 0 && int(o.tier.reads)+1 >= p {
+	if m.promoteDue(o) {
 		// Promotion takes free room only: a read never evicts.
 		if ref, err := m.space.placeOn(client, segID, o.size); err == nil {
 			op.promote, op.refs, addr = true, []replicaRef{ref}, ref.addr
 		}
+	}
+	if onlyPromote && !op.promote {
+		return nil, nil
 	}
 	if !op.promote {
 		n.stageMu.Lock()
