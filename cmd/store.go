@@ -144,6 +144,8 @@ type serveStoreOptions struct {
 	EvictionPolicy        string
 	SSDDir                string
 	SSDSize               int64
+	SSDStagingSize        int64
+	SSDStagingTTL         time.Duration
 	EnableOffload         bool
 	PromoteAfter          int
 	AdminAuth             adminTokenOptions
@@ -466,6 +468,9 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	if o.PromoteAfter < 0 {
 		return cfg, usagef("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
 	}
+	if o.SSDStagingTTL < 0 {
+		return cfg, usagef("invalid --ssd-staging-ttl %s: want a duration, e.g. 5s", o.SSDStagingTTL)
+	}
 	promote := o.PromoteAfter
 	if promote == 0 {
 		promote = -1 // master.Config: negative is never
@@ -493,7 +498,7 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 			PutReleaseTimeout:  o.PutReleaseTimeout,
 			AllocationStrategy: o.AllocationStrategy, RegionSize: uint64(o.RegionSize),
 			MaxRegionsPerInstance: o.MaxRegionsPerInstance, ExistKeyGrantLease: o.ExistKeyGrantLease,
-			EvictionPolicy: o.EvictionPolicy, PromoteAfter: promote,
+			EvictionPolicy: o.EvictionPolicy, PromoteAfter: promote, StagingTTL: o.SSDStagingTTL,
 			AdminToken:    token,
 			RequestBudget: budget, RequestReadTimeout: o.RequestReadTimeout,
 		},

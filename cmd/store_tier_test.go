@@ -40,6 +40,8 @@ func TestServeStoreSSDBadInput(t *testing.T) {
 		{[]string{"--ssd-dir", dir, "--segment-size", "0"}, "needs a segment"},
 		{[]string{"--ssd-dir", dir, "--master", "mooncake://127.0.0.1:1"}, "needs an mc master"},
 		{[]string{"--promote-after", "-1"}, "--promote-after"},
+		{[]string{"--ssd-dir", dir, "--ssd-staging-size", "1P"}, "--ssd-staging-size"},
+		{[]string{"--ssd-staging-size", "64M"}, "without --ssd-dir"},
 		{[]string{"--enable_offload"}, "/data/file_storage"},
 	} {
 		args := append([]string{"serve", "store", "--rpc_port", "1", "--metrics_port", "0"}, c.args...)
@@ -61,7 +63,7 @@ func TestServeStoreSSDBadInput(t *testing.T) {
 func TestServeStoreSSD(t *testing.T) {
 	isolateEnv(t)
 	dir := t.TempDir()
-	rpc, admin, _, stop := startServeStore(t, "--segment-size", "16M", "--ssd-dir", dir, "--ssd-size", "256M", "--default_kv_lease_ttl", "200")
+	rpc, admin, _, stop := startServeStore(t, "--segment-size", "16M", "--ssd-dir", dir, "--ssd-size", "256M", "--ssd-staging-size", "8M", "--default_kv_lease_ttl", "200")
 	if _, errs, code := execMC(t, "serve", "store", "--rpc_port", "1", "--metrics_port", "0", "--ssd-dir", dir); code != 1 || !strings.Contains(errs, "in use by another node") {
 		t.Fatalf("second node on the same --ssd-dir: exit %d, %q", code, errs)
 	}
@@ -119,9 +121,12 @@ func TestServeStoreSSD(t *testing.T) {
 			Offloads  uint64 `json:"offloads"`
 			DiskHits  uint64 `json:"disk_hits"`
 			Connected bool   `json:"connected"`
+			Staging   uint64 `json:"staging_size_bytes"`
+			Staged    uint64 `json:"staging_used_bytes"`
 		} `json:"disk_tiers"`
 		Totals struct {
 			Offloads uint64 `json:"offloads"`
+			Released uint64 `json:"staged_released"`
 		} `json:"disk_tier"`
 	}
 	// The node reports its tier's use and records in its own time after
@@ -139,8 +144,17 @@ func TestServeStoreSSD(t *testing.T) {
 	if tr := sj.Tiers[0]; !tr.Connected || tr.Capacity != 256<<20 || tr.Used == 0 || tr.Records == 0 || tr.Offloads == 0 || tr.DiskHits != 1 || sj.Totals.Offloads != tr.Offloads {
 		t.Fatalf("mc store stat disk tier: %+v, totals %+v", tr, sj.Totals)
 	}
-	if st, _, _ := execMC(t, "store", "stat", "--master", rpc, "--admin", admin); !strings.Contains(st, "DISK TIERS") && !strings.Contains(st, "disk tiers") {
+	// The get's staged read went through the 8 MiB staging pool and was
+	// handed back.
+	if tr := sj.Tiers[0]; tr.Staging != 8<<20 || tr.Staged != 0 || sj.Totals.Released != 1 {
+		t.Fatalf("mc store stat staging: pool %d, in use %d, handed back %d; want 8 MiB, 0, 1", tr.Staging, tr.Staged, sj.Totals.Released)
+	}
+	st, _, _ := execMC(t, "store", "stat", "--master", rpc, "--admin", admin)
+	if !strings.Contains(st, "DISK TIERS") && !strings.Contains(st, "disk tiers") {
 		t.Fatalf("mc store stat table lacks the disk tiers:\n%s", st)
+	}
+	if !strings.Contains(st, "0 B / 8.0 MiB") || !strings.Contains(st, "staged reads handed back") {
+		t.Fatalf("mc store stat table lacks the staging pool's use:\n%s", st)
 	}
 	resp, err := http.Get(admin + "/batch_query_keys?keys=blk/03,blk/39")
 	if err != nil {

@@ -57,6 +57,13 @@ type AdminTier struct {
 	OffloadFull  uint64 `json:"offloads_refused_full"`
 	DiskHits     uint64 `json:"disk_hits"`
 	Promotions   uint64 `json:"promotions"`
+	// The node's staging pool for disk reads: its size, the bytes
+	// holding staged reads now, the reads that waited for room, and the
+	// staged reads the TTL freed with readers left (readers that died).
+	StagingSize      uint64 `json:"staging_size_bytes"`
+	StagingUsed      uint64 `json:"staging_used_bytes"`
+	StagingWaits     uint64 `json:"staging_waits"`
+	StagingReclaimed uint64 `json:"staging_reclaimed"`
 }
 
 // AdminTierTotals are the master's disk-tier counters.
@@ -71,6 +78,11 @@ type AdminTierTotals struct {
 	LoadFailures  uint64 `json:"load_failures"`
 	DiskEvicted   uint64 `json:"disk_evicted"`
 	InflightBytes int64  `json:"offload_inflight_bytes"`
+	// Staged reads handed back by their readers, freed by the staging
+	// TTL with readers left, and reads that waited for staging room.
+	StagedReleased  uint64 `json:"staged_released"`
+	StagedReclaimed uint64 `json:"staged_reclaimed"`
+	StagingWaits    uint64 `json:"staging_waits"`
 }
 
 // Tiers reads /api/v1/tiers (mc masters only: ok is false for a master

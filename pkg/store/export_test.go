@@ -7,3 +7,7 @@ func SetAfterPutStart(c *Client, f func(keys []string)) { c.afterPutStart = f }
 // SetAfterRead makes c call f on each value it reads, before the value's
 // checksum is checked: tests corrupt it there.
 func SetAfterRead(c *Client, f func(key string, b []byte)) { c.afterRead = f }
+
+// SetBeforeStagedRelease stalls (or watches) gets before they hand their
+// staged disk reads back.
+func SetBeforeStagedRelease(f func(ids []uint64)) { beforeStagedRelease = f }

@@ -36,6 +36,10 @@ func TestMain(m *testing.M) {
 		runChildNode(addr)
 		return
 	}
+	if addr := os.Getenv("MC_STORE_TEST_READER"); addr != "" {
+		runChildReader(addr, strings.Split(os.Getenv("MC_STORE_TEST_KEYS"), ","))
+		return
+	}
 	os.Exit(m.Run())
 }
 

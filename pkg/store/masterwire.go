@@ -71,6 +71,12 @@ type failedReplica struct {
 	segment string
 }
 
+// stagedReleaser is a wire that can hand staged reads of disk objects
+// back (mc's; Mooncake's master has no such call: the TTL frees them).
+type stagedReleaser interface {
+	releaseStaged(ctx context.Context, ids []uint64) error
+}
+
 // putItem is one key of a put start.
 type putItem struct {
 	key string

@@ -504,6 +504,7 @@ func (c *Client) orderReplicas(reps []Replica) []Replica {
 // whose every replica holds other bytes fails with INVALID_REPLICA and
 // is removed, so that the next put stores it anew.
 func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, sums []uint64, dst []local, errs []error) {
+	defer c.releaseStaged(ctx, reps)
 	try := make([]int, len(keys))
 	var bad []int // per key, replicas that failed their checksum (with sums only)
 	if sums != nil {
@@ -550,6 +551,43 @@ func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, sums
 			}
 		}
 	}
+}
+
+// beforeStagedRelease, if set (tests only), runs before a get hands its
+// staged reads back: a child process stalls there to be killed holding
+// them.
+var beforeStagedRelease func(ids []uint64)
+
+// releaseStaged hands back the staged reads of disk objects among reps
+// once their transfers are over (read returns), so their ranges of the
+// nodes' staging pools serve the next reads at once. It does not hold
+// up the get: the call goes in the background (the caller is inside
+// enter, so Close waits for it); one that is lost is covered by the
+// master's staging TTL.
+func (c *Client) releaseStaged(ctx context.Context, reps [][]Replica) {
+	var ids []uint64
+	for _, rs := range reps {
+		for _, r := range rs {
+			if r.Staged != 0 {
+				ids = append(ids, r.Staged)
+				break
+			}
+		}
+	}
+	sr, ok := c.w.(stagedReleaser)
+	if len(ids) == 0 || !ok {
+		return
+	}
+	if beforeStagedRelease != nil {
+		beforeStagedRelease(ids)
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		if err := sr.releaseStaged(context.WithoutCancel(ctx), ids); err != nil {
+			c.log.Debug(fmt.Sprintf("hand back %d staged reads: %v (the master's staging TTL frees them)", len(ids), err))
+		}
+	}()
 }
 
 // verify checks the bytes each successful read brought against the

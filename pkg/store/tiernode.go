@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvcache-ops/mc/pkg/engine"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 	"github.com/kvcache-ops/mc/pkg/store/tier"
 )
@@ -24,7 +28,48 @@ type TierConfig struct {
 	// Workers bounds the master's commands handled at once (32): an
 	// offload waits for the disk, a load for a read turn.
 	Workers int
-	Logger  *slog.Logger
+	// StagingSize is the node's staging pool for disk reads, memory
+	// registered with its engine apart from the segment (0:
+	// DefaultStagingPool of the segment size). It must fit the host's
+	// memory.
+	StagingSize uint64
+	Logger      *slog.Logger
+}
+
+// DefaultStagingPool is a node's staging pool for a segment of segSize
+// bytes: a quarter of it, at least 16 MiB and at most Mooncake's
+// default offload buffer (1280 MiB).
+func DefaultStagingPool(segSize uint64) uint64 {
+	return min(max(segSize/4, 16<<20), 1280<<20)
+}
+
+// meminfo is where the host's memory is read (tests point it elsewhere).
+var meminfo = "/proc/meminfo"
+
+// hostMemory is the host's MemTotal in bytes (0: unknown).
+func hostMemory() uint64 {
+	b, err := os.ReadFile(meminfo)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// checkStagingSize refuses a staging pool the host cannot hold.
+func checkStagingSize(size uint64) error {
+	if mem := hostMemory(); mem != 0 && size > mem {
+		return fmt.Errorf("staging pool of %d bytes (--ssd-staging-size) is more than this host's memory (%d bytes)", size, mem)
+	}
+	return nil
 }
 
 // TierNode is a node's disk tier attached to the master: it holds an
@@ -40,6 +85,14 @@ type TierNode struct {
 	t   *tier.Tier
 	log *slog.Logger
 	sem chan struct{}
+
+	// stageSize is the staging pool's size; stage its memory now (set at
+	// Attach, renewed for each new stream: a reader of a range the
+	// previous master handed out reaches nothing). stageMu guards stage.
+	stageSize uint64
+	stageMu   sync.Mutex
+	stage     *engine.Memory
+	sessions  int
 
 	mu sync.Mutex // one sender on the stream at a time
 	st pb.Tier_AttachClient
@@ -90,7 +143,12 @@ func OpenTier(cfg TierConfig) (*TierNode, error) {
 		// A directory that cannot be measured fails in Open, naming why.
 		cfg.Capacity, _ = tier.DefaultCapacity(cfg.Dir)
 	}
-	n := &TierNode{log: cfg.Logger, sem: make(chan struct{}, cfg.Workers), stop: make(chan struct{}), stopped: make(chan struct{})}
+	if cfg.StagingSize != 0 {
+		if err := checkStagingSize(cfg.StagingSize); err != nil {
+			return nil, err
+		}
+	}
+	n := &TierNode{log: cfg.Logger, sem: make(chan struct{}, cfg.Workers), stop: make(chan struct{}), stopped: make(chan struct{}), stageSize: cfg.StagingSize}
 	t, err := tier.Open(tier.Config{Dir: cfg.Dir, Capacity: cfg.Capacity, IOConcurrency: cfg.IOConcurrency, Logger: cfg.Logger, OnEvict: n.onEvict})
 	if err != nil {
 		return nil, err
@@ -110,9 +168,51 @@ func (n *TierNode) Attach(c *Client) error {
 	if n.c != nil {
 		return errors.New("disk tier already attached")
 	}
+	mem, _ := c.segment()
+	if n.stageSize == 0 {
+		n.stageSize = DefaultStagingPool(uint64(mem.Len()))
+	}
+	if err := checkStagingSize(n.stageSize); err != nil {
+		return err
+	}
+	if n.stageSize > uint64(maxInt) {
+		return fmt.Errorf("staging pool of %d bytes does not fit this platform", n.stageSize)
+	}
+	st, err := c.eng.RegisterMemory(context.Background(), int(n.stageSize), "cpu:0", true)
+	if err != nil {
+		return fmt.Errorf("staging pool of %d bytes (--ssd-staging-size): %w", n.stageSize, err)
+	}
+	n.stage = st
 	n.c = c
 	go n.run()
 	return nil
+}
+
+// staging returns the staging pool's memory now, pinned (nil: none).
+func (n *TierNode) staging() *engine.Memory {
+	n.stageMu.Lock()
+	defer n.stageMu.Unlock()
+	if n.stage == nil || !n.stage.Pin() {
+		return nil
+	}
+	return n.stage
+}
+
+// renewStaging gives the staging pool new memory at a new address (a new
+// stream: the master it attaches to knows nothing of what the previous
+// one handed out); the old memory goes after its last transfer.
+func (n *TierNode) renewStaging(ctx context.Context) {
+	n.stageMu.Lock()
+	defer n.stageMu.Unlock()
+	if n.stage == nil {
+		return
+	}
+	m, err := n.c.eng.Renew(ctx, n.stage)
+	if err != nil {
+		n.log.Warn(fmt.Sprintf("disk tier %s: renew its staging pool: %v; keeping the old one", n.t.Stats().Dir, err))
+		return
+	}
+	n.stage = m
 }
 
 // Tier is the node's disk tier.
@@ -130,6 +230,12 @@ func (n *TierNode) Close() error {
 	n.once.Do(func() { close(n.stop) })
 	if n.c != nil {
 		<-n.stopped
+		n.stageMu.Lock()
+		if n.stage != nil {
+			_ = n.c.eng.UnregisterMemory(context.Background(), n.stage)
+			n.stage = nil
+		}
+		n.stageMu.Unlock()
 	}
 	return n.t.Close()
 }
@@ -179,10 +285,17 @@ func (n *TierNode) session() error {
 	if err != nil {
 		return err
 	}
+	if n.sessions++; n.sessions > 1 {
+		n.renewStaging(ctx)
+	}
 	recs := n.t.Records()
 	_, seg := n.c.segment()
 	hello := &pb.TierHello{ClientId: UUIDToPB(n.c.id), SegmentId: UUIDToPB(seg.ID), TierId: n.t.ID(),
 		Capacity: n.t.Capacity(), Records: make([]*pb.TierRecord, len(recs))}
+	if st := n.staging(); st != nil {
+		hello.StagingAddr, hello.StagingSize = st.Addr(), uint64(st.Len())
+		st.Unpin()
+	}
 	for i, r := range recs {
 		hello.Records[i] = &pb.TierRecord{Key: r.Key, Size: r.Size, Version: r.Version}
 	}
@@ -246,20 +359,27 @@ func (n *TierNode) do(ctx context.Context, cmd *pb.TierCommand) *pb.TierResult {
 		res.Code, res.Message = int32(code), err.Error()
 		return res
 	}
-	// The segment as it is now, held registered while the bytes move: a
-	// command the master sent for memory since renewed falls outside it
-	// (the new memory is elsewhere) and is refused.
-	seg, _ := n.c.segment()
-	if seg == nil || !seg.Pin() {
-		return fail(InvalidParams, fmt.Errorf("range 0x%x+%d: this node's segment is being renewed", cmd.GetAddr(), cmd.GetSize()))
+	// The segment (or, for a LOAD, the staging pool) as it is now, held
+	// registered while the bytes move: a command the master sent for
+	// memory since renewed falls outside it (the new memory is
+	// elsewhere) and is refused.
+	var b []byte
+	if cmd.GetKind() == pb.TierCommand_LOAD {
+		if st := n.staging(); st != nil {
+			defer st.Unpin()
+			b = within(st, cmd.GetAddr(), cmd.GetSize())
+		}
 	}
-	defer seg.Unpin()
-	mem, base := seg.Bytes(), seg.Addr()
-	off := cmd.GetAddr() - base
-	if cmd.GetAddr() < base || off > uint64(len(mem)) || cmd.GetSize() > uint64(len(mem))-off {
-		return fail(InvalidParams, fmt.Errorf("range 0x%x+%d is outside this node's segment 0x%x+%d", cmd.GetAddr(), cmd.GetSize(), base, len(mem)))
+	if b == nil {
+		seg, _ := n.c.segment()
+		if seg == nil || !seg.Pin() {
+			return fail(InvalidParams, fmt.Errorf("range 0x%x+%d: this node's segment is being renewed", cmd.GetAddr(), cmd.GetSize()))
+		}
+		defer seg.Unpin()
+		if b = within(seg, cmd.GetAddr(), cmd.GetSize()); b == nil {
+			return fail(InvalidParams, fmt.Errorf("range 0x%x+%d is outside this node's segment 0x%x+%d and staging pool", cmd.GetAddr(), cmd.GetSize(), seg.Addr(), seg.Len()))
+		}
 	}
-	b := mem[off : off+cmd.GetSize()]
 	switch cmd.GetKind() {
 	case pb.TierCommand_OFFLOAD:
 		err := n.t.Write(ctx, cmd.GetKey(), cmd.GetVersion(), b)
@@ -283,6 +403,16 @@ func (n *TierNode) do(ctx context.Context, cmd *pb.TierCommand) *pb.TierResult {
 		return fail(InvalidParams, fmt.Errorf("unknown tier command %v", cmd.GetKind()))
 	}
 	return res
+}
+
+// within is [addr, addr+size) of m's bytes, nil when m does not hold it.
+func within(m *engine.Memory, addr, size uint64) []byte {
+	mem, base := m.Bytes(), m.Addr()
+	off := addr - base
+	if addr < base || off > uint64(len(mem)) || size > uint64(len(mem))-off {
+		return nil
+	}
+	return mem[off : off+size]
 }
 
 func (n *TierNode) send(st pb.Tier_AttachClient, up *pb.TierUp) {

@@ -74,6 +74,11 @@ type Replica struct {
 	Addr     uint64
 	Len      uint64
 	Complete bool
+	// Staged, when not 0, says the replica is a staged read of the
+	// object's disk copy, in its node's staging pool: the reader hands it
+	// back (by this id) once the bytes are moved, so the range serves the
+	// next read at once.
+	Staged uint64
 }
 
 // ReplicateConfig is Mooncake's ReplicateConfig: how many copies, where.

@@ -108,6 +108,7 @@ func ReplicaListFromPB(p *storepb.ReplicaList) ([]Replica, time.Duration, error)
 	out := make([]Replica, len(p.Replicas))
 	for i, r := range p.Replicas {
 		out[i] = ReplicaFromPB(r)
+		out[i].Staged = p.Staged
 	}
 	return out, time.Duration(p.LeaseTtlMs) * time.Millisecond, nil
 }
@@ -125,6 +126,9 @@ func replicaTableFromPB(t *storepb.ReplicaTable, n int) ([][]Replica, []error, e
 	total := len(t.Segment)
 	if len(t.Address) != total || len(t.Length) != total || len(t.Status) != total {
 		return bad(fmt.Sprintf("replica columns of %d/%d/%d/%d entries", total, len(t.Address), len(t.Length), len(t.Status)))
+	}
+	if len(t.Staged) != 0 && len(t.Staged) != n {
+		return bad(fmt.Sprintf("%d staged ids for %d keys", len(t.Staged), n))
 	}
 	slab := make([]Replica, total)
 	reps := make([][]Replica, n)
@@ -152,6 +156,9 @@ func replicaTableFromPB(t *storepb.ReplicaTable, n int) ([][]Replica, []error, e
 			s := t.Segments[si]
 			out[j] = Replica{Segment: s.GetSegmentName(), Endpoint: s.GetTeEndpoint(), Protocol: s.GetProtocol(),
 				Addr: t.Address[at+j], Len: t.Length[at+j], Complete: t.Status[at+j] == storepb.ReplicaStatus_COMPLETE}
+			if len(t.Staged) != 0 {
+				out[j].Staged = t.Staged[i]
+			}
 		}
 		reps[i] = out
 		at += k

@@ -474,6 +474,15 @@ func (w *grpcWire) replicaLists(ctx context.Context, keys []string) ([][]Replica
 	return lists, sums, errs, err
 }
 
+// releaseStaged hands staged reads back (best effort: the staging TTL
+// frees what does not arrive).
+func (w *grpcWire) releaseStaged(ctx context.Context, ids []uint64) error {
+	return w.call(ctx, "release staged reads", func(ctx context.Context) error {
+		_, err := w.rpc.BatchReleaseStaged(ctx, &pb.ReleaseStagedRequest{ClientId: UUIDToPB(w.cfg.id), Staged: ids})
+		return err
+	})
+}
+
 func (w *grpcWire) exist(ctx context.Context, keys []string) ([]bool, []error) {
 	ex := make([]bool, len(keys))
 	errs := make([]error, len(keys))

@@ -508,13 +508,8 @@ func liveSeg(seg *segment) *segment {
 }
 
 // drainSource returns o's replica on one of j's segments when o has no
-// replica on a segment in service (shard lock and space.mu held). A
-// staging copy of a disk record needs none: its disk record is the
-// object.
+// replica on a segment in service (shard lock and space.mu held).
 func drainSource(j *drainJob, o *Object) (replicaRef, bool) {
-	if o.tier != nil && o.tier.staged {
-		return replicaRef{}, false
-	}
 	var src replicaRef
 	found := false
 	for _, r := range o.replicas {

@@ -35,7 +35,10 @@ import (
 
 // Defaults, as mooncake_master's.
 const (
-	DefaultKVLeaseTTL         = 10 * time.Second
+	DefaultKVLeaseTTL = 10 * time.Second
+	// DefaultStagingTTL is Config.StagingTTL's default, Mooncake's
+	// client_buffer_gc_ttl_ms.
+	DefaultStagingTTL         = 5 * time.Second
 	DefaultSoftPinTTL         = 30 * time.Minute
 	DefaultMaxSoftPinTTL      = 24 * time.Hour
 	DefaultEvictionRatio      = 0.05
@@ -110,6 +113,11 @@ type Config struct {
 	// default, 2; negative: never): earlier reads get a staging copy
 	// freed when their lease ends.
 	PromoteAfter int
+	// StagingTTL bounds how long a staged read of a disk object holds its
+	// range of the node's staging pool after its last grant when its
+	// reader does not hand it back (it died, or is a Mooncake client,
+	// whose wire has no such call): default DefaultStagingTTL.
+	StagingTTL time.Duration
 	// GracefulUnmountWait bounds how long a graceful unmount waits for
 	// leased reads (default 2 s, at most the lease TTL): a read moves its
 	// bytes in milliseconds, the lease is only its upper bound.
@@ -135,6 +143,7 @@ func (c *Config) setDefaults() error {
 		}
 	}
 	def(&c.KVLeaseTTL, DefaultKVLeaseTTL)
+	def(&c.StagingTTL, DefaultStagingTTL)
 	def(&c.DefaultSoftPinTTL, DefaultSoftPinTTL)
 	def(&c.MaxSoftPinTTL, DefaultMaxSoftPinTTL)
 	def(&c.ClientTTL, DefaultClientTTL)
@@ -552,7 +561,6 @@ func (m *Master) finishUnmount(seg *segment) {
 				if o.ent.In() {
 					sh.policy.Remove(&o.ent)
 				}
-				o.tier.staged = false
 			} else if len(o.replicas) == 0 {
 				lost++
 				if o.state == stateComplete || o.inPlace {

@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -26,7 +27,11 @@ type ReplicaResult struct {
 	// Disk is the object's replica on a node's disk tier (BatchQuery
 	// only; a get is answered with DRAM replicas, staging the object).
 	Disk *DiskReplica
-	Err  error
+	// Staged, when not 0, says the replica is a staged read of the
+	// object's disk copy, held for LeaseTTL unless handed back sooner
+	// (ReleaseStaged).
+	Staged uint64
+	Err    error
 }
 
 // useCounter stamps Object.lastUse.
@@ -567,6 +572,14 @@ func (m *Master) BatchGetReplicaList(keys []string) []ReplicaResult {
 	return m.lookup(keys, true)
 }
 
+// BatchGetReplicaListBy is BatchGetReplicaList for a caller with a
+// deadline: a read of a disk object waits for room in its node's staging
+// pool until then (at most loadWait).
+func (m *Master) BatchGetReplicaListBy(deadline time.Time, keys []string) []ReplicaResult {
+	out, _ := m.lookupUntil(keys, true, deadline, nil, nil)
+	return out
+}
+
 // BatchQuery is the admin read: replicas, no lease, no touch of the
 // eviction order.
 func (m *Master) BatchQuery(keys []string) []ReplicaResult {
@@ -583,6 +596,13 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 // result's descriptors. It returns both, grown as needed; the results
 // point into descs, so the caller keeps both until it is done with them.
 func (m *Master) lookupInto(keys []string, lease bool, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
+	return m.lookupUntil(keys, lease, time.Time{}, out, descs)
+}
+
+// lookupUntil is lookupInto for a caller with a deadline (zero: none):
+// reads of disk objects wait for their loads, and for room to stage
+// them, until then or loadWait, whichever comes first.
+func (m *Master) lookupUntil(keys []string, lease bool, deadline time.Time, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
 	out = slices.Grow(out[:0], len(keys))[:len(keys)]
 	clear(out)
 	// One array for every key's descriptors (most keys have one replica);
@@ -604,55 +624,8 @@ func (m *Master) lookupInto(keys []string, lease bool, out []ReplicaResult, desc
 			loadIdx = append(loadIdx, i)
 		}
 	}
-	// Objects whose only copy is on a node's disk with no room on that
-	// node to stage them: make room, then try again (the room may come
-	// from offloads, which take a moment to land).
-	var room []int
-	for i := range out {
-		var nr *noStagingRoom
-		if errors.As(out[i].Err, &nr) {
-			m.makeRoomOn(nr.seg, nr.size)
-			room = append(room, i)
-		}
-	}
-	for wait, deadline := time.Millisecond, time.Now().Add(stageRetry); len(room) > 0 && time.Now().Before(deadline); wait = min(2*wait, 50*time.Millisecond) {
-		time.Sleep(wait)
-		left := room[:0]
-		for _, i := range room {
-			var load *tierOp
-			out[i], load = m.lookupOne(keys[i], i, lease, m.now(), useCounter.Add(1), &descs)
-			var nr *noStagingRoom
-			switch {
-			case load != nil:
-				loads = append(loads, load)
-				loadIdx = append(loadIdx, i)
-			case errors.As(out[i].Err, &nr):
-				left = append(left, i)
-			}
-		}
-		room = left
-	}
-	if len(loads) > 0 {
-		// That node is reading them into its segment; they are
-		// answered once there.
-		waitLoads(loads, loadWait)
-		for j, op := range loads {
-			i := loadIdx[j]
-			select {
-			case <-op.done:
-			default:
-				out[i].Err = store.Errorf(store.RPCTimeout, "key %q: its disk copy did not load within %s", keys[i], loadWait)
-				continue
-			}
-			if op.err != nil {
-				out[i].Err = op.err
-				continue
-			}
-			var again *tierOp
-			if out[i], again = m.lookupOne(keys[i], i, lease, m.now(), useCounter.Add(1), &descs); again != nil {
-				out[i].Err = store.Errorf(store.ObjectNotFound, "key %q: its staging copy went before it could be read", keys[i])
-			}
-		}
+	if len(loads) > 0 || hasNoRoom(out) {
+		out = m.awaitDisk(keys, lease, deadline, out, &descs, loads, loadIdx)
 	}
 	if lease {
 		// Counted once per call: each counter is an atomic every caller
@@ -688,6 +661,19 @@ func (m *Master) lookupOne(k string, depth int, lease bool, now int64, stamp uin
 		r.Err = store.Errorf(store.ObjectNotFound, "key %q not found", k)
 	case o.state != stateComplete:
 		r.Err = store.Errorf(store.ReplicaIsNotReady, "key %q is still being written", k)
+	case lease && len(o.replicas) == 0 && o.onDisk() && o.tier.stage != nil && m.promoteDue(o) && m.promoteLoad(o, &r):
+		// The read that promotes: loaded into the segment, not shared.
+		return r, o.tier.loading
+	case lease && len(o.replicas) == 0 && o.tier != nil && o.tier.stage != nil:
+		// A staged copy readers hold now: this read shares it.
+		n := len(*descs)
+		*descs = append(*descs, m.grantStagedLocked(o, now))
+		r.Replicas = (*descs)[n:len(*descs):len(*descs)]
+		// The object's lease is any read's; the copy's hold on its range
+		// is the staging TTL, unless handed back sooner.
+		r.Sum, r.Staged, r.LeaseTTL = o.sum, o.tier.stage.id, min(m.cfg.StagingTTL, m.cfg.KVLeaseTTL)
+		o.lease = max(o.lease, now+m.cfg.KVLeaseTTL.Nanoseconds())
+		sh.touch(o, depth, stamp)
 	case lease && len(o.replicas) == 0 && o.onDisk():
 		r.Sum = o.sum
 		op, err := m.stageLocked(o)
@@ -872,4 +858,107 @@ func (m *Master) Stats() Stats {
 	s.Clients = m.ActiveClients()
 	s.EvictedKeys, s.EvictedBytes = m.m.evictedKeys.Load(), m.m.evictedBytes.Load()
 	return s
+}
+
+func hasNoRoom(out []ReplicaResult) bool {
+	for i := range out {
+		var nr *errNoStagingRoom
+		if errors.As(out[i].Err, &nr) {
+			return true
+		}
+	}
+	return false
+}
+
+// awaitDisk finishes a lookup's reads of disk objects: it waits for the
+// loads it started (or joined) and answers them from the staged copies,
+// and keeps trying the reads whose node's staging pool was full each
+// time a range of it is freed, until the deadline (at most loadWait).
+func (m *Master) awaitDisk(keys []string, lease bool, deadline time.Time, out []ReplicaResult, descs *[]store.Replica, loads []*tierOp, loadIdx []int) []ReplicaResult {
+	limit := time.Now().Add(loadWait)
+	if !deadline.IsZero() && deadline.Before(limit) {
+		limit = deadline
+	}
+	bound := time.Until(limit)
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	var room []int
+	for i := range out {
+		var nr *errNoStagingRoom
+		if errors.As(out[i].Err, &nr) {
+			room = append(room, i)
+		}
+	}
+	counted := make(map[int]bool)
+	for len(room) > 0 || len(loads) > 0 {
+		// Wait for the first load to land or a pool to free a range.
+		cases := make([]reflect.SelectCase, 0, 1+len(loads)+len(room))
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer.C)})
+		for _, op := range loads {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(op.done)})
+		}
+		for _, i := range room {
+			var nr *errNoStagingRoom
+			errors.As(out[i].Err, &nr)
+			if !counted[i] {
+				counted[i] = true
+				m.tiers.stageWaits.Add(1)
+				nr.node.nStageWaits.Add(1)
+			}
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(nr.room)})
+		}
+		if chosen, _, _ := reflect.Select(cases); chosen == 0 {
+			break
+		}
+		var left []*tierOp
+		var leftIdx []int
+		for j, op := range loads {
+			i := loadIdx[j]
+			select {
+			case <-op.done:
+			default:
+				left, leftIdx = append(left, op), append(leftIdx, i)
+				continue
+			}
+			if op.err != nil {
+				out[i].Err = op.err
+				continue
+			}
+			var again *tierOp
+			if out[i], again = m.lookupOne(keys[i], i, lease, m.now(), useCounter.Add(1), descs); again != nil {
+				// Its copy went (its readers done) and another load began.
+				left, leftIdx = append(left, again), append(leftIdx, i)
+			}
+		}
+		loads, loadIdx = left, leftIdx
+		var stillFull []int
+		for _, i := range room {
+			var load *tierOp
+			out[i], load = m.lookupOne(keys[i], i, lease, m.now(), useCounter.Add(1), descs)
+			var nr *errNoStagingRoom
+			switch {
+			case load != nil:
+				loads, loadIdx = append(loads, load), append(loadIdx, i)
+			case errors.As(out[i].Err, &nr):
+				stillFull = append(stillFull, i)
+			}
+		}
+		room = stillFull
+	}
+	for _, i := range loadIdx {
+		out[i].Err = store.Errorf(store.RPCTimeout, "key %q: its disk copy did not load within %s", keys[i], bound.Round(time.Millisecond))
+	}
+	return out
+}
+
+// promoteLoad starts o's promotion into free room of its node's segment
+// (shard locked); false when there is none (the read shares the staged
+// copy instead). r gets the object's checksum, or the load's error.
+func (m *Master) promoteLoad(o *Object, r *ReplicaResult) bool {
+	op, err := m.loadLocked(o, true)
+	if op == nil && err == nil {
+		return false
+	}
+	r.Sum, r.Err = o.sum, err
+	return true
 }

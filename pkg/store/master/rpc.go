@@ -300,6 +300,7 @@ func replicaLists(rs []ReplicaResult) (*pb.BatchReplicaListResponse, bool) {
 		}
 		l.LeaseTtlMs = uint64(r.LeaseTTL.Milliseconds())
 		l.Checksum = r.Sum
+		l.Staged = r.Staged
 		l.Replicas = ptrs[:len(r.Replicas):len(r.Replicas)]
 		ptrs = ptrs[len(r.Replicas):]
 		for j, x := range r.Replicas {
@@ -367,6 +368,12 @@ func replicaTable(rs []ReplicaResult) (*pb.ReplicaTable, bool) {
 				t.Checksums = make([]uint64, n)
 			}
 			t.Checksums[i] = r.Sum
+		}
+		if r.Staged != 0 {
+			if t.Staged == nil {
+				t.Staged = make([]uint64, n)
+			}
+			t.Staged[i] = r.Staged
 		}
 		for _, x := range r.Replicas {
 			st := pb.ReplicaStatus_PROCESSING
@@ -485,8 +492,18 @@ func (s *rpcServer) BatchUpsertStart(ctx context.Context, r *pb.BatchPutStartReq
 	return startPuts(ctx, s, r, true, putStartResponse)
 }
 
-func (s *rpcServer) BatchGetReplicaList(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {
-	return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult { return s.m.BatchGetReplicaList(r.Keys) }, replicaLists)
+func (s *rpcServer) BatchGetReplicaList(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {
+	deadline, _ := ctx.Deadline()
+	return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult { return s.m.BatchGetReplicaListBy(deadline, r.Keys) }, replicaLists)
+}
+
+// BatchReleaseStaged hands back staged reads of disk objects.
+func (s *rpcServer) BatchReleaseStaged(_ context.Context, r *pb.ReleaseStagedRequest) (*pb.Result, error) {
+	if err := checkBatch(len(r.Staged)); err != nil {
+		return nil, err
+	}
+	s.m.ReleaseStaged(r.Staged)
+	return &pb.Result{}, nil
 }
 
 func (s *rpcServer) BatchQuery(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/alloc"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -27,14 +28,20 @@ import (
 //     says the record is durable (offloadDone); meanwhile the object is
 //     out of the eviction order and still readable from DRAM;
 //   - reads: a get of an object whose only copy is on disk allocates a
-//     range in that node's segment, sends LOAD (the node reads the record
-//     into it, checksum verified) and hands the range out as an ordinary
-//     memory replica, so clients need no notion of disk. The staged copy
-//     lives as long as the read lease, then its range is freed, unless
-//     the object is promoted: on its PromoteAfter-th disk read the copy
-//     stays as a DRAM replica in the eviction order. The disk record stays
-//     until the node's tier evicts it (its file), so evicting a promoted
-//     object from DRAM again costs no write;
+//     range in that node's staging pool (memory the node registered for
+//     it, apart from its segment: a read never takes DRAM room nor
+//     evicts), sends LOAD (the node reads the record into it, checksum
+//     verified) and hands the range out as a replica with a staged id.
+//     Readers of the object meanwhile share that copy; each hands its
+//     read back when its bytes have moved (ReleaseStaged) and the range
+//     is freed when the last one has, or when the staging TTL passes
+//     since the last grant (a reader that died). A read that finds the
+//     pool full waits for room, within its deadline. On its
+//     PromoteAfter-th disk read an object is loaded into its node's
+//     segment instead, if there is free room there (no eviction), and
+//     stays as a DRAM replica in the eviction order. The disk record
+//     stays until the node's tier evicts it (its file), so evicting a
+//     promoted object from DRAM again costs no write;
 //   - drops: a removed, re-put or replaced object's record is dropped.
 //
 // An object has at most one disk replica, identified by the node's tier
@@ -57,10 +64,13 @@ type objTier struct {
 	// reads counts disk reads since the object was last promoted.
 	reads      uint32
 	offloading bool // its replicas are being written to disk
-	// staged: the memory replicas are a staging copy of the disk record,
-	// freed when the read lease ends (unless promoted).
-	staged  bool
-	loading *tierOp // a LOAD into staging memory under way
+	// stage is the copy of the disk record in its node's staging pool
+	// that reads are granted now (nil: none).
+	stage   *stagedCopy
+	loading *tierOp // a LOAD into the staging pool (or the segment) under way
+	// promoted: the DRAM replicas were just loaded from disk by a
+	// promotion; the first read of them is the disk hit that did it.
+	promoted bool
 }
 
 func (o *Object) onDisk() bool { return o.tier != nil && o.tier.node != nil }
@@ -98,6 +108,18 @@ type tierNode struct {
 	gen uint64
 	// What the master did with this tier (mc store stat).
 	nOffloads, nOffloadFull, nDiskHits, nPromotions atomic.Uint64
+
+	// The node's staging pool, for this attachment (gen): nil for a
+	// node without one. room is closed (and replaced) whenever a range
+	// is freed, waking reads that wait for room.
+	stageMu   sync.Mutex
+	stage     *alloc.Allocator
+	stageGen  uint64
+	stageRoom chan struct{}
+	// nStageWaits counts reads that waited for room, nStageReclaimed
+	// staged reads whose reader never handed them back (the TTL freed
+	// them).
+	nStageWaits, nStageReclaimed, nStaged atomic.Uint64
 }
 
 // tierOp is one OFFLOAD or LOAD in flight.
@@ -111,6 +133,12 @@ type tierOp struct {
 	size    uint64
 	done    chan struct{} // closed when err is set
 	err     error
+	// LOAD only: where the bytes go. promote: into the segment, to stay
+	// as a DRAM replica; else into the staging pool at stageAddr (gen:
+	// the attachment the pool range belongs to).
+	promote   bool
+	stageAddr uint64
+	stageGen  uint64
 }
 
 // tiers is the master's registry of disk tiers.
@@ -141,26 +169,39 @@ type tiers struct {
 	givenUp   map[string]givenUpRecord
 	nGivenUp  atomic.Int64
 
+	// copies are the staged copies by id (stagedMu; lock order: shard,
+	// then stagedMu, then a node's stageMu).
 	stagedMu sync.Mutex
-	staged   []stagedCopy
+	copies   map[uint64]*stagedCopy
+	nextCopy atomic.Uint64
 
 	// counters (mc_store_tier_*, and Mooncake's names where they exist)
 	offloads, offloadBytes, offloadFull, offloadFailed atomic.Uint64
 	diskHits, promotions, loadFailures                 atomic.Uint64
 	diskHitBytes                                       atomic.Uint64
 	diskEvicted                                        atomic.Uint64
+	stagedReleased, stagedReclaimed, stageWaits        atomic.Uint64
 }
 
-// stagedCopy is a staging copy to free when its object's lease ends.
+// stagedCopy is a disk record read into its node's staging pool for
+// readers: freed when every grant is handed back, or ttl after the last
+// grant (a reader that died).
 type stagedCopy struct {
-	key string
-	obj *Object
-	at  int64
+	id      uint64
+	key     string
+	obj     *Object
+	node    *tierNode
+	gen     uint64 // the node attachment whose pool holds addr
+	addr    uint64
+	size    uint64
+	readers int   // grants not handed back
+	until   int64 // unix nanos: freed then whatever readers says
 }
 
 func (t *tiers) init() {
 	t.byID = make(map[string]*tierNode)
 	t.bySeg = make(map[store.UUID]*tierNode)
+	t.copies = make(map[uint64]*stagedCopy)
 }
 
 // any reports whether a node's tier is attached.
@@ -357,7 +398,6 @@ func (m *Master) dropMemoryLocked(sh *shard, o *Object) {
 		sh.policy.Remove(&o.ent)
 	}
 	m.freeMemoryLocked(o)
-	o.tier.staged = false
 	m.emit(Change{Op: OpDiskOnly, Key: o.key, Size: o.size, Version: o.tier.version, Tier: o.tier.node.id})
 	m.eventStored(o.key, mediumDisk)
 }
@@ -465,33 +505,124 @@ func (m *Master) offloadDone(n *tierNode, op *tierOp, err error) {
 
 // ---- reads of objects on disk ----
 
+// errNoStagingRoom: the node's staging pool has no free range for the
+// object now; the read waits for one (lookupInto).
+type errNoStagingRoom struct {
+	node *tierNode
+	room chan struct{} // closed when a range of the pool is freed
+	err  error
+}
+
+func (e *errNoStagingRoom) Error() string { return e.err.Error() }
+func (e *errNoStagingRoom) Unwrap() error { return e.err }
+
 // stageLocked starts loading o (its shard locked, complete, with no DRAM
-// replica but a disk one) into its node's segment, or returns the load
-// already under way.
+// replica but a disk one) into its node's staging pool, or returns the
+// load already under way. On the object's PromoteAfter-th disk read the
+// load goes into the node's segment instead, when it has free room, and
+// the copy stays as a DRAM replica.
 func (m *Master) stageLocked(o *Object) (*tierOp, error) {
+	return m.loadLocked(o, false)
+}
+
+// promoteDue reports whether o's next disk read is the one that promotes
+// it.
+func (m *Master) promoteDue(o *Object) bool {
+	p := m.cfg.PromoteAfter
+	return p > 0 && int(o.tier.reads)+1 >= p
+}
+
+// loadLocked is stageLocked; with onlyPromote it starts nothing (nil,
+// nil) unless the load is a promotion into free room of the segment (a
+// read that would otherwise share a staged copy).
+func (m *Master) loadLocked(o *Object, onlyPromote bool) (*tierOp, error) {
 	if op := o.tier.loading; op != nil {
 		return op, nil
 	}
 	n := o.tier.node
 	n.mu.Lock()
-	online, client, segID, name := n.online, n.client, n.segID, n.segName
+	online, client, segID, gen := n.online, n.client, n.segID, n.gen
 	n.mu.Unlock()
 	if !online {
 		return nil, store.Errorf(store.ObjectNotFound, "key %q: its only copy is on the disk of %s, which is not connected", o.key, n.name())
 	}
-	ref, err := m.space.placeOn(client, segID, o.size)
-	if err != nil {
-		return nil, &noStagingRoom{seg: segID, size: o.size, err: store.Errorf(store.NoAvailableHandle, "key %q is on the disk of %s: no room in its segment %s to stage it (%v)", o.key, n.name(), name, err)}
-	}
 	op := &tierOp{id: m.tiers.nextOp.Add(1), kind: pb.TierCommand_LOAD, key: o.key, version: o.tier.version,
-		obj: o, refs: []replicaRef{ref}, size: o.size, done: make(chan struct{})}
-	cmd := &pb.TierCommand{Op: op.id, Kind: op.kind, Key: o.key, Version: op.version, Addr: ref.addr, Size: o.size}
+		obj: o, size: o.size, done: make(chan struct{})}
+	var addr uint64
+	if m.promoteDue(o) {
+		// Promotion takes free room only: a read never evicts.
+		if ref, err := m.space.placeOn(client, segID, o.size); err == nil {
+			op.promote, op.refs, addr = true, []replicaRef{ref}, ref.addr
+		}
+	}
+	if onlyPromote && !op.promote {
+		return nil, nil
+	}
+	if !op.promote {
+		n.stageMu.Lock()
+		pool, room := n.stage, n.stageRoom
+		var err error
+		if pool == nil || n.stageGen != gen {
+			err = fmt.Errorf("the node has no staging pool")
+		} else if addr, err = pool.AllocAligned(o.size, stagingAlign); err != nil {
+			addr, err = pool.Alloc(o.size)
+		}
+		n.stageMu.Unlock()
+		if err != nil {
+			if pool == nil || o.size > pool.Capacity() {
+				return nil, store.Errorf(store.NoAvailableHandle, "key %q is on the disk of %s: its staging pool (%s) cannot hold %d bytes (raise --ssd-staging-size)", o.key, n.name(), fmtBytes(capacityOf(pool)), o.size)
+			}
+			return nil, &errNoStagingRoom{node: n, room: room, err: store.Errorf(store.NoAvailableHandle, "key %q is on the disk of %s: its staging pool of %s stayed full (%s in use by reads)", o.key, n.name(), fmtBytes(pool.Capacity()), fmtBytes(usedOf(n)))}
+		}
+		op.stageAddr, op.stageGen = addr, gen
+	}
+	cmd := &pb.TierCommand{Op: op.id, Kind: op.kind, Key: o.key, Version: op.version, Addr: addr, Size: o.size}
 	if !n.enqueue(cmd, op) {
-		m.space.free(op.refs, op.size)
+		m.freeLoadTarget(n, op)
 		return nil, store.Errorf(store.ObjectNotFound, "key %q: the disk of %s is not answering", o.key, n.name())
 	}
 	o.tier.loading = op
 	return op, nil
+}
+
+func capacityOf(a *alloc.Allocator) uint64 {
+	if a == nil {
+		return 0
+	}
+	return a.Capacity()
+}
+
+func usedOf(n *tierNode) uint64 {
+	n.stageMu.Lock()
+	defer n.stageMu.Unlock()
+	if n.stage == nil {
+		return 0
+	}
+	return n.stage.Used()
+}
+
+// freeLoadTarget frees the range a LOAD that did not make it was to
+// fill.
+func (m *Master) freeLoadTarget(n *tierNode, op *tierOp) {
+	if op.promote {
+		m.space.free(op.refs, op.size)
+		return
+	}
+	n.freeStaged(op.stageGen, op.stageAddr, op.size)
+}
+
+// freeStaged frees a range of n's staging pool of attachment gen (a
+// range of an earlier attachment went with it) and wakes the reads
+// waiting for room.
+func (n *tierNode) freeStaged(gen, addr, size uint64) {
+	n.stageMu.Lock()
+	defer n.stageMu.Unlock()
+	if n.stage == nil || n.stageGen != gen {
+		return
+	}
+	_ = n.stage.Free(addr, size)
+	close(n.stageRoom)
+	n.stageRoom = make(chan struct{})
 }
 
 func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
@@ -500,18 +631,18 @@ func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
 	o := sh.objects[op.key]
 	switch {
 	case o != op.obj || o.tier == nil || o.tier.loading != op:
-		// Removed meanwhile: the staging range is ours to free.
-		m.space.free(op.refs, op.size)
+		// Removed meanwhile: the range is ours to free.
+		m.freeLoadTarget(n, op)
 		if err == nil {
 			err = store.Errorf(store.ObjectNotFound, "key %q was removed while it was loaded from disk", op.key)
 		}
 	case errors.Is(err, errDetached):
 		o.tier.loading = nil
-		m.space.free(op.refs, op.size)
+		m.freeLoadTarget(n, op)
 		err = store.Errorf(store.ObjectNotFound, "key %q: its only copy is on the disk of %s, which disconnected", op.key, n.name())
 	case err != nil:
 		o.tier.loading = nil
-		m.space.free(op.refs, op.size)
+		m.freeLoadTarget(n, op)
 		m.tiers.loadFailures.Add(1)
 		// The record is unreadable (gone, corrupt, an I/O error): that
 		// disk replica is dropped, never served.
@@ -521,12 +652,26 @@ func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
 			m.loseDiskLocked(sh, o)
 		}
 		err = store.Errorf(store.ObjectNotFound, "key %q: its disk copy on %s could not be read: %v", op.key, n.name(), err)
-	default:
+	case op.promote:
 		o.tier.loading = nil
 		o.replicas = append(o.replicas, op.refs...)
-		o.tier.staged = true
+		o.tier.reads = 0
+		o.tier.promoted = true
+		sh.track(o, 0)
+		m.tiers.promotions.Add(1)
+		n.nPromotions.Add(1)
+		if o.onDisk() {
+			m.emit(Change{Op: OpPromote, Key: o.key, Size: o.size, Replicas: o.descriptors(true), Version: o.tier.version, Tier: o.tier.node.id})
+			m.eventStored(o.key, mediumCPU)
+		}
+	default:
+		o.tier.loading = nil
+		c := &stagedCopy{id: m.tiers.nextCopy.Add(1), key: o.key, obj: o, node: n, gen: op.stageGen, addr: op.stageAddr, size: o.size,
+			until: m.now() + m.cfg.StagingTTL.Nanoseconds()}
+		o.tier.stage = c
+		n.nStaged.Add(1)
 		m.tiers.stagedMu.Lock()
-		m.tiers.staged = append(m.tiers.staged, stagedCopy{key: o.key, obj: o, at: max(o.lease, m.now()+m.cfg.KVLeaseTTL.Nanoseconds())})
+		m.tiers.copies[c.id] = c
 		m.tiers.stagedMu.Unlock()
 	}
 	sh.mu.Unlock()
@@ -534,74 +679,117 @@ func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
 	close(op.done)
 }
 
-// readLocked records a leased read of o (shard locked) for the tier: a
-// read of a staged copy is a disk hit and may promote it.
-func (m *Master) readLocked(sh *shard, o *Object, depth int) {
-	if o.tier == nil || !o.tier.staged {
-		// Counted in the shard (its lock is held): one master-wide
-		// counter bumped per key read was a contended cache line that
-		// cost a tenth of a batch get's CPU.
-		sh.memHits++
-		sh.memHitBytes += o.size
-		return
-	}
+// grantStagedLocked grants a read of o's staged copy (shard locked): the
+// replica to read, counted as a disk hit.
+func (m *Master) grantStagedLocked(o *Object, now int64) store.Replica {
+	c := o.tier.stage
+	m.tiers.stagedMu.Lock()
+	c.readers++
+	c.until = max(c.until, now+m.cfg.StagingTTL.Nanoseconds())
+	m.tiers.stagedMu.Unlock()
 	m.tiers.diskHits.Add(1)
 	m.tiers.diskHitBytes.Add(o.size)
-	if o.tier.node != nil {
-		o.tier.node.nDiskHits.Add(1)
-	}
+	c.node.nDiskHits.Add(1)
 	o.tier.reads++
-	if p := m.cfg.PromoteAfter; p > 0 && int(o.tier.reads) >= p {
-		o.tier.staged, o.tier.reads = false, 0
-		sh.track(o, depth)
-		m.tiers.promotions.Add(1)
-		if o.tier.node != nil {
-			o.tier.node.nPromotions.Add(1)
+	c.node.mu.Lock()
+	segID := c.node.segID
+	c.node.mu.Unlock()
+	rep := store.Replica{Addr: c.addr, Len: c.size, Complete: true}
+	m.space.mu.Lock()
+	if seg := m.space.segs[segID]; seg != nil {
+		rep.Segment, rep.Endpoint, rep.Protocol = seg.info.Name, seg.info.Endpoint, seg.info.Protocol
+	}
+	m.space.mu.Unlock()
+	return rep
+}
+
+// ReleaseStaged hands back staged reads (their ids, from the replica
+// lists) whose bytes have moved: a copy no reader holds any more is freed
+// at once. Unknown ids (freed by the TTL already) are ignored.
+func (m *Master) ReleaseStaged(ids []uint64) {
+	for _, id := range ids {
+		m.tiers.stagedMu.Lock()
+		c := m.tiers.copies[id]
+		m.tiers.stagedMu.Unlock()
+		if c == nil {
+			continue
 		}
-		if o.onDisk() {
-			m.emit(Change{Op: OpPromote, Key: o.key, Size: o.size, Replicas: o.descriptors(true), Version: o.tier.version, Tier: o.tier.node.id})
-			m.eventStored(o.key, mediumCPU)
+		m.tiers.stagedReleased.Add(1)
+		m.dropCopy(c, func(c *stagedCopy) bool {
+			if c.readers > 0 {
+				c.readers--
+			}
+			return c.readers == 0
+		}, false)
+	}
+}
+
+// dropCopy frees staged copy c if done (called under stagedMu) says so.
+func (m *Master) dropCopy(c *stagedCopy, done func(*stagedCopy) bool, reclaimed bool) {
+	sh := m.shardOf(c.key)
+	sh.mu.Lock()
+	m.tiers.stagedMu.Lock()
+	if m.tiers.copies[c.id] != c || !done(c) {
+		m.tiers.stagedMu.Unlock()
+		sh.mu.Unlock()
+		return
+	}
+	delete(m.tiers.copies, c.id)
+	m.tiers.stagedMu.Unlock()
+	if c.obj.tier != nil && c.obj.tier.stage == c {
+		c.obj.tier.stage = nil
+	}
+	sh.mu.Unlock()
+	if reclaimed {
+		m.tiers.stagedReclaimed.Add(1)
+		c.node.nStageReclaimed.Add(1)
+	}
+	c.node.freeStaged(c.gen, c.addr, c.size)
+}
+
+// expireStaged frees the staged copies whose TTL has passed: a copy with
+// readers left is one whose readers died (or took longer than the TTL),
+// counted as reclaimed.
+func (m *Master) expireStaged(now int64) {
+	m.tiers.stagedMu.Lock()
+	var due []*stagedCopy
+	for _, c := range m.tiers.copies {
+		if c.until <= now {
+			due = append(due, c)
+		}
+	}
+	m.tiers.stagedMu.Unlock()
+	for _, c := range due {
+		var readers int
+		m.dropCopy(c, func(c *stagedCopy) bool {
+			readers = c.readers
+			return c.until <= now
+		}, false)
+		if readers > 0 {
+			m.tiers.stagedReclaimed.Add(1)
+			c.node.nStageReclaimed.Add(1)
+			m.log.Debug(fmt.Sprintf("staged read of %q on %s: %d readers did not hand it back within %s; freed", c.key, c.node.name(), readers, m.cfg.StagingTTL))
 		}
 	}
 }
 
-// expireStaged frees staging copies whose lease has ended.
-func (m *Master) expireStaged(now int64) {
-	m.tiers.stagedMu.Lock()
-	var due []stagedCopy
-	keep := m.tiers.staged[:0]
-	for _, s := range m.tiers.staged {
-		if s.at <= now {
-			due = append(due, s)
-		} else {
-			keep = append(keep, s)
+// readLocked records a leased read of o's DRAM replicas (shard locked):
+// a memory hit, or the disk hit of the read that promoted them.
+func (m *Master) readLocked(sh *shard, o *Object, depth int) {
+	if o.tier != nil && o.tier.promoted {
+		o.tier.promoted = false
+		m.tiers.diskHits.Add(1)
+		m.tiers.diskHitBytes.Add(o.size)
+		if n := o.tier.node; n != nil {
+			n.nDiskHits.Add(1)
 		}
+		return
 	}
-	clear(m.tiers.staged[len(keep):])
-	m.tiers.staged = keep
-	m.tiers.stagedMu.Unlock()
-	var again []stagedCopy
-	for _, s := range due {
-		sh := m.shardOf(s.key)
-		sh.mu.Lock()
-		o := sh.objects[s.key]
-		switch {
-		case o != s.obj || o.tier == nil || !o.tier.staged:
-			// Gone, promoted, or already back on disk only.
-		case o.lease > now:
-			again = append(again, stagedCopy{key: s.key, obj: o, at: o.lease})
-		default:
-			m.space.free(o.replicas, o.size)
-			o.replicas = nil
-			o.tier.staged = false
-		}
-		sh.mu.Unlock()
-	}
-	if len(again) > 0 {
-		m.tiers.stagedMu.Lock()
-		m.tiers.staged = append(m.tiers.staged, again...)
-		m.tiers.stagedMu.Unlock()
-	}
+	// Counted in the shard (its lock is held): one master-wide counter
+	// bumped per key read was a contended cache line that cost a tenth
+	// of a batch get's CPU.
+	sh.memHits++
+	sh.memHitBytes += o.size
 }
 
 // ---- nodes attaching and leaving ----
@@ -656,6 +844,23 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 	tomb := maps.Clone(n.tombstones)
 	n.online = true
 	n.mu.Unlock()
+	// The staging pool is new with each attachment (the node renews its
+	// memory, so a late reader of a range of the old one reaches
+	// nothing): ranges of the old one are not freed into it.
+	var pool *alloc.Allocator
+	if h.GetStagingSize() > 0 {
+		var err error
+		if pool, err = alloc.New(h.GetStagingAddr(), h.GetStagingSize()); err != nil {
+			m.log.Warn(fmt.Sprintf("disk tier %s: staging pool 0x%x+%d: %v; its disk reads will fail", n.id, h.GetStagingAddr(), h.GetStagingSize(), err))
+		}
+	}
+	n.stageMu.Lock()
+	n.stage, n.stageGen = pool, gen
+	if n.stageRoom != nil {
+		close(n.stageRoom)
+	}
+	n.stageRoom = make(chan struct{})
+	n.stageMu.Unlock()
 
 	if !prev.IsZero() && prev != client {
 		// The directory's lock passed to another process: the node
@@ -782,17 +987,13 @@ func (m *Master) detach(n *tierNode, gen uint64) {
 var errDetached = errors.New("the node's tier stream ended")
 
 // loseDiskLocked settles o after its disk replica went (o.tier.node is
-// already nil): with no DRAM copy the object is gone; a staging copy
-// becomes an ordinary DRAM replica, since nothing else holds the bytes.
+// already nil): with no DRAM copy the object is gone (reads holding a
+// staged copy finish with it; it is freed as usual).
 func (m *Master) loseDiskLocked(sh *shard, o *Object) {
-	switch {
-	case len(o.replicas) == 0 && o.tier.loading == nil:
+	if len(o.replicas) == 0 && o.tier.loading == nil {
 		m.eventRemoved(o)
 		sh.remove(o.key, o)
 		m.emit(Change{Op: OpEvict, Key: o.key})
-	case o.tier.staged:
-		o.tier.staged = false
-		sh.track(o, 0)
 	}
 }
 
@@ -978,6 +1179,11 @@ type TierStatus struct {
 	// Offloads, OffloadFull, DiskHits and Promotions count what the
 	// master did with this tier since it first attached.
 	Offloads, OffloadFull, DiskHits, Promotions uint64
+	// StagingSize and StagingUsed are the node's staging pool and the
+	// bytes of it holding staged reads; StagingWaits counts reads that
+	// waited for room in it, StagingReclaimed staged reads the TTL freed
+	// with readers left.
+	StagingSize, StagingUsed, StagingWaits, StagingReclaimed uint64
 }
 
 // DiskReplica is an object's replica on a node's disk tier, as the admin
@@ -1015,6 +1221,10 @@ type TierTotals struct {
 	DiskHits, MemHits, Promotions, LoadFailures        uint64
 	DiskEvicted                                        uint64
 	Inflight                                           int64
+	// StagedReleased counts staged reads handed back by their readers,
+	// StagedReclaimed those the staging TTL freed with readers left,
+	// StagingWaits reads that waited for room in a staging pool.
+	StagedReleased, StagedReclaimed, StagingWaits uint64
 }
 
 // Tiers lists the disk tiers the master knows, by segment name, with the
@@ -1056,6 +1266,12 @@ func (m *Master) tierNodes() []TierStatus {
 			ts.Capacity, ts.Used, ts.Records, ts.Files, ts.Dir, ts.Direct = st.GetCapacity(), st.GetUsed(), st.GetRecords(), st.GetFiles(), st.GetDir(), st.GetDirect()
 		}
 		n.mu.Unlock()
+		n.stageMu.Lock()
+		if n.stage != nil {
+			ts.StagingSize, ts.StagingUsed = n.stage.Capacity(), n.stage.Used()
+		}
+		n.stageMu.Unlock()
+		ts.StagingWaits, ts.StagingReclaimed = n.nStageWaits.Load(), n.nStageReclaimed.Load()
 		out = append(out, ts)
 	}
 	slices.SortFunc(out, func(a, b TierStatus) int {
@@ -1071,61 +1287,15 @@ func (m *Master) TierTotals() TierTotals {
 		Offloads: t.offloads.Load(), OffloadBytes: t.offloadBytes.Load(), OffloadFull: t.offloadFull.Load(), OffloadFailed: t.offloadFailed.Load(),
 		DiskHits: t.diskHits.Load(), MemHits: m.memHitTotals().hits, Promotions: t.promotions.Load(), LoadFailures: t.loadFailures.Load(),
 		DiskEvicted: t.diskEvicted.Load(), Inflight: t.inflight.Load(),
+		StagedReleased: t.stagedReleased.Load(), StagedReclaimed: t.stagedReclaimed.Load(), StagingWaits: t.stageWaits.Load(),
 	}
 }
-
-// noStagingRoom: a disk object's node has no room in its segment to
-// stage it; the read makes room (makeRoomOn) and tries again.
-type noStagingRoom struct {
-	seg  store.UUID
-	size uint64
-	err  error
-}
-
-func (e *noStagingRoom) Error() string { return e.err.Error() }
-func (e *noStagingRoom) Unwrap() error { return e.err }
-
-// makeRoomOn evicts, in policy order, objects with a replica on segment
-// seg until size bytes are free or on their way (offloads): a read of a
-// disk object needs room on the node that holds it, whatever the rest
-// of the pool looks like.
-func (m *Master) makeRoomOn(seg store.UUID, size uint64) {
-	m.evictRound(phaseStage, size, func(o *Object) bool {
-		for _, r := range o.replicas {
-			s := r.reg.seg
-			if s.live != nil {
-				s = s.live
-			}
-			if s.info.ID == seg {
-				return true
-			}
-		}
-		return false
-	}, freshFirst)
-}
-
-// stageRetry bounds how long a read waits for room to stage a disk
-// object (the offloads it started must land first).
-const stageRetry = 2 * time.Second
 
 // loadWait bounds how long a read waits for a node to load a disk
-// object: a node that has not answered by then (a client's RPC timeout is
-// 5 s) fails the read, not the call; the load, when it lands, serves the
-// next one.
+// object, and for room in its staging pool: a node that has not answered
+// by then (a client's RPC timeout is 5 s) fails the read, not the call;
+// the load, when it lands, serves the next one.
 const loadWait = 4 * time.Second
-
-// waitLoads waits for the loads a lookup started, up to d.
-func waitLoads(ops []*tierOp, d time.Duration) {
-	deadline := time.NewTimer(d)
-	defer deadline.Stop()
-	for _, op := range ops {
-		select {
-		case <-op.done:
-		case <-deadline.C:
-			return
-		}
-	}
-}
 
 // newTierServer serves the Attach streams, behind the same gate as the
 // master's other calls (HA: only the serving leader).

@@ -100,6 +100,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		if tc.Logger == nil {
 			tc.Logger = cfg.Logger
 		}
+		if tc.StagingSize == 0 {
+			tc.StagingSize = store.DefaultStagingPool(cfg.SegmentSize)
+		}
 		t, err := store.OpenTier(tc)
 		if err != nil {
 			return nil, err

@@ -459,7 +459,10 @@ type ReplicaTable struct {
 	Status  []ReplicaStatus `protobuf:"varint,9,rep,packed,name=status,proto3,enum=mc.store.v1.ReplicaStatus" json:"status,omitempty"`
 	// Per key: the writer's checksum of the value (see checksums below),
 	// 0 when it gave none.
-	Checksums     []uint64 `protobuf:"varint,10,rep,packed,name=checksums,proto3" json:"checksums,omitempty"`
+	Checksums []uint64 `protobuf:"varint,10,rep,packed,name=checksums,proto3" json:"checksums,omitempty"`
+	// Per key (a column only when some key has one): the id of the staged
+	// read its replica is (see ReplicaList.staged), 0 for none.
+	Staged        []uint64 `protobuf:"varint,11,rep,packed,name=staged,proto3" json:"staged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -560,6 +563,13 @@ func (x *ReplicaTable) GetStatus() []ReplicaStatus {
 func (x *ReplicaTable) GetChecksums() []uint64 {
 	if x != nil {
 		return x.Checksums
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetStaged() []uint64 {
+	if x != nil {
+		return x.Staged
 	}
 	return nil
 }
@@ -1457,7 +1467,11 @@ type ReplicaList struct {
 	LeaseTtlMs uint64 `protobuf:"varint,4,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
 	// checksum is the writer's checksum of the value (see
 	// BatchKeysRequest.checksums), 0 when it gave none.
-	Checksum      uint64 `protobuf:"varint,5,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	Checksum uint64 `protobuf:"varint,5,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	// staged, when not 0: the replica is a staged read of the object's
+	// disk copy, in its node's staging pool, held for lease_ttl_ms; hand it
+	// back with BatchReleaseStaged once its bytes are read.
+	Staged        uint64 `protobuf:"varint,6,opt,name=staged,proto3" json:"staged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1527,6 +1541,65 @@ func (x *ReplicaList) GetChecksum() uint64 {
 	return 0
 }
 
+func (x *ReplicaList) GetStaged() uint64 {
+	if x != nil {
+		return x.Staged
+	}
+	return 0
+}
+
+type ReleaseStagedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Staged        []uint64               `protobuf:"varint,2,rep,packed,name=staged,proto3" json:"staged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseStagedRequest) Reset() {
+	*x = ReleaseStagedRequest{}
+	mi := &file_store_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseStagedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseStagedRequest) ProtoMessage() {}
+
+func (x *ReleaseStagedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_store_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseStagedRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseStagedRequest) Descriptor() ([]byte, []int) {
+	return file_store_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReleaseStagedRequest) GetClientId() *UUID {
+	if x != nil {
+		return x.ClientId
+	}
+	return nil
+}
+
+func (x *ReleaseStagedRequest) GetStaged() []uint64 {
+	if x != nil {
+		return x.Staged
+	}
+	return nil
+}
+
 type BatchPutStartResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Results       []*ReplicaList         `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
@@ -1536,7 +1609,7 @@ type BatchPutStartResponse struct {
 
 func (x *BatchPutStartResponse) Reset() {
 	*x = BatchPutStartResponse{}
-	mi := &file_store_proto_msgTypes[18]
+	mi := &file_store_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1621,7 @@ func (x *BatchPutStartResponse) String() string {
 func (*BatchPutStartResponse) ProtoMessage() {}
 
 func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[18]
+	mi := &file_store_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1634,7 @@ func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutStartResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{18}
+	return file_store_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BatchPutStartResponse) GetResults() []*ReplicaList {
@@ -1593,7 +1666,7 @@ type BatchKeysRequest struct {
 
 func (x *BatchKeysRequest) Reset() {
 	*x = BatchKeysRequest{}
-	mi := &file_store_proto_msgTypes[19]
+	mi := &file_store_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1605,7 +1678,7 @@ func (x *BatchKeysRequest) String() string {
 func (*BatchKeysRequest) ProtoMessage() {}
 
 func (x *BatchKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[19]
+	mi := &file_store_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1618,7 +1691,7 @@ func (x *BatchKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchKeysRequest.ProtoReflect.Descriptor instead.
 func (*BatchKeysRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{19}
+	return file_store_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BatchKeysRequest) GetClientId() *UUID {
@@ -1665,7 +1738,7 @@ type BatchReplicaListResponse struct {
 
 func (x *BatchReplicaListResponse) Reset() {
 	*x = BatchReplicaListResponse{}
-	mi := &file_store_proto_msgTypes[20]
+	mi := &file_store_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1677,7 +1750,7 @@ func (x *BatchReplicaListResponse) String() string {
 func (*BatchReplicaListResponse) ProtoMessage() {}
 
 func (x *BatchReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[20]
+	mi := &file_store_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1690,7 +1763,7 @@ func (x *BatchReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*BatchReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{20}
+	return file_store_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BatchReplicaListResponse) GetResults() []*ReplicaList {
@@ -1710,7 +1783,7 @@ type BatchExistResponse struct {
 
 func (x *BatchExistResponse) Reset() {
 	*x = BatchExistResponse{}
-	mi := &file_store_proto_msgTypes[21]
+	mi := &file_store_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1722,7 +1795,7 @@ func (x *BatchExistResponse) String() string {
 func (*BatchExistResponse) ProtoMessage() {}
 
 func (x *BatchExistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[21]
+	mi := &file_store_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1735,7 +1808,7 @@ func (x *BatchExistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistResponse.ProtoReflect.Descriptor instead.
 func (*BatchExistResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{21}
+	return file_store_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BatchExistResponse) GetResults() []*Result {
@@ -1763,7 +1836,7 @@ type BatchRemoveRequest struct {
 
 func (x *BatchRemoveRequest) Reset() {
 	*x = BatchRemoveRequest{}
-	mi := &file_store_proto_msgTypes[22]
+	mi := &file_store_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1775,7 +1848,7 @@ func (x *BatchRemoveRequest) String() string {
 func (*BatchRemoveRequest) ProtoMessage() {}
 
 func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[22]
+	mi := &file_store_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1788,7 +1861,7 @@ func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveRequest.ProtoReflect.Descriptor instead.
 func (*BatchRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{22}
+	return file_store_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BatchRemoveRequest) GetClientId() *UUID {
@@ -1821,7 +1894,7 @@ type RemoveAllRequest struct {
 
 func (x *RemoveAllRequest) Reset() {
 	*x = RemoveAllRequest{}
-	mi := &file_store_proto_msgTypes[23]
+	mi := &file_store_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +1906,7 @@ func (x *RemoveAllRequest) String() string {
 func (*RemoveAllRequest) ProtoMessage() {}
 
 func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[23]
+	mi := &file_store_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +1919,7 @@ func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllRequest.ProtoReflect.Descriptor instead.
 func (*RemoveAllRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{23}
+	return file_store_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemoveAllRequest) GetClientId() *UUID {
@@ -1865,7 +1938,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_store_proto_msgTypes[24]
+	mi := &file_store_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1877,7 +1950,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[24]
+	mi := &file_store_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1890,7 +1963,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{24}
+	return file_store_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RemoveAllResponse) GetRemoved() uint64 {
@@ -1910,7 +1983,7 @@ type RegexRequest struct {
 
 func (x *RegexRequest) Reset() {
 	*x = RegexRequest{}
-	mi := &file_store_proto_msgTypes[25]
+	mi := &file_store_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +1995,7 @@ func (x *RegexRequest) String() string {
 func (*RegexRequest) ProtoMessage() {}
 
 func (x *RegexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[25]
+	mi := &file_store_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +2008,7 @@ func (x *RegexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegexRequest.ProtoReflect.Descriptor instead.
 func (*RegexRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{25}
+	return file_store_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RegexRequest) GetClientId() *UUID {
@@ -1965,7 +2038,7 @@ type RegexReplicaListResponse struct {
 
 func (x *RegexReplicaListResponse) Reset() {
 	*x = RegexReplicaListResponse{}
-	mi := &file_store_proto_msgTypes[26]
+	mi := &file_store_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2050,7 @@ func (x *RegexReplicaListResponse) String() string {
 func (*RegexReplicaListResponse) ProtoMessage() {}
 
 func (x *RegexReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[26]
+	mi := &file_store_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2063,7 @@ func (x *RegexReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegexReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*RegexReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{26}
+	return file_store_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RegexReplicaListResponse) GetKeys() []string {
@@ -2028,7 +2101,7 @@ type RemoveByRegexRequest struct {
 
 func (x *RemoveByRegexRequest) Reset() {
 	*x = RemoveByRegexRequest{}
-	mi := &file_store_proto_msgTypes[27]
+	mi := &file_store_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2040,7 +2113,7 @@ func (x *RemoveByRegexRequest) String() string {
 func (*RemoveByRegexRequest) ProtoMessage() {}
 
 func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[27]
+	mi := &file_store_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2053,7 +2126,7 @@ func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{27}
+	return file_store_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RemoveByRegexRequest) GetClientId() *UUID {
@@ -2101,7 +2174,7 @@ type RemoveByRegexResponse struct {
 
 func (x *RemoveByRegexResponse) Reset() {
 	*x = RemoveByRegexResponse{}
-	mi := &file_store_proto_msgTypes[28]
+	mi := &file_store_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2113,7 +2186,7 @@ func (x *RemoveByRegexResponse) String() string {
 func (*RemoveByRegexResponse) ProtoMessage() {}
 
 func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[28]
+	mi := &file_store_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2126,7 +2199,7 @@ func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexResponse.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexResponse) Descriptor() ([]byte, []int) {
-	return file_store_proto_rawDescGZIP(), []int{28}
+	return file_store_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemoveByRegexResponse) GetRemoved() []string {
@@ -2175,7 +2248,7 @@ type ReplicaTable_SegmentRef struct {
 
 func (x *ReplicaTable_SegmentRef) Reset() {
 	*x = ReplicaTable_SegmentRef{}
-	mi := &file_store_proto_msgTypes[29]
+	mi := &file_store_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2187,7 +2260,7 @@ func (x *ReplicaTable_SegmentRef) String() string {
 func (*ReplicaTable_SegmentRef) ProtoMessage() {}
 
 func (x *ReplicaTable_SegmentRef) ProtoReflect() protoreflect.Message {
-	mi := &file_store_proto_msgTypes[29]
+	mi := &file_store_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2322,7 @@ const file_store_proto_rawDesc = "" +
 	"\rreplica_table\x18\x03 \x01(\v2\x19.mc.store.v1.ReplicaTableH\x00R\freplicaTable\x125\n" +
 	"\aresults\x18\x04 \x01(\v2\x19.mc.store.v1.BatchResultsH\x00R\aresults\x127\n" +
 	"\x05exist\x18\x05 \x01(\v2\x1f.mc.store.v1.BatchExistResponseH\x00R\x05existB\a\n" +
-	"\x05reply\"\xd7\x03\n" +
+	"\x05reply\"\xef\x03\n" +
 	"\fReplicaTable\x12@\n" +
 	"\bsegments\x18\x01 \x03(\v2$.mc.store.v1.ReplicaTable.SegmentRefR\bsegments\x12\x14\n" +
 	"\x05codes\x18\x02 \x03(\x05R\x05codes\x12 \n" +
@@ -2262,7 +2335,8 @@ const file_store_proto_rawDesc = "" +
 	"\x06length\x18\b \x03(\x04R\x06length\x122\n" +
 	"\x06status\x18\t \x03(\x0e2\x1a.mc.store.v1.ReplicaStatusR\x06status\x12\x1c\n" +
 	"\tchecksums\x18\n" +
-	" \x03(\x04R\tchecksums\x1al\n" +
+	" \x03(\x04R\tchecksums\x12\x16\n" +
+	"\x06staged\x18\v \x03(\x04R\x06staged\x1al\n" +
 	"\n" +
 	"SegmentRef\x12!\n" +
 	"\fsegment_name\x18\x01 \x01(\tR\vsegmentName\x12\x1f\n" +
@@ -2333,14 +2407,18 @@ const file_store_proto_rawDesc = "" +
 	"\bprotocol\x18\x03 \x01(\tR\bprotocol\x12\x18\n" +
 	"\aaddress\x18\x04 \x01(\x04R\aaddress\x12\x16\n" +
 	"\x06length\x18\x05 \x01(\x04R\x06length\x122\n" +
-	"\x06status\x18\x06 \x01(\x0e2\x1a.mc.store.v1.ReplicaStatusR\x06status\"\xab\x01\n" +
+	"\x06status\x18\x06 \x01(\x0e2\x1a.mc.store.v1.ReplicaStatusR\x06status\"\xc3\x01\n" +
 	"\vReplicaList\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x120\n" +
 	"\breplicas\x18\x03 \x03(\v2\x14.mc.store.v1.ReplicaR\breplicas\x12 \n" +
 	"\flease_ttl_ms\x18\x04 \x01(\x04R\n" +
 	"leaseTtlMs\x12\x1a\n" +
-	"\bchecksum\x18\x05 \x01(\x04R\bchecksum\"K\n" +
+	"\bchecksum\x18\x05 \x01(\x04R\bchecksum\x12\x16\n" +
+	"\x06staged\x18\x06 \x01(\x04R\x06staged\"^\n" +
+	"\x14ReleaseStagedRequest\x12.\n" +
+	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x16\n" +
+	"\x06staged\x18\x02 \x03(\x04R\x06staged\"K\n" +
 	"\x15BatchPutStartResponse\x122\n" +
 	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"\xbe\x01\n" +
 	"\x10BatchKeysRequest\x12.\n" +
@@ -2389,7 +2467,7 @@ const file_store_proto_rawDesc = "" +
 	"\x18REPLICA_STATUS_UNDEFINED\x10\x00\x12\x0e\n" +
 	"\n" +
 	"PROCESSING\x10\x01\x12\f\n" +
-	"\bCOMPLETE\x10\x022\xc1\f\n" +
+	"\bCOMPLETE\x10\x022\x8f\r\n" +
 	"\x06Master\x12;\n" +
 	"\x04Ping\x12\x18.mc.store.v1.PingRequest\x1a\x19.mc.store.v1.PingResponse\x12E\n" +
 	"\fMountSegment\x12 .mc.store.v1.MountSegmentRequest\x1a\x13.mc.store.v1.Result\x12Y\n" +
@@ -2408,7 +2486,8 @@ const file_store_proto_rawDesc = "" +
 	"\vBatchRemove\x12\x1f.mc.store.v1.BatchRemoveRequest\x1a\x19.mc.store.v1.BatchResults\x12J\n" +
 	"\tRemoveAll\x12\x1d.mc.store.v1.RemoveAllRequest\x1a\x1e.mc.store.v1.RemoveAllResponse\x12R\n" +
 	"\n" +
-	"BatchQuery\x12\x1d.mc.store.v1.BatchKeysRequest\x1a%.mc.store.v1.BatchReplicaListResponse\x12Y\n" +
+	"BatchQuery\x12\x1d.mc.store.v1.BatchKeysRequest\x1a%.mc.store.v1.BatchReplicaListResponse\x12L\n" +
+	"\x12BatchReleaseStaged\x12!.mc.store.v1.ReleaseStagedRequest\x1a\x13.mc.store.v1.Result\x12Y\n" +
 	"\x15GetReplicaListByRegex\x12\x19.mc.store.v1.RegexRequest\x1a%.mc.store.v1.RegexReplicaListResponse\x12V\n" +
 	"\rRemoveByRegex\x12!.mc.store.v1.RemoveByRegexRequest\x1a\".mc.store.v1.RemoveByRegexResponse\x12H\n" +
 	"\aSession\x12\x1b.mc.store.v1.SessionRequest\x1a\x1c.mc.store.v1.SessionResponse(\x010\x01B-Z+github.com/kvcache-ops/mc/pkg/store/storepbb\x06proto3"
@@ -2426,7 +2505,7 @@ func file_store_proto_rawDescGZIP() []byte {
 }
 
 var file_store_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_store_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_store_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_store_proto_goTypes = []any{
 	(ClientStatus)(0),                // 0: mc.store.v1.ClientStatus
 	(ReplicaStatus)(0),               // 1: mc.store.v1.ReplicaStatus
@@ -2448,33 +2527,34 @@ var file_store_proto_goTypes = []any{
 	(*BatchPutStartRequest)(nil),     // 17: mc.store.v1.BatchPutStartRequest
 	(*Replica)(nil),                  // 18: mc.store.v1.Replica
 	(*ReplicaList)(nil),              // 19: mc.store.v1.ReplicaList
-	(*BatchPutStartResponse)(nil),    // 20: mc.store.v1.BatchPutStartResponse
-	(*BatchKeysRequest)(nil),         // 21: mc.store.v1.BatchKeysRequest
-	(*BatchReplicaListResponse)(nil), // 22: mc.store.v1.BatchReplicaListResponse
-	(*BatchExistResponse)(nil),       // 23: mc.store.v1.BatchExistResponse
-	(*BatchRemoveRequest)(nil),       // 24: mc.store.v1.BatchRemoveRequest
-	(*RemoveAllRequest)(nil),         // 25: mc.store.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),        // 26: mc.store.v1.RemoveAllResponse
-	(*RegexRequest)(nil),             // 27: mc.store.v1.RegexRequest
-	(*RegexReplicaListResponse)(nil), // 28: mc.store.v1.RegexReplicaListResponse
-	(*RemoveByRegexRequest)(nil),     // 29: mc.store.v1.RemoveByRegexRequest
-	(*RemoveByRegexResponse)(nil),    // 30: mc.store.v1.RemoveByRegexResponse
-	(*ReplicaTable_SegmentRef)(nil),  // 31: mc.store.v1.ReplicaTable.SegmentRef
+	(*ReleaseStagedRequest)(nil),     // 20: mc.store.v1.ReleaseStagedRequest
+	(*BatchPutStartResponse)(nil),    // 21: mc.store.v1.BatchPutStartResponse
+	(*BatchKeysRequest)(nil),         // 22: mc.store.v1.BatchKeysRequest
+	(*BatchReplicaListResponse)(nil), // 23: mc.store.v1.BatchReplicaListResponse
+	(*BatchExistResponse)(nil),       // 24: mc.store.v1.BatchExistResponse
+	(*BatchRemoveRequest)(nil),       // 25: mc.store.v1.BatchRemoveRequest
+	(*RemoveAllRequest)(nil),         // 26: mc.store.v1.RemoveAllRequest
+	(*RemoveAllResponse)(nil),        // 27: mc.store.v1.RemoveAllResponse
+	(*RegexRequest)(nil),             // 28: mc.store.v1.RegexRequest
+	(*RegexReplicaListResponse)(nil), // 29: mc.store.v1.RegexReplicaListResponse
+	(*RemoveByRegexRequest)(nil),     // 30: mc.store.v1.RemoveByRegexRequest
+	(*RemoveByRegexResponse)(nil),    // 31: mc.store.v1.RemoveByRegexResponse
+	(*ReplicaTable_SegmentRef)(nil),  // 32: mc.store.v1.ReplicaTable.SegmentRef
 }
 var file_store_proto_depIdxs = []int32{
 	17, // 0: mc.store.v1.SessionRequest.put_start:type_name -> mc.store.v1.BatchPutStartRequest
-	21, // 1: mc.store.v1.SessionRequest.put_end:type_name -> mc.store.v1.BatchKeysRequest
-	21, // 2: mc.store.v1.SessionRequest.put_revoke:type_name -> mc.store.v1.BatchKeysRequest
+	22, // 1: mc.store.v1.SessionRequest.put_end:type_name -> mc.store.v1.BatchKeysRequest
+	22, // 2: mc.store.v1.SessionRequest.put_revoke:type_name -> mc.store.v1.BatchKeysRequest
 	17, // 3: mc.store.v1.SessionRequest.upsert_start:type_name -> mc.store.v1.BatchPutStartRequest
-	21, // 4: mc.store.v1.SessionRequest.upsert_end:type_name -> mc.store.v1.BatchKeysRequest
-	21, // 5: mc.store.v1.SessionRequest.upsert_revoke:type_name -> mc.store.v1.BatchKeysRequest
-	21, // 6: mc.store.v1.SessionRequest.get_replica_list:type_name -> mc.store.v1.BatchKeysRequest
-	21, // 7: mc.store.v1.SessionRequest.exist_key:type_name -> mc.store.v1.BatchKeysRequest
-	24, // 8: mc.store.v1.SessionRequest.remove:type_name -> mc.store.v1.BatchRemoveRequest
+	22, // 4: mc.store.v1.SessionRequest.upsert_end:type_name -> mc.store.v1.BatchKeysRequest
+	22, // 5: mc.store.v1.SessionRequest.upsert_revoke:type_name -> mc.store.v1.BatchKeysRequest
+	22, // 6: mc.store.v1.SessionRequest.get_replica_list:type_name -> mc.store.v1.BatchKeysRequest
+	22, // 7: mc.store.v1.SessionRequest.exist_key:type_name -> mc.store.v1.BatchKeysRequest
+	25, // 8: mc.store.v1.SessionRequest.remove:type_name -> mc.store.v1.BatchRemoveRequest
 	4,  // 9: mc.store.v1.SessionResponse.replica_table:type_name -> mc.store.v1.ReplicaTable
 	7,  // 10: mc.store.v1.SessionResponse.results:type_name -> mc.store.v1.BatchResults
-	23, // 11: mc.store.v1.SessionResponse.exist:type_name -> mc.store.v1.BatchExistResponse
-	31, // 12: mc.store.v1.ReplicaTable.segments:type_name -> mc.store.v1.ReplicaTable.SegmentRef
+	24, // 11: mc.store.v1.SessionResponse.exist:type_name -> mc.store.v1.BatchExistResponse
+	32, // 12: mc.store.v1.ReplicaTable.segments:type_name -> mc.store.v1.ReplicaTable.SegmentRef
 	1,  // 13: mc.store.v1.ReplicaTable.status:type_name -> mc.store.v1.ReplicaStatus
 	6,  // 14: mc.store.v1.BatchResults.results:type_name -> mc.store.v1.Result
 	5,  // 15: mc.store.v1.Segment.id:type_name -> mc.store.v1.UUID
@@ -2492,61 +2572,64 @@ var file_store_proto_depIdxs = []int32{
 	15, // 27: mc.store.v1.BatchPutStartRequest.config:type_name -> mc.store.v1.ReplicateConfig
 	1,  // 28: mc.store.v1.Replica.status:type_name -> mc.store.v1.ReplicaStatus
 	18, // 29: mc.store.v1.ReplicaList.replicas:type_name -> mc.store.v1.Replica
-	19, // 30: mc.store.v1.BatchPutStartResponse.results:type_name -> mc.store.v1.ReplicaList
-	5,  // 31: mc.store.v1.BatchKeysRequest.client_id:type_name -> mc.store.v1.UUID
-	19, // 32: mc.store.v1.BatchReplicaListResponse.results:type_name -> mc.store.v1.ReplicaList
-	6,  // 33: mc.store.v1.BatchExistResponse.results:type_name -> mc.store.v1.Result
-	5,  // 34: mc.store.v1.BatchRemoveRequest.client_id:type_name -> mc.store.v1.UUID
-	5,  // 35: mc.store.v1.RemoveAllRequest.client_id:type_name -> mc.store.v1.UUID
-	5,  // 36: mc.store.v1.RegexRequest.client_id:type_name -> mc.store.v1.UUID
-	19, // 37: mc.store.v1.RegexReplicaListResponse.results:type_name -> mc.store.v1.ReplicaList
-	5,  // 38: mc.store.v1.RemoveByRegexRequest.client_id:type_name -> mc.store.v1.UUID
-	6,  // 39: mc.store.v1.RemoveByRegexResponse.refused_results:type_name -> mc.store.v1.Result
-	9,  // 40: mc.store.v1.Master.Ping:input_type -> mc.store.v1.PingRequest
-	11, // 41: mc.store.v1.Master.MountSegment:input_type -> mc.store.v1.MountSegmentRequest
-	12, // 42: mc.store.v1.Master.ReMountSegment:input_type -> mc.store.v1.ReMountSegmentRequest
-	14, // 43: mc.store.v1.Master.UnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
-	14, // 44: mc.store.v1.Master.GracefulUnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
-	9,  // 45: mc.store.v1.Master.UnregisterClient:input_type -> mc.store.v1.PingRequest
-	17, // 46: mc.store.v1.Master.BatchPutStart:input_type -> mc.store.v1.BatchPutStartRequest
-	21, // 47: mc.store.v1.Master.BatchPutEnd:input_type -> mc.store.v1.BatchKeysRequest
-	21, // 48: mc.store.v1.Master.BatchPutRevoke:input_type -> mc.store.v1.BatchKeysRequest
-	17, // 49: mc.store.v1.Master.BatchUpsertStart:input_type -> mc.store.v1.BatchPutStartRequest
-	21, // 50: mc.store.v1.Master.BatchUpsertEnd:input_type -> mc.store.v1.BatchKeysRequest
-	21, // 51: mc.store.v1.Master.BatchUpsertRevoke:input_type -> mc.store.v1.BatchKeysRequest
-	21, // 52: mc.store.v1.Master.BatchGetReplicaList:input_type -> mc.store.v1.BatchKeysRequest
-	21, // 53: mc.store.v1.Master.BatchExistKey:input_type -> mc.store.v1.BatchKeysRequest
-	24, // 54: mc.store.v1.Master.BatchRemove:input_type -> mc.store.v1.BatchRemoveRequest
-	25, // 55: mc.store.v1.Master.RemoveAll:input_type -> mc.store.v1.RemoveAllRequest
-	21, // 56: mc.store.v1.Master.BatchQuery:input_type -> mc.store.v1.BatchKeysRequest
-	27, // 57: mc.store.v1.Master.GetReplicaListByRegex:input_type -> mc.store.v1.RegexRequest
-	29, // 58: mc.store.v1.Master.RemoveByRegex:input_type -> mc.store.v1.RemoveByRegexRequest
-	2,  // 59: mc.store.v1.Master.Session:input_type -> mc.store.v1.SessionRequest
-	10, // 60: mc.store.v1.Master.Ping:output_type -> mc.store.v1.PingResponse
-	6,  // 61: mc.store.v1.Master.MountSegment:output_type -> mc.store.v1.Result
-	13, // 62: mc.store.v1.Master.ReMountSegment:output_type -> mc.store.v1.ReMountSegmentResponse
-	6,  // 63: mc.store.v1.Master.UnmountSegment:output_type -> mc.store.v1.Result
-	6,  // 64: mc.store.v1.Master.GracefulUnmountSegment:output_type -> mc.store.v1.Result
-	6,  // 65: mc.store.v1.Master.UnregisterClient:output_type -> mc.store.v1.Result
-	20, // 66: mc.store.v1.Master.BatchPutStart:output_type -> mc.store.v1.BatchPutStartResponse
-	7,  // 67: mc.store.v1.Master.BatchPutEnd:output_type -> mc.store.v1.BatchResults
-	7,  // 68: mc.store.v1.Master.BatchPutRevoke:output_type -> mc.store.v1.BatchResults
-	20, // 69: mc.store.v1.Master.BatchUpsertStart:output_type -> mc.store.v1.BatchPutStartResponse
-	7,  // 70: mc.store.v1.Master.BatchUpsertEnd:output_type -> mc.store.v1.BatchResults
-	7,  // 71: mc.store.v1.Master.BatchUpsertRevoke:output_type -> mc.store.v1.BatchResults
-	22, // 72: mc.store.v1.Master.BatchGetReplicaList:output_type -> mc.store.v1.BatchReplicaListResponse
-	23, // 73: mc.store.v1.Master.BatchExistKey:output_type -> mc.store.v1.BatchExistResponse
-	7,  // 74: mc.store.v1.Master.BatchRemove:output_type -> mc.store.v1.BatchResults
-	26, // 75: mc.store.v1.Master.RemoveAll:output_type -> mc.store.v1.RemoveAllResponse
-	22, // 76: mc.store.v1.Master.BatchQuery:output_type -> mc.store.v1.BatchReplicaListResponse
-	28, // 77: mc.store.v1.Master.GetReplicaListByRegex:output_type -> mc.store.v1.RegexReplicaListResponse
-	30, // 78: mc.store.v1.Master.RemoveByRegex:output_type -> mc.store.v1.RemoveByRegexResponse
-	3,  // 79: mc.store.v1.Master.Session:output_type -> mc.store.v1.SessionResponse
-	60, // [60:80] is the sub-list for method output_type
-	40, // [40:60] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	5,  // 30: mc.store.v1.ReleaseStagedRequest.client_id:type_name -> mc.store.v1.UUID
+	19, // 31: mc.store.v1.BatchPutStartResponse.results:type_name -> mc.store.v1.ReplicaList
+	5,  // 32: mc.store.v1.BatchKeysRequest.client_id:type_name -> mc.store.v1.UUID
+	19, // 33: mc.store.v1.BatchReplicaListResponse.results:type_name -> mc.store.v1.ReplicaList
+	6,  // 34: mc.store.v1.BatchExistResponse.results:type_name -> mc.store.v1.Result
+	5,  // 35: mc.store.v1.BatchRemoveRequest.client_id:type_name -> mc.store.v1.UUID
+	5,  // 36: mc.store.v1.RemoveAllRequest.client_id:type_name -> mc.store.v1.UUID
+	5,  // 37: mc.store.v1.RegexRequest.client_id:type_name -> mc.store.v1.UUID
+	19, // 38: mc.store.v1.RegexReplicaListResponse.results:type_name -> mc.store.v1.ReplicaList
+	5,  // 39: mc.store.v1.RemoveByRegexRequest.client_id:type_name -> mc.store.v1.UUID
+	6,  // 40: mc.store.v1.RemoveByRegexResponse.refused_results:type_name -> mc.store.v1.Result
+	9,  // 41: mc.store.v1.Master.Ping:input_type -> mc.store.v1.PingRequest
+	11, // 42: mc.store.v1.Master.MountSegment:input_type -> mc.store.v1.MountSegmentRequest
+	12, // 43: mc.store.v1.Master.ReMountSegment:input_type -> mc.store.v1.ReMountSegmentRequest
+	14, // 44: mc.store.v1.Master.UnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
+	14, // 45: mc.store.v1.Master.GracefulUnmountSegment:input_type -> mc.store.v1.UnmountSegmentRequest
+	9,  // 46: mc.store.v1.Master.UnregisterClient:input_type -> mc.store.v1.PingRequest
+	17, // 47: mc.store.v1.Master.BatchPutStart:input_type -> mc.store.v1.BatchPutStartRequest
+	22, // 48: mc.store.v1.Master.BatchPutEnd:input_type -> mc.store.v1.BatchKeysRequest
+	22, // 49: mc.store.v1.Master.BatchPutRevoke:input_type -> mc.store.v1.BatchKeysRequest
+	17, // 50: mc.store.v1.Master.BatchUpsertStart:input_type -> mc.store.v1.BatchPutStartRequest
+	22, // 51: mc.store.v1.Master.BatchUpsertEnd:input_type -> mc.store.v1.BatchKeysRequest
+	22, // 52: mc.store.v1.Master.BatchUpsertRevoke:input_type -> mc.store.v1.BatchKeysRequest
+	22, // 53: mc.store.v1.Master.BatchGetReplicaList:input_type -> mc.store.v1.BatchKeysRequest
+	22, // 54: mc.store.v1.Master.BatchExistKey:input_type -> mc.store.v1.BatchKeysRequest
+	25, // 55: mc.store.v1.Master.BatchRemove:input_type -> mc.store.v1.BatchRemoveRequest
+	26, // 56: mc.store.v1.Master.RemoveAll:input_type -> mc.store.v1.RemoveAllRequest
+	22, // 57: mc.store.v1.Master.BatchQuery:input_type -> mc.store.v1.BatchKeysRequest
+	20, // 58: mc.store.v1.Master.BatchReleaseStaged:input_type -> mc.store.v1.ReleaseStagedRequest
+	28, // 59: mc.store.v1.Master.GetReplicaListByRegex:input_type -> mc.store.v1.RegexRequest
+	30, // 60: mc.store.v1.Master.RemoveByRegex:input_type -> mc.store.v1.RemoveByRegexRequest
+	2,  // 61: mc.store.v1.Master.Session:input_type -> mc.store.v1.SessionRequest
+	10, // 62: mc.store.v1.Master.Ping:output_type -> mc.store.v1.PingResponse
+	6,  // 63: mc.store.v1.Master.MountSegment:output_type -> mc.store.v1.Result
+	13, // 64: mc.store.v1.Master.ReMountSegment:output_type -> mc.store.v1.ReMountSegmentResponse
+	6,  // 65: mc.store.v1.Master.UnmountSegment:output_type -> mc.store.v1.Result
+	6,  // 66: mc.store.v1.Master.GracefulUnmountSegment:output_type -> mc.store.v1.Result
+	6,  // 67: mc.store.v1.Master.UnregisterClient:output_type -> mc.store.v1.Result
+	21, // 68: mc.store.v1.Master.BatchPutStart:output_type -> mc.store.v1.BatchPutStartResponse
+	7,  // 69: mc.store.v1.Master.BatchPutEnd:output_type -> mc.store.v1.BatchResults
+	7,  // 70: mc.store.v1.Master.BatchPutRevoke:output_type -> mc.store.v1.BatchResults
+	21, // 71: mc.store.v1.Master.BatchUpsertStart:output_type -> mc.store.v1.BatchPutStartResponse
+	7,  // 72: mc.store.v1.Master.BatchUpsertEnd:output_type -> mc.store.v1.BatchResults
+	7,  // 73: mc.store.v1.Master.BatchUpsertRevoke:output_type -> mc.store.v1.BatchResults
+	23, // 74: mc.store.v1.Master.BatchGetReplicaList:output_type -> mc.store.v1.BatchReplicaListResponse
+	24, // 75: mc.store.v1.Master.BatchExistKey:output_type -> mc.store.v1.BatchExistResponse
+	7,  // 76: mc.store.v1.Master.BatchRemove:output_type -> mc.store.v1.BatchResults
+	27, // 77: mc.store.v1.Master.RemoveAll:output_type -> mc.store.v1.RemoveAllResponse
+	23, // 78: mc.store.v1.Master.BatchQuery:output_type -> mc.store.v1.BatchReplicaListResponse
+	6,  // 79: mc.store.v1.Master.BatchReleaseStaged:output_type -> mc.store.v1.Result
+	29, // 80: mc.store.v1.Master.GetReplicaListByRegex:output_type -> mc.store.v1.RegexReplicaListResponse
+	31, // 81: mc.store.v1.Master.RemoveByRegex:output_type -> mc.store.v1.RemoveByRegexResponse
+	3,  // 82: mc.store.v1.Master.Session:output_type -> mc.store.v1.SessionResponse
+	62, // [62:83] is the sub-list for method output_type
+	41, // [41:62] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_store_proto_init() }
@@ -2576,7 +2659,7 @@ func file_store_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_store_proto_rawDesc), len(file_store_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   30,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -41,6 +41,7 @@ const (
 	Master_BatchRemove_FullMethodName            = "/mc.store.v1.Master/BatchRemove"
 	Master_RemoveAll_FullMethodName              = "/mc.store.v1.Master/RemoveAll"
 	Master_BatchQuery_FullMethodName             = "/mc.store.v1.Master/BatchQuery"
+	Master_BatchReleaseStaged_FullMethodName     = "/mc.store.v1.Master/BatchReleaseStaged"
 	Master_GetReplicaListByRegex_FullMethodName  = "/mc.store.v1.Master/GetReplicaListByRegex"
 	Master_RemoveByRegex_FullMethodName          = "/mc.store.v1.Master/RemoveByRegex"
 	Master_Session_FullMethodName                = "/mc.store.v1.Master/Session"
@@ -69,6 +70,11 @@ type MasterClient interface {
 	RemoveAll(ctx context.Context, in *RemoveAllRequest, opts ...grpc.CallOption) (*RemoveAllResponse, error)
 	// BatchQuery is an admin read: replicas without a lease.
 	BatchQuery(ctx context.Context, in *BatchKeysRequest, opts ...grpc.CallOption) (*BatchReplicaListResponse, error)
+	// BatchReleaseStaged hands back staged reads of disk objects (a
+	// ReplicaList's staged id) once their bytes are moved: their range in
+	// the node's staging pool is free for the next read at once, not when
+	// the staging TTL ends.
+	BatchReleaseStaged(ctx context.Context, in *ReleaseStagedRequest, opts ...grpc.CallOption) (*Result, error)
 	// The stored keys an RE2 pattern (Go's regexp) finds, anywhere in the
 	// key as Mooncake's std::regex_search: GetReplicaListByRegex lists them
 	// with their replicas (an admin read: no lease, unlike Mooncake's),
@@ -262,6 +268,16 @@ func (c *masterClient) BatchQuery(ctx context.Context, in *BatchKeysRequest, opt
 	return out, nil
 }
 
+func (c *masterClient) BatchReleaseStaged(ctx context.Context, in *ReleaseStagedRequest, opts ...grpc.CallOption) (*Result, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Result)
+	err := c.cc.Invoke(ctx, Master_BatchReleaseStaged_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *masterClient) GetReplicaListByRegex(ctx context.Context, in *RegexRequest, opts ...grpc.CallOption) (*RegexReplicaListResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RegexReplicaListResponse)
@@ -318,6 +334,11 @@ type MasterServer interface {
 	RemoveAll(context.Context, *RemoveAllRequest) (*RemoveAllResponse, error)
 	// BatchQuery is an admin read: replicas without a lease.
 	BatchQuery(context.Context, *BatchKeysRequest) (*BatchReplicaListResponse, error)
+	// BatchReleaseStaged hands back staged reads of disk objects (a
+	// ReplicaList's staged id) once their bytes are moved: their range in
+	// the node's staging pool is free for the next read at once, not when
+	// the staging TTL ends.
+	BatchReleaseStaged(context.Context, *ReleaseStagedRequest) (*Result, error)
 	// The stored keys an RE2 pattern (Go's regexp) finds, anywhere in the
 	// key as Mooncake's std::regex_search: GetReplicaListByRegex lists them
 	// with their replicas (an admin read: no lease, unlike Mooncake's),
@@ -391,6 +412,9 @@ func (UnimplementedMasterServer) RemoveAll(context.Context, *RemoveAllRequest) (
 }
 func (UnimplementedMasterServer) BatchQuery(context.Context, *BatchKeysRequest) (*BatchReplicaListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method BatchQuery not implemented")
+}
+func (UnimplementedMasterServer) BatchReleaseStaged(context.Context, *ReleaseStagedRequest) (*Result, error) {
+	return nil, status.Error(codes.Unimplemented, "method BatchReleaseStaged not implemented")
 }
 func (UnimplementedMasterServer) GetReplicaListByRegex(context.Context, *RegexRequest) (*RegexReplicaListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetReplicaListByRegex not implemented")
@@ -728,6 +752,24 @@ func _Master_BatchQuery_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_BatchReleaseStaged_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseStagedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).BatchReleaseStaged(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_BatchReleaseStaged_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).BatchReleaseStaged(ctx, req.(*ReleaseStagedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Master_GetReplicaListByRegex_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RegexRequest)
 	if err := dec(in); err != nil {
@@ -845,6 +887,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "BatchQuery",
 			Handler:    _Master_BatchQuery_Handler,
+		},
+		{
+			MethodName: "BatchReleaseStaged",
+			Handler:    _Master_BatchReleaseStaged_Handler,
 		},
 		{
 			MethodName: "GetReplicaListByRegex",

@@ -37,7 +37,8 @@ const (
 	// version, and answer once it is durable.
 	TierCommand_OFFLOAD TierCommand_Kind = 1
 	// LOAD: read key at version from disk into [addr, addr+size) of the
-	// segment, checksum verified, and answer once the bytes are there.
+	// segment or of the staging pool, checksum verified, and answer once
+	// the bytes are there.
 	TierCommand_LOAD TierCommand_Kind = 2
 	// DROP: remove key's record if it has that version (no answer).
 	TierCommand_DROP TierCommand_Kind = 3
@@ -158,9 +159,15 @@ type TierHello struct {
 	// loads write into it.
 	SegmentId *UUID `protobuf:"bytes,2,opt,name=segment_id,json=segmentId,proto3" json:"segment_id,omitempty"`
 	// tier_id names the disk directory, stable across restarts.
-	TierId        string        `protobuf:"bytes,3,opt,name=tier_id,json=tierId,proto3" json:"tier_id,omitempty"`
-	Capacity      uint64        `protobuf:"varint,4,opt,name=capacity,proto3" json:"capacity,omitempty"`
-	Records       []*TierRecord `protobuf:"bytes,5,rep,name=records,proto3" json:"records,omitempty"`
+	TierId   string        `protobuf:"bytes,3,opt,name=tier_id,json=tierId,proto3" json:"tier_id,omitempty"`
+	Capacity uint64        `protobuf:"varint,4,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Records  []*TierRecord `protobuf:"bytes,5,rep,name=records,proto3" json:"records,omitempty"`
+	// staging_addr and staging_size are the node's staging pool: memory
+	// registered with its engine, apart from the segment, that LOADs for
+	// reads go into (the master allocates in it; peers read from it). 0:
+	// none (a node of an older mc), loads go into the segment.
+	StagingAddr   uint64 `protobuf:"varint,6,opt,name=staging_addr,json=stagingAddr,proto3" json:"staging_addr,omitempty"`
+	StagingSize   uint64 `protobuf:"varint,7,opt,name=staging_size,json=stagingSize,proto3" json:"staging_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -228,6 +235,20 @@ func (x *TierHello) GetRecords() []*TierRecord {
 		return x.Records
 	}
 	return nil
+}
+
+func (x *TierHello) GetStagingAddr() uint64 {
+	if x != nil {
+		return x.StagingAddr
+	}
+	return 0
+}
+
+func (x *TierHello) GetStagingSize() uint64 {
+	if x != nil {
+		return x.StagingSize
+	}
+	return 0
 }
 
 // TierStats is the node's disk tier as it stands (sent every second).
@@ -714,14 +735,16 @@ const file_tier_proto_rawDesc = "" +
 	"TierRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x04R\aversion\"\xd5\x01\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"\x9b\x02\n" +
 	"\tTierHello\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x120\n" +
 	"\n" +
 	"segment_id\x18\x02 \x01(\v2\x11.mc.store.v1.UUIDR\tsegmentId\x12\x17\n" +
 	"\atier_id\x18\x03 \x01(\tR\x06tierId\x12\x1a\n" +
 	"\bcapacity\x18\x04 \x01(\x04R\bcapacity\x121\n" +
-	"\arecords\x18\x05 \x03(\v2\x17.mc.store.v1.TierRecordR\arecords\"\xac\x02\n" +
+	"\arecords\x18\x05 \x03(\v2\x17.mc.store.v1.TierRecordR\arecords\x12!\n" +
+	"\fstaging_addr\x18\x06 \x01(\x04R\vstagingAddr\x12!\n" +
+	"\fstaging_size\x18\a \x01(\x04R\vstagingSize\"\xac\x02\n" +
 	"\tTierStats\x12\x1a\n" +
 	"\bcapacity\x18\x01 \x01(\x04R\bcapacity\x12\x12\n" +
 	"\x04used\x18\x02 \x01(\x04R\x04used\x12\x18\n" +

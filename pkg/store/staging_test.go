@@ -1,0 +1,230 @@
+package store_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+)
+
+// The scan of issue 36: a node of 64 MiB DRAM with a 1 GiB disk tier,
+// 200 objects of 1 MiB put (most end up on disk only), then read back one
+// after another as fast as the client goes, then again by 8 concurrent
+// readers. Every get returns the exact bytes (reads wait for staging room
+// rather than fail), and the reads take no DRAM: the objects in DRAM
+// before the scan are there after it, and nothing more was offloaded.
+func TestStagingScanLargerThanDRAM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 200 MiB to disk")
+	}
+	// Promotion off: it is the one read that may take DRAM, by design.
+	c := startMaster(t, master.Config{PromoteAfter: -1})
+	_, tn := c.tierNodeWith(64<<20, store.TierConfig{Dir: t.TempDir(), Capacity: 1 << 30, StagingSize: 16 << 20})
+	cl := c.client(0)
+	ctx := context.Background()
+	const n = 200
+	key := func(i int) string { return fmt.Sprintf("k%d", i) }
+	val := func(i int) []byte { return value(1<<20, byte(i)) }
+	for i := range n {
+		putRetry(t, cl, key(i), val(i))
+	}
+	// Let the offloads the puts caused land.
+	waitFor(t, "the offloads to land", 60*time.Second, func() bool { return c.m.TierTotals().Inflight == 0 })
+	time.Sleep(200 * time.Millisecond)
+	inDRAM := map[string]bool{}
+	for i := range n {
+		if !diskOnly(t, cl, key(i)) {
+			inDRAM[key(i)] = true
+		}
+	}
+	offloads, used := c.m.TierTotals().Offloads, c.m.Stats().Used
+	if len(inDRAM) == 0 || len(inDRAM) > 64 || offloads < n-64 {
+		t.Fatalf("%d objects in DRAM and %d offloaded before the scan; want most of the 200 on disk only", len(inDRAM), offloads)
+	}
+	check := func(i int) error {
+		got, err := cl.Get(ctx, key(i))
+		if err != nil {
+			return fmt.Errorf("get %s: %w", key(i), err)
+		}
+		if !bytes.Equal(got, val(i)) {
+			return fmt.Errorf("get %s: wrong bytes", key(i))
+		}
+		return nil
+	}
+	for i := range n {
+		if err := check(i); err != nil {
+			t.Fatalf("sequential scan: %v", err)
+		}
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				if err := check(i); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var failed []string
+	for err := range errs {
+		failed = append(failed, err.Error())
+	}
+	if len(failed) > 0 {
+		t.Fatalf("8 concurrent readers: %d of %d gets failed, first: %s", len(failed), n, failed[0])
+	}
+	for k := range inDRAM {
+		if diskOnly(t, cl, k) {
+			t.Fatalf("%s was in DRAM before the scan and is not after it: the reads evicted it", k)
+		}
+	}
+	if tt := c.m.TierTotals(); tt.Offloads != offloads || c.m.Stats().Used != used {
+		t.Fatalf("after the scan: %d offloads (was %d), %d bytes of DRAM used (was %d); the reads took DRAM", tt.Offloads, offloads, c.m.Stats().Used, used)
+	}
+	if tt := c.m.TierTotals(); tt.DiskHits < uint64(2*(n-len(inDRAM))) {
+		t.Fatalf("%d disk hits, want at least %d", tt.DiskHits, 2*(n-len(inDRAM)))
+	}
+	waitFor(t, "every staged read handed back", 5*time.Second, func() bool { return c.m.Tiers()[0].StagingUsed == 0 })
+	if tt := c.m.TierTotals(); tt.StagedReclaimed != 0 {
+		t.Fatalf("%d staged reads reclaimed by the TTL; every reader handed its reads back", tt.StagedReclaimed)
+	}
+	_ = tn
+}
+
+// A read that finds its node's staging pool full waits for room (it is
+// counted), and is served as soon as a staged read is handed back.
+func TestStagingWaitsForRoom(t *testing.T) {
+	c := startMaster(t, master.Config{PromoteAfter: -1, StagingTTL: time.Minute})
+	c.tierNodeWith(16<<20, store.TierConfig{Dir: t.TempDir(), Capacity: 64 << 20, StagingSize: 2 << 20})
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{}
+	for i := range 3 {
+		vals[fmt.Sprintf("k%d", i)] = value(1<<20, byte(i))
+	}
+	offloadAll(t, c, cl, vals)
+	// A reader (the master's own API: it hands nothing back) holds two
+	// staged reads: the 2 MiB pool is full.
+	var held []uint64
+	for _, r := range c.m.BatchGetReplicaList([]string{"k0", "k1"}) {
+		if r.Err != nil || r.Staged == 0 {
+			t.Fatalf("staged read: %+v", r)
+		}
+		held = append(held, r.Staged)
+	}
+	if ts := c.m.Tiers()[0]; ts.StagingUsed != 2<<20 || ts.StagingSize != 2<<20 {
+		t.Fatalf("staging pool %d of %d used, want all 2 MiB", ts.StagingUsed, ts.StagingSize)
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		c.m.ReleaseStaged(held[:1])
+	}()
+	t0 := time.Now()
+	got, err := cl.Get(ctx, "k2")
+	if err != nil || !bytes.Equal(got, vals["k2"]) {
+		t.Fatalf("get k2 with the staging pool full: %v (equal %v); want it to wait for room", err, bytes.Equal(got, vals["k2"]))
+	}
+	if d := time.Since(t0); d < 250*time.Millisecond {
+		t.Fatalf("get k2 returned after %s, before any room was freed", d)
+	}
+	if ts := c.m.Tiers()[0]; ts.StagingWaits != 1 {
+		t.Fatalf("%d reads waited for staging room, want 1", ts.StagingWaits)
+	}
+	if tt := c.m.TierTotals(); tt.StagingWaits != 1 {
+		t.Fatalf("totals: %d staging waits, want 1", tt.StagingWaits)
+	}
+	// A pool that stays full fails the read once its wait is over, with
+	// a reason, never a wrong byte.
+	c.m.BatchGetReplicaList([]string{"k0"}) // k0's copy: a second reader
+	r := c.m.BatchGetReplicaListBy(time.Now().Add(200*time.Millisecond), []string{"k2"})[0]
+	if !errors.Is(r.Err, store.ErrNoAvailableHandle) || !strings.Contains(r.Err.Error(), "staging pool") {
+		t.Fatalf("read with the pool held full past its deadline: %v, want NO_AVAILABLE_HANDLE naming the staging pool", r.Err)
+	}
+}
+
+// A reader SIGKILLed while it holds staged reads: the master frees them
+// when the staging TTL passes and counts them as reclaimed; later reads
+// are served.
+func TestStagingReaderKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a child reader process")
+	}
+	const ttl = 500 * time.Millisecond
+	c := startMaster(t, master.Config{PromoteAfter: -1, StagingTTL: ttl})
+	c.tierNodeWith(16<<20, store.TierConfig{Dir: t.TempDir(), Capacity: 64 << 20, StagingSize: 4 << 20})
+	cl := c.client(0)
+	vals := map[string][]byte{}
+	for i := range 4 {
+		vals[fmt.Sprintf("k%d", i)] = value(1<<20, byte(i))
+	}
+	offloadAll(t, c, cl, vals)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "MC_STORE_TEST_READER="+c.addr, "MC_STORE_TEST_KEYS=k0,k1,k2,k3")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HOLDING 4") {
+		t.Fatalf("child reader: %q, %v", line, err)
+	}
+	if ts := c.m.Tiers()[0]; ts.StagingUsed != 4<<20 {
+		t.Fatalf("%d bytes of the staging pool held by the reader, want 4 MiB", ts.StagingUsed)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	waitFor(t, "the dead reader's staged reads to be reclaimed", 10*ttl, func() bool { return c.m.Tiers()[0].StagingUsed == 0 })
+	if tt, ts := c.m.TierTotals(), c.m.Tiers()[0]; tt.StagedReclaimed != 4 || ts.StagingReclaimed != 4 || tt.StagedReleased != 0 {
+		t.Fatalf("reclaimed %d (tier %d), released %d; want 4 reclaimed by the TTL, none released", tt.StagedReclaimed, ts.StagingReclaimed, tt.StagedReleased)
+	}
+	checkGets(t, cl, vals)
+	waitFor(t, "the later gets to hand their staged reads back", 5*time.Second, func() bool { return c.m.TierTotals().StagedReleased == 4 })
+}
+
+// runChildReader reads keys in one batch and stops before handing the
+// staged reads back, saying so, until it is killed.
+func runChildReader(addr string, keys []string) {
+	c, err := store.New(context.Background(), store.Config{Master: addr, EngineConfig: engineConfig(), PingInterval: 50 * time.Millisecond})
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	store.SetBeforeStagedRelease(func(ids []uint64) {
+		fmt.Println("HOLDING", len(ids))
+		select {}
+	})
+	_, errs := c.BatchGet(context.Background(), keys)
+	fmt.Println("ERR batch get returned", errs)
+	os.Exit(1)
+}
+
+// A staging pool larger than the host's memory is refused when the tier
+// opens, in one line naming the flag.
+func TestStagingLargerThanMemory(t *testing.T) {
+	_, err := store.OpenTier(store.TierConfig{Dir: t.TempDir(), Capacity: 64 << 20, StagingSize: 1 << 50})
+	if err == nil || !strings.Contains(err.Error(), "--ssd-staging-size") || !strings.Contains(err.Error(), "memory") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("OpenTier with a 1 PiB staging pool: %v; want one line naming --ssd-staging-size and the host's memory", err)
+	}
+}
