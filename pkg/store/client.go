@@ -109,6 +109,8 @@ type Client struct {
 	// afterRead, if set (tests only), runs on each value read before its
 	// checksum is checked.
 	afterRead func(key string, b []byte)
+	// beforeTransfer (tests only) runs before a get's transfer round.
+	beforeTransfer func()
 	// mismatches counts checksum mismatches; reported the part the
 	// master has been told of (Ping).
 	mismatches, reported atomic.Uint64

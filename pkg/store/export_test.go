@@ -8,6 +8,10 @@ func SetAfterPutStart(c *Client, f func(keys []string)) { c.afterPutStart = f }
 // checksum is checked: tests corrupt it there.
 func SetAfterRead(c *Client, f func(key string, b []byte)) { c.afterRead = f }
 
+// SetBeforeTransfer makes c call f before each get's transfer round,
+// after its replica lists: tests stall a reader there past its lease.
+func SetBeforeTransfer(c *Client, f func()) { c.beforeTransfer = f }
+
 // SetBeforeStagedRelease stalls (or watches) gets before they hand their
 // staged disk reads back.
 func SetBeforeStagedRelease(f func(ids []uint64)) { beforeStagedRelease = f }

@@ -293,3 +293,46 @@ func TestFenceNodeRemount(t *testing.T) {
 		})
 	}
 }
+
+// A reader stopped between its replica list and the end of its read for
+// longer than its read lease: the object may have been evicted and its
+// range given to another in between, so the get fails LEASE_EXPIRED
+// instead of returning what it read (before, it returned the bytes of
+// whatever had been put there since: here, another key's).
+func TestGetPastLeaseNotReturned(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 150 * time.Millisecond})
+	c.client(16 << 20)
+	reader := c.client(0)
+	writer := c.client(0)
+	ctx := context.Background()
+	v := value(1<<20, 7)
+	if err := writer.Put(ctx, "k", v); err != nil {
+		t.Fatal(err)
+	}
+	var other []byte
+	store.SetBeforeTransfer(reader, func() {
+		// While the reader is stopped past its lease, k goes and another
+		// object takes its range.
+		time.Sleep(200 * time.Millisecond)
+		if err := writer.Remove(ctx, "k", false); err != nil {
+			t.Errorf("remove: %v", err)
+		}
+		other = value(1<<20, 8)
+		if err := writer.Put(ctx, "other", other); err != nil {
+			t.Errorf("put: %v", err)
+		}
+	})
+	got, err := reader.Get(ctx, "k")
+	if store.CodeOf(err) != store.LeaseExpired {
+		same := "its own bytes"
+		if !bytes.Equal(got, v) {
+			same = "other bytes"
+		}
+		t.Fatalf("a get that outlived its lease: %v (returned %d bytes, %s); want LEASE_EXPIRED", err, len(got), same)
+	}
+	t.Logf("%v", err)
+	store.SetBeforeTransfer(reader, nil)
+	if got, err := reader.Get(ctx, "other"); err != nil || !bytes.Equal(got, other) {
+		t.Fatalf("a get within its lease: %v", err)
+	}
+}

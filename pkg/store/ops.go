@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
 )
@@ -371,6 +372,7 @@ func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error
 		return vals, failAll(errs, err)
 	}
 	defer c.leave()
+	asked := time.Now()
 	reps, sums := c.replicaLists(ctx, keys, errs)
 	dst := make([]local, len(keys))
 	defer c.unstage(ctx, dst)
@@ -385,7 +387,7 @@ func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error
 		}
 		dst[i] = s
 	}
-	c.read(ctx, keys, reps, sums, dst, errs)
+	c.read(ctx, asked, keys, reps, sums, dst, errs)
 	for i := range keys {
 		if errs[i] == nil {
 			vals[i] = append([]byte(nil), dst[i].bytes()...)
@@ -409,6 +411,7 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, slices []Slice
 		return ns, failAll(errs, err)
 	}
 	defer c.leave()
+	asked := time.Now()
 	reps, sums := c.replicaLists(ctx, keys, errs)
 	dst := make([]local, len(keys))
 	for i := range keys {
@@ -431,7 +434,7 @@ func (c *Client) BatchGetInto(ctx context.Context, keys []string, slices []Slice
 		n := reps[i][0].Len
 		dst[i] = local{addr: a, n: n, buf: slices[i].Buf.mem.Bytes()[slices[i].Off:][:n]}
 	}
-	c.read(ctx, keys, reps, sums, dst, errs)
+	c.read(ctx, asked, keys, reps, sums, dst, errs)
 	for i := range keys {
 		if errs[i] == nil {
 			ns[i] = int(dst[i].n)
@@ -503,7 +506,13 @@ func (c *Client) orderReplicas(reps []Replica) []Replica {
 // match the writer's checksum (sums: nil, or per key, 0 for none). A key
 // whose every replica holds other bytes fails with INVALID_REPLICA and
 // is removed, so that the next put stores it anew.
-func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, sums []uint64, dst []local, errs []error) {
+//
+// asked is when the replica lists were asked for: the read leases began
+// after it, so a read that ends past asked plus its lease may have read
+// a range the master had since given to another object (the reader was
+// stopped, swapped out or slowed past its lease): it fails LEASE_EXPIRED
+// rather than return those bytes.
+func (c *Client) read(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, sums []uint64, dst []local, errs []error) {
 	defer c.releaseStaged(ctx, reps)
 	try := make([]int, len(keys))
 	var bad []int // per key, replicas that failed their checksum (with sums only)
@@ -526,7 +535,20 @@ func (c *Client) read(ctx context.Context, keys []string, reps [][]Replica, sums
 		if len(reqs) == 0 {
 			return
 		}
+		if c.beforeTransfer != nil {
+			c.beforeTransfer()
+		}
 		failed := c.transfer(ctx, reqs, len(keys))
+		took := time.Since(asked)
+		for _, x := range reqs {
+			if failed[x.item] == nil && x.rep.Lease > 0 && took >= x.rep.Lease {
+				failed[x.item] = Errorf(LeaseExpired, "key %q: the read from %s ended %s after the replica list was asked for, past its read lease of %s: the range may hold another object's bytes by now; not returned (a reader stopped or slowed that long; get it again)",
+					keys[x.item], x.rep.Segment, took.Round(time.Millisecond), x.rep.Lease)
+				// Every replica's lease began with this one: none is
+				// trustworthy now.
+				try[x.item] = len(reps[x.item]) - 1
+			}
+		}
 		if sums != nil {
 			c.verify(keys, sums, reqs, dst, failed)
 		}

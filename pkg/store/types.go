@@ -79,6 +79,10 @@ type Replica struct {
 	// back (by this id) once the bytes are moved, so the range serves the
 	// next read at once.
 	Staged uint64
+	// Lease is the read lease the master granted with this list (0: none,
+	// an admin read). Past it the object may be evicted and its range
+	// given to another: a read that ends later is not trusted (Get).
+	Lease time.Duration
 }
 
 // ReplicateConfig is Mooncake's ReplicateConfig: how many copies, where.

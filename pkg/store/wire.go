@@ -109,6 +109,7 @@ func ReplicaListFromPB(p *storepb.ReplicaList) ([]Replica, time.Duration, error)
 	for i, r := range p.Replicas {
 		out[i] = ReplicaFromPB(r)
 		out[i].Staged = p.Staged
+		out[i].Lease = time.Duration(p.LeaseTtlMs) * time.Millisecond
 	}
 	return out, time.Duration(p.LeaseTtlMs) * time.Millisecond, nil
 }
@@ -159,6 +160,7 @@ func replicaTableFromPB(t *storepb.ReplicaTable, n int) ([][]Replica, []error, e
 			if len(t.Staged) != 0 {
 				out[j].Staged = t.Staged[i]
 			}
+			out[j].Lease = time.Duration(t.LeaseTtlMs[i]) * time.Millisecond
 		}
 		reps[i] = out
 		at += k

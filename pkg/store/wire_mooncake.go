@@ -299,6 +299,7 @@ func (w *mooncakeWire) replicaLists(ctx context.Context, keys []string) ([][]Rep
 		}
 		for _, r := range replicasFrom(ls[i].Replicas) {
 			if r.Complete {
+				r.Lease = time.Duration(ls[i].LeaseTTLms) * time.Millisecond
 				out[i] = append(out[i], r)
 			}
 		}
