@@ -32,7 +32,7 @@ var sizeFlags = map[string][]string{
 	"mc bench initiator": {"block-size", "buffer-size", "handshake-max-length"},
 	"mc bench coll":      {"max-bytes", "min-bytes", "slot-size"},
 	"mc bench store":     {"segment-size", "ssd-size", "value-size"},
-	"mc serve store":     {"region-size", "request-budget", "segment-size", "ssd-size"},
+	"mc serve store":     {"region-size", "request-budget", "segment-size", "ssd-size", "ssd-staging-size"},
 	"mc store replay":    {"block-bytes"},
 	"mc sim conductor":   {"block-bytes"},
 }

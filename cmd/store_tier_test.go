@@ -302,7 +302,7 @@ func TestStoreReplayOnlineTwoTiers(t *testing.T) {
 		fmt.Fprintf(&b, "{\"timestamp\": %d, \"input_length\": 4096, \"output_length\": 1, \"hash_ids\": [%s]}\n", i, strings.Join(ids, ", "))
 	}
 	tr := writeTrace(t, b.String())
-	rpc, admin, _, _ := startServeStore(t, "--segment-size", "1M", "--ssd-dir", t.TempDir(), "--ssd-size", "16M", "--default_kv_lease_ttl", "1")
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "1M", "--ssd-dir", t.TempDir(), "--ssd-size", "16M", "--default_kv_lease_ttl", "100")
 	out, errs, code := execMC(t, "store", "replay", "--trace", tr, "--online", "--block-bytes", "64K", "--capacity-blocks", "16",
 		"--ssd-capacity-blocks", "48", "-o", "json", "--master", rpc, "--admin", admin)
 	var j tieredReplayJSON
