@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -132,4 +133,59 @@ func TestFollowNotAPublisher(t *testing.T) {
 	if err := Follow(ctx, "127.0.0.1:5557", Follower{}); err == nil || !strings.Contains(err.Error(), "want tcp://") {
 		t.Fatalf("Follow of a malformed endpoint: %v", err)
 	}
+}
+
+// BenchmarkPublisher: events per second one publisher sends to one
+// subscriber reading them (events queued as fast as one caller can);
+// "delivered" is the share that reached the subscriber (the rest were
+// dropped for it falling 10000 messages behind).
+func BenchmarkPublisher(b *testing.B) {
+	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "bench", QueueCapacity: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	s, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for p.Stats().Subscribers == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	var n, last atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			m, err := s.Next()
+			if err != nil {
+				return
+			}
+			n.Add(int64(len(m.Events)))
+			last.Store(time.Now().UnixNano())
+		}
+	}()
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("0x%x", i+1)
+	}
+	b.ResetTimer()
+	t0 := time.Now()
+	for i := range b.N {
+		p.Stored(keys[i%len(keys)], MediumCPU)
+	}
+	for p.Stats().PublishedEvents < uint64(b.N) {
+		time.Sleep(time.Millisecond)
+	}
+	b.ReportMetric(float64(b.N)/time.Since(t0).Seconds(), "published/s")
+	for prev := int64(-1); n.Load() < int64(b.N) && n.Load() != prev; {
+		prev = n.Load()
+		time.Sleep(300 * time.Millisecond) // nothing more for 300 ms: the rest was dropped
+	}
+	b.StopTimer()
+	s.Close()
+	<-done
+	got := n.Load()
+	b.ReportMetric(float64(got)/(time.Duration(last.Load()-t0.UnixNano())).Seconds(), "received/s")
+	b.ReportMetric(float64(got)/float64(b.N), "delivered")
 }
