@@ -72,7 +72,7 @@ func TestStoreEventsFollowsPublisher(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		p.Stored("0x1f2e", kvevents.MediumCPU)
-		p.Stored("1234567", kvevents.MediumCPU) // not 0x: filtered out
+		p.Stored("1234567", kvevents.MediumCPU)  // not 0x: filtered out
 		p.Removed("0x1f2e", kvevents.MediumDisk) // removed: filtered out
 		p.Stored("0xabc", kvevents.MediumDisk)
 		if asJSON {
