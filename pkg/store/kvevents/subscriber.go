@@ -124,6 +124,10 @@ func Subscribe(ctx context.Context, endpoint string) (*Subscriber, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", endpoint, err)
 	}
+	// The handshake ends with ctx too (a peer that accepts and never
+	// answers).
+	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+	defer stop()
 	r := bufio.NewReaderSize(c, 64<<10)
 	if err := handshake(c, r, false, "SUB", "PUB", "XPUB"); err != nil {
 		_ = c.Close()

@@ -829,7 +829,6 @@ func (m *Master) commitDrainUnit(u *drainUnit) bool {
 	ch := Change{Op: OpPutEnd, Key: u.key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin}
 	if o.onDisk() {
 		ch.Op, ch.Version, ch.Tier = OpPromote, o.tier.version, o.tier.node.id
-		m.eventStored(o.key, mediumCPU) // back in DRAM; a DRAM object's copy changes nothing
 	}
 	m.emit(ch)
 	sh.mu.Unlock()

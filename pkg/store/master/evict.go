@@ -345,7 +345,7 @@ func (m *Master) evictShard(sh *shard, quota uint64, sw *sweep) (freed, later, k
 // evictLocked removes o (its shard locked) and frees its space; the
 // owners of its regions learn of it on their next ping.
 func (m *Master) evictLocked(sh *shard, o *Object) {
-	m.eventRemoved(o)
+	m.eventDropped(o)
 	sh.remove(o.key, o)
 	m.space.freeEvicted(o.key, o.replicas, o.size)
 	m.dropDiskLocked(o)

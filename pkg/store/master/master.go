@@ -564,7 +564,7 @@ func (m *Master) finishUnmount(seg *segment) {
 			} else if len(o.replicas) == 0 {
 				lost++
 				if o.state == stateComplete || o.inPlace {
-					m.eventRemoved(o)
+					m.eventDropped(o)
 				}
 				sh.remove(key, o)
 				if o.upsert != nil {

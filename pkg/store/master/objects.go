@@ -342,7 +342,7 @@ func (m *Master) discardStaleIn(sh *shard, cut int64) {
 			o.putStart = 0
 		case o.state == stateProcessing:
 			if o.inPlace {
-				m.eventRemoved(o)
+				m.eventDropped(o)
 			}
 			sh.remove(key, o)
 			m.pend.addRelease(release, o.size, o.replicas)

@@ -359,7 +359,7 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64, dr
 		// (keys decoded borrowed), which the op log would keep alive.
 		m.emit(Change{Op: OpPutEnd, Key: o.key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin, Sum: sum})
 	}
-	m.eventStored(o.key, mediumCPU)
+	m.eventStored(o.key)
 	return nil
 }
 

@@ -399,7 +399,6 @@ func (m *Master) dropMemoryLocked(sh *shard, o *Object) {
 	}
 	m.freeMemoryLocked(o)
 	m.emit(Change{Op: OpDiskOnly, Key: o.key, Size: o.size, Version: o.tier.version, Tier: o.tier.node.id})
-	m.eventStored(o.key, mediumDisk)
 }
 
 // freeMemoryLocked frees o's DRAM replicas now, or when the lease of a
@@ -500,7 +499,6 @@ func (m *Master) offloadDone(n *tierNode, op *tierOp, err error) {
 	m.tiers.offloadBytes.Add(o.size)
 	m.countEvicted(phaseOffload, 1, bytes)
 	m.emit(Change{Op: OpDiskOnly, Key: o.key, Size: o.size, Version: o.tier.version, Tier: n.id})
-	m.eventStored(o.key, mediumDisk)
 }
 
 // ---- reads of objects on disk ----
@@ -662,7 +660,6 @@ func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
 		n.nPromotions.Add(1)
 		if o.onDisk() {
 			m.emit(Change{Op: OpPromote, Key: o.key, Size: o.size, Replicas: o.descriptors(true), Version: o.tier.version, Tier: o.tier.node.id})
-			m.eventStored(o.key, mediumCPU)
 		}
 	default:
 		o.tier.loading = nil
@@ -905,7 +902,6 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 			sh.keys++
 			added++
 			m.emit(Change{Op: OpDiskOnly, Key: o.key, Size: o.size, Version: r.GetVersion(), Tier: n.id})
-			m.eventStored(o.key, mediumDisk)
 		case o.tier != nil && o.tier.version == r.GetVersion() && o.size == r.GetSize() && o.state == stateComplete:
 			if o.tier.node != n && o.tier.node != nil {
 				// Another tier holds it too: one disk replica is enough.
@@ -991,7 +987,7 @@ var errDetached = errors.New("the node's tier stream ended")
 // staged copy finish with it; it is freed as usual).
 func (m *Master) loseDiskLocked(sh *shard, o *Object) {
 	if len(o.replicas) == 0 && o.tier.loading == nil {
-		m.eventRemoved(o)
+		m.eventDropped(o)
 		sh.remove(o.key, o)
 		m.emit(Change{Op: OpEvict, Key: o.key})
 	}
