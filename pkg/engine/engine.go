@@ -162,7 +162,9 @@ type Engine struct {
 	pubMu sync.Mutex // serialises descriptor publication
 	// What the metadata backend holds of this engine, so that shutdown
 	// withdraws only that (under pubMu).
-	segPublished, rpcPublished bool
+	// Written under pubMu; read by Republish (a node's ping loop) while
+	// RegisterMemory (a disk tier's staging renewal) publishes.
+	segPublished, rpcPublished atomic.Bool
 
 	tasks taskCounters // Stats
 }
@@ -295,7 +297,7 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("start engine: publish rpc meta of %q: %w", e.segName, err)
 		}
 		slog.Debug("metadata: published rpc meta", "server", e.segName, "host", adv, "rpc_port", port, "metadata", cfg.MetadataServer)
-		e.rpcPublished = true
+		e.rpcPublished.Store(true)
 	}
 	if err := e.publish(ctx); err != nil {
 		e.shutdown(ctx)
@@ -371,10 +373,10 @@ func (e *Engine) release(m *Memory) error {
 // peer could no longer find this engine. Under P2PHANDSHAKE there is
 // nothing to write.
 func (e *Engine) Republish(ctx context.Context) error {
-	if !e.rpcPublished && !e.segPublished {
+	if !e.rpcPublished.Load() && !e.segPublished.Load() {
 		return nil
 	}
-	if e.rpcPublished {
+	if e.rpcPublished.Load() {
 		_, hsPort, _ := net.SplitHostPort(e.hs.Addr())
 		port, _ := strconv.Atoi(hsPort)
 		if err := e.backend.PutRPCMeta(ctx, e.segName, meta.RPCMeta{IPOrHostName: e.advHost, RPCPort: port}); err != nil {
@@ -412,7 +414,7 @@ func (e *Engine) publish(ctx context.Context) error {
 		return fmt.Errorf("publish segment %q: %w", e.segName, err)
 	}
 	slog.Debug("metadata: published segment", "segment", e.segName, "buffers", len(d.Buffers), "took", time.Since(start))
-	e.segPublished = true
+	e.segPublished.Store(true)
 	return nil
 }
 
@@ -427,14 +429,14 @@ const closeMetadataTimeout = 2 * time.Second
 func (e *Engine) withdraw(ctx context.Context) error {
 	e.pubMu.Lock()
 	defer e.pubMu.Unlock()
-	if e.segPublished {
-		e.segPublished = false
+	if e.segPublished.Load() {
+		e.segPublished.Store(false)
 		if err := e.backend.DeleteSegment(ctx, e.segName); err != nil && !errors.Is(err, meta.ErrNotFound) {
 			return fmt.Errorf("withdraw segment %q: %w", e.segName, err)
 		}
 	}
-	if e.rpcPublished {
-		e.rpcPublished = false
+	if e.rpcPublished.Load() {
+		e.rpcPublished.Store(false)
 		if err := e.backend.DeleteRPCMeta(ctx, e.segName); err != nil && !errors.Is(err, meta.ErrNotFound) {
 			return fmt.Errorf("withdraw rpc meta of %q: %w", e.segName, err)
 		}

@@ -3,6 +3,7 @@ package store
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -32,8 +33,8 @@ func TestReplicaTableFromPB(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want0 := []Replica{{Segment: "a:1", Endpoint: "a:1", Protocol: "tcp", Addr: 4096, Len: 100, Complete: true},
-		{Segment: "b:2", Endpoint: "b:2", Protocol: "rdma", Addr: 8192, Len: 100, Complete: true}}
+	want0 := []Replica{{Segment: "a:1", Endpoint: "a:1", Protocol: "tcp", Addr: 4096, Len: 100, Complete: true, Lease: 5 * time.Second},
+		{Segment: "b:2", Endpoint: "b:2", Protocol: "rdma", Addr: 8192, Len: 100, Complete: true, Lease: 5 * time.Second}}
 	if len(reps[0]) != 2 || reps[0][0] != want0[0] || reps[0][1] != want0[1] || errs[0] != nil {
 		t.Fatalf("key 0: %+v %v", reps[0], errs[0])
 	}

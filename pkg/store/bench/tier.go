@@ -17,14 +17,6 @@ import (
 	"github.com/kvcache-ops/mc/pkg/store/tier"
 )
 
-// onDiskLease is the embedded master's read lease in OnDisk runs: a
-// staging copy lives as long as its lease (every read renews it, and it
-// is freed at the master's next maintenance tick after), and a shorter
-// one keeps the next read of the same key (one pass over the keys later)
-// going to disk. A row whose keys come round sooner is refused. A
-// variable for tests, which run small key sets.
-var onDiskLease = 200 * time.Millisecond
-
 // diskKeys is how many keys an OnDisk get row reads: about 2 GiB of them,
 // at least 64 and four per value in flight, at most 80% of the tier.
 func (r *runner) diskKeys(vs int64, workers int) int {

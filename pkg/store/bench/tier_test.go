@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 )
@@ -12,11 +11,6 @@ import (
 // is right.
 func TestOnDiskRows(t *testing.T) {
 	dir := t.TempDir()
-	// A short lease so that a small key set comes round slower than a
-	// staging copy lives (every get must read the disk, or Run refuses
-	// the row).
-	defer func(l time.Duration) { onDiskLease = l }(onDiskLease)
-	onDiskLease = 20 * time.Millisecond
 	res, err := Run(context.Background(), Config{ValueSizes: []int64{256 << 10}, Ops: []string{"get"}, Concurrency: []int{2},
 		Keys: 400, Duration: 300 * time.Millisecond, SegmentSize: 128 << 20, SSDDir: dir, SSDSize: 256 << 20, OnDisk: true, Verify: true, Logger: quietLog()})
 	if err != nil {
@@ -37,15 +31,22 @@ func TestOnDiskRows(t *testing.T) {
 	}
 }
 
-// A get that finds an earlier read's staging copy still leased is served
-// from memory; a row where the keys come round that fast is not a row of
-// disk reads and is refused, naming why (with a shared-memory client the
-// gets of a small key set once measured 5 GB/s "from disk", faster than
-// the disk).
-func TestOnDiskRowRefusedWhenKeysComeRoundWithinTheLease(t *testing.T) {
-	_, err := Run(context.Background(), Config{ValueSizes: []int64{64 << 10}, Ops: []string{"get"}, Concurrency: []int{2},
-		Keys: 4, Duration: 300 * time.Millisecond, SegmentSize: 64 << 20, SSDDir: t.TempDir(), SSDSize: 64 << 20, OnDisk: true, Logger: quietLog()})
-	if err == nil || !strings.Contains(err.Error(), "staging copy") || !strings.Contains(err.Error(), "--keys") {
-		t.Fatalf("err = %v, want the row refused for reading staging copies", err)
+// Keys that come round fast still read the disk on every get: a staged
+// read is handed back when its transfer ends, so the next get of the key
+// loads it again rather than finding an earlier read's copy in memory
+// (when copies stayed leased for 10 s, such a row measured 5 GB/s "from
+// disk", and the bench refused it). The bench's check that at least 99%
+// of gets read the disk holds with 4 keys and one caller (concurrent
+// readers of one key share its staged copy, which the check still
+// refuses a row for).
+func TestOnDiskRowKeysComingRoundReadTheDisk(t *testing.T) {
+	res, err := Run(context.Background(), Config{ValueSizes: []int64{64 << 10}, Ops: []string{"get"}, Concurrency: []int{1},
+		Keys: 4, Duration: 300 * time.Millisecond, SegmentSize: 64 << 20, SSDDir: t.TempDir(), SSDSize: 64 << 20, OnDisk: true, Verify: true, Logger: quietLog()})
+	if err != nil {
+		t.Fatalf("a row of 4 keys coming round: %v", err)
+	}
+	g := res[len(res)-1]
+	if g.Op != "get" || g.DiskReads == 0 || g.Errors != 0 || g.Corrupt != 0 {
+		t.Fatalf("get row %+v: want every get a disk read, none failed", g)
 	}
 }

@@ -301,7 +301,11 @@ func TestNoObjectKeyNoLegacy(t *testing.T) {
 // A subscriber that connects, subscribes and never reads: events keep
 // flowing to the others, Stored never waits, and its drops are counted.
 func TestStalledSubscriber(t *testing.T) {
-	p := newTestPublisher(t, Config{SendHWM: 4})
+	// A queue of one batch's worth of messages: in lock step the reading
+	// subscriber has at most one batch of events out, even when a slow
+	// host makes every event its own message, so only the stalled one
+	// can overflow (24 MB of keys against its queue and socket buffers).
+	p := newTestPublisher(t, Config{SendHWM: MaxBatch})
 	go p.run()
 	stalled, err := Subscribe(context.Background(), p.Endpoint())
 	if err != nil {
@@ -314,7 +318,7 @@ func TestStalledSubscriber(t *testing.T) {
 	}
 	defer good.Close()
 	waitFor(t, "two subscribers", func() bool { return p.Stats().Subscribers == 2 })
-	const n = 3000
+	const n = 6000
 	key := strings.Repeat("k", 4000) // big messages fill the socket buffers fast
 	var received atomic.Int64
 	go func() {

@@ -625,7 +625,7 @@ func (m *Master) lookupUntil(keys []string, lease bool, deadline time.Time, out 
 		}
 	}
 	if len(loads) > 0 || hasNoRoom(out) {
-		out = m.awaitDisk(keys, lease, deadline, out, &descs, loads, loadIdx)
+		out = m.awaitDisk(keys, lease, deadline, now, out, &descs, loads, loadIdx)
 	}
 	if lease {
 		// Counted once per call: each counter is an atomic every caller
@@ -874,7 +874,19 @@ func hasNoRoom(out []ReplicaResult) bool {
 // loads it started (or joined) and answers them from the staged copies,
 // and keeps trying the reads whose node's staging pool was full each
 // time a range of it is freed, until the deadline (at most loadWait).
-func (m *Master) awaitDisk(keys []string, lease bool, deadline time.Time, out []ReplicaResult, descs *[]store.Replica, loads []*tierOp, loadIdx []int) []ReplicaResult {
+func (m *Master) awaitDisk(keys []string, lease bool, deadline time.Time, start int64, out []ReplicaResult, descs *[]store.Replica, loads []*tierOp, loadIdx []int) []ReplicaResult {
+	// A read granted after a wait: its lease, as told, counts from when
+	// the call began (start), so that a reader bounding its read by the
+	// time it sent the call plus the lease (store.Client's LEASE_EXPIRED
+	// check) stays inside the real lease.
+	regrant := func(i int) (ReplicaResult, *tierOp) {
+		now := m.now()
+		r, load := m.lookupOne(keys[i], i, lease, now, useCounter.Add(1), descs)
+		if r.LeaseTTL > 0 {
+			r.LeaseTTL += time.Duration(now - start)
+		}
+		return r, load
+	}
 	limit := time.Now().Add(loadWait)
 	if !deadline.IsZero() && deadline.Before(limit) {
 		limit = deadline
@@ -925,7 +937,7 @@ func (m *Master) awaitDisk(keys []string, lease bool, deadline time.Time, out []
 				continue
 			}
 			var again *tierOp
-			if out[i], again = m.lookupOne(keys[i], i, lease, m.now(), useCounter.Add(1), descs); again != nil {
+			if out[i], again = regrant(i); again != nil {
 				// Its copy went (its readers done) and another load began.
 				left, leftIdx = append(left, again), append(leftIdx, i)
 			}
@@ -934,7 +946,7 @@ func (m *Master) awaitDisk(keys []string, lease bool, deadline time.Time, out []
 		var stillFull []int
 		for _, i := range room {
 			var load *tierOp
-			out[i], load = m.lookupOne(keys[i], i, lease, m.now(), useCounter.Add(1), descs)
+			out[i], load = regrant(i)
 			var nr *errNoStagingRoom
 			switch {
 			case load != nil:

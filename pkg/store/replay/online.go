@@ -43,7 +43,8 @@ type OnlineResult struct {
 	Seconds      float64 `json:"seconds"`
 	GBPerSec     float64 `json:"gb_per_sec"`
 	// PutFailures: misses the store could not take (nothing evictable);
-	// GetFailures: hits gone between the existence check and the read.
+	// GetFailures: hits gone between the existence check and the read,
+	// or read past their lease (LEASE_EXPIRED).
 	PutFailures int `json:"put_failures"`
 	GetFailures int `json:"get_failures"`
 	// KeyPrefix is the run's key prefix; KeysRemoved counts the keys it
@@ -127,7 +128,9 @@ func Online(ctx context.Context, c *store.Client, t *Trace, cfg OnlineConfig) (r
 				switch {
 				case err == nil:
 					res.BytesRead += uint64(len(vals[i]))
-				case errors.Is(err, store.ErrObjectNotFound):
+				case errors.Is(err, store.ErrObjectNotFound), store.CodeOf(err) == store.LeaseExpired:
+					// Gone since the existence check, or read past its
+					// lease on a slow host: an engine recomputes either.
 					res.GetFailures++
 				default:
 					return res, fmt.Errorf("request %d: get %q: %w", ri, hit[i], err)

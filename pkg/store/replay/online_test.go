@@ -60,7 +60,7 @@ func TestOnlineMatchesOffline(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, m := startStore(t, master.Config{
-		KVLeaseTTL: time.Millisecond, HighWatermark: 1, EvictionInterval: time.Hour, Logger: quiet,
+		KVLeaseTTL: 200 * time.Millisecond, HighWatermark: 1, EvictionInterval: time.Hour, Logger: quiet,
 	}, capacity*block)
 	on, err := Online(context.Background(), c, tr, OnlineConfig{BlockBytes: block, Label: "lru", CapacityBlocks: capacity})
 	if err != nil {
@@ -90,7 +90,7 @@ func TestOnlineWithDiskTier(t *testing.T) {
 	tr.Requests, tr.Blocks = tr.Requests[:n], tr.Blocks[:n]
 	dramOnly, _ := Run(tr, "lru", capacity)
 	off, _ := RunTiered(tr, "lru", capacity, ssd, 2)
-	m, err := master.New(master.Config{KVLeaseTTL: time.Millisecond, Logger: quiet})
+	m, err := master.New(master.Config{KVLeaseTTL: 200 * time.Millisecond, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
