@@ -671,7 +671,7 @@ func (m *Master) lookupOne(k string, depth int, lease bool, now int64, stamp uin
 		r.Replicas = (*descs)[n:len(*descs):len(*descs)]
 		// The object's lease is any read's; the copy's hold on its range
 		// is the staging TTL, unless handed back sooner.
-		r.Sum, r.Staged, r.LeaseTTL = o.sum, o.tier.stage.id, min(m.cfg.StagingTTL, m.cfg.KVLeaseTTL)
+		r.Sum, r.Staged, r.LeaseTTL = o.sum, o.tier.stage.id, m.stagedTTL()
 		o.lease = max(o.lease, now+m.cfg.KVLeaseTTL.Nanoseconds())
 		sh.touch(o, depth, stamp)
 	case lease && len(o.replicas) == 0 && o.onDisk():
@@ -887,7 +887,11 @@ func (m *Master) awaitDisk(keys []string, lease bool, deadline time.Time, start 
 		}
 		return r, load
 	}
-	limit := time.Now().Add(loadWait)
+	// A read waiting for staging room waits at least a staged read's TTL,
+	// within which readers that do not hand theirs back (Mooncake's
+	// clients) free them: a scan larger than the pool then waits instead
+	// of failing. A caller's deadline comes first.
+	limit := time.Now().Add(max(loadWait, m.stagedTTL()+time.Second))
 	if !deadline.IsZero() && deadline.Before(limit) {
 		limit = deadline
 	}

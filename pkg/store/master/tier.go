@@ -664,7 +664,7 @@ func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
 	default:
 		o.tier.loading = nil
 		c := &stagedCopy{id: m.tiers.nextCopy.Add(1), key: o.key, obj: o, node: n, gen: op.stageGen, addr: op.stageAddr, size: o.size,
-			until: m.now() + m.cfg.StagingTTL.Nanoseconds()}
+			until: m.now() + m.stagedTTL().Nanoseconds()}
 		o.tier.stage = c
 		n.nStaged.Add(1)
 		m.tiers.stagedMu.Lock()
@@ -676,13 +676,20 @@ func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
 	close(op.done)
 }
 
+// stagedTTL is how long a staged read is held for a reader that does not
+// hand it back, and the lease its reader is told: the staging TTL, or the
+// read lease when that is shorter. Held no longer than told, so that a
+// reader that never hands back (Mooncake's clients) frees the range as
+// soon as it could no longer trust it anyway.
+func (m *Master) stagedTTL() time.Duration { return min(m.cfg.StagingTTL, m.cfg.KVLeaseTTL) }
+
 // grantStagedLocked grants a read of o's staged copy (shard locked): the
 // replica to read, counted as a disk hit.
 func (m *Master) grantStagedLocked(o *Object, now int64) store.Replica {
 	c := o.tier.stage
 	m.tiers.stagedMu.Lock()
 	c.readers++
-	c.until = max(c.until, now+m.cfg.StagingTTL.Nanoseconds())
+	c.until = max(c.until, now+m.stagedTTL().Nanoseconds())
 	m.tiers.stagedMu.Unlock()
 	m.tiers.diskHits.Add(1)
 	m.tiers.diskHitBytes.Add(o.size)
