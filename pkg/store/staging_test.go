@@ -310,7 +310,44 @@ func TestStagingNodeKilledMidRead(t *testing.T) {
 			t.Fatalf("get %s with its node dead succeeded", k)
 		}
 	}
-	startChildNode(t, c.addr, env)
+	child, _ = startChildNode(t, c.addr, env)
 	waitFor(t, "the restarted tier to attach", 10*time.Second, func() bool { ts := c.m.Tiers(); return len(ts) == 1 && ts[0].Online })
 	checkGets(t, cl, vals)
+
+	// Again with no stall: four readers get the disk objects over and
+	// over, and the node is killed whenever their transfers are.
+	var stop atomic.Bool
+	var served, failed atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rd := c.client(0)
+			for i := g; !stop.Load(); i++ {
+				k := keys[i%len(keys)]
+				got, err := rd.Get(context.Background(), k)
+				switch {
+				case err == nil && !bytes.Equal(got, vals[k]):
+					t.Errorf("get %s while its node was killed: wrong bytes", k)
+				case err == nil:
+					served.Add(1)
+				default:
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	waitFor(t, "the readers to be served", 10*time.Second, func() bool { return served.Load() >= 8 })
+	child.Process.Kill()
+	child.Wait()
+	waitFor(t, "the master to see the tier go again", 10*time.Second, func() bool { return !c.m.Tiers()[0].Online })
+	waitFor(t, "the killed node's staging ranges to be freed", 2*time.Second, func() bool { return c.m.Tiers()[0].StagingUsed == 0 })
+	time.Sleep(200 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("readers during the second kill: %d gets served exact, %d failed", served.Load(), failed.Load())
+	if failed.Load() == 0 {
+		t.Fatalf("no get failed with the node dead for 200ms")
+	}
 }
