@@ -268,3 +268,126 @@ func TestStagingScanOverMooncakeWire(t *testing.T) {
 		t.Fatalf("%+v: want reads that waited for room and copies freed by the TTL", tt)
 	}
 }
+
+// A node SIGKILLed while a reader holds staged reads of its disk objects
+// and has not moved their bytes yet (issue 36 item 6): the reader gets an
+// error for each key, never wrong bytes; the master frees the dead
+// node's staging ranges when its stream ends (not a TTL later), so no
+// read is granted a copy in memory that is gone; and once the node is
+// back on the same directory the objects read back exactly.
+func TestStagingNodeKilledMidRead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs child node processes")
+	}
+	// A TTL far longer than the test: only the node's end may free the
+	// ranges.
+	c := startMaster(t, master.Config{PromoteAfter: -1, StagingTTL: time.Hour})
+	env := "MC_STORE_TEST_TIER_DIR=" + t.TempDir()
+	child, _ := startChildNode(t, c.addr, env)
+	waitFor(t, "the child's tier to attach", 10*time.Second, func() bool { ts := c.m.Tiers(); return len(ts) == 1 && ts[0].Online })
+	cl := c.client(0)
+	vals := map[string][]byte{}
+	var keys []string
+	for i := range 4 {
+		k := fmt.Sprintf("d%d", i)
+		keys = append(keys, k)
+		vals[k] = value(1<<20+i*4096, byte(40+i))
+	}
+	offloadAll(t, c, cl, vals)
+
+	reader := c.client(0)
+	granted, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	// Registered after the reader's client: runs before its Close, which
+	// waits for the stalled get.
+	unstall := sync.OnceFunc(func() { close(resume) })
+	t.Cleanup(unstall)
+	store.SetBeforeTransfer(reader, func() {
+		once.Do(func() {
+			close(granted)
+			<-resume
+		})
+	})
+	type result struct {
+		vals [][]byte
+		errs []error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, errs := reader.BatchGet(context.Background(), keys)
+		done <- result{v, errs}
+	}()
+	select {
+	case <-granted:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the reader was not granted its staged reads")
+	}
+	if ts := c.m.Tiers()[0]; ts.StagingUsed == 0 {
+		t.Fatalf("staging pool unused while the reader holds 4 staged reads")
+	}
+	child.Process.Kill()
+	child.Wait()
+	waitFor(t, "the master to see the tier go", 10*time.Second, func() bool { return !c.m.Tiers()[0].Online })
+	waitFor(t, "the dead node's staging ranges to be freed", 2*time.Second, func() bool { return c.m.Tiers()[0].StagingUsed == 0 })
+	unstall()
+	r := <-done
+	for i, k := range keys {
+		if r.errs[i] == nil && !bytes.Equal(r.vals[i], vals[k]) {
+			t.Fatalf("get %s from a node killed mid-read: wrong bytes", k)
+		}
+		if r.errs[i] == nil {
+			// Only a same-host mapping that outlived the process can
+			// serve it, and then with the staged (exact) bytes.
+			t.Logf("get %s from the killed node: served its staged bytes", k)
+		}
+	}
+	// While the node is away its disk objects are a clear error, not a
+	// grant of the copy that went with it.
+	for _, k := range keys {
+		if got, err := cl.Get(context.Background(), k); err == nil && !bytes.Equal(got, vals[k]) {
+			t.Fatalf("get %s with its node dead: wrong bytes", k)
+		} else if err == nil {
+			t.Fatalf("get %s with its node dead succeeded", k)
+		}
+	}
+	child, _ = startChildNode(t, c.addr, env)
+	waitFor(t, "the restarted tier to attach", 10*time.Second, func() bool { ts := c.m.Tiers(); return len(ts) == 1 && ts[0].Online })
+	checkGets(t, cl, vals)
+
+	// Again with no stall: four readers get the disk objects over and
+	// over, and the node is killed whenever their transfers are.
+	var stop atomic.Bool
+	var served, failed atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rd := c.client(0)
+			for i := g; !stop.Load(); i++ {
+				k := keys[i%len(keys)]
+				got, err := rd.Get(context.Background(), k)
+				switch {
+				case err == nil && !bytes.Equal(got, vals[k]):
+					t.Errorf("get %s while its node was killed: wrong bytes", k)
+				case err == nil:
+					served.Add(1)
+				default:
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	waitFor(t, "the readers to be served", 10*time.Second, func() bool { return served.Load() >= 8 })
+	child.Process.Kill()
+	child.Wait()
+	waitFor(t, "the master to see the tier go again", 10*time.Second, func() bool { return !c.m.Tiers()[0].Online })
+	waitFor(t, "the killed node's staging ranges to be freed", 2*time.Second, func() bool { return c.m.Tiers()[0].StagingUsed == 0 })
+	time.Sleep(200 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("readers during the second kill: %d gets served exact, %d failed", served.Load(), failed.Load())
+	if failed.Load() == 0 {
+		t.Fatalf("no get failed with the node dead for 200ms")
+	}
+}

@@ -982,7 +982,29 @@ func (m *Master) detach(n *tierNode, gen uint64) {
 	for _, op := range pending {
 		m.opDone(n, op, errDetached)
 	}
-	m.log.Info(fmt.Sprintf("disk tier %s detached; %d operations in flight failed", n.name(), len(pending)))
+	copies := m.dropCopiesOf(n)
+	m.log.Info(fmt.Sprintf("disk tier %s detached; %d operations in flight failed, %d staged reads freed", n.name(), len(pending), copies))
+}
+
+// dropCopiesOf frees every staged copy in n's staging pool (its stream
+// ended): the pool's memory is gone with a dead node, or renewed by a
+// live one when it re-attaches, so the copies serve no later read, and a
+// read granted one before fails its transfer (or reads the bytes it was
+// granted, from memory the node no longer writes). Waiting for their TTL
+// would grant them to later reads and count the pool as in use.
+func (m *Master) dropCopiesOf(n *tierNode) int {
+	m.tiers.stagedMu.Lock()
+	var gone []*stagedCopy
+	for _, c := range m.tiers.copies {
+		if c.node == n {
+			gone = append(gone, c)
+		}
+	}
+	m.tiers.stagedMu.Unlock()
+	for _, c := range gone {
+		m.dropCopy(c, func(*stagedCopy) bool { return true }, false)
+	}
+	return len(gone)
 }
 
 // errDetached fails the operations of a node whose stream ended: its
