@@ -1,5 +1,7 @@
 package store
 
+import "context"
+
 // SetAfterPutStart makes c call f between each put's grant (PutStart)
 // and its transfer: tests stall a writer there.
 func SetAfterPutStart(c *Client, f func(keys []string)) { c.afterPutStart = f }
@@ -15,3 +17,10 @@ func SetBeforeTransfer(c *Client, f func()) { c.beforeTransfer = f }
 // SetBeforeStagedRelease stalls (or watches) gets before they hand their
 // staged disk reads back.
 func SetBeforeStagedRelease(f func(ids []uint64)) { beforeStagedRelease = f }
+
+// WireRemount re-mounts c's segment through its master wire, as its ping
+// loop does when the master asks (NEED_REMOUNT).
+func WireRemount(ctx context.Context, c *Client) error {
+	_, info := c.segment()
+	return c.w.remount(ctx, []SegmentInfo{info})
+}

@@ -176,3 +176,40 @@ func TestPlainAddressOfMooncakeMaster(t *testing.T) {
 		t.Fatalf("plain address of a coro_rpc master: %v; want a hint to use mooncake://", err)
 	}
 }
+
+// Mooncake's master answers a node's first pings after MountSegment with
+// NEED_REMOUNT (only ReMountSegment makes a client OK there): a node
+// over Mooncake's wire re-mounts a segment the master still knows as it
+// is, and renews only one the master forgot. Before, it renewed on every
+// NEED_REMOUNT: against mooncake_master it renewed every second, leaving
+// a stale mount of its name behind each time, and puts placed there
+// failed TRANSFER_FAIL.
+func TestMooncakeWireRemountKeepsKnownSegment(t *testing.T) {
+	c := startMaster(t, master.Config{})
+	node := c.mooncakeClient(8 << 20)
+	ctx := context.Background()
+	before, _ := node.Segment()
+	if err := store.WireRemount(ctx, node); err != nil {
+		t.Fatalf("re-mount of a segment the master knows: %v, want it taken back as it is", err)
+	}
+	if after, _ := node.Segment(); after.ID != before.ID || after.Base != before.Base {
+		t.Fatalf("segment %+v became %+v: renewed though the master knew it", before, after)
+	}
+	if n := len(c.m.Segments()); n != 1 {
+		t.Fatalf("%d segments mounted, want 1", n)
+	}
+	// A master that forgot it (restarted): the node renews its segment,
+	// once, and stays with it.
+	c.stop()
+	c2 := startMasterOn(t, c.addr, master.Config{})
+	waitFor(t, "the node to renew its segment on the restarted master", 5*time.Second, func() bool {
+		return node.Stats().Renewals == 1 && len(c2.m.Segments()) == 1
+	})
+	time.Sleep(500 * time.Millisecond)
+	if n := node.Stats().Renewals; n != 1 {
+		t.Fatalf("%d renewals after one master restart, want 1", n)
+	}
+	if err := store.WireRemount(ctx, node); err != nil {
+		t.Fatalf("re-mount of the renewed segment: %v", err)
+	}
+}

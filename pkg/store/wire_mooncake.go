@@ -26,6 +26,9 @@ type mooncakeWire struct {
 
 	mu    sync.Mutex
 	ready bool // ServiceReady answered with our version
+	// warnUnfenced: a master that cannot say whether it knows a
+	// segment is warned about once.
+	warnUnfenced sync.Once
 }
 
 // dialMooncake prepares a client of the Mooncake master at addr; the
@@ -146,12 +149,40 @@ func (w *mooncakeWire) remount(ctx context.Context, segs []SegmentInfo) error {
 		return err
 	}
 	if len(segs) > 0 {
-		// Mooncake's master takes any segment back (ReMountSegment), but
-		// one that asks for it forgot the client, and with it what it
-		// granted in the segment before: a writer stalled since would
-		// land on objects placed anew. So the node renews the segment's
-		// memory and mounts it as new.
-		return Errorf(SegmentNotFound, "master %s no longer knows segment %q: it must be mounted anew", w.cfg.master, segs[0].Name)
+		// Mooncake's master asks every client to re-mount once after its
+		// first MountSegment (only ReMountSegment makes a client OK), and
+		// again after it forgot the client. It takes any segment back,
+		// but one it forgot goes with what it granted in it before: a
+		// writer stalled since would land on objects placed anew. So a
+		// segment the master still knows is re-mounted as it is, and one
+		// it does not is renewed (new memory) and mounted as new.
+		for _, s := range segs {
+			_, err := w.mc.QuerySegmentStatusById(ctx, toMooncakeUUID(s.ID))
+			var me *mooncake.Error
+			switch {
+			case errors.As(err, &me) && me.Code == mooncake.SegmentNotFound:
+				return Errorf(SegmentNotFound, "master %s no longer knows segment %q: it must be mounted anew", w.cfg.master, s.Name)
+			case err != nil:
+				var ve *mooncake.VersionError
+				if !errors.As(err, &ve) {
+					return w.err("re-mount", ctx, err)
+				}
+				// A master without the call: it cannot say whether it
+				// knows the segment; re-mounting it as it is keeps the
+				// pool working, unfenced (as Mooncake's own nodes).
+				w.warnUnfenced.Do(func() {
+					w.log.Warn(fmt.Sprintf("master %s cannot be asked whether it knows segment %q (%v): re-mounting it as it is, so a writer stalled across a restart of that master is not fenced", w.cfg.master, s.Name, err))
+				})
+			}
+		}
+		ms := make([]mooncake.Segment, len(segs))
+		for i, s := range segs {
+			ms[i] = toMooncakeSegment(s)
+		}
+		if err := w.mc.ReMountSegment(ctx, ms, w.id()); err != nil {
+			return w.err("re-mount", ctx, err)
+		}
+		return nil
 	}
 	// A pure client has nothing to mount; Mooncake's master learns of it
 	// from its first put or ping.

@@ -129,6 +129,16 @@ func (c *Client) ReMountSegment(ctx context.Context, segs []Segment, client UUID
 	return c.voidCall(ctx, "ReMountSegment", segs, client)
 }
 
+// QuerySegmentStatusById asks a segment's status; SEGMENT_NOT_FOUND (an
+// *Error) when the master does not know it.
+func (c *Client) QuerySegmentStatusById(ctx context.Context, seg UUID) (SegmentStatus, error) {
+	var r ExpectSegmentStatus
+	if err := c.call(ctx, "QuerySegmentStatusById", &r, seg); err != nil {
+		return SegmentUndefined, err
+	}
+	return r.Value, expectErr("QuerySegmentStatusById", r.HasError, r.Error)
+}
+
 // UnmountSegment unmounts a segment at once.
 func (c *Client) UnmountSegment(ctx context.Context, seg, client UUID) error {
 	return c.voidCall(ctx, "UnmountSegment", seg, client)
