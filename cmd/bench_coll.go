@@ -292,19 +292,7 @@ func unfinished(ranks []int) error {
 	if len(ranks) == 0 {
 		return nil
 	}
-	return fmt.Errorf("bench coll: %s did not finish the sweep (failed during it: the rows above name the ranks each was measured on)", rankList(ranks))
-}
-
-// rankList is "rank 1" or "ranks 1,3".
-func rankList(ranks []int) string {
-	s := make([]string, len(ranks))
-	for i, r := range ranks {
-		s[i] = strconv.Itoa(r)
-	}
-	if len(s) == 1 {
-		return "rank " + s[0]
-	}
-	return "ranks " + strings.Join(s, ",")
+	return fmt.Errorf("bench coll: %s did not finish the sweep (failed during it: the rows above name the ranks each was measured on)", coll.RankNames(ranks))
 }
 
 // runBenchCollRank is one rank: engine, group, sweep.
@@ -372,7 +360,7 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 			}
 		}
 		return fmt.Errorf("bench coll: group %q has %d of %d ranks active, %s missing (not started, failed, or records a run that did not finish left in the store: use another --group)",
-			o.Group, len(act), o.WorldSize, rankList(missing))
+			o.Group, len(act), o.WorldSize, coll.RankNames(missing))
 	}
 	cfg.Exit = func() {
 		fmt.Fprintf(p.Err, "exiting after %d collectives (--kill-rank %d --kill-after %d)\n", o.KillAfter, o.KillRank, o.KillAfter)

@@ -252,7 +252,7 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 	if err != nil && ctx.Err() == nil && actx.Err() != nil {
 		// The join timed out, not the caller: name who never came.
 		if last, lerr := g.loadView(ctx); lerr == nil {
-			return fail(fmt.Errorf("%w: %s of %d not there after %s", ErrJoinTimeout, rankNames(missing(last)), g.cfg.WorldSize, cfg.JoinTimeout))
+			return fail(fmt.Errorf("%w: %s of %d not there after %s", ErrJoinTimeout, RankNames(missing(last)), g.cfg.WorldSize, cfg.JoinTimeout))
 		}
 		return fail(fmt.Errorf("%w: not every rank of %d there after %s", ErrJoinTimeout, g.cfg.WorldSize, cfg.JoinTimeout))
 	}
@@ -265,8 +265,8 @@ func New(ctx context.Context, cfg Config) (*Group, error) {
 	return g, nil
 }
 
-// rankNames is "rank 1" or "ranks 1,3".
-func rankNames(ranks []int) string {
+// RankNames is "rank 1" or "ranks 1,3", as errors and reports name ranks.
+func RankNames(ranks []int) string {
 	s := make([]string, len(ranks))
 	for i, r := range ranks {
 		s[i] = strconv.Itoa(r)

@@ -205,14 +205,20 @@ func (c *Client) Abort(addr string, err error) {
 	}
 	c.mu.Unlock()
 	for _, p := range ps {
-		p.mu.Lock()
-		for i, l := range p.lanes {
-			if l != nil {
-				l.close(err)
-				p.lanes[i] = nil
-			}
+		p.closeLanes(err)
+	}
+}
+
+// closeLanes kills every lane of p with err and waits for their
+// goroutines.
+func (p *peer) closeLanes(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, l := range p.lanes {
+		if l != nil {
+			l.close(err)
+			p.lanes[i] = nil
 		}
-		p.mu.Unlock()
 	}
 }
 
@@ -231,14 +237,7 @@ func (c *Client) Close() error {
 	c.stopNow()
 	c.requests.Wait()
 	for _, p := range peers {
-		p.mu.Lock()
-		for i, l := range p.lanes {
-			if l != nil {
-				l.close(ErrClosed)
-				p.lanes[i] = nil
-			}
-		}
-		p.mu.Unlock()
+		p.closeLanes(ErrClosed)
 	}
 	return nil
 }
