@@ -14,7 +14,9 @@
 # and written by Mooncake's Python MooncakeDistributedStore; mc bench store
 # against mooncake_master; mooncake_master restarted mid-run; Mooncake's
 # clients on mc serve store, the Python one reading objects off mc's disk
-# tier; a leader failover under --enable_ha with the
+# tier; the KV events of mooncake_master and of mc serve store for the
+# same calls, decoded by libzmq and compared field by field (a build made
+# with -DENABLE_KV_EVENTS=ON); a leader failover under --enable_ha with the
 # Python client carrying on, on mc's candidates and on mooncake_master's
 # (only with a build made with -DSTORE_USE_ETCD=ON; one SKIP line otherwise).
 set -uo pipefail
@@ -247,6 +249,86 @@ EOF
 		else fail "Python client gets from mc's disk tier" "byte-exact, but only ${hits:-?} disk hits"; fi;;
 	*) fail "Python client gets from mc's disk tier" "$(echo "$out" | grep -v '^[IWE]20' | tail -2)";; esac
 	kill "$DPID"; wait "$DPID" 2>/dev/null
+fi
+
+# ---- KV events: mooncake_master's publisher and mc's, field by field
+# The same operations from Mooncake's Python client (puts of 1234567,
+# 0x1f2e and plainkey, then a remove of plainkey) against mooncake_master
+# with a mooncake_client segment and against mc serve store, each with
+# --enable_kv_events; a ZMQ SUB in Debian's python3 (python3-zmq,
+# python3-msgpack: libzmq, not mc's code) decodes both streams, which must
+# match in sequence numbers, dp_rank, event fields, their order, their
+# types and values (timestamps aside). Needs a build with
+# -DENABLE_KV_EVENTS=ON (one SKIP line otherwise).
+kv_events_case() {
+	local syspy=/usr/bin/python3 kp cp mpid cpid xpid out
+	if ! $syspy -c 'import zmq, msgpack' 2>/dev/null; then
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-zmq python3-msgpack >/dev/null 2>&1
+	fi
+	if ! $syspy -c 'import zmq, msgpack' 2>/dev/null; then
+		fail "KV events: a libzmq subscriber" "no python3-zmq/python3-msgpack for $syspy"
+		return
+	fi
+	cat >"$W/kv.py" <<'PYEOF'
+import json, os, sys, time, zmq, msgpack
+from store import MooncakeDistributedStore
+master, ep, out = sys.argv[1:4]
+ctx = zmq.Context(); sub = ctx.socket(zmq.SUB); sub.setsockopt(zmq.SUBSCRIBE, b"")
+sub.setsockopt(zmq.RCVTIMEO, 3000); sub.connect(ep)
+time.sleep(0.5)
+s = MooncakeDistributedStore()
+assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master) == 0, "setup"
+for k in ("1234567", "0x1f2e", "plainkey"):
+    assert s.put(k, os.urandom(4096)) == 0, "put " + k
+assert s.remove("plainkey") == 0, "remove"
+msgs = []
+while True:
+    try: fr = sub.recv_multipart()
+    except zmq.Again: break
+    ts, evs, dp = msgpack.unpackb(fr[2], raw=False, strict_map_key=False)
+    msgs.append({"topic": fr[0].hex(), "seq": int.from_bytes(fr[1], "big"), "dp_rank": dp,
+                 "events": [[[k, type(v).__name__, v] for k, v in e.items() if k != "timestamp"] for e in evs]})
+json.dump(msgs, open(out, "w"))
+PYEOF
+	RP=$(port); AP=$(port); kp=$(port); cp=$(port)
+	"$MASTER" --rpc_port "$RP" --metrics_port "$AP" --enable_kv_events --kv_events_bind_endpoint "tcp://127.0.0.1:$kp" \
+		--kv_events_backend_id be1 >"$W/kv-mooncake.log" 2>&1 &
+	mpid=$!; PIDS+=("$mpid"); wait_port "$RP"
+	if ! wait_port "$kp"; then
+		kill "$mpid" 2>/dev/null; wait "$mpid" 2>/dev/null
+		printf 'SKIP  %-58s %s\n' "KV events: mooncake_master's and mc's, field by field" "this build publishes none: needs -DENABLE_KV_EVENTS=ON"
+		return
+	fi
+	"$CLIENT" --master_server_address "127.0.0.1:$RP" --host 127.0.0.1 --port "$cp" --global_segment_size "64 MB" \
+		--metadata_server P2PHANDSHAKE --protocol tcp >>"$W/kv-mooncake.log" 2>&1 &
+	cpid=$!; PIDS+=("$cpid")
+	for _ in $(seq 100); do curl -sf "http://127.0.0.1:$AP/get_all_segments" | grep -q . && break; sleep 0.1; done
+	LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=$(dirname "$PYSTORE") \
+		$syspy "$W/kv.py" "127.0.0.1:$RP" "tcp://127.0.0.1:$kp" "$W/kv-mooncake.json" >>"$W/kv-mooncake.log" 2>&1
+	kill "$cpid" "$mpid" 2>/dev/null; wait "$cpid" "$mpid" 2>/dev/null
+	RP=$(port); AP=$(port); kp=$(port)
+	"$MC" serve store --rpc_port "$RP" --metrics_port "$AP" --segment-size 64M --local-hostname 127.0.0.1 \
+		--enable_kv_events --kv_events_bind_endpoint "tcp://127.0.0.1:$kp" --kv_events_backend_id be1 >"$W/kv-mc.log" 2>&1 &
+	xpid=$!; PIDS+=("$xpid"); wait_port "$RP"
+	LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=$(dirname "$PYSTORE") \
+		$syspy "$W/kv.py" "127.0.0.1:$RP" "tcp://127.0.0.1:$kp" "$W/kv-mc.json" >>"$W/kv-mc.log" 2>&1
+	kill "$xpid" 2>/dev/null; wait "$xpid" 2>/dev/null
+	out=$(python3 - "$W/kv-mooncake.json" "$W/kv-mc.json" <<'PYEOF' 2>&1
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert len(a) == 4, "mooncake_master published %d messages, want 4" % len(a)
+assert a == b, "differ:\n mooncake_master %s\n mc              %s" % (a, b)
+print("4 messages, %d fields each, identical" % (len(a[0]["events"][0]) + 1))
+PYEOF
+)
+	case $out in
+	*identical*) pass "KV events: mooncake_master's and mc's, field by field" "$out" ;;
+	*) fail "KV events: mooncake_master's and mc's, field by field" "$(echo "$out" | tail -3)" ;;
+	esac
+}
+if [ -n "$PYSTORE" ] && [ -n "$CLIENT" ]; then
+	LIBS=${LIBS:-$(find "$BUILD" -name '*.so*' -type f -printf '%h\n' | sort -u | paste -sd:)}
+	kv_events_case
 fi
 
 # ---- leader failover under --enable_ha, Mooncake's Python client carrying on
