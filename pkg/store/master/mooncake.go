@@ -36,10 +36,16 @@ func NewMooncakeServer(m *Master, gate MooncakeGate, log *slog.Logger) *cororpc.
 	for name := range inlineCalls(m.cfg.Sync != nil) {
 		inline[cororpc.FunctionID(mooncake.Service+"::"+name)] = true
 	}
+	// A get may wait for a disk load or staging room (seconds) once a
+	// node has a disk tier: then it gets a goroutine of its own.
+	gets := map[uint32]bool{
+		cororpc.FunctionID(mooncake.Service + "::GetReplicaList"):      true,
+		cororpc.FunctionID(mooncake.Service + "::BatchGetReplicaList"): true,
+	}
 	srv := cororpc.NewServer(&cororpc.ServerOptions{
 		MaxMessageLen: uint32(store.MaxMsgSize), Logger: log, Recycle: recycleBody,
 		Budget: m.budget, ReadTimeout: m.cfg.RequestReadTimeout,
-		Inline: func(id uint32) bool { return inline[id] },
+		Inline: func(id uint32) bool { return inline[id] && !(gets[id] && m.tiers.online.Load() > 0) },
 	})
 	hs := ms.handlers()
 	for name, answer := range unsupportedCalls {

@@ -146,6 +146,9 @@ type tiers struct {
 	mu     sync.Mutex
 	byID   map[string]*tierNode
 	bySeg  map[store.UUID]*tierNode // online nodes by their segment
+	// online is len(bySeg), read without the lock: with none, a get
+	// never waits for a disk load or staging room.
+	online atomic.Int64
 	nextOp atomic.Uint64
 	// inflight is the bytes of DRAM replicas being offloaded: the
 	// watermark loop counts them as free already, or it would pick more
@@ -934,6 +937,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 	m.log.Info(fmt.Sprintf("disk tier %s of segment %s attached (%s): %d records reported, %d re-added, %d kept, %d dropped (re-put or removed since), %d replicas it no longer has", n.id, seg.info.Name, fmtBytes(h.GetCapacity()), len(h.GetRecords()), added, kept, dropped, lost))
 	m.tiers.mu.Lock()
 	m.tiers.bySeg[segID] = n
+	m.tiers.online.Store(int64(len(m.tiers.bySeg)))
 	m.tiers.mu.Unlock()
 	return n, gen, nil
 }
@@ -978,6 +982,7 @@ func (m *Master) detach(n *tierNode, gen uint64) {
 	if m.tiers.bySeg[segID] == n {
 		delete(m.tiers.bySeg, segID)
 	}
+	m.tiers.online.Store(int64(len(m.tiers.bySeg)))
 	m.tiers.mu.Unlock()
 	for _, op := range pending {
 		m.opDone(n, op, errDetached)
