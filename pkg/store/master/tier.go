@@ -143,9 +143,9 @@ type tierOp struct {
 
 // tiers is the master's registry of disk tiers.
 type tiers struct {
-	mu     sync.Mutex
-	byID   map[string]*tierNode
-	bySeg  map[store.UUID]*tierNode // online nodes by their segment
+	mu    sync.Mutex
+	byID  map[string]*tierNode
+	bySeg map[store.UUID]*tierNode // online nodes by their segment
 	// online is len(bySeg), read without the lock: with none, a get
 	// never waits for a disk load or staging room.
 	online atomic.Int64
