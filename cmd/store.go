@@ -1383,8 +1383,10 @@ type storeStat struct {
 	EvictionAttempts int64            `json:"eviction_attempts"`
 	EvictionPhases   map[string]int64 `json:"evicted_keys_by_phase"`
 	Clients          int64            `json:"active_clients"`
-	Role             string           `json:"role"`
-	Leader           store.LeaderInfo `json:"leader"`
+	// Role: leader or standby (HA masters), standalone (a master
+	// without HA), unknown (no /role).
+	Role   string           `json:"role"`
+	Leader store.LeaderInfo `json:"leader"`
 	// DiskTiers are the nodes' disk tiers (mc masters; empty without
 	// any), DiskTier the master's counters for them.
 	DiskTiers []store.AdminTier      `json:"disk_tiers"`
@@ -1441,6 +1443,7 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	// Mooncake masters without HA may lack these; they are optional.
 	s.Role, _ = a.Role(ctx)
 	s.Leader, _ = a.Leader(ctx)
+	s.Role = statRole(s.Role, s.Leader)
 	s.DiskTiers = []store.AdminTier{}
 	if tiers, totals, ok, err := a.Tiers(ctx); err != nil {
 		return fmt.Errorf("stat: %w", err)
@@ -1457,6 +1460,9 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	}
 	p.Table("segments", []string{"segment", "endpoint", "protocol", "status", "used", "capacity", "use"}, rows)
 	leader := "none (no HA view)"
+	if s.Role == roleStandalone {
+		leader = "none (not an HA master: it serves alone)"
+	}
 	if s.Leader.Present && s.Leader.Address != nil {
 		leader = *s.Leader.Address
 		if s.Leader.ViewVersion != nil {
@@ -1477,6 +1483,24 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	})
 	printDiskTiers(p, s)
 	return nil
+}
+
+// roleStandalone is the role `mc store stat` shows for a master without
+// HA: its /role says "leader" (as mooncake_master's does), but no election
+// made it one and no view names it.
+const roleStandalone = "standalone"
+
+// statRole is the role stat reports: the master's /role, except that a
+// "leader" with no HA view is a master without HA (an HA leader always
+// has the view it wrote), and an unanswered /role is "unknown".
+func statRole(role string, l store.LeaderInfo) string {
+	switch {
+	case role == "":
+		return "unknown"
+	case role == "leader" && !l.Present:
+		return roleStandalone
+	}
+	return role
 }
 
 func newStoreQueryCmd(p *printer) *cobra.Command {

@@ -161,11 +161,11 @@ func TestStoreCLIWalkthrough(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &sj); err != nil || code != 0 {
 		t.Fatalf("stat -o json: %v %q", err, out)
 	}
-	if sj.Keys != 2 || len(sj.Segments) != 1 || sj.Segments[0].Capacity != 64<<20 || sj.Used != 2*uint64(len(val)) || sj.Role != "leader" {
+	if sj.Keys != 2 || len(sj.Segments) != 1 || sj.Segments[0].Capacity != 64<<20 || sj.Used != 2*uint64(len(val)) || sj.Role != "standalone" || sj.Leader.Present {
 		t.Fatalf("stat: %+v", sj)
 	}
 	out, _, _ = execMC(t, append([]string{"store", "stat"}, m...)...)
-	for _, want := range []string{"segments", "keys", "2.0 MiB / 64.0 MiB", "evicted keys", "leader"} {
+	for _, want := range []string{"segments", "keys", "2.0 MiB / 64.0 MiB", "evicted keys", "standalone", "not an HA master"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("stat table lacks %q:\n%s", want, out)
 		}
@@ -434,7 +434,7 @@ func TestServeStoreHA(t *testing.T) {
 	// Without --admin: the admin address the leader publishes in etcd
 	// (not port 9003, which nothing here listens on).
 	out, errs, code = execMC(t, "store", "stat", "--master", conn, "-o", "json")
-	if code != 0 || !strings.Contains(out, `"leader"`) {
+	if code != 0 || !strings.Contains(out, `"role": "leader"`) {
 		t.Fatalf("stat without --admin: %d %q %q: want the leader's admin API found through etcd", code, out, errs)
 	}
 	if code := stopLeader(); code != 0 {
