@@ -946,6 +946,28 @@ func TestStorePutIsReadableWhenItSucceeds(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &j); err != nil || code != 0 || j.Replicas != 1 || j.Requested != 3 || j.Warning == "" {
 		t.Fatalf("--replicas 3 -o json: exit %d %v %q", code, err, out)
 	}
+	// A put that fits only by evicting "old", the last evictable object,
+	// would then be the next watermark round's only victim: refused,
+	// naming the pinned objects, and "old" stays.
+	v8 := filepath.Join(dir, "v8")
+	os.WriteFile(v8, make([]byte, 8<<20), 0o644)
+	for i := range 6 {
+		if _, errs, code := execMC(t, append([]string{"store", "put", fmt.Sprint("pin", i), v8, "--hard-pin"}, m...)...); code != 0 {
+			t.Fatalf("put pin%d: %d %q", i, code, errs)
+		}
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "put", "old", v8}, m...)...); code != 0 {
+		t.Fatalf("put old: %d %q", code, errs)
+	}
+	v10 := filepath.Join(dir, "v10")
+	os.WriteFile(v10, make([]byte, 10<<20), 0o644)
+	out, errs, code = execMC(t, append([]string{"store", "put", "new", v10}, m...)...)
+	if code != 1 || !strings.Contains(errs, "6 hard-pinned") || !strings.Contains(errs, "high watermark") || !strings.Contains(errs, "evicted nothing") {
+		t.Fatalf("put that fits only by evicting the last evictable object: exit %d, %q %q; want it refused naming the pinned objects", code, out, errs)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "exists", "old"}, m...)...); code != 0 {
+		t.Fatalf("old after a refused put: exit %d %q, want it kept", code, errs)
+	}
 }
 
 // A store whose rdma bytes the software NIC moves says so: serve store's

@@ -32,14 +32,25 @@ func (m *Master) watermarkVictim(it PutItem, cfg store.ReplicateConfig) error {
 	add := it.Size * uint64(kept)
 	used := m.space.used.Load() - min(m.space.used.Load(), uint64(max(m.tiers.inflight.Load(), 0)))
 	ratio := float64(used+add) / float64(capacity)
-	if ratio < m.cfg.HighWatermark || used+add > capacity {
-		// Under it; or no room without evicting, which
-		// allocation-failure eviction (phases.go) answers.
+	if ratio < m.cfg.HighWatermark {
 		return nil
 	}
+	// Over capacity, the put fits only once allocation-failure eviction
+	// (phases.go) has freed at least the excess, from the same objects
+	// the round would take ahead of it: whatever it frees, what is left
+	// must still cover the round's target at the lower usage, which
+	// comes to the same sum as used+add-(watermark-ratio)*capacity, the
+	// target below with ratio over 1.
 	target := uint64(max(m.cfg.EvictionRatio, ratio-m.cfg.HighWatermark+m.cfg.EvictionRatio) * float64(capacity))
+	var excess uint64
+	if used+add > capacity {
+		excess = used + add - capacity
+	}
 	sw := &sweep{now: m.now()}
-	var evictable uint64
+	// Soft-pinned objects go after the new one in a watermark round, but
+	// allocation-failure eviction may take them to make room.
+	swSoft := &sweep{now: sw.now, allowSoft: *m.cfg.AllowEvictSoftPinned}
+	var evictable, softEvictable uint64
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
@@ -47,15 +58,23 @@ func (m *Master) watermarkVictim(it PutItem, cfg store.ReplicateConfig) error {
 			// An object being written is complete before the next
 			// round, and older than this put: it goes first.
 			writing := o.state != stateComplete && !o.hardPin && o.softPin <= sw.now
+			bytes := o.size * uint64(max(len(o.replicas), 1))
 			if writing || sw.take(o) {
-				evictable += o.size * uint64(max(len(o.replicas), 1))
+				evictable += bytes
 				if evictable >= target {
 					sh.mu.Unlock()
 					return nil
 				}
+			} else if excess > 0 && swSoft.take(o) {
+				softEvictable += bytes
 			}
 		}
 		sh.mu.Unlock()
+	}
+	if evictable+softEvictable < excess {
+		// No eviction makes room for it: allocation-failure eviction
+		// refuses it, evicting nothing, and says what is in the way.
+		return nil
 	}
 	var why []string
 	add2 := func(n int, what string) {
@@ -74,6 +93,11 @@ func (m *Master) watermarkVictim(it PutItem, cfg store.ReplicateConfig) error {
 	others := fmt.Sprintf("other objects can free only %d of the %d bytes a watermark round frees (the rest cannot go first: %s)", evictable, target, rest)
 	if evictable == 0 {
 		others = "nothing evictable is left ahead of it: " + rest
+	}
+	if excess > 0 {
+		return &watermarkRefusal{store.Errorf(store.NoAvailableHandle,
+			"key %q: %d bytes fit only after evicting %d bytes, and would then hold the store over the eviction high watermark (%.2f) while %s: the store would evict this object at once; evicted nothing (remove or unpin objects, or retry once reads end)",
+			it.Key, it.Size, excess, m.cfg.HighWatermark, others)}
 	}
 	return &watermarkRefusal{store.Errorf(store.NoAvailableHandle,
 		"key %q: %d bytes would take the store to %d of %d bytes, over the eviction high watermark (%.2f), and %s: the store would evict this object at once; evicted nothing (remove or unpin objects, or retry once reads end)",
