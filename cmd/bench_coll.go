@@ -224,9 +224,9 @@ func runBenchColl(ctx context.Context, o benchCollOptions, p *printer) error {
 	})
 	stop()
 	if ctx.Err() != nil {
-		if len(rows) > 0 && rows[len(rows)-1].ActiveRanks[0] != o.Rank {
-			rows = nil // the lowest active rank prints them
-		}
+		// The merged rows, whichever rank measured them (the ranks'
+		// rule, that the lowest active rank prints, is not the
+		// launcher's: it prints them all).
 		return interruptedColl(p, rows, len(cfg.Sizes()))
 	}
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"runtime"
@@ -263,5 +264,50 @@ func TestBenchCollProgressInterruptAndJoinTimeout(t *testing.T) {
 	}
 	if d := time.Since(t0); d > 10*time.Second {
 		t.Fatalf("lone rank gave up after %s", d)
+	}
+}
+
+// cancelOnLine cancels once a line containing at is written to it.
+type cancelOnLine struct {
+	mu     sync.Mutex
+	b      bytes.Buffer
+	at     string
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnLine) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.b.Write(p)
+	if strings.Contains(c.b.String(), c.at) {
+		c.cancel()
+	}
+	return len(p), nil
+}
+
+// mc bench coll's launcher interrupted after the rows the drill's
+// survivor measured alone: it prints the rows done (it printed none,
+// "interrupted after 0 of 24 sizes", taking rank 0 for the printing rank
+// as a rank does, while rank 0 was the one the drill stopped).
+func TestBenchCollLauncherInterruptedKeepsItsRows(t *testing.T) {
+	isolateEnv(t)
+	t.Setenv("MC_TEST_RUN_MC", "1")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out bytes.Buffer
+	errw := &cancelOnLine{at: "row 4/", cancel: cancel}
+	o := benchCollOptions{Collective: "all_reduce", Ranks: 2, MinBytes: 8, MaxBytes: 64 << 20, Factor: 2, Iters: 3, Warmup: 1,
+		KillRank: 0, KillAfter: 4, SlotSize: 4 << 10, Slots: 2, Timeout: 10 * time.Second, JoinTimeout: time.Minute, Protocol: "tcp"}
+	err := runBenchColl(ctx, o, &printer{Out: &out, Err: errw, format: "table"})
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != exitInterrupted {
+		t.Fatalf("interrupted launch: %v, want exit 130\n%s\n%s", err, out.String(), errw.b.String())
+	}
+	var n int
+	if _, serr := fmt.Sscanf(err.Error()[strings.Index(err.Error(), "after "):], "after %d of 24 sizes", &n); serr != nil || n < 4 {
+		t.Fatalf("interrupted launch: %v, want at least the 4 rows reported\n%s", err, errw.b.String())
+	}
+	if rows := strings.Count(out.String(), "│ all_reduce "); rows != n {
+		t.Fatalf("%d rows printed, the error says %d:\n%s", rows, n, out.String())
 	}
 }

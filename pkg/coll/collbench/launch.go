@@ -40,7 +40,8 @@ type LaunchConfig struct {
 // fails the launch; one that exits 0 early (the failure drill) does not.
 // When ctx ends, the ranks get SIGINT (SIGKILL if they are still there
 // after rankStopGrace) and Launch returns the rows reported until then
-// with ctx's error.
+// with ctx's error (and rows that finish after it on the same ranks, but
+// none that a rank still running measured over the ranks already gone).
 func Launch(ctx context.Context, lc LaunchConfig) ([]Result, error) {
 	if lc.Ranks < 1 {
 		return nil, fmt.Errorf("ranks %d: want at least 1", lc.Ranks)
@@ -55,6 +56,17 @@ func Launch(ctx context.Context, lc LaunchConfig) ([]Result, error) {
 
 	var mu sync.Mutex
 	reported := map[int64]bool{}
+	// whole is the active ranks of the last row reported before ctx
+	// ended. Once it has, ranks stop at different moments, and one that
+	// stops late carries on over those that are gone: its rows measure
+	// the group the interruption broke up (one rank: a collective that
+	// moves nothing, at absurd bandwidth), not the sweep. They are
+	// dropped: after the interrupt only a row on those same ranks, with
+	// none failed during it, is kept.
+	whole := make([]int, lc.Ranks)
+	for r := range whole {
+		whole[r] = r
+	}
 	rows := make([][]Result, lc.Ranks)
 	errs := make([]error, lc.Ranks)
 	var wg sync.WaitGroup
@@ -84,10 +96,19 @@ func Launch(ctx context.Context, lc LaunchConfig) ([]Result, error) {
 					continue
 				}
 				mu.Lock()
+				if ctx.Err() != nil && (len(res.Failed) > 0 || !slices.Equal(res.ActiveRanks, whole)) {
+					mu.Unlock()
+					continue
+				}
 				rows[r] = append(rows[r], res)
-				if lc.OnRow != nil && slices.Contains(res.ActiveRanks, r) && !reported[res.SizeBytes] {
+				if slices.Contains(res.ActiveRanks, r) && !reported[res.SizeBytes] {
 					reported[res.SizeBytes] = true
-					lc.OnRow(res)
+					if ctx.Err() == nil {
+						whole = slices.Clone(res.ActiveRanks)
+					}
+					if lc.OnRow != nil {
+						lc.OnRow(res)
+					}
 				}
 				mu.Unlock()
 			}
