@@ -36,7 +36,8 @@ On stderr it says when the publisher cannot be reached (it goes on trying, as
 a ZMQ subscriber does), when events were lost ("lost 12 events": a full queue
 at the master, or this subscriber falling behind), and when the sequence
 starts again (the master restarted, or a new HA leader took over). Ctrl-C
-ends it with a count, exit 0.`,
+ends it with a count, exit 0; exit 1 when it never reached the publisher
+(nothing was followed).`,
 		Example: `  mc store events --endpoint tcp://master-0:5557
   mc store events --endpoint tcp://master-0:5557 --type removed --prefix 0x -o json | jq .key`,
 		Args: cobra.NoArgs,
@@ -88,12 +89,15 @@ func runStoreEvents(ctx context.Context, o storeEventsOptions, out, errw io.Writ
 	if !o.JSON {
 		fmt.Fprintf(out, "%-23s  %-7s  %-*s  %-6s  %s\n", "TIME", "TYPE", keyW, "KEY", "MEDIUM", "TENANT")
 	}
-	var werr error
+	var werr, waitErr error
+	connected := false
 	err := kvevents.Follow(ctx, o.Endpoint, kvevents.Follower{
 		Waiting: func(err error) {
+			waitErr = err
 			fmt.Fprintf(errw, "waiting for the publisher at %s (%v)\n", o.Endpoint, err)
 		},
 		Connected: func() {
+			connected = true
 			fmt.Fprintf(errw, "connected to %s\n", o.Endpoint)
 		},
 		Restarted: func(seq uint64) {
@@ -139,6 +143,13 @@ func runStoreEvents(ctx context.Context, o storeEventsOptions, out, errw io.Writ
 	}
 	if werr != nil {
 		return fmt.Errorf("write: %w", werr)
+	}
+	if !connected {
+		// Stopped before it ever followed anything: no success.
+		if waitErr == nil {
+			waitErr = ctx.Err()
+		}
+		return fmt.Errorf("never reached the publisher at %s (%v): is the master's --kv-events-endpoint this address, and KV events enabled?", o.Endpoint, waitErr)
 	}
 	return nil
 }

@@ -167,3 +167,34 @@ func TestStoreEventsReportsLoss(t *testing.T) {
 	}
 	t.Logf("%d of %d events dropped", dropped, n)
 }
+
+// Interrupted before it ever reached the publisher, events followed
+// nothing: exit 1 naming the endpoint (it exited 0, "0 events
+// received"), with -o json a JSON error object.
+func TestStoreEventsNeverConnectedFails(t *testing.T) {
+	isolateEnv(t)
+	ep := "tcp://127.0.0.1:" + strconv.Itoa(freePort(t))
+	for _, asJSON := range []bool{false, true} {
+		args := []string{"store", "events", "--endpoint", ep}
+		if asJSON {
+			args = append(args, "-o", "json")
+		}
+		var out, errs syncBuffer
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan int, 1)
+		go func() { done <- Execute(ctx, args, &out, &errs) }()
+		waitText(t, &errs, "waiting for the publisher at "+ep)
+		cancel()
+		code := <-done
+		if code != exitFailure || !strings.Contains(errs.String(), "0 events received") ||
+			!strings.Contains(errs.String(), "mc: store events: never reached the publisher at "+ep) {
+			t.Fatalf("json %v: exit %d, stderr:\n%s", asJSON, code, errs.String())
+		}
+		if asJSON {
+			var v map[string]any
+			if err := json.Unmarshal([]byte(out.String()), &v); err != nil || v["exit_code"] != float64(exitFailure) {
+				t.Fatalf("-o json: stdout %q is no JSON error (%v)", out.String(), err)
+			}
+		}
+	}
+}
