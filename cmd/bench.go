@@ -322,9 +322,8 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 			"metadata_server": cfg.MetadataServer,
 			"buffers":         bufs,
 			"metrics_addr":    metricsAddr,
-		}
-		if pr := e.Provider(o.Protocol); pr != "" {
-			j["provider"] = pr
+			// The RDMA provider that moves the bytes ("" for tcp).
+			"provider": e.Provider(o.Protocol),
 		}
 		if err := p.PrintJSON(j); err != nil {
 			return err

@@ -17,6 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvcache-ops/mc/pkg/coll/collbench"
+	"github.com/kvcache-ops/mc/pkg/conductor"
+	"github.com/kvcache-ops/mc/pkg/diag"
 	"github.com/kvcache-ops/mc/pkg/store"
 	sbench "github.com/kvcache-ops/mc/pkg/store/bench"
 	"github.com/kvcache-ops/mc/pkg/store/replay"
@@ -205,19 +207,84 @@ func TestJSONErrorOnFailure(t *testing.T) {
 }
 
 // TestJSONFieldsNeverOmitted: the types mc prints with -o json omit no
-// field (no omitempty), so that one schema holds for every answer
-// (issue 40: error, vs_tcp, failed came and went).
+// field (no omitempty), nested types included, so that one schema holds
+// for every answer (issue 40: error, vs_tcp, failed came and went). The
+// roots are every type a command hands to PrintJSON (or prints as JSON
+// lines); maps built field by field are checked where they are printed.
 func TestJSONFieldsNeverOmitted(t *testing.T) {
+	seen := map[reflect.Type]bool{}
+	var walk func(typ reflect.Type, path string)
+	walk = func(typ reflect.Type, path string) {
+		for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice || typ.Kind() == reflect.Array || typ.Kind() == reflect.Map {
+			typ = typ.Elem()
+		}
+		if typ.Kind() != reflect.Struct || seen[typ] {
+			return
+		}
+		seen[typ] = true
+		for i := range typ.NumField() {
+			f := typ.Field(i)
+			tag := f.Tag.Get("json")
+			if !f.IsExported() || tag == "-" {
+				continue
+			}
+			if strings.Contains(tag, "omitempty") || strings.Contains(tag, "omitzero") {
+				t.Errorf("%s.%s (%s): json %q omits the field when empty", typ, f.Name, path, tag)
+			}
+			walk(f.Type, path+"."+f.Name)
+		}
+	}
 	for _, v := range []any{
 		benchJSONResult{}, serveMetadataInfo{}, serveStoreInfo{}, storeQueryResult{}, storeReplayJSON{},
 		sbench.Result{}, collbench.Result{}, topo.NIC{}, replay.Result{}, store.DrainJobStatus{},
+		storeStat{}, storeRmRegexJSON{}, storeQueryReplica{}, storeUndrainJSON{}, eventLine{}, versionInfo{}, jsonError{},
+		segmentJSON{}, removalJSON{}, diag.Report{}, conductor.Result{}, store.AdminDiskReplica{},
 	} {
-		typ := reflect.TypeOf(v)
-		for i := range typ.NumField() {
-			f := typ.Field(i)
-			if tag := f.Tag.Get("json"); strings.Contains(tag, "omitempty") {
-				t.Errorf("%s.%s: json %q omits the field when empty", typ, f.Name, tag)
+		walk(reflect.TypeOf(v), reflect.TypeOf(v).String())
+	}
+}
+
+// TestJSONMapsCarryEveryField: the answers built as maps carry every
+// field every time (bench target's banner had "provider" only for rdma,
+// store put's "warning" only with fewer replicas than asked).
+func TestJSONMapsCarryEveryField(t *testing.T) {
+	isolateEnv(t)
+	keys := func(what, out string, want ...string) {
+		t.Helper()
+		var v map[string]any
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			t.Fatalf("%s: not JSON (%v): %q", what, err, out)
+		}
+		for _, k := range want {
+			if _, ok := v[k]; !ok {
+				t.Errorf("%s: no %q in %s", what, k, out)
 			}
 		}
 	}
+	var out syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- Execute(ctx, []string{"bench", "target", "--protocol", "tcp", "--metadata_server", "P2PHANDSHAKE",
+			"--buffer-size", "8M", "--bind-address", "127.0.0.1", "-o", "json"}, &out, io.Discard)
+	}()
+	waitText(t, &out, "}\n")
+	cancel()
+	<-done
+	keys("bench target -o json", out.String(), "segment_id", "protocol", "provider", "metadata_server", "buffers", "metrics_addr")
+
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "8M")
+	m := []string{"--master", rpc, "--admin", admin}
+	src := filepath.Join(t.TempDir(), "v")
+	os.WriteFile(src, []byte("hello"), 0o644)
+	o, errs, code := execMC(t, append([]string{"store", "put", "k", src, "-o", "json"}, m...)...)
+	if code != 0 {
+		t.Fatalf("put: %d %s", code, errs)
+	}
+	keys("store put -o json", o, "key", "size", "replicas", "replicas_requested", "transport", "provider", "warning")
+	o, errs, code = execMC(t, append([]string{"store", "get", "k", "-o", "json"}, m...)...)
+	if code != 0 {
+		t.Fatalf("get: %d %s", code, errs)
+	}
+	keys("store get -o json", o, "key", "size", "value_base64", "file", "transport", "provider")
 }

@@ -892,7 +892,7 @@ func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *pri
 		warning = fmt.Sprintf("fewer than the %d asked: each replica needs a distinct segment with room that the client could reach", o.Replicas)
 	}
 	if p.JSON() {
-		j := map[string]any{"key": key, "size": len(value), "replicas": len(reps), "replicas_requested": o.Replicas, "transport": via}
+		j := map[string]any{"key": key, "size": len(value), "replicas": len(reps), "replicas_requested": o.Replicas, "transport": via, "warning": nil}
 		addProvider(j, c.Engine(), via)
 		if warning != "" {
 			j["warning"] = warning
