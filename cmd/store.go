@@ -1149,13 +1149,16 @@ error, 1 otherwise.`,
 			defer c.Close(context.Background())
 			errs := c.BatchRemove(cmd.Context(), args, force)
 			var failed []error
+			// One row per key given, under "removed" (its name since
+			// the first release): Removed says whether this one went.
 			type row struct {
-				Key   string `json:"key"`
-				Error string `json:"error"`
+				Key     string `json:"key"`
+				Removed bool   `json:"removed"`
+				Error   string `json:"error"`
 			}
 			rows := make([]row, len(args))
 			for i, err := range errs {
-				rows[i].Key = args[i]
+				rows[i].Key, rows[i].Removed = args[i], err == nil
 				if err != nil {
 					rows[i].Error = err.Error()
 					failed = append(failed, fmt.Errorf("rm %q: %w", args[i], err))

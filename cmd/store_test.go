@@ -1027,3 +1027,27 @@ func TestBenchStoreRDMASaysSoft(t *testing.T) {
 		t.Fatalf("bench store --device-name mlx5_0: exit %d, %q", code, errs)
 	}
 }
+
+// store rm -o json lists every key given under "removed"; each row says
+// whether that key went (a key not found was listed there as if removed,
+// beside its error).
+func TestStoreRmJSONSaysWhichWent(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "8M")
+	m := []string{"--master", rpc, "--admin", admin}
+	src := filepath.Join(t.TempDir(), "v")
+	os.WriteFile(src, []byte("v"), 0o644)
+	if _, errs, code := execMC(t, append([]string{"store", "put", "k", src}, m...)...); code != 0 {
+		t.Fatalf("put: %d %s", code, errs)
+	}
+	out, errs, code := execMC(t, append([]string{"store", "rm", "k", "nokey", "-o", "json"}, m...)...)
+	var j struct {
+		Removed []map[string]any `json:"removed"`
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil || code != 1 || len(j.Removed) != 2 {
+		t.Fatalf("rm k nokey -o json: exit %d, %v, %q %q", code, err, out, errs)
+	}
+	if j.Removed[0]["removed"] != true || j.Removed[0]["error"] != "" || j.Removed[1]["removed"] != false || j.Removed[1]["error"] == "" {
+		t.Fatalf("rm rows: %v, want k removed and nokey not, with its error", j.Removed)
+	}
+}
