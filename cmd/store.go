@@ -251,7 +251,9 @@ cpu), an offload lands (disk) or a promotion ends (cpu); a removed event
 when a key leaves the pool. --kv-events-backend-id is required. A full
 queue (--kv-events-queue-capacity) drops its oldest event and skips a
 sequence number; a subscriber that falls 10000 messages behind loses its
-own. With HA only the leader publishes.
+own. With HA only the leader publishes. The --kv-events-* settings
+without --enable-kv-events, like the HA ones without --enable-ha, do
+nothing, and a warning says so.
 
 SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 		Example: `  mc serve store
@@ -280,6 +282,16 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 					slog.Warn(fmt.Sprintf("--config-path %s: mooncake_master settings that do not apply to mc, ignored: %s", o.ConfigPath, strings.Join(ignored, ", ")))
 				}
 			}
+			// Settings of a feature left off are not refused (a
+			// mooncake_master config carries them with the feature
+			// off), but said to do nothing: a master given a KV events
+			// endpoint without --enable-kv-events published nothing,
+			// silently.
+			warnInert(cmd.Flags(), o.EnableHA, "enable-ha", "this master is no HA candidate",
+				"ha-backend-connstring", "etcd-endpoints", "ha-lease-ttl", "ha-snapshot-interval", "ha-snapshot-records")
+			warnInert(cmd.Flags(), o.KVEvents.Enable, "enable-kv-events", "no KV events are published",
+				"kv-events-endpoint", "kv-events-bind-endpoint", "kv-events-backend-id", "kv-events-queue-capacity",
+				"kv-events-emit-object-key", "kv-events-emit-legacy-compat")
 			// Several nodes run on one host: only a master takes the
 			// default admin port, a node serves one when asked to.
 			o.NodeAdmin = cmd.Flags().Changed("metrics-port")
@@ -391,6 +403,23 @@ func applyMasterConfigFile(fs *pflag.FlagSet, vals map[string]any) (ignored []st
 		}
 	}
 	return ignored, nil
+}
+
+// warnInert warns once about the flags of names that were given while
+// the feature flag on is off: they do nothing.
+func warnInert(fs *pflag.FlagSet, enabled bool, on, effect string, names ...string) {
+	if enabled {
+		return
+	}
+	var given []string
+	for _, n := range names {
+		if fs.Changed(n) {
+			given = append(given, "--"+n)
+		}
+	}
+	if len(given) > 0 {
+		slog.Warn(fmt.Sprintf("%s given without --%s: ignored, %s (add --%s)", strings.Join(given, ", "), on, effect, on))
+	}
 }
 
 // nearestMasterKey is " (did you mean ...?)" for the known key within

@@ -1051,3 +1051,24 @@ func TestStoreRmJSONSaysWhichWent(t *testing.T) {
 		t.Fatalf("rm rows: %v, want k removed and nokey not, with its error", j.Removed)
 	}
 }
+
+// A feature's settings given while the feature is off are said to do
+// nothing (a KV events endpoint without --enable-kv-events published
+// nothing, silently; HA endpoints without --enable-ha likewise).
+func TestServeStoreWarnsInertFlags(t *testing.T) {
+	isolateEnv(t)
+	_, _, out, _ := startServeStore(t, "--segment-size", "0", "--kv_events_bind_endpoint", "tcp://127.0.0.1:5557",
+		"--kv-events-backend-id", "b", "--etcd-endpoints", "127.0.0.1:2379")
+	for _, want := range []string{
+		"--kv-events-bind-endpoint, --kv-events-backend-id given without --enable-kv-events: ignored, no KV events are published",
+		"--etcd-endpoints given without --enable-ha: ignored",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in:\n%s", want, out.String())
+		}
+	}
+	_, _, out, _ = startServeStore(t, "--segment-size", "0")
+	if strings.Contains(out.String(), "given without") {
+		t.Errorf("warned with no such flag:\n%s", out.String())
+	}
+}
