@@ -111,8 +111,20 @@ right), 64 on a usage error, 130 when interrupted, 1 otherwise.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if cmd.Flags().Changed("rank") {
+			// Each mode's own flags are refused in the other, where they
+			// did nothing: --store without --rank ran local ranks on an
+			// embedded etcd, the store given unused.
+			fs := cmd.Flags()
+			if fs.Changed("rank") {
+				if fs.Changed("ranks") {
+					return usagef("--ranks starts local ranks; with --rank this process is one rank of --world-size: give one of them")
+				}
 				return runBenchCollRank(ctx, o, p)
+			}
+			for _, n := range []string{"world-size", "store", "group", "bind-address"} {
+				if fs.Changed(n) {
+					return usagef("--%s goes with --rank (this process as one rank of a group); without --rank mc starts --ranks local ranks on an embedded etcd", n)
+				}
 			}
 			return runBenchColl(ctx, o, p)
 		},
