@@ -22,6 +22,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/engine/bench"
 	"github.com/kvcache-ops/mc/pkg/engine/handshake"
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/engine/tcp"
 	"github.com/kvcache-ops/mc/pkg/topo"
@@ -406,6 +407,12 @@ on a usage error, 1 otherwise.`,
   mc bench initiator --protocol shm --threads 1 --block_size 1M   # shared memory, embedded target`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Without --segment_id the run measures a target in this
+			// process over loopback, whatever metadata server is named:
+			// one given was a target forgotten, not a choice.
+			if o.SegmentID == "" && cmd.Flags().Changed("metadata-server") && o.MetadataServer != meta.P2PHandshake {
+				return usagef("--metadata-server %s finds a target by its --segment_id: give --segment_id too (without it the initiator benchmarks a target in this process over loopback)", o.MetadataServer)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return runBenchInitiator(ctx, o, p)

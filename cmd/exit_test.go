@@ -96,6 +96,8 @@ func TestUsageErrorsExit64(t *testing.T) {
 		{[]string{"diag", "qp-leak", "--rdma", diagTD + "leak/rdma.txt", "--at", "yesterday"}, `mc: diag qp-leak: invalid --at "yesterday"`},
 		{[]string{"diag", "qp-lek"}, `mc: diag: unknown command "qp-lek" (did you mean "qp-leak"?)`},
 		{[]string{"store", "drain", "--status", "nonsense"}, `mc: store drain: invalid job id "nonsense"`},
+		{[]string{"bench", "initiator", "--metadata_server", "10.0.0.1:2379"}, "mc: bench initiator: --metadata-server 10.0.0.1:2379 finds a target by its --segment_id: give --segment_id too"},
+		{[]string{"bench", "--mode=initiator", "--metadata_server=10.0.0.1:2379"}, "mc: bench initiator: --metadata-server 10.0.0.1:2379 finds a target"},
 		{[]string{"bench", "coll", "--store", "127.0.0.1:2379"}, "mc: bench coll: --store goes with --rank"},
 		{[]string{"bench", "coll", "--group", "g"}, "mc: bench coll: --group goes with --rank"},
 		{[]string{"bench", "coll", "--rank", "0", "--world-size", "1", "--store", "127.0.0.1:1", "--ranks", "2"}, "mc: bench coll: --ranks starts local ranks"},
