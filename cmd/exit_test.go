@@ -94,6 +94,7 @@ func TestUsageErrorsExit64(t *testing.T) {
 		{[]string{"--output", "yaml", "version"}, `mc: version: invalid --output "yaml"`},
 		{[]string{"diag", "qp-leak", "--num-qp-per-ep", "-1"}, "mc: diag qp-leak: invalid --num-qp-per-ep -1"},
 		{[]string{"diag", "qp-leak", "--rdma", diagTD + "leak/rdma.txt", "--at", "yesterday"}, `mc: diag qp-leak: invalid --at "yesterday"`},
+		{[]string{"store", "pt", "k"}, `mc: store: unknown command "pt" (did you mean "put"?)`},
 		{[]string{"diag", "qp-lek"}, `mc: diag: unknown command "qp-lek" (did you mean "qp-leak"?)`},
 		{[]string{"store", "drain", "--status", "nonsense"}, `mc: store drain: invalid job id "nonsense"`},
 		{[]string{"bench", "initiator", "--metadata_server", "10.0.0.1:2379"}, "mc: bench initiator: --metadata-server 10.0.0.1:2379 finds a target by its --segment_id: give --segment_id too"},
@@ -149,5 +150,28 @@ func TestExitStatusTableDocumented(t *testing.T) {
 		if !bytes.Contains(readme, []byte("| "+code+" |")) {
 			t.Errorf("README's exit status table lacks a row for %s", code)
 		}
+	}
+}
+
+// A verb mistyped (its last letter dropped) is an unknown command, exit
+// 64, whose suggestion names that verb (for "pt" it named "get").
+func TestTypoSuggestsTheVerbOnEveryCommand(t *testing.T) {
+	isolateEnv(t)
+	n := 0
+	for _, path := range commandPaths() {
+		if len(path) == 0 || path[len(path)-1] == "help" || len(path[len(path)-1]) < 2 {
+			continue
+		}
+		typo := append([]string(nil), path...)
+		name := typo[len(typo)-1]
+		typo[len(typo)-1] = name[:len(name)-1]
+		out, errs, code := execMC(t, typo...)
+		n++
+		if code != exitUsage || !strings.Contains(errs, `unknown command "`+typo[len(typo)-1]+`"`) || !strings.Contains(errs, `"`+name+`"?`) || out != "" {
+			t.Errorf("mc %s: exit %d, stderr %q; want 64 suggesting %q", strings.Join(typo, " "), code, errs, name)
+		}
+	}
+	if n < 30 {
+		t.Fatalf("only %d typos tried", n)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -324,11 +325,27 @@ func unknownSubcommand(cmd *cobra.Command, args []string) error {
 	}
 	msg := fmt.Sprintf("%sunknown command %q", subPath(cmd), args[0])
 	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-		msg += fmt.Sprintf(" (did you mean %q?)", s[0])
+		msg += fmt.Sprintf(" (did you mean %s?)", nearest(args[0], s))
 	} else if s := deeperCommand(cmd, args[0]); s != "" {
 		msg += fmt.Sprintf(" (did you mean %q?)", s)
 	}
 	return usageError(cmd, fmt.Errorf("%s (see '%s --help')", msg, cmd.CommandPath()))
+}
+
+// nearest is the candidates closest to word by edit distance, quoted
+// and joined with "or": cobra lists its suggestions in command order, so
+// its first was "get" for "pt", beside "put".
+func nearest(word string, cands []string) string {
+	best, bestD := []string(nil), -1
+	for _, c := range cands {
+		switch d := editDistance(word, c); {
+		case bestD < 0 || d < bestD:
+			best, bestD = []string{strconv.Quote(c)}, d
+		case d == bestD:
+			best = append(best, strconv.Quote(c))
+		}
+	}
+	return strings.Join(best, " or ")
 }
 
 // deeperCommand finds a command below cmd's direct sub-commands named
