@@ -18,6 +18,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jedib0t/go-pretty/v6/progress"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
@@ -1701,6 +1702,37 @@ type storeReplayOptions struct {
 	PromoteAfter  int
 }
 
+// replayProgress follows an online replay of n requests: a go-pretty bar
+// on a terminal, else a line on stderr at every tenth of the trace (none
+// with -o json). stop ends the bar.
+func replayProgress(p *printer, n int) (func(requests, blocks, hits int), func()) {
+	ratio := func(blocks, hits int) float64 {
+		if blocks == 0 {
+			return 0
+		}
+		return float64(hits) / float64(blocks)
+	}
+	switch {
+	case p.JSON():
+		return nil, func() {}
+	case isTerminal(p.Out):
+		pw := startProgress(p.Out, 40)
+		pw.Style().Visibility.Percentage = true
+		tr := &progress.Tracker{Total: int64(n), Units: progress.UnitsDefault, Message: fmt.Sprintf("online replay, %d requests", n)}
+		pw.AppendTracker(tr)
+		return func(requests, blocks, hits int) {
+			tr.UpdateMessage(fmt.Sprintf("block hit ratio %.3f", ratio(blocks, hits)))
+			tr.SetValue(int64(requests))
+		}, func() { stopProgress(pw, tr) }
+	}
+	step := max(n/10, 1)
+	return func(requests, blocks, hits int) {
+		if requests%step == 0 || requests == n {
+			fmt.Fprintf(p.Err, "replay: %d/%d requests, block hit ratio %.3f\n", requests, n, ratio(blocks, hits))
+		}
+	}, func() {}
+}
+
 // storeReplayJSON is `mc store replay -o json`; online is set with
 // --online.
 type storeReplayJSON struct {
@@ -1727,7 +1759,8 @@ each), and reports hit ratios, bytes moved and GB/s. Size the store to C
 blocks and give --capacity-blocks C to print the offline figures at C next
 to it. Each run writes under a prefix of its own (replay/<run id>/), so no
 earlier run's keys count as hits, and removes its keys when it ends (on
-SIGINT too, exiting 130).
+SIGINT too, exiting 130). Progress: a bar on a terminal, else a line on
+stderr at every tenth of the trace.
 
 --ssd-capacity-blocks S puts a disk tier of S blocks under the cache (every
 C with every S): the tiers are exclusive, a block evicted from DRAM moves
@@ -1864,7 +1897,10 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 				return err
 			}
 		}
+		var stop func()
+		ocfg.Progress, stop = replayProgress(p, len(t.Blocks))
 		r, err := replay.Online(ctx, c, t, ocfg)
+		stop()
 		if ctx.Err() != nil {
 			return &exitError{code: exitInterrupted, err: fmt.Errorf("store replay: interrupted after %d of %d requests; removed the run's %d keys under %q",
 				r.Requests, len(t.Blocks), r.KeysRemoved, r.KeyPrefix)}

@@ -128,6 +128,15 @@ func TestStoreReplayOnlineAndStat(t *testing.T) {
 	if o := j.Online; !strings.HasPrefix(o.KeyPrefix, "replay/") || len(o.KeyPrefix) <= len("replay/") || o.KeysRemoved == 0 {
 		t.Errorf("online: prefix %q, %d keys removed", o.KeyPrefix, o.KeysRemoved)
 	}
+	if errs != "" {
+		t.Errorf("-o json wrote progress: %q", errs)
+	}
+	// Not on a terminal: a progress line at every tenth of the trace
+	// (it was silent however long the replay ran).
+	_, errs, code = execMC(t, append([]string{"store", "replay", "--trace", tr, "--online", "--block-bytes", "64K"}, m...)...)
+	if code != 0 || strings.Count(errs, "replay: ") != 10 || !strings.Contains(errs, "replay: 6/60 requests, block hit ratio ") || !strings.Contains(errs, "replay: 60/60 requests") {
+		t.Errorf("online replay's progress: exit %d, stderr:\n%s", code, errs)
+	}
 	var sj struct {
 		Keys        int64            `json:"keys"`
 		EvictedKeys int64            `json:"evicted_keys"`

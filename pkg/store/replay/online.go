@@ -32,6 +32,9 @@ type OnlineConfig struct {
 	// file_cache_hit_nums_): their change over the replay splits its
 	// hits by tier. It assumes the replay is the store's only reader.
 	TierHits func(context.Context) (dram, disk uint64, err error)
+	// Progress, when set, is called after each request with the
+	// requests done and the blocks looked up and found so far.
+	Progress func(requests, blocks, hitBlocks int)
 }
 
 // OnlineResult is an online replay's outcome: the hit figures of Result
@@ -104,6 +107,9 @@ func Online(ctx context.Context, c *store.Client, t *Trace, cfg OnlineConfig) (r
 		}
 		if len(keys) == 0 {
 			res.count(nil)
+			if cfg.Progress != nil {
+				cfg.Progress(res.Requests, res.Blocks, res.HitBlocks)
+			}
 			continue
 		}
 		exist, errs := c.BatchExist(ctx, keys)
@@ -162,6 +168,9 @@ func Online(ctx context.Context, c *store.Client, t *Trace, cfg OnlineConfig) (r
 					return res, fmt.Errorf("request %d: put %q: %w", ri, miss[i], err)
 				}
 			}
+		}
+		if cfg.Progress != nil {
+			cfg.Progress(res.Requests, res.Blocks, res.HitBlocks)
 		}
 	}
 	res.Seconds = time.Since(start).Seconds()
