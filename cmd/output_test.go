@@ -175,6 +175,22 @@ func TestJSONErrorOnFailure(t *testing.T) {
 	out, errs, code = execMC(t, "store", "query", "missing", "--admin", admin, "-o", "json")
 	check("store query of a missing key "+errs, out, code, 1)
 
+	// output: json in the config file, for failures before the command
+	// ran too (they printed no JSON: only MC_OUTPUT and -o counted).
+	cfgDir := t.TempDir()
+	os.MkdirAll(filepath.Join(cfgDir, "mc"), 0o755)
+	os.WriteFile(filepath.Join(cfgDir, "mc", "config.yaml"), []byte("output: json\n"), 0o644)
+	t.Setenv("XDG_CONFIG_HOME", cfgDir)
+	for _, args := range [][]string{{"no-such-verb"}, {"store", "exists"}, {"store", "exists", "k", "--no-such-flag"}} {
+		out, errs, code := execMC(t, args...)
+		check(fmt.Sprint("config output: json, mc ", args, " ", errs), out, code, exitUsage)
+	}
+	explicit := filepath.Join(cfgDir, "other.yaml")
+	os.WriteFile(explicit, []byte("output: json\n"), 0o644)
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
+	out, errs, code = execMC(t, "--config", explicit, "store", "exists")
+	check("--config with output: json, a missing argument "+errs, out, code, exitUsage)
+
 	t.Setenv("MC_OUTPUT", "json")
 	out, _, code = execMC(t, "no-such-verb")
 	check("MC_OUTPUT=json, unknown command", out, code, exitUsage)

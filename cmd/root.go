@@ -139,15 +139,29 @@ type jsonError struct {
 
 // jsonWanted reports whether JSON output was asked for: the format setup
 // chose, or, when the command failed before setup (a bad flag, an
-// unknown command), --output/-o as parsed so far, else $MC_OUTPUT.
+// unknown command, a missing argument), --output/-o as parsed so far,
+// else $MC_OUTPUT, else the config file's output key (--config as parsed
+// so far, or the default file), as setup would have resolved it.
 func jsonWanted(root *cobra.Command, p *printer) bool {
 	if p.format != "" {
 		return p.JSON()
 	}
-	if f := root.PersistentFlags().Lookup("output"); f != nil && f.Changed {
+	pf := root.PersistentFlags()
+	if f := pf.Lookup("output"); f != nil && f.Changed {
 		return f.Value.String() == "json"
 	}
-	return os.Getenv("MC_OUTPUT") == "json"
+	if v, ok := os.LookupEnv("MC_OUTPUT"); ok && v != "" {
+		return v == "json"
+	}
+	var path string
+	explicit := false
+	if f := pf.Lookup("config"); f != nil {
+		path, explicit = f.Value.String(), f.Changed
+	}
+	if cfg, err := loadConfig(path, explicit, os.Getenv); err == nil && cfg.path != "" {
+		return cfg.v.GetString("output") == "json"
+	}
+	return false
 }
 
 // withVerb makes msg start with the path of the command that failed
