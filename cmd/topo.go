@@ -51,7 +51,8 @@ are used unless --include-inactive. Fallbacks taken (numa_node -1, garbage
 files) are printed as notes on stderr.
 
 --output json prints exactly the matrix, a file Mooncake loads with
---nic_priority_matrix; --write FILE saves it as well.`,
+--nic_priority_matrix; --write FILE saves it as well (an empty one, no NIC
+found, is not written: exit 1).`,
 		Example: `  mc topo discover
   mc topo discover -o json --write /etc/mooncake/nic_priority.json
   MC_TE_FILTERS=mlx5_0,mlx5_1 mc topo discover
@@ -85,7 +86,10 @@ func runTopoDiscover(_ context.Context, o topoDiscoverOptions, p *printer) error
 	if err != nil {
 		return fmt.Errorf("topo discover: %w", err)
 	}
-	if o.Write != "" {
+	// An empty matrix is an answer to print, but not a file to install:
+	// an engine loading it has no NIC to use.
+	empty := len(t.Matrix()) == 0
+	if o.Write != "" && !empty {
 		if err := writeFileAtomic(o.Write, file); err != nil {
 			return fmt.Errorf("topo discover: write matrix: %w", err)
 		}
@@ -101,6 +105,9 @@ func runTopoDiscover(_ context.Context, o topoDiscoverOptions, p *printer) error
 		fmt.Fprintf(p.Err, "note: %s\n", n)
 	}
 	if o.Write != "" {
+		if empty {
+			return fmt.Errorf("topo discover: no RDMA NIC found: did not write an empty matrix to %s (an engine loading it would have no NIC to use)", o.Write)
+		}
 		fmt.Fprintf(p.Err, "wrote the priority matrix to %s\n", o.Write)
 	}
 	return nil

@@ -127,6 +127,14 @@ func TestTopoDiscoverNoNICs(t *testing.T) {
 	if !strings.Contains(stderr.String(), "note: no RDMA devices") {
 		t.Errorf("stderr %q, want a note", stderr.String())
 	}
+	// An empty matrix is not written where an engine would load it.
+	file := filepath.Join(t.TempDir(), "nic_priority.json")
+	stdout.Reset()
+	stderr.Reset()
+	code = Execute(context.Background(), []string{"topo", "discover", "--sysfs-root", root, "--write", file}, &stdout, &stderr)
+	if _, err := os.Stat(file); code != 1 || err == nil || !strings.Contains(stderr.String(), "mc: topo discover: no RDMA NIC found: did not write an empty matrix to "+file) {
+		t.Errorf("--write with no NIC: exit %d, file written %v, stderr %q; want exit 1, no file, and why", code, err == nil, stderr.String())
+	}
 }
 
 // --filter and MC_TE_FILTERS keep a subset; the flag wins over the env.
