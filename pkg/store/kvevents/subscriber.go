@@ -143,11 +143,27 @@ func Subscribe(ctx context.Context, endpoint string) (*Subscriber, error) {
 // Next reads the next message: its frames are the topic, the sequence
 // number and the payload.
 func (s *Subscriber) Next() (Batch, error) {
+	seq, payload, err := s.NextRaw()
+	if err != nil {
+		return Batch{}, err
+	}
+	b := Batch{Seq: seq}
+	b.Timestamp, b.Events, b.DPRank, err = DecodePayload(payload)
+	if err != nil {
+		return Batch{}, fmt.Errorf("message %d: %w", b.Seq, err)
+	}
+	return b, nil
+}
+
+// NextRaw reads the next message and returns its sequence number and
+// its msgpack payload undecoded, for a consumer that forwards or stores
+// the stream as it came.
+func (s *Subscriber) NextRaw() (seq uint64, payload []byte, err error) {
 	var frames [][]byte
 	for {
 		flags, body, err := readFrame(s.r, maxPublisherFrame)
 		if err != nil {
-			return Batch{}, err
+			return 0, nil, err
 		}
 		if flags&flagCommand != 0 {
 			continue
@@ -157,19 +173,13 @@ func (s *Subscriber) Next() (Batch, error) {
 			break
 		}
 		if len(frames) > 16 {
-			return Batch{}, errors.New("message of more than 16 frames: not a KV event batch")
+			return 0, nil, errors.New("message of more than 16 frames: not a KV event batch")
 		}
 	}
 	if len(frames) != 3 || len(frames[1]) != 8 {
-		return Batch{}, fmt.Errorf("message of %d frames: want topic, 8-byte sequence number, payload", len(frames))
+		return 0, nil, fmt.Errorf("message of %d frames: want topic, 8-byte sequence number, payload", len(frames))
 	}
-	b := Batch{Seq: binary.BigEndian.Uint64(frames[1])}
-	var err error
-	b.Timestamp, b.Events, b.DPRank, err = DecodePayload(frames[2])
-	if err != nil {
-		return Batch{}, fmt.Errorf("message %d: %w", b.Seq, err)
-	}
-	return b, nil
+	return binary.BigEndian.Uint64(frames[1]), frames[2], nil
 }
 
 // Close closes the connection (a pending Next returns an error).
