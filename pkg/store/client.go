@@ -106,6 +106,9 @@ type Client struct {
 	// afterPutStart, if set (tests only), runs between a put's grant and
 	// its transfer.
 	afterPutStart func(keys []string)
+	// beforePutStart, if set (tests only), runs after a put's values are
+	// staged, before its start is sent.
+	beforePutStart func(keys []string)
 	// afterRead, if set (tests only), runs on each value read before its
 	// checksum is checked.
 	afterRead func(key string, b []byte)

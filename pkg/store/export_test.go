@@ -6,6 +6,10 @@ import "context"
 // and its transfer: tests stall a writer there.
 func SetAfterPutStart(c *Client, f func(keys []string)) { c.afterPutStart = f }
 
+// SetBeforePutStart makes c call f after each put's values are staged,
+// before its start is sent: tests spend the caller's time there.
+func SetBeforePutStart(c *Client, f func(keys []string)) { c.beforePutStart = f }
+
 // SetAfterRead makes c call f on each value it reads, before the value's
 // checksum is checked: tests corrupt it there.
 func SetAfterRead(c *Client, f func(key string, b []byte)) { c.afterRead = f }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -80,6 +81,7 @@ func (c *Client) Put(ctx context.Context, key string, value []byte, opts ...PutO
 // BatchPut stores values under keys, with one master round trip to start
 // them, one batch of transfers and one round trip to end them.
 func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, opts ...PutOption) []error {
+	began := time.Now()
 	errs := make([]error, len(keys))
 	if err := c.enter(); err != nil {
 		return failAll(errs, err)
@@ -110,7 +112,7 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, o
 		copy(s.bytes(), v)
 		src[i] = s
 	}
-	c.put(ctx, keys, src, c.replicate(opts), errs, false)
+	c.put(ctx, began, keys, src, c.replicate(opts), errs, false)
 	return errs
 }
 
@@ -121,6 +123,7 @@ func (c *Client) PutFrom(ctx context.Context, key string, s Slice, opts ...PutOp
 
 // BatchPutFrom stores each slice under its key with no copy.
 func (c *Client) BatchPutFrom(ctx context.Context, keys []string, slices []Slice, opts ...PutOption) []error {
+	began := time.Now()
 	errs := make([]error, len(keys))
 	if err := c.enter(); err != nil {
 		return failAll(errs, err)
@@ -139,12 +142,13 @@ func (c *Client) BatchPutFrom(ctx context.Context, keys []string, slices []Slice
 		}
 		src[i] = local{addr: a, n: uint64(slices[i].Len), buf: slices[i].Buf.mem.Bytes()[slices[i].Off:][:slices[i].Len]}
 	}
-	c.put(ctx, keys, src, c.replicate(opts), errs, false)
+	c.put(ctx, began, keys, src, c.replicate(opts), errs, false)
 	return errs
 }
 
 // Upsert stores value under key whether or not it exists.
 func (c *Client) Upsert(ctx context.Context, key string, value []byte, opts ...PutOption) error {
+	began := time.Now()
 	if err := c.enter(); err != nil {
 		return err
 	}
@@ -160,13 +164,14 @@ func (c *Client) Upsert(ctx context.Context, key string, value []byte, opts ...P
 	src := []local{s}
 	defer c.unstage(ctx, src)
 	copy(s.bytes(), value)
-	c.put(ctx, []string{key}, src, c.replicate(opts), errs, true)
+	c.put(ctx, began, []string{key}, src, c.replicate(opts), errs, true)
 	return errs[0]
 }
 
 // put runs the put protocol for the items whose errs entry is nil and
-// whose key keeps the key rule (CheckKey).
-func (c *Client) put(ctx context.Context, keys []string, src []local, rc ReplicateConfig, errs []error, upsert bool) {
+// whose key keeps the key rule (CheckKey). began is when the caller's put
+// began (before its values were staged).
+func (c *Client) put(ctx context.Context, began time.Time, keys []string, src []local, rc ReplicateConfig, errs []error, upsert bool) {
 	items := make([]putItem, 0, len(keys))
 	idx := make([]int, 0, len(keys))
 	for i, k := range keys {
@@ -179,6 +184,18 @@ func (c *Client) put(ctx context.Context, keys []string, src []local, rc Replica
 		}
 	}
 	if len(idx) == 0 {
+		return
+	}
+	if c.beforePutStart != nil {
+		c.beforePutStart(keys)
+	}
+	if ctx.Err() != nil {
+		// Staging the values used up the caller's time (a big copy,
+		// page faults): nothing was sent, so nothing is to revoke.
+		err := notSent(ctx, began)
+		for _, i := range idx {
+			errs[i] = fmt.Errorf("%w; %q not stored (nothing was sent)", err, keys[i])
+		}
 		return
 	}
 	lists, listErrs, err := c.w.putStart(ctx, items, rc, upsert)
@@ -344,6 +361,19 @@ func settled(key string, cause, rev error, ended bool) error {
 		return fmt.Errorf("%w; %q not stored, but revoking its put failed (%v): the key may stay reserved until the master discards the unfinished put (--put_start_discard_timeout_sec, 30 s)", cause, key, rev)
 	}
 	return fmt.Errorf("%w; whether %q was stored is unknown (revoking its put failed: %v): `mc store exists` (Client.Exist) tells", cause, key, rev)
+}
+
+// notSent is the error of a put whose caller's context ended before its
+// start was sent: it names the deadline and the time that really passed
+// since the put began (a 100 ms-deadline put of 64 MiB once said "gave up
+// after 0s" 3 s after it began: the time went on staging its value).
+func notSent(ctx context.Context, began time.Time) error {
+	took := time.Since(began).Round(time.Millisecond)
+	if dl, ok := ctx.Deadline(); ok && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return Errorf(RPCTimeout, "put start: the caller's deadline, %s after the put began, passed before it was sent to the master: gave up after %s, spent staging the values",
+			dl.Sub(began).Round(time.Millisecond), took)
+	}
+	return fmt.Errorf("put start: cancelled before it was sent to the master, after %s: %w", took, ctx.Err())
 }
 
 // unsure reports whether a call that failed with err may still have

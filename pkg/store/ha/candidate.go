@@ -534,6 +534,12 @@ func (c *Candidate) serveTerm(t *term, deadline time.Time) string {
 	t.log = newCommitter(c, t.rev, from, segs)
 	mc := c.cfg.Master
 	mc.ViewVersion, mc.OnChange, mc.Sync = uint64(t.rev), t.log.onChange, t.log.sync
+	if nt, ok := mc.Events.(interface{ NewTerm() }); ok {
+		// This term's KV events start a new sequence (from 1), so a
+		// consumer of this endpoint can tell that other leaders may
+		// have changed the pool since its stream last moved.
+		nt.NewTerm()
+	}
 	m, err := master.New(mc)
 	if err == nil {
 		err = m.Restore(objs)

@@ -85,6 +85,7 @@ type Stats struct {
 }
 
 type pending struct {
+	term    uint64 // the NewTerm count when queued
 	removed bool
 	key     string
 	medium  string
@@ -100,6 +101,8 @@ type Publisher struct {
 	sock *pubSocket
 
 	mu      sync.Mutex
+	term    uint64    // NewTerm calls so far (mu)
+	sent    uint64    // the term of the last message sent (run goroutine)
 	queue   []pending // ring
 	head, n int
 	kick    chan struct{}
@@ -184,8 +187,21 @@ func (p *Publisher) Removed(key, medium string) {
 	p.enqueue(pending{removed: true, key: key, medium: medium})
 }
 
+// NewTerm starts a new sequence: the next message sent of an event
+// queued from now on has sequence number 1 and its events ids from 1, as
+// a restarted publisher's. An HA candidate calls it when it begins to
+// lead: a consumer of its endpoint then sees the sequence restart
+// (another leader may have changed the pool while its stream stood
+// still). Events queued before are sent first, in the old sequence.
+func (p *Publisher) NewTerm() {
+	p.mu.Lock()
+	p.term++
+	p.mu.Unlock()
+}
+
 func (p *Publisher) enqueue(e pending) {
 	p.mu.Lock()
+	e.term = p.term
 	if c := p.cfg.QueueCapacity; c > 0 && p.n >= c {
 		p.queue[p.head] = pending{}
 		p.head = (p.head + 1) % len(p.queue)
@@ -214,6 +230,9 @@ func (p *Publisher) take(buf []pending) []pending {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for p.n > 0 && len(buf) < MaxBatch {
+		if len(buf) > 0 && p.queue[p.head].term != buf[0].term {
+			break // one message, one term's sequence
+		}
 		buf = append(buf, p.queue[p.head])
 		p.queue[p.head] = pending{}
 		p.head = (p.head + 1) % len(p.queue)
@@ -253,6 +272,11 @@ func (p *Publisher) publish(batch []pending, buf []byte) []byte {
 		hash   uint64
 		hashed bool
 		id     uint64
+	}
+	if t := batch[0].term; t != p.sent {
+		p.sent = t
+		p.nextSeq.Store(1)
+		p.nextEventID.Store(1)
 	}
 	var items [MaxBatch]enc
 	n := 0

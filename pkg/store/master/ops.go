@@ -87,15 +87,17 @@ func (m *Master) BatchPutStartWait(ctx context.Context, client store.UUID, host 
 		return failAll(out, err)
 	}
 	ar := &descArena{buf: make([]store.Replica, 0, len(items)*max(cfg.ReplicaNum, 1))}
+	wait = min(wait, m.cfg.KVLeaseTTL)
+	deadline := m.now() + wait.Nanoseconds()
 	for i, it := range items {
 		m.m.putStart.Inc()
-		if err := m.watermarkVictim(it, cfg); err != nil {
+		if err := m.watermarkWait(ctx, it, cfg, deadline); err != nil {
 			out[i] = ReplicaResult{Err: err}
 			continue
 		}
 		out[i] = m.putStart(client, host, it, cfg, ar)
 	}
-	m.makeRoom(ctx, client, host, items, cfg, out, ar, min(wait, m.cfg.KVLeaseTTL))
+	m.makeRoom(ctx, client, host, items, cfg, out, ar, time.Duration(max(deadline-m.now(), 0)))
 	m.syncStarts(client, items, out)
 	for i, r := range out {
 		if r.Err == nil {

@@ -1,8 +1,11 @@
 package master
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
 )
@@ -94,20 +97,55 @@ func (m *Master) watermarkVictim(it PutItem, cfg store.ReplicateConfig) error {
 	if evictable == 0 {
 		others = "nothing evictable is left ahead of it: " + rest
 	}
+	r := &watermarkRefusal{}
 	if excess > 0 {
-		return &watermarkRefusal{store.Errorf(store.NoAvailableHandle,
+		r.err = store.Errorf(store.NoAvailableHandle,
 			"key %q: %d bytes fit only after evicting %d bytes, and would then hold the store over the eviction high watermark (%.2f) while %s: the store would evict this object at once; evicted nothing (remove or unpin objects, or retry once reads end)",
-			it.Key, it.Size, excess, m.cfg.HighWatermark, others)}
+			it.Key, it.Size, excess, m.cfg.HighWatermark, others)
+	} else {
+		r.err = store.Errorf(store.NoAvailableHandle,
+			"key %q: %d bytes would take the store to %d of %d bytes, over the eviction high watermark (%.2f), and %s: the store would evict this object at once; evicted nothing (remove or unpin objects, or retry once reads end)",
+			it.Key, it.Size, used+add, capacity, m.cfg.HighWatermark, others)
 	}
-	return &watermarkRefusal{store.Errorf(store.NoAvailableHandle,
-		"key %q: %d bytes would take the store to %d of %d bytes, over the eviction high watermark (%.2f), and %s: the store would evict this object at once; evicted nothing (remove or unpin objects, or retry once reads end)",
-		it.Key, it.Size, used+add, capacity, m.cfg.HighWatermark, others)}
+	if sw.blocked.leased > 0 {
+		r.leaseEnd = sw.blocked.leaseEnd
+	}
+	return r
+}
+
+// watermarkWait is watermarkVictim for a put that may wait until
+// deadline (unix nanos; mc's gRPC writers, BatchPutStartWait): while the
+// put would be the watermark round's victim and a read lease in the way
+// ends before deadline, it waits for that lease and looks again, as
+// makeRoom does for a put that finds no room (issue 34 item 7: a writer
+// that reads what it writes had every put refused here at once while
+// the leases of what it had read ran out seconds later).
+func (m *Master) watermarkWait(ctx context.Context, it PutItem, cfg store.ReplicateConfig, deadline int64) error {
+	for {
+		err := m.watermarkVictim(it, cfg)
+		var r *watermarkRefusal
+		if err == nil || !errors.As(err, &r) || r.leaseEnd == 0 || r.leaseEnd > deadline {
+			return err
+		}
+		// +1ms: a lease ending at t is over after t.
+		t := time.NewTimer(max(time.Duration(r.leaseEnd-m.now())+time.Millisecond, time.Millisecond))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		m.m.leaseWaits.Inc()
+	}
 }
 
 // watermarkRefusal marks watermarkVictim's refusal: no eviction on the
 // put's behalf changes it (it is about what a round would take after),
 // so evictForPuts leaves it alone.
-type watermarkRefusal struct{ err error }
+type watermarkRefusal struct {
+	err      error
+	leaseEnd int64 // when the first lease in the way ends (0: none)
+}
 
 func (w *watermarkRefusal) Error() string { return w.err.Error() }
 func (w *watermarkRefusal) Unwrap() error { return w.err }
