@@ -115,3 +115,37 @@ func TestPutOverWatermarkWaitsForLeases(t *testing.T) {
 		t.Errorf("%v lease waits counted", n)
 	}
 }
+
+// A put start waits for read leases to end within the caller's deadline
+// even when that deadline is later than the client's RPC timeout (issue
+// 34 item 7: with 10 s leases and the 5 s RPC timeout, a writer that
+// reads what it writes had half its puts refused in every lease cycle
+// although it allowed them longer).
+func TestPutWaitsForLeasePastRPCTimeout(t *testing.T) {
+	const ttl = 1500 * time.Millisecond
+	c := startMaster(t, master.Config{KVLeaseTTL: ttl, HighWatermark: 1})
+	c.client(4 << 20)
+	cl := c.client(0, func(cfg *store.Config) { cfg.RPCTimeout = 500 * time.Millisecond })
+	ctx := context.Background()
+	var keys []string
+	for i := range 15 {
+		key := fmt.Sprint("old", i)
+		if err := cl.Put(ctx, key, value(256<<10, byte(i))); err != nil {
+			t.Fatalf("fill %s: %v", key, err)
+		}
+		keys = append(keys, key)
+	}
+	time.Sleep(ttl + 50*time.Millisecond)
+	leased := time.Now()
+	if _, errs := cl.BatchGet(ctx, keys); errs[0] != nil {
+		t.Fatalf("read: %v", errs[0])
+	}
+	long, cancel := context.WithTimeout(ctx, 4*ttl)
+	defer cancel()
+	if err := cl.Put(long, "new", value(300<<10, 99)); err != nil {
+		t.Fatalf("put with a deadline past the leases but an RPC timeout before them: %v (want it to wait)", err)
+	}
+	if waited := time.Since(leased); waited < ttl {
+		t.Errorf("put returned after %s: it cannot have waited for a lease of %s", waited, ttl)
+	}
+}

@@ -179,6 +179,9 @@ type callClock struct {
 	start      time.Time
 	caller     time.Time // the caller's deadline, zero without one
 	rpcTimeout time.Duration
+	// untilCaller: the call ran to the caller's deadline even past the
+	// RPC timeout (a put start waiting for read leases to end).
+	untilCaller bool
 }
 
 func startClock(ctx context.Context, timeout time.Duration) callClock {
@@ -189,7 +192,7 @@ func startClock(ctx context.Context, timeout time.Duration) callClock {
 // callerBound reports whether the caller's deadline, not the RPC timeout,
 // ends the call.
 func (k callClock) callerBound() bool {
-	return !k.caller.IsZero() && k.caller.Before(k.start.Add(k.rpcTimeout))
+	return !k.caller.IsZero() && (k.untilCaller || k.caller.Before(k.start.Add(k.rpcTimeout)))
 }
 
 // timeoutErr is RPC_TIMEOUT for a call to master that ran out of time.

@@ -201,8 +201,18 @@ func (w *grpcWire) invoke(ctx context.Context, what string, f func(context.Conte
 }
 
 func (w *grpcWire) invokeRetry(ctx context.Context, what string, f func(context.Context) error, again retry) error {
+	return w.invokeFor(ctx, what, f, again, false)
+}
+
+// invokeFor is invokeRetry; untilCaller lets the call run to the
+// caller's deadline when that is later than the RPC timeout.
+func (w *grpcWire) invokeFor(ctx context.Context, what string, f func(context.Context) error, again retry, untilCaller bool) error {
 	clock := startClock(ctx, w.cfg.timeout)
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.timeout)
+	timeout := w.cfg.timeout
+	if untilCaller && !clock.caller.IsZero() && clock.caller.After(clock.start.Add(timeout)) {
+		timeout, clock.untilCaller = clock.caller.Sub(clock.start), true
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	err := f(ctx)
 	for ctx.Err() == nil && w.askAgain(err, again) {
@@ -339,11 +349,16 @@ func (w *grpcWire) putStart(ctx context.Context, items []putItem, rc ReplicateCo
 		req.Items[i] = &pb.PutStartItem{Key: it.key, Length: it.n}
 	}
 	var table *pb.ReplicaTable
-	err := w.call(ctx, "put start", func(ctx context.Context) (err error) {
+	// A put start may wait on the master for read leases to end (issue
+	// 34 item 7), so it runs to the caller's deadline when that is later
+	// than the RPC timeout: with 10 s leases and the 5 s timeout, a writer
+	// that reads what it writes and gives itself 15 s had half its puts
+	// refused in every lease cycle.
+	err := w.invokeFor(ctx, "put start", func(ctx context.Context) (err error) {
 		req.LeaseWaitMs = uint64(leaseWait(ctx) / time.Millisecond)
 		table, err = w.ses.PutStart(ctx, req, upsert)
 		return err
-	})
+	}, retryNever, true)
 	if err != nil {
 		return nil, nil, err
 	}
