@@ -38,7 +38,7 @@ type ReplicaResult struct {
 var useCounter atomic.Uint64
 
 func checkItem(it PutItem) error {
-	if err := store.CheckKey(it.Key); err != nil {
+	if err := store.CheckStoredKey(it.Key); err != nil {
 		return err
 	}
 	switch {
@@ -648,7 +648,7 @@ func (m *Master) lookupUntil(keys []string, lease bool, deadline time.Time, out 
 // returned instead of an answer.
 func (m *Master) lookupOne(k string, depth int, lease bool, now int64, stamp uint64, descs *[]store.Replica) (ReplicaResult, *tierOp) {
 	var r ReplicaResult
-	if err := store.CheckKey(k); err != nil {
+	if err := store.CheckStoredKey(k); err != nil {
 		r.Err = err
 		return r, nil
 	}
@@ -706,7 +706,7 @@ func (m *Master) BatchExistKey(keys []string) ([]bool, []error) {
 	now := m.now()
 	for i, k := range keys {
 		m.m.existKey.Inc()
-		if err := store.CheckKey(k); err != nil {
+		if err := store.CheckStoredKey(k); err != nil {
 			errs[i] = err
 			m.m.existKeyFail.Inc()
 			continue
@@ -741,7 +741,7 @@ func (m *Master) BatchRemove(keys []string, force bool) []error {
 }
 
 func (m *Master) remove(key string, force bool, now int64) error {
-	if err := store.CheckKey(key); err != nil {
+	if err := store.CheckStoredKey(key); err != nil {
 		return err
 	}
 	sh := m.shardOf(key)
@@ -774,13 +774,21 @@ func removable(key string, o *Object, force bool, now int64) error {
 
 // RemoveAll removes every complete object not being read; it returns how
 // many went.
-func (m *Master) RemoveAll() int {
+func (m *Master) RemoveAll() int { return m.RemoveAllIn("") }
+
+// RemoveAllIn is RemoveAll of tenant's keys ("" or without multi-tenant
+// mode: every key, as Mooncake's RemoveAll with an empty tenant id).
+func (m *Master) RemoveAllIn(tenant string) int {
 	now := m.now()
 	n := 0
+	sc := m.scope(tenant)
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		for k, o := range sh.objects {
+			if _, ok := sc.user(k); !ok {
+				continue
+			}
 			if o.state == stateComplete && o.upsert == nil && o.lease <= now {
 				m.eventRemoved(o)
 				sh.remove(k, o)
@@ -797,13 +805,23 @@ func (m *Master) RemoveAll() int {
 // Keys calls fn with every complete key (in no order) until fn returns
 // false. Admin reads: no lease, no touch.
 func (m *Master) Keys(prefix string, fn func(key string, size uint64) bool) {
+	m.KeysIn("", prefix, fn)
+}
+
+// KeysIn is Keys over tenant's keys (every key for "" or without
+// multi-tenant mode), given to fn without their scope.
+func (m *Master) KeysIn(tenant, prefix string, fn func(key string, size uint64) bool) {
+	sc := m.scope(tenant)
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		var batch []PutItem
 		for k, o := range sh.objects {
-			if o.state == stateComplete && strings.HasPrefix(k, prefix) {
-				batch = append(batch, PutItem{k, o.size})
+			if o.state != stateComplete {
+				continue
+			}
+			if u, ok := sc.user(k); ok && strings.HasPrefix(u, prefix) {
+				batch = append(batch, PutItem{u, o.size})
 			}
 		}
 		sh.mu.Unlock()

@@ -66,7 +66,7 @@ func (m *Master) Restore(objs []RestoredObject) error {
 	var reserve []reservation
 	for _, ro := range objs {
 		reserved := !ro.ReserveUntil.IsZero()
-		if err := store.CheckKey(ro.Key); err != nil && !reserved {
+		if err := store.CheckStoredKey(ro.Key); err != nil && !reserved {
 			return err
 		}
 		if ro.Size == 0 {

@@ -889,7 +889,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 	for _, r := range h.GetRecords() {
 		reported[r.GetKey()] = struct{}{}
 		m.tiers.seeVersion(r.GetVersion())
-		if v, ok := tomb[r.GetKey()]; ok && v == r.GetVersion() || store.CheckKey(r.GetKey()) != nil || r.GetSize() == 0 {
+		if v, ok := tomb[r.GetKey()]; ok && v == r.GetVersion() || store.CheckStoredKey(r.GetKey()) != nil || r.GetSize() == 0 {
 			drops = append(drops, &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: r.GetKey(), Version: r.GetVersion()})
 			dropped++
 			continue
