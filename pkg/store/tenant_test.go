@@ -392,15 +392,15 @@ func TestTenantPolicyFile(t *testing.T) {
 		t.Fatalf("parse: %v, %v", pol, err)
 	}
 	for body, want := range map[string]string{
-		"tenants: []":                                      "version is required",
-		"version: 2\ntenants: []":                          "unsupported tenant quota policy version: 2",
-		"version: 1":                                       "tenants must be a YAML sequence",
-		"version: 1\ntenants:\n  - quota: 1":               "tenant name is required",
-		"version: 1\ntenants:\n  - name: a":                "tenant quota is required",
-		"version: 1\ntenants:\n  - name: _a\n    quota: 1": `invalid tenant name "_a"`,
-		"version: 1\ntenants:\n  - name: a\n    quota: -1": "quota must start with an integer",
-		"version: 1\ntenants:\n  - name: a\n    quota: 0":  "quota must be positive",
-		"version: 1\ntenants:\n  - name: a\n    quota: 5PB": `unsupported quota unit "PB"`,
+		"tenants: []":                                                                "version is required",
+		"version: 2\ntenants: []":                                                    "unsupported tenant quota policy version: 2",
+		"version: 1":                                                                 "tenants must be a YAML sequence",
+		"version: 1\ntenants:\n  - quota: 1":                                         "tenant name is required",
+		"version: 1\ntenants:\n  - name: a":                                          "tenant quota is required",
+		"version: 1\ntenants:\n  - name: _a\n    quota: 1":                           `invalid tenant name "_a"`,
+		"version: 1\ntenants:\n  - name: a\n    quota: -1":                           "quota must start with an integer",
+		"version: 1\ntenants:\n  - name: a\n    quota: 0":                            "quota must be positive",
+		"version: 1\ntenants:\n  - name: a\n    quota: 5PB":                          `unsupported quota unit "PB"`,
 		"version: 1\ntenants:\n  - name: a\n    quota: 1\n  - name: a\n    quota: 2": `duplicate tenant name "a"`,
 		"- 1": "must be a YAML map",
 	} {
