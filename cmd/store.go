@@ -821,7 +821,7 @@ func httpPortHint(master string, err error) error {
 func newStoreCmd(p *printer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "store",
-		Short: "Use a KV-cache store: put, get, exists, rm, ls, stat, query, drain, events",
+		Short: "Use a KV-cache store: put, get, exists, rm, ls, stat, query, drain, events, tenants",
 		Long: `store talks to a store master (mc serve store, or mooncake_master for the
 admin reads). put, get, exists and rm use the master's RPC API and move the
 bytes with the transfer engine; ls, stat and query read only the admin HTTP
@@ -830,7 +830,7 @@ API, so they also work against a real mooncake_master.`,
 	}
 	cmd.AddCommand(newStorePutCmd(p), newStoreGetCmd(p), newStoreExistsCmd(p), newStoreRmCmd(p),
 		newStoreLsCmd(p), newStoreStatCmd(p), newStoreQueryCmd(p), newStoreDrainCmd(p), newStoreEventsCmd(p))
-	cmd.AddCommand(newStoreReplayCmd(p))
+	cmd.AddCommand(newStoreReplayCmd(p), newStoreTenantsCmd(p))
 	return cmd
 }
 

@@ -328,6 +328,7 @@ func New(cfg Config) (*Master, error) {
 	m.m = newMetrics(m)
 	for i := range m.shards {
 		m.shards[i].objects = make(map[string]*Object)
+		m.shards[i].ledger = m.tenants
 		m.shards[i].policy, _ = newShardPolicy(cfg.EvictionPolicy)
 	}
 	m.space.init(&m.cfg)
@@ -564,7 +565,10 @@ func (m *Master) finishUnmount(seg *segment) {
 				continue
 			}
 			dropped++
-			if o.dropSegment(seg) == 0 && o.onDisk() {
+			before := m.charge(o)
+			left := o.dropSegment(seg)
+			m.recharge(o, before)
+			if left == 0 && o.onDisk() {
 				// Its disk replica lives on (on this node's disk: it
 				// comes back if the node does).
 				if o.ent.In() {

@@ -100,7 +100,7 @@ func newMetrics(m *Master) *Metrics {
 	vec := func(name, help string) *prometheus.CounterVec {
 		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"phase"})
 		r.MustRegister(v)
-		for _, p := range []string{phaseWatermark, phaseOwnRegions, phaseOtherRegions, phaseOffload, phaseStage} {
+		for _, p := range []string{phaseWatermark, phaseOwnRegions, phaseOtherRegions, phaseOffload, phaseStage, phaseTenantQuota} {
 			v.WithLabelValues(p)
 		}
 		return v

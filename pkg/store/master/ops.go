@@ -87,8 +87,16 @@ func (m *Master) BatchPutStartWait(ctx context.Context, client store.UUID, host 
 		return failAll(out, err)
 	}
 	ar := &descArena{buf: make([]store.Replica, 0, len(items)*max(cfg.ReplicaNum, 1))}
+	// Tenants: quota reserved (own objects evicted) before placing; the
+	// reservations end once the batch is placed, its charge then in
+	// the ledger.
+	release := m.admitPuts(items, cfg, out)
+	defer release()
 	for i, it := range items {
 		m.m.putStart.Inc()
+		if out[i].Err != nil {
+			continue
+		}
 		if err := m.watermarkVictim(it, cfg); err != nil {
 			out[i] = ReplicaResult{Err: err}
 			continue
@@ -208,6 +216,7 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 	}
 	o.replicas = refs
 	sh.objects[it.Key] = o
+	m.recharge(o, 0)
 	sh.linkPending(o)
 	if m.cfg.OnChange != nil {
 		m.emit(Change{Op: OpPutStart, Key: o.key, Size: o.size, Replicas: o.descriptors(false), Client: client, Started: time.Unix(0, now)})
@@ -320,6 +329,8 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64, dr
 	}
 	switch {
 	case o.upsert != nil:
+		before := m.charge(o)
+		defer m.recharge(o, before)
 		old, u := o.replicas, o.upsert
 		o.replicas, o.upsert = u.refs, nil
 		if o.ent.In() {
@@ -369,6 +380,7 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64, dr
 // replica would be left, or when o is complete with no upsert (nothing
 // being written).
 func (m *Master) dropUnwritten(o *Object, drop []string) error {
+	defer m.recharge(o, m.charge(o))
 	refs, size := &o.replicas, o.size
 	switch {
 	case o.upsert != nil:
@@ -472,8 +484,12 @@ func (m *Master) BatchUpsertStart(client store.UUID, host string, items []PutIte
 	if err := checkConfig(cfg); err != nil {
 		return failAll(out, err)
 	}
+	release := m.admitPuts(items, cfg, out)
+	defer release()
 	for i, it := range items {
-		out[i] = m.upsertStart(client, host, it, cfg)
+		if out[i].Err == nil {
+			out[i] = m.upsertStart(client, host, it, cfg)
+		}
 	}
 	m.syncStarts(client, items, out)
 	return out
@@ -506,8 +522,10 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		return ReplicaResult{Err: store.Errorf(store.ObjectHasLease, "key %q is being moved to or from a disk tier; retry", it.Key)}
 	}
 	if o.upsert != nil { // abandoned resize
+		before := m.charge(o)
 		m.pend.addRelease(o.putStart+m.cfg.PutReleaseTimeout.Nanoseconds(), o.upsert.size, o.upsert.refs)
 		o.upsert = nil
+		m.recharge(o, before)
 	}
 	pin := m.softPinExpiry(cfg, now)
 	o.putStart, o.writer = now, client
@@ -518,6 +536,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		o.tier = nil
 		sh.remove(it.Key, o)
 		sh.objects[it.Key] = o
+		m.recharge(o, 0)
 		o.softPin, o.hardPin = pin, cfg.HardPin
 		o.state, o.inPlace = stateProcessing, true
 		sh.linkPending(o)
@@ -534,7 +553,9 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		sh.unlinkPending(o)
 		return ReplicaResult{Err: err}
 	}
+	before := m.charge(o)
 	o.upsert = &upsertState{refs: refs, size: it.Size}
+	m.recharge(o, before)
 	if (pin != 0) != (o.softPin != 0) {
 		if pin != 0 {
 			sh.softPinned++

@@ -152,6 +152,7 @@ func (m *Master) Restore(objs []RestoredObject) error {
 			}
 		}
 		sh.objects[o.key] = o
+		m.recharge(o, 0)
 		if o.state == stateProcessing {
 			// Complete at its writer's PutEnd, or discarded and released
 			// on the usual timeouts from when it started.

@@ -42,6 +42,12 @@ type tenantTable struct {
 	mu    sync.Mutex
 	path  string
 	accts map[string]*tenantAcct
+	// charged and reserved: the ledger (below), by tenant.
+	charged  map[string]uint64
+	reserved map[string]uint64
+	// eff are the effective quotas for capacity effCap (nil: to compute).
+	eff    map[string]uint64
+	effCap uint64
 }
 
 type tenantAcct struct {
@@ -65,7 +71,7 @@ func newTenantTable(cfg TenantConfig) (*tenantTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &tenantTable{path: cfg.ConnectorURI, accts: map[string]*tenantAcct{}}
+	t := &tenantTable{path: cfg.ConnectorURI, accts: map[string]*tenantAcct{}, charged: map[string]uint64{}, reserved: map[string]uint64{}}
 	for name, q := range pol {
 		t.accts[name] = &tenantAcct{requested: q, explicit: true}
 	}
@@ -326,19 +332,8 @@ func (sc keyScope) users(stored []string) []string {
 	return userKeys(sc.tenant, stored)
 }
 
-// TenantQuota is a tenant's quota state, with the fields of Mooncake's
-// /api/v1/tenant_quotas answers.
-type TenantQuota struct {
-	TenantID            string `json:"tenant_id"`
-	RequestedQuotaBytes uint64 `json:"requested_quota_bytes"`
-	EffectiveQuotaBytes uint64 `json:"effective_quota_bytes"`
-	ChargedBytes        uint64 `json:"charged_bytes"`
-	AdmissionClosed     bool   `json:"admission_closed"`
-	OverQuota           bool   `json:"over_quota"`
-	HasExplicitPolicy   bool   `json:"has_explicit_policy"`
-	// Objects is mc's: the tenant's objects (complete or being put).
-	Objects uint64 `json:"objects"`
-}
+// TenantQuota is a tenant's quota state (store.TenantQuota).
+type TenantQuota = store.TenantQuota
 
 // tenantUsage counts each tenant's objects and the memory bytes they hold
 // (size x memory replicas, Mooncake's charge; a put in progress counts
@@ -443,6 +438,7 @@ func (m *Master) SetTenantQuota(tenant string, bytes uint64) (TenantQuota, error
 		return TenantQuota{}, store.Errorf(store.PersistentFail, "%v", err)
 	}
 	t.accts[tenant] = &tenantAcct{requested: bytes, explicit: true}
+	t.eff = nil
 	t.mu.Unlock()
 	m.log.Info(fmt.Sprintf("tenant %q: quota set to %d bytes", tenant, bytes))
 	return m.TenantQuotaOf(tenant)
@@ -481,6 +477,7 @@ func (m *Master) DeleteTenantQuota(tenant string) (*TenantQuota, error) {
 		return nil, store.Errorf(store.PersistentFail, "%v", err)
 	}
 	delete(t.accts, tenant)
+	t.eff = nil
 	t.mu.Unlock()
 	m.log.Info(fmt.Sprintf("tenant %q: quota policy deleted", tenant))
 	if q, err := m.TenantQuotaOf(tenant); err == nil {
@@ -545,4 +542,151 @@ func effectiveQuotas(req map[string]uint64, capacity uint64) map[string]uint64 {
 		out[s.t] = s.base
 	}
 	return out
+}
+
+// The ledger: each tenant's charged bytes, the memory its objects hold
+// (chargeOf), kept as the objects change (every place an object enters or
+// leaves a shard or its replicas change calls recharge), and the bytes
+// reserved by puts admitted and not yet placed. tenantUsage recounts the
+// same from the objects; a test holds the two equal under a storm.
+
+// chargeOf is the memory bytes o holds (size x memory replicas, a
+// resizing upsert's new replicas too): Mooncake's charge.
+func chargeOf(o *Object) uint64 {
+	c := o.size * uint64(len(o.replicas))
+	if u := o.upsert; u != nil {
+		c += u.size * uint64(len(u.refs))
+	}
+	return c
+}
+
+// shift moves stored key's tenant's charge from before to after.
+func (t *tenantTable) shift(key string, before, after uint64) {
+	if t == nil || before == after {
+		return
+	}
+	tenant, _ := store.SplitKey(key)
+	t.mu.Lock()
+	t.charged[tenant] += after
+	t.charged[tenant] -= before
+	t.mu.Unlock()
+}
+
+// charge is chargeOf(o) on a multi-tenant master, else 0 (no ledger).
+func (m *Master) charge(o *Object) uint64 {
+	if m.tenants == nil {
+		return 0
+	}
+	return chargeOf(o)
+}
+
+// recharge records that o (in its shard) held before bytes and holds
+// chargeOf(o) now.
+func (m *Master) recharge(o *Object, before uint64) {
+	if m.tenants != nil {
+		m.tenants.shift(o.key, before, chargeOf(o))
+	}
+}
+
+// ChargedBytes is the ledger's charge of tenant.
+func (m *Master) ChargedBytes(tenant string) uint64 {
+	if m.tenants == nil {
+		return 0
+	}
+	m.tenants.mu.Lock()
+	defer m.tenants.mu.Unlock()
+	return m.tenants.charged[tenant]
+}
+
+// TenantRecount is tenant's charge recounted from its objects.
+func (m *Master) TenantRecount(tenant string) uint64 {
+	if u := m.tenantUsage()[tenant]; u != nil {
+		return u.ChargedBytes
+	}
+	return 0
+}
+
+// admit reserves need bytes of tenant's quota for a put, when the charged
+// and reserved bytes leave room under its effective quota; else it says
+// by how much the tenant is over (the deficit).
+func (t *tenantTable) admit(tenant string, need, capacity uint64) (deficit uint64, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	a := t.accts[tenant]
+	if a == nil || !a.explicit {
+		return 0, false
+	}
+	if t.effCap != capacity || t.eff == nil {
+		req := map[string]uint64{}
+		for n, x := range t.accts {
+			if x.explicit {
+				req[n] = x.requested
+			}
+		}
+		t.eff, t.effCap = effectiveQuotas(req, capacity), capacity
+	}
+	used := t.charged[tenant] + t.reserved[tenant]
+	if limit := t.eff[tenant]; used > limit || need > limit-used {
+		return used + need - limit, false
+	}
+	t.reserved[tenant] += need
+	return 0, true
+}
+
+// unreserve gives back a put's reservation.
+func (t *tenantTable) unreserve(tenant string, need uint64) {
+	t.mu.Lock()
+	t.reserved[tenant] -= need
+	t.mu.Unlock()
+}
+
+// admitPuts reserves quota for each item of a put start (items of one
+// tenant, the batch's), evicting the tenant's own objects, in the store's
+// eviction order, when it is over; an item that still does not fit fails
+// with TENANT_QUOTA_EXCEEDED (Mooncake's, after its two eviction retries).
+// It returns the reservations to give back once the items are placed.
+func (m *Master) admitPuts(items []PutItem, cfg store.ReplicateConfig, out []ReplicaResult) (release func()) {
+	if m.tenants == nil || len(items) == 0 {
+		return func() {}
+	}
+	type res struct {
+		tenant string
+		need   uint64
+	}
+	var held []res
+	for i, it := range items {
+		if out[i].Err != nil {
+			continue
+		}
+		tenant, _ := store.SplitKey(it.Key)
+		need := it.Size * uint64(max(cfg.ReplicaNum, 1))
+		var ok bool
+		for try := 0; try <= 2; try++ {
+			var deficit uint64
+			if deficit, ok = m.tenants.admit(tenant, need, m.space.capacity.Load()); ok || deficit == 0 {
+				break
+			}
+			if try == 2 {
+				break
+			}
+			own := func(o *Object) bool { t, _ := store.SplitKey(o.key); return t == tenant }
+			if freed, later, _ := m.evictRound(phaseTenantQuota, deficit, own, freshFirst); freed+later == 0 {
+				break
+			}
+		}
+		if !ok {
+			if m.tenants.registered(tenant) {
+				out[i].Err = store.Errorf(store.TenantQuotaExceeded, "tenant %q: %d more bytes would exceed its quota, and none of its own objects could be evicted for them", tenant, need)
+			} else {
+				out[i].Err = store.Errorf(store.TenantNotRegistered, "tenant %q has no quota policy", tenant)
+			}
+			continue
+		}
+		held = append(held, res{tenant, need})
+	}
+	return func() {
+		for _, h := range held {
+			m.tenants.unreserve(h.tenant, h.need)
+		}
+	}
 }
