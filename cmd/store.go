@@ -1436,6 +1436,9 @@ type storeStat struct {
 	// any), DiskTier the master's counters for them.
 	DiskTiers []store.AdminTier      `json:"disk_tiers"`
 	DiskTier  *store.AdminTierTotals `json:"disk_tier"`
+	// Tenants: each tenant's objects, charged bytes and quota, on a
+	// master with --enable-multi-tenants (empty otherwise).
+	Tenants []store.TenantQuota `json:"tenants"`
 }
 
 func newStoreStatCmd(p *printer) *cobra.Command {
@@ -1494,6 +1497,11 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	} else if ok {
 		s.DiskTiers, s.DiskTier = tiers, &totals
 	}
+	// A master without multi-tenant mode answers 409 (404: older ones).
+	s.Tenants, _ = a.TenantQuotas(ctx)
+	if s.Tenants == nil {
+		s.Tenants = []store.TenantQuota{}
+	}
 	if p.JSON() {
 		return p.PrintJSON(s)
 	}
@@ -1523,6 +1531,14 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 		{"leader", leader},
 	})
 	printDiskTiers(p, s)
+	if len(s.Tenants) > 0 {
+		rows := make([][]string, 0, len(s.Tenants))
+		for _, q := range s.Tenants {
+			rows = append(rows, []string{q.TenantID, strconv.FormatUint(q.Objects, 10), humanBytes(q.ChargedBytes),
+				humanBytes(q.EffectiveQuotaBytes), strconv.FormatBool(q.OverQuota)})
+		}
+		p.Table("tenants", []string{"tenant", "objects", "bytes", "quota", "over_quota"}, rows)
+	}
 	return nil
 }
 

@@ -69,6 +69,15 @@ func TestStoreTenantsCLI(t *testing.T) {
 	if out := run(0, "store", "tenants"); !strings.Contains(out, "tenant") || !strings.Contains(out, "8M") {
 		t.Fatalf("tenants table: %s", out)
 	}
+	var st struct {
+		Tenants []store.TenantQuota `json:"tenants"`
+	}
+	if out := run(0, "store", "stat", "-o", "json"); json.Unmarshal([]byte(out[:strings.LastIndex(out, "}")+1]), &st) != nil || len(st.Tenants) != 2 || st.Tenants[1].TenantID != "b" || st.Tenants[1].ChargedBytes != 22 {
+		t.Fatalf("stat -o json tenants: %s", out)
+	}
+	if out := run(0, "store", "stat"); !strings.Contains(out, "over_quota") {
+		t.Fatalf("stat has no tenants table: %s", out)
+	}
 	run(0, "store", "tenants", "set", "c", "2GB")
 	if b, _ := os.ReadFile(pol); !strings.Contains(string(b), `name: "c"`) || !strings.Contains(string(b), "quota: 2147483648") {
 		t.Fatalf("policy file after set: %s", b)

@@ -50,6 +50,9 @@ func newMetrics(m *Master) *Metrics {
 	if c, ok := m.cfg.Events.(prometheus.Collector); ok {
 		r.MustRegister(c) // the KV events publisher's counters
 	}
+	if m.tenants != nil {
+		r.MustRegister(tenantCollector{m})
+	}
 	counter := func(name, help string) prometheus.Counter {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 		r.MustRegister(c)

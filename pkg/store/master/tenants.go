@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvcache-ops/mc/pkg/store"
@@ -689,4 +690,60 @@ func (m *Master) admitPuts(items []PutItem, cfg store.ReplicateConfig, out []Rep
 			m.tenants.unreserve(h.tenant, h.need)
 		}
 	}
+}
+
+// tenantCollector exports each tenant's quota state under
+// mooncake_master's metric names (master_admin_service.cpp), read when
+// /metrics is scraped.
+type tenantCollector struct{ m *Master }
+
+var (
+	tenantLabels       = []string{"tenant_id"}
+	descTenantReq      = prometheus.NewDesc("mooncake_tenant_quota_requested_bytes", "Requested tenant quota in bytes", tenantLabels, nil)
+	descTenantEff      = prometheus.NewDesc("mooncake_tenant_quota_effective_bytes", "Effective tenant quota in bytes", tenantLabels, nil)
+	descTenantCharged  = prometheus.NewDesc("mooncake_tenant_quota_charged_bytes", "Tenant quota charge in bytes", tenantLabels, nil)
+	descTenantClosed   = prometheus.NewDesc("mooncake_tenant_quota_admission_closed", "Tenant quota admission closed flag", tenantLabels, nil)
+	descTenantOver     = prometheus.NewDesc("mooncake_tenant_quota_over_quota", "Tenant over-quota flag", tenantLabels, nil)
+	descTenantExplicit = prometheus.NewDesc("mooncake_tenant_quota_explicit_policy", "Tenant explicit policy flag", tenantLabels, nil)
+	descTenantObjects  = prometheus.NewDesc("mc_tenant_objects", "Objects of the tenant (mc's)", tenantLabels, nil)
+	descTenantCap      = prometheus.NewDesc("mooncake_tenant_quota_allocatable_capacity_bytes", "Global tenant quota allocatable capacity in bytes", nil, nil)
+	descTenantReqSum   = prometheus.NewDesc("mooncake_tenant_quota_requested_bytes_sum", "Global requested tenant quota sum in bytes", nil, nil)
+	descTenantEffSum   = prometheus.NewDesc("mooncake_tenant_quota_effective_bytes_sum", "Global effective tenant quota sum in bytes", nil, nil)
+)
+
+func (tenantCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descTenantReq, descTenantEff, descTenantCharged, descTenantClosed, descTenantOver, descTenantExplicit, descTenantObjects, descTenantCap, descTenantReqSum, descTenantEffSum} {
+		ch <- d
+	}
+}
+
+func (c tenantCollector) Collect(ch chan<- prometheus.Metric) {
+	qs, err := c.m.TenantQuotas()
+	if err != nil {
+		return
+	}
+	flag := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	var req, eff float64
+	for _, q := range qs {
+		g := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, q.TenantID)
+		}
+		g(descTenantReq, float64(q.RequestedQuotaBytes))
+		g(descTenantEff, float64(q.EffectiveQuotaBytes))
+		g(descTenantCharged, float64(q.ChargedBytes))
+		g(descTenantClosed, flag(q.AdmissionClosed))
+		g(descTenantOver, flag(q.OverQuota))
+		g(descTenantExplicit, flag(q.HasExplicitPolicy))
+		g(descTenantObjects, float64(q.Objects))
+		req += float64(q.RequestedQuotaBytes)
+		eff += float64(q.EffectiveQuotaBytes)
+	}
+	ch <- prometheus.MustNewConstMetric(descTenantCap, prometheus.GaugeValue, float64(c.m.space.capacity.Load()))
+	ch <- prometheus.MustNewConstMetric(descTenantReqSum, prometheus.GaugeValue, req)
+	ch <- prometheus.MustNewConstMetric(descTenantEffSum, prometheus.GaugeValue, eff)
 }

@@ -74,6 +74,25 @@ func TestTenantQuotaEvictsOwnFirst(t *testing.T) {
 	// A put within quota of the other tenant is untouched by a's.
 	put(t, m, "w", sk("b", "b3"), MiB)
 	mustInvariants(t, m)
+	// /metrics, under mooncake_master's names.
+	for _, c := range []struct {
+		name, tenant string
+		want         float64
+	}{
+		{"mooncake_tenant_quota_charged_bytes", "b", 4 << 20},
+		{"mooncake_tenant_quota_requested_bytes", "a", 4 << 20},
+		{"mooncake_tenant_quota_effective_bytes", "a", 4 << 20},
+		{"mooncake_tenant_quota_over_quota", "a", 0},
+		{"mooncake_tenant_quota_explicit_policy", "b", 1},
+		{"mc_tenant_objects", "a", 4},
+	} {
+		if got := metric(t, m, c.name, "tenant_id", c.tenant); got != c.want {
+			t.Errorf("%s{tenant_id=%q} = %v, want %v", c.name, c.tenant, got, c.want)
+		}
+	}
+	if got := metric(t, m, "mooncake_tenant_quota_allocatable_capacity_bytes"); got != 16<<20 {
+		t.Errorf("allocatable capacity %v", got)
+	}
 }
 
 // TestTenantLedgerStorm: concurrent puts, upserts, removes, evictions (a
@@ -140,4 +159,35 @@ func TestTenantLedgerStorm(t *testing.T) {
 			t.Fatalf("tenant %s charged %d with no objects", tenant, c)
 		}
 	}
+}
+
+// TestTenantRestoreKeepsTenant: objects restored from the HA op log (a
+// new leader, a restart) keep their tenant, are charged to it, and a
+// restored master lists them per tenant.
+func TestTenantRestoreKeepsTenant(t *testing.T) {
+	pol := map[string]uint64{"a": 8 * MiB, "b": 8 * MiB, "default": 8 * MiB}
+	m1 := tenantMaster(t, Config{}, pol)
+	seg := mount(t, m1, "node", "seg", "127.0.0.1", 0, 16*MiB)
+	var objs []RestoredObject
+	for _, tk := range [][2]string{{"a", "k"}, {"b", "k"}, {"default", "k"}} {
+		key := store.ScopeKey(tk[0], tk[1])
+		reps := put(t, m1, "w", key, MiB)
+		objs = append(objs, RestoredObject{Key: key, Size: MiB, Replicas: []RestoredReplica{{Segment: seg, Addr: reps[0].Addr}}})
+	}
+	m2 := tenantMaster(t, Config{}, pol)
+	if err := m2.Restore(objs); err != nil {
+		t.Fatalf("restore of scoped keys: %v", err)
+	}
+	for _, tenant := range []string{"a", "b", "default"} {
+		if got := tenantKeys(m2, tenant); len(got) != 1 || !got["k"] {
+			t.Fatalf("restored tenant %s lists %v", tenant, got)
+		}
+		if c := m2.ChargedBytes(tenant); c != MiB {
+			t.Fatalf("restored tenant %s charged %d", tenant, c)
+		}
+	}
+	if r := get(m2, store.ScopeKey("b", "k")); r.Err != nil || r.Replicas[0].Addr != objs[1].Replicas[0].Addr {
+		t.Fatalf("tenant b's restored key: %+v", r)
+	}
+	mustInvariants(t, m2)
 }
