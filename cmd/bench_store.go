@@ -111,6 +111,9 @@ gives its ratio to it.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if err := (storeClientOptions{Tenant: o.Tenant}).checkTenant(); err != nil {
+				return err
+			}
 			return runBenchStore(ctx, o, p)
 		},
 	}

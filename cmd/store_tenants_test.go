@@ -58,6 +58,9 @@ func TestStoreTenantsCLI(t *testing.T) {
 	}
 	run(64, "store", "ls", "--tenant", "_x")
 	run(64, "store", "put", "k", va, "--tenant", "a\x01")
+	if _, errs, code := execMC(t, "bench", "store", "--tenant", "_x"); code != 64 || !strings.Contains(errs, "invalid --tenant") {
+		t.Fatalf("bench store with a reserved tenant: %d %q", code, errs)
+	}
 
 	var tl struct {
 		Tenants []store.TenantQuota `json:"tenants"`
