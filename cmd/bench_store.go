@@ -35,6 +35,7 @@ type benchStoreOptions struct {
 	Keys        int
 	Verify      bool
 	Checksums   bool
+	Tenant      string
 	SegmentSize int64
 	Plot        string
 	SSDDir      string
@@ -110,6 +111,9 @@ gives its ratio to it.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if err := (storeClientOptions{Tenant: o.Tenant}).checkTenant(); err != nil {
+				return err
+			}
 			return runBenchStore(ctx, o, p)
 		},
 	}
@@ -125,6 +129,8 @@ gives its ratio to it.`,
 	f.IntVar(&o.Keys, "keys", 0, "keys gets read from (0: enough to spread reads over half the store)")
 	f.BoolVar(&o.Verify, "verify", false, "check every byte of every get")
 	f.BoolVar(&o.Checksums, "checksums", false, "the clients record a CRC32C of each value put and check it on every get, as mc store put/get do by default (off here: it costs 13-39% of 1 MiB gets on this 2-core VM; run both ways to see its cost)")
+	f.StringVar(&o.Tenant, "tenant", "default", "the clients' tenant on a --master with --enable-multi-tenants (Mooncake's tenant_id)")
+	envName(f, "tenant", "MC_TENANT")
 	sizeVar(f, &o.SegmentSize, "segment-size", 2<<30, "the embedded store's segment (without --master); it is faulted in before measuring")
 	f.StringVar(&o.Plot, "plot", "", "draw objects/s and p99 latency against concurrency as SVG to this file")
 	f.StringVar(&o.SSDDir, "ssd-dir", "", "give the embedded node a disk tier in this existing directory")
@@ -221,7 +227,7 @@ func (o benchStoreOptions) config() (sbench.Config, error) {
 	}
 	return sbench.Config{
 		Master: o.Master, SegmentSize: uint64(seg), ValueSizes: sizes, Ops: ops, GetRatio: o.GetRatio,
-		Concurrency: conc, Batch: o.Batch, Duration: o.Duration, Keys: o.Keys, Verify: o.Verify, Checksums: o.Checksums,
+		Concurrency: conc, Batch: o.Batch, Duration: o.Duration, Keys: o.Keys, Verify: o.Verify, Checksums: o.Checksums, Tenant: o.Tenant,
 		Engine: ecfg, Logger: quietLogger(), SSDDir: o.SSDDir, SSDSize: uint64(ssdSize), OnDisk: o.OnDisk, VsTCP: o.VsTCP,
 		Admin: admin, AllowEvict: o.AllowEvict, HighWatermark: o.HighWatermark,
 	}, nil

@@ -29,7 +29,6 @@ var mooncakeMasterKeys = []string{
 	"enable_kv_events",
 	"enable_metadata_cleanup_on_timeout",
 	"enable_metric_reporting",
-	"enable_multi_tenants",
 	"enable_offload",
 	"enable_oplog",
 	"enable_snapshot",
@@ -103,8 +102,6 @@ var mooncakeMasterKeys = []string{
 	"snapshot_payload_backend_type",
 	"snapshot_payload_store_type",
 	"snapshot_retention_count",
-	"tenant_quota_connector_type",
-	"tenant_quota_connector_uri",
 }
 
 // mooncakeMasterKeyFlags are the mooncake_master config keys whose flag

@@ -136,6 +136,9 @@ type serveStoreOptions struct {
 	RegionSize            int64
 	MaxRegionsPerInstance int
 	ExistKeyGrantLease    bool
+	MultiTenants          bool
+	TenantQuotaType       string
+	TenantQuotaURI        string
 	EnableHA              bool
 	HABackend             string
 	EtcdEndpoints         string
@@ -331,6 +334,10 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	durationVar(f, &o.HASnapshotInterval, "ha-snapshot-interval", 10*time.Minute, "snapshot the HA state and compact the op log this often")
 	f.IntVar(&o.HASnapshotRecords, "ha-snapshot-records", 100000, "snapshot the HA state and compact the op log after this many records")
 	f.BoolVar(&o.ExistKeyGrantLease, "exist-key-grant-lease", false, "ExistKey grants a read lease as Mooncake's does (off: probes never pin objects)")
+	f.BoolVar(&o.MultiTenants, "enable-multi-tenants", false, "scope every key by the caller's tenant and admit writes by the tenant quota policy (needs --tenant-quota-connector-uri)")
+	f.StringVar(&o.TenantQuotaType, "tenant-quota-connector-type", "file", "where the tenant quota policy lives: file")
+	f.StringVar(&o.TenantQuotaURI, "tenant-quota-connector-uri", "", "the tenant quota policy file (YAML: version: 1, tenants: [{name, quota}])")
+	_ = cmd.RegisterFlagCompletionFunc("tenant-quota-connector-type", cobra.FixedCompletions([]string{"file"}, cobra.ShellCompDirectiveNoFileComp))
 	envName(f, "cluster-id", store.ClusterIDEnv)
 	f.StringVar(&o.EvictionPolicy, "eviction-policy", master.DefaultEvictionPolicy, "eviction order: "+strings.Join(master.EvictionPolicies, ", ")+" (none: never evict; a put into a full store fails)")
 	_ = cmd.RegisterFlagCompletionFunc("eviction-policy", cobra.FixedCompletions(master.EvictionPolicies, cobra.ShellCompDirectiveNoFileComp))
@@ -531,6 +538,7 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 			EvictionPolicy: o.EvictionPolicy, PromoteAfter: promote, StagingTTL: o.SSDStagingTTL,
 			AdminToken:    token,
 			RequestBudget: budget, RequestReadTimeout: o.RequestReadTimeout,
+			Tenants: master.TenantConfig{Enabled: o.MultiTenants, ConnectorType: o.TenantQuotaType, ConnectorURI: o.TenantQuotaURI},
 		},
 		MetricReporting: o.EnableMetricReporting,
 	}
@@ -710,9 +718,12 @@ type storeClientOptions struct {
 	Admin     string
 	Checksums bool
 	AdminAuth adminTokenOptions
+	Tenant    string
 }
 
 func (o *storeClientOptions) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.Tenant, "tenant", store.DefaultTenant, "the tenant whose keys to use on a master with --enable-multi-tenants (Mooncake's tenant_id; ignored by a master without it)")
+	envName(fs, "tenant", "MC_TENANT")
 	fs.StringVar(&o.Master, "master", store.DefaultMaster, "master RPC address: host:port (mc's master), etcd://H:P[;H:P] to find the HA leader (cluster id from MC_STORE_CLUSTER_ID), or mooncake://H:P for a mooncake_master")
 	fs.StringVar(&o.Admin, "admin", "", "master admin HTTP API (default: with etcd://, the address the leader publishes; else http://<master host>:9003)")
 	o.AdminAuth.addFlags(fs, "bearer token for the admin API's state-changing calls, when the master has one")
@@ -756,7 +767,18 @@ func (o storeClientOptions) adminURL() (string, error) {
 	return "http://" + net.JoinHostPort(h, "9003"), nil
 }
 
+// checkTenant refuses a --tenant Mooncake would (store.CheckTenant).
+func (o storeClientOptions) checkTenant() error {
+	if err := store.CheckTenant(store.ResolveTenant(o.Tenant)); err != nil {
+		return usagef("invalid --tenant: %w", err)
+	}
+	return nil
+}
+
 func (o storeClientOptions) admin() (*store.Admin, error) {
+	if err := o.checkTenant(); err != nil {
+		return nil, err
+	}
 	u, err := o.adminURL()
 	if err != nil {
 		return nil, err
@@ -770,10 +792,14 @@ func (o storeClientOptions) admin() (*store.Admin, error) {
 		return nil, err
 	}
 	a.SetToken(tok)
+	a.SetTenant(o.Tenant)
 	return a, nil
 }
 
 func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
+	if err := o.checkTenant(); err != nil {
+		return nil, err
+	}
 	if err := checkMasterAddr(o.Master); err != nil {
 		return nil, err
 	}
@@ -784,7 +810,7 @@ func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
 	ecfg.NameWithPort = true // beside a node of this host under its name
 	// A one-shot client waits for nobody: fail fast when the master is
 	// not there.
-	c, err := store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: storeRPCTimeout, Logger: quietLogger(), Checksums: o.Checksums})
+	c, err := store.New(ctx, store.Config{Master: o.Master, EngineConfig: ecfg, RPCTimeout: storeRPCTimeout, Logger: quietLogger(), Checksums: o.Checksums, Tenant: o.Tenant})
 	if err != nil {
 		return nil, httpPortHint(o.Master, err)
 	}
@@ -825,7 +851,7 @@ func httpPortHint(master string, err error) error {
 func newStoreCmd(p *printer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "store",
-		Short: "Use a KV-cache store: put, get, exists, rm, ls, stat, query, drain, events",
+		Short: "Use a KV-cache store: put, get, exists, rm, ls, stat, query, drain, events, tenants",
 		Long: `store talks to a store master (mc serve store, or mooncake_master for the
 admin reads). put, get, exists and rm use the master's RPC API and move the
 bytes with the transfer engine; ls, stat and query read only the admin HTTP
@@ -834,7 +860,7 @@ API, so they also work against a real mooncake_master.`,
 	}
 	cmd.AddCommand(newStorePutCmd(p), newStoreGetCmd(p), newStoreExistsCmd(p), newStoreRmCmd(p),
 		newStoreLsCmd(p), newStoreStatCmd(p), newStoreQueryCmd(p), newStoreDrainCmd(p), newStoreEventsCmd(p))
-	cmd.AddCommand(newStoreReplayCmd(p))
+	cmd.AddCommand(newStoreReplayCmd(p), newStoreTenantsCmd(p))
 	return cmd
 }
 
@@ -1309,6 +1335,7 @@ func runStoreRmRegex(ctx context.Context, o storeClientOptions, pattern string, 
 func newStoreLsCmd(p *printer) *cobra.Command {
 	var o storeClientOptions
 	var prefix, pattern string
+	var allTenants bool
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List stored keys (admin API), or the keys a pattern finds (master RPC)",
@@ -1334,6 +1361,25 @@ stores any bytes) or starts with a quote.`,
 			if err != nil {
 				return fmt.Errorf("ls: %w", err)
 			}
+			if allTenants {
+				if cmd.Flags().Changed("tenant") {
+					return usagef("store ls: give --tenant or --all-tenants, not both")
+				}
+				tks, err := a.KeysAllTenants(cmd.Context(), prefix)
+				if err != nil {
+					return fmt.Errorf("ls --all-tenants: %w", err)
+				}
+				if p.JSON() {
+					if tks == nil {
+						tks = []store.TenantKey{}
+					}
+					return p.PrintJSON(map[string]any{"keys": tks})
+				}
+				for _, tk := range tks {
+					fmt.Fprintf(p.Out, "%s\t%s\n", tk.Tenant, listedKey(tk.Key))
+				}
+				return nil
+			}
 			keys, err := a.Keys(cmd.Context(), prefix)
 			if err != nil {
 				return fmt.Errorf("ls: %w", err)
@@ -1354,6 +1400,7 @@ stores any bytes) or starts with a quote.`,
 	o.Data.addFlags(cmd.Flags())
 	cmd.Flags().StringVar(&prefix, "prefix", "", "only keys starting with this")
 	cmd.Flags().StringVar(&pattern, "regex", "", "only keys this RE2 pattern finds (Go's regexp syntax, unanchored), through the master's RPC")
+	cmd.Flags().BoolVar(&allTenants, "all-tenants", false, "every tenant's keys, one \"TENANT<TAB>KEY\" a line (an mc master with --enable-multi-tenants)")
 	return cmd
 }
 
@@ -1424,6 +1471,9 @@ type storeStat struct {
 	// any), DiskTier the master's counters for them.
 	DiskTiers []store.AdminTier      `json:"disk_tiers"`
 	DiskTier  *store.AdminTierTotals `json:"disk_tier"`
+	// Tenants: each tenant's objects, charged bytes and quota, on a
+	// master with --enable-multi-tenants (empty otherwise).
+	Tenants []store.TenantQuota `json:"tenants"`
 }
 
 func newStoreStatCmd(p *printer) *cobra.Command {
@@ -1483,6 +1533,11 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	} else if ok {
 		s.DiskTiers, s.DiskTier = tiers, &totals
 	}
+	// A master without multi-tenant mode answers 409 (404: older ones).
+	s.Tenants, _ = a.TenantQuotas(ctx)
+	if s.Tenants == nil {
+		s.Tenants = []store.TenantQuota{}
+	}
 	if p.JSON() {
 		return p.PrintJSON(s)
 	}
@@ -1515,6 +1570,14 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 		{"leader", leader},
 	})
 	printDiskTiers(p, s)
+	if len(s.Tenants) > 0 {
+		rows := make([][]string, 0, len(s.Tenants))
+		for _, q := range s.Tenants {
+			rows = append(rows, []string{q.TenantID, strconv.FormatUint(q.Objects, 10), humanBytes(q.ChargedBytes),
+				humanBytes(q.EffectiveQuotaBytes), strconv.FormatBool(q.OverQuota)})
+		}
+		p.Table("tenants", []string{"tenant", "objects", "bytes", "quota", "over_quota"}, rows)
+	}
 	return nil
 }
 

@@ -21,9 +21,23 @@ import (
 // it works against mc's master and a real mooncake_master alike. It never
 // takes leases.
 type Admin struct {
-	base  string
-	hc    *http.Client
-	token string
+	base   string
+	hc     *http.Client
+	token  string
+	tenant string
+}
+
+// SetTenant makes the key reads (Keys, QueryKey, BatchQuery) read tenant's
+// keys on a master in multi-tenant mode (mc's ?tenant_id=; mooncake_master's
+// admin reads see the default tenant only); "" reads the default tenant's.
+func (a *Admin) SetTenant(tenant string) { a.tenant = tenant }
+
+// tenantParam is "&tenant_id=T" for a tenant set, else "".
+func (a *Admin) tenantParam() string {
+	if a.tenant == "" {
+		return ""
+	}
+	return "&tenant_id=" + queryValue(a.tenant)
 }
 
 // SetToken makes every request carry "Authorization: Bearer token" (a
@@ -110,7 +124,7 @@ func adminError(where string, code int, body []byte) error {
 
 // Keys lists the stored keys with the given prefix, sorted.
 func (a *Admin) Keys(ctx context.Context, prefix string) ([]string, error) {
-	b, err := a.getOK(ctx, "/get_all_keys?prefix="+queryValue(prefix))
+	b, err := a.getOK(ctx, "/get_all_keys?prefix="+queryValue(prefix)+a.tenantParam())
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +178,7 @@ type AdminReplica struct {
 
 // QueryKey reads /query_key: the key's replicas, no lease.
 func (a *Admin) QueryKey(ctx context.Context, key string) ([]AdminReplica, error) {
-	b, code, err := a.get(ctx, "/query_key?key="+queryValue(key))
+	b, code, err := a.get(ctx, "/query_key?key="+queryValue(key)+a.tenantParam())
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +216,7 @@ func (a *Admin) BatchQuery(ctx context.Context, keys []string) (map[string]Admin
 		}
 		vals[i] = queryValue(k)
 	}
-	b, err := a.getOK(ctx, "/batch_query_keys?keys="+strings.Join(vals, ","))
+	b, err := a.getOK(ctx, "/batch_query_keys?keys="+strings.Join(vals, ",")+a.tenantParam())
 	if err != nil {
 		return nil, err
 	}
@@ -308,4 +322,42 @@ func WithAdminToken(ctx context.Context, token string) context.Context {
 		return ctx
 	}
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+}
+
+// TenantKey is a key with its tenant.
+type TenantKey struct {
+	Tenant string `json:"tenant"`
+	Key    string `json:"key"`
+}
+
+// KeysAllTenants lists every tenant's keys with the given prefix, sorted
+// by tenant and key (mc's master in multi-tenant mode:
+// /get_all_keys?all_tenants=true).
+func (a *Admin) KeysAllTenants(ctx context.Context, prefix string) ([]TenantKey, error) {
+	b, err := a.getOK(ctx, "/get_all_keys?all_tenants=true&prefix="+queryValue(prefix))
+	if err != nil {
+		return nil, err
+	}
+	var out []TenantKey
+	for _, l := range strings.Split(string(b), "\n") {
+		if l == "" {
+			continue
+		}
+		t, k, ok := strings.Cut(l, "\t")
+		if !ok {
+			// A master without the mode lists plain keys: all the
+			// default tenant's.
+			t, k = DefaultTenant, l
+		}
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, TenantKey{Tenant: t, Key: k})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Tenant != out[j].Tenant {
+			return out[i].Tenant < out[j].Tenant
+		}
+		return out[i].Key < out[j].Key
+	})
+	return out, nil
 }

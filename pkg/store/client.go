@@ -58,7 +58,11 @@ type Config struct {
 	// 1 MiB values it cost 13% (tcp) to 39% (shm) of get throughput on a
 	// 2-core VM (README, "What fencing and checksums cost").
 	Checksums bool
-	Logger    *slog.Logger
+	// Tenant is the tenant the client's keys belong to on a master in
+	// multi-tenant mode (Mooncake's tenant_id; "" is "default"); a
+	// master without the mode ignores it.
+	Tenant string
+	Logger *slog.Logger
 }
 
 // Client talks to the master and moves bytes with the transfer engine.
@@ -219,6 +223,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Master == "" {
 		cfg.Master = DefaultMaster
 	}
+	if err := CheckTenant(ResolveTenant(cfg.Tenant)); err != nil {
+		return nil, fmt.Errorf("tenant: %w", err)
+	}
 	var etcdEndpoints []string
 	var mooncakeAddr string
 	switch {
@@ -267,7 +274,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		c.ownsEng = true
 	}
 	c.host = hostOf(c.eng.SegmentName())
-	wc := wireConfig{id: c.id, master: cfg.Master, timeout: cfg.RPCTimeout, clusterID: cfg.ClusterID, host: c.host}
+	wc := wireConfig{id: c.id, master: cfg.Master, timeout: cfg.RPCTimeout, clusterID: cfg.ClusterID, host: c.host, tenant: ResolveTenant(cfg.Tenant)}
 	if mooncakeAddr != "" {
 		c.w, err = dialMooncake(mooncakeAddr, wc, c.log)
 	} else {

@@ -39,6 +39,10 @@ const (
 	UnavailableInCurrentStatus Code = -1010
 	UnavailableInCurrentMode   Code = -1011
 	JobNotFound                Code = -1402
+	PersistentFail             Code = -1503
+	TenantQuotaExceeded        Code = -1700
+	TenantNotRegistered        Code = -1701
+	TenantNotEmpty             Code = -1702
 )
 
 var codeNames = map[Code]string{
@@ -64,6 +68,10 @@ var codeNames = map[Code]string{
 	RPCTimeout:                 "RPC_TIMEOUT",
 	UnavailableInCurrentStatus: "UNAVAILABLE_IN_CURRENT_STATUS",
 	UnavailableInCurrentMode:   "UNAVAILABLE_IN_CURRENT_MODE",
+	PersistentFail:             "PERSISTENT_FAIL",
+	TenantQuotaExceeded:        "TENANT_QUOTA_EXCEEDED",
+	TenantNotRegistered:        "TENANT_NOT_REGISTERED",
+	TenantNotEmpty:             "TENANT_NOT_EMPTY",
 }
 
 // String is Mooncake's name for the code (OBJECT_NOT_FOUND), or the number

@@ -101,4 +101,5 @@ type wireConfig struct {
 	timeout   time.Duration
 	clusterID string
 	host      string // the writer's host, for local-first placement
+	tenant    string // Config.Tenant, resolved
 }

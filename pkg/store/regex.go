@@ -61,7 +61,7 @@ func (w *grpcWire) replicaListByRegex(ctx context.Context, pattern string) (Rege
 	var out RegexMatch
 	var resp *pb.RegexReplicaListResponse
 	err := w.readCall(ctx, "get replica list by regex", func(ctx context.Context) (err error) {
-		resp, err = w.rpc.GetReplicaListByRegex(ctx, &pb.RegexRequest{ClientId: UUIDToPB(w.cfg.id), Pattern: pattern})
+		resp, err = w.rpc.GetReplicaListByRegex(ctx, &pb.RegexRequest{ClientId: UUIDToPB(w.cfg.id), Pattern: pattern, Tenant: w.cfg.tenant})
 		return err
 	})
 	if err != nil {
@@ -88,7 +88,7 @@ func (w *grpcWire) removeByRegex(ctx context.Context, pattern string, force, dry
 		what, call = "remove by regex (dry run)", w.readCall
 	}
 	err := call(ctx, what, func(ctx context.Context) (err error) {
-		resp, err = w.rpc.RemoveByRegex(ctx, &pb.RemoveByRegexRequest{ClientId: UUIDToPB(w.cfg.id), Pattern: pattern, Force: force, DryRun: dryRun})
+		resp, err = w.rpc.RemoveByRegex(ctx, &pb.RemoveByRegexRequest{ClientId: UUIDToPB(w.cfg.id), Pattern: pattern, Force: force, DryRun: dryRun, Tenant: w.cfg.tenant})
 		return err
 	})
 	if err != nil {

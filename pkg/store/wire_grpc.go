@@ -343,7 +343,7 @@ func (w *grpcWire) unregister(ctx context.Context) error {
 }
 
 func (w *grpcWire) putStart(ctx context.Context, items []putItem, rc ReplicateConfig, upsert bool) ([][]Replica, []error, error) {
-	req := &pb.BatchPutStartRequest{ClientId: UUIDToPB(w.cfg.id), Config: ConfigToPB(rc), ClientHost: w.cfg.host}
+	req := &pb.BatchPutStartRequest{ClientId: UUIDToPB(w.cfg.id), Config: ConfigToPB(rc), ClientHost: w.cfg.host, Tenant: w.cfg.tenant}
 	req.Items = make([]*pb.PutStartItem, len(items))
 	for i, it := range items {
 		req.Items[i] = &pb.PutStartItem{Key: it.key, Length: it.n}
@@ -456,7 +456,7 @@ func (w *grpcWire) keysCallAgain(ctx context.Context, what string, keys []string
 	out := make([]error, len(keys))
 	var resp *pb.BatchResults
 	err := w.invoke(ctx, what, func(ctx context.Context) (err error) {
-		resp, err = f(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys})
+		resp, err = f(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys, Tenant: w.cfg.tenant})
 		return err
 	}, again)
 	if err == nil && len(resp.Results) != len(keys) {
@@ -475,7 +475,7 @@ func (w *grpcWire) keysCallAgain(ctx context.Context, what string, keys []string
 func (w *grpcWire) replicaLists(ctx context.Context, keys []string) ([][]Replica, []uint64, []error, error) {
 	var table *pb.ReplicaTable
 	err := w.readCall(ctx, "get", func(ctx context.Context) (err error) {
-		table, err = w.ses.GetReplicaLists(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys})
+		table, err = w.ses.GetReplicaLists(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys, Tenant: w.cfg.tenant})
 		return err
 	})
 	if err != nil {
@@ -503,7 +503,7 @@ func (w *grpcWire) exist(ctx context.Context, keys []string) ([]bool, []error) {
 	errs := make([]error, len(keys))
 	var resp *pb.BatchExistResponse
 	err := w.readCall(ctx, "exist", func(ctx context.Context) (err error) {
-		resp, err = w.ses.BatchExistKey(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys})
+		resp, err = w.ses.BatchExistKey(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys, Tenant: w.cfg.tenant})
 		return err
 	})
 	if err == nil && (len(resp.Results) != len(keys) || len(resp.Exists) != len(keys)) {
@@ -522,14 +522,14 @@ func (w *grpcWire) exist(ctx context.Context, keys []string) ([]bool, []error) {
 
 func (w *grpcWire) remove(ctx context.Context, keys []string, force bool) []error {
 	return w.keysCall(ctx, "remove", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
-		return w.ses.BatchRemove(ctx, &pb.BatchRemoveRequest{ClientId: r.ClientId, Keys: r.Keys, Force: force})
+		return w.ses.BatchRemove(ctx, &pb.BatchRemoveRequest{ClientId: r.ClientId, Keys: r.Keys, Force: force, Tenant: w.cfg.tenant})
 	})
 }
 
 func (w *grpcWire) removeAll(ctx context.Context) (uint64, error) {
 	var resp *pb.RemoveAllResponse
 	err := w.call(ctx, "remove all", func(ctx context.Context) (err error) {
-		resp, err = w.rpc.RemoveAll(ctx, &pb.RemoveAllRequest{ClientId: UUIDToPB(w.cfg.id)})
+		resp, err = w.rpc.RemoveAll(ctx, &pb.RemoveAllRequest{ClientId: UUIDToPB(w.cfg.id), Tenant: w.cfg.tenant})
 		return err
 	})
 	if err != nil {
@@ -541,7 +541,7 @@ func (w *grpcWire) removeAll(ctx context.Context) (uint64, error) {
 func (w *grpcWire) query(ctx context.Context, key string) ([]Replica, error) {
 	var resp *pb.BatchReplicaListResponse
 	err := w.readCall(ctx, "query", func(ctx context.Context) (err error) {
-		resp, err = w.rpc.BatchQuery(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: []string{key}})
+		resp, err = w.rpc.BatchQuery(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: []string{key}, Tenant: w.cfg.tenant})
 		return err
 	})
 	if err != nil {

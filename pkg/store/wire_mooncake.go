@@ -36,7 +36,9 @@ type mooncakeWire struct {
 // failure is a nil masterWire.
 func dialMooncake(addr string, cfg wireConfig, log *slog.Logger) (masterWire, error) {
 	opts := &cororpc.Options{CallTimeout: cfg.timeout, DialTimeout: cfg.timeout, Logger: log}
-	return &mooncakeWire{cfg: cfg, log: log, mc: mooncake.NewClient(addr, opts)}, nil
+	mc := mooncake.NewClient(addr, opts)
+	mc.Tenant = cfg.tenant
+	return &mooncakeWire{cfg: cfg, log: log, mc: mc}, nil
 }
 
 // speaksMooncake reports whether addr answers Mooncake's ServiceReady: a

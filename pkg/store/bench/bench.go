@@ -58,6 +58,8 @@ type Config struct {
 	// Checksums makes the clients record and check checksums of values
 	// (store.Config.Checksums).
 	Checksums bool
+	// Tenant is the clients' tenant (store.Config.Tenant).
+	Tenant string
 	// Engine configures the benchmark client's engine (and the embedded
 	// node's); default loopback TCP.
 	Engine engine.Config
@@ -302,7 +304,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			return nil, err
 		}
 	}
-	c, err := store.New(ctx, store.Config{Master: addr, EngineConfig: cfg.Engine, Logger: cfg.Logger, Checksums: cfg.Checksums})
+	c, err := store.New(ctx, store.Config{Master: addr, EngineConfig: cfg.Engine, Logger: cfg.Logger, Checksums: cfg.Checksums, Tenant: cfg.Tenant})
 	if err != nil {
 		return nil, err
 	}
@@ -328,7 +330,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if cfg.VsTCP {
 		tcfg := cfg.Engine
 		tcfg.Protocol = "tcp"
-		ct, err := store.New(ctx, store.Config{Master: addr, EngineConfig: tcfg, Logger: cfg.Logger, Checksums: cfg.Checksums})
+		ct, err := store.New(ctx, store.Config{Master: addr, EngineConfig: tcfg, Logger: cfg.Logger, Checksums: cfg.Checksums, Tenant: cfg.Tenant})
 		if err != nil {
 			return nil, fmt.Errorf("tcp client: %w", err)
 		}

@@ -354,7 +354,7 @@ func (s *state) restoredAt(now time.Time, release time.Duration) (objs []master.
 	for _, e := range entries {
 		switch {
 		case e.obj != nil:
-			if store.CheckKey(e.key) != nil {
+			if store.CheckStoredKey(e.key) != nil {
 				dropped++
 				continue
 			}
@@ -378,7 +378,7 @@ func (s *state) restoredAt(now time.Time, release time.Duration) (objs []master.
 				continue
 			}
 			ro := master.RestoredObject{Key: e.key, Size: e.size, Replicas: reps, Pending: true, Writer: e.pending.Writer, Started: time.Unix(0, e.pending.At)}
-			if e.stale || store.CheckKey(e.key) != nil || (rewritten[e.key] && !inPlace(s.Objects[e.key], e.pending)) {
+			if e.stale || store.CheckStoredKey(e.key) != nil || (rewritten[e.key] && !inPlace(s.Objects[e.key], e.pending)) {
 				ro = master.RestoredObject{Key: e.key, Size: e.size, Replicas: reps, ReserveUntil: time.Unix(0, e.pending.At).Add(release)}
 			}
 			objs = append(objs, ro)

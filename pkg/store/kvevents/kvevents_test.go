@@ -77,7 +77,7 @@ func FuzzDecodePayload(f *testing.F) {
 	b := appendArrayHeader(nil, 3)
 	b = appendInt(b, 1)
 	b = appendArrayHeader(b, 1)
-	b = appendEvent(b, 1, 1, true, true, true, "be", "12", "cpu", 12, true)
+	b = appendEvent(b, 1, 1, true, true, true, "default", "be", "12", "cpu", 12, true)
 	b = appendUint(b, 0)
 	f.Add(b)
 	f.Add([]byte{0x93, 0x01, 0x90, 0x00})

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -272,6 +273,7 @@ func (p *Publisher) publish(batch []pending, buf []byte) []byte {
 		hash   uint64
 		hashed bool
 		id     uint64
+		tenant string
 	}
 	if t := batch[0].term; t != p.sent {
 		p.sent = t
@@ -281,6 +283,13 @@ func (p *Publisher) publish(batch []pending, buf []byte) []byte {
 	var items [MaxBatch]enc
 	n := 0
 	for _, e := range batch {
+		// A multi-tenant master's stored key: tenant, NUL, user key (the
+		// default tenant's keys have no scope), as Mooncake's events
+		// carry each object's tenant and its user key.
+		tenant := DefaultTenantID
+		if i := strings.IndexByte(e.key, 0); i >= 0 {
+			tenant, e.key = e.key[:i], e.key[i+1:]
+		}
 		h, ok := ParseSeqHash(e.key)
 		if !ok {
 			p.skipped.Add(1)
@@ -288,7 +297,7 @@ func (p *Publisher) publish(batch []pending, buf []byte) []byte {
 				continue
 			}
 		}
-		items[n] = enc{pending: e, hash: h, hashed: ok, id: p.nextEventID.Add(1) - 1}
+		items[n] = enc{pending: e, hash: h, hashed: ok, id: p.nextEventID.Add(1) - 1, tenant: tenant}
 		n++
 	}
 	if n == 0 {
@@ -300,7 +309,7 @@ func (p *Publisher) publish(batch []pending, buf []byte) []byte {
 	b = appendInt(b, ts)
 	b = appendArrayHeader(b, n)
 	for _, it := range items[:n] {
-		b = appendEvent(b, it.id, ts, !it.removed, legacy, withKey, p.cfg.BackendID, it.key, it.medium, it.hash, it.hashed)
+		b = appendEvent(b, it.id, ts, !it.removed, legacy, withKey, it.tenant, p.cfg.BackendID, it.key, it.medium, it.hash, it.hashed)
 	}
 	b = appendUint(b, 0) // batch dp_rank: a pool has no DP context
 	seq := p.nextSeq.Add(1) - 1
@@ -311,7 +320,7 @@ func (p *Publisher) publish(batch []pending, buf []byte) []byte {
 }
 
 // appendEvent writes one event map in Mooncake's field order.
-func appendEvent(b []byte, id uint64, ts int64, stored, legacy, withKey bool, backend, key, medium string, hash uint64, hashed bool) []byte {
+func appendEvent(b []byte, id uint64, ts int64, stored, legacy, withKey bool, tenant, backend, key, medium string, hash uint64, hashed bool) []byte {
 	size := 13
 	if legacy {
 		size += 2
@@ -341,7 +350,7 @@ func appendEvent(b []byte, id uint64, ts int64, stored, legacy, withKey bool, ba
 	for _, k := range [...]string{"model_name", "block_size", "additional_salt", "lora_name"} {
 		b = appendNil(appendStr(b, k))
 	}
-	b = appendStr(appendStr(b, "tenant_id"), DefaultTenantID)
+	b = appendStr(appendStr(b, "tenant_id"), tenant)
 	b = appendStr(appendStr(b, "backend_id"), backend)
 	b = appendNil(appendStr(b, "group_id")) // mc has no object groups
 	b = appendOptStr(appendStr(b, "medium"), medium)

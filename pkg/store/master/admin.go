@@ -4,6 +4,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"sort"
 	"strconv"
@@ -56,6 +57,9 @@ func NewAdminHandler(m *Master, o AdminOptions) http.Handler {
 	mux.HandleFunc("POST /api/v1/segments/undrain", a.serving(a.undrainSegment))
 	mux.HandleFunc("POST /api/v1/remove_all", a.serving(a.removeAll))
 	mux.HandleFunc("GET /api/v1/tiers", a.serving(a.tiers))
+	mux.HandleFunc("GET /api/v1/tenant_quotas", a.serving(a.getTenantQuotas))
+	mux.HandleFunc("PUT /api/v1/tenant_quotas", a.serving(a.putTenantQuota))
+	mux.HandleFunc("DELETE /api/v1/tenant_quotas", a.serving(a.deleteTenantQuota))
 	mux.HandleFunc("POST /api/v1/drain_jobs", a.serving(a.createDrain))
 	mux.HandleFunc("GET /api/v1/drain_jobs", a.serving(a.listDrains))
 	mux.HandleFunc("GET /api/v1/drain_jobs/query", a.serving(a.queryDrain))
@@ -167,13 +171,50 @@ func (a *admin) leader(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (a *admin) allKeys(w http.ResponseWriter, r *http.Request) {
+	t, all, ok := a.tenant(w, r)
+	if !ok {
+		return
+	}
 	var b strings.Builder
-	a.m.Keys(queryParam(r, "prefix", false), func(k string, _ uint64) bool {
+	if all {
+		// Every tenant's keys, one "TENANT<TAB>KEY" a line (neither a
+		// tenant id nor a key holds a tab).
+		a.m.KeysIn("", queryParam(r, "prefix", false), func(k string, _ uint64) bool {
+			tt, u := store.SplitKey(k)
+			b.WriteString(tt)
+			b.WriteByte('\t')
+			b.WriteString(u)
+			b.WriteByte('\n')
+			return true
+		})
+		writeText(w, b.String())
+		return
+	}
+	a.m.KeysIn(t, queryParam(r, "prefix", false), func(k string, _ uint64) bool {
 		b.WriteString(k)
 		b.WriteByte('\n')
 		return true
 	})
 	writeText(w, b.String())
+}
+
+// tenant is the tenant an admin read is for: ?tenant_id= (default
+// "default", the only one mooncake_master's admin reads see), or every
+// tenant with ?all_tenants=true (/get_all_keys only). Without
+// multi-tenant mode both are ignored.
+func (a *admin) tenant(w http.ResponseWriter, r *http.Request) (t string, all, ok bool) {
+	if !a.m.MultiTenant() {
+		return store.DefaultTenant, false, true
+	}
+	if v := queryParam(r, "all_tenants", false); v == "true" || v == "1" {
+		return "", true, true
+	}
+	t, err := a.m.ReadTenant(queryParam(r, "tenant_id", false))
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, fmt.Errorf("tenant_id: %w", err))
+		return "", false, false
+	}
+	return t, false, true
 }
 
 func (a *admin) allSegments(w http.ResponseWriter, _ *http.Request) {
@@ -260,7 +301,11 @@ func bufferDescs(reps []store.Replica) []BufferDesc {
 
 func (a *admin) queryKey(w http.ResponseWriter, r *http.Request) {
 	key := queryParam(r, "key", false)
-	res := a.m.BatchQuery([]string{key})[0]
+	t, _, ok := a.tenant(w, r)
+	if !ok {
+		return
+	}
+	res := a.m.BatchQuery([]string{store.ScopeKey(t, key)})[0]
 	if res.Err != nil {
 		writeErr(w, http.StatusNotFound, res.Err)
 		return
@@ -296,7 +341,11 @@ func (a *admin) batchQueryKeys(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data := make(map[string]KeyResult, len(keys))
-	for i, res := range a.m.BatchQuery(keys) {
+	t, _, ok := a.tenant(w, r)
+	if !ok {
+		return
+	}
+	for i, res := range a.m.BatchQuery(store.ScopeKeys(t, keys)) {
 		if res.Err != nil {
 			data[keys[i]] = KeyResult{Error: store.CodeOf(res.Err).String()}
 		} else {
@@ -371,8 +420,17 @@ func (a *admin) undrainSegment(w http.ResponseWriter, r *http.Request) {
 		PreviousStatus:    prev.MooncakeCode(), PreviousStatusName: prev.String()})
 }
 
-func (a *admin) removeAll(w http.ResponseWriter, _ *http.Request) {
-	n := a.m.RemoveAll()
+func (a *admin) removeAll(w http.ResponseWriter, r *http.Request) {
+	// As mooncake_master's: no tenant_id clears every tenant.
+	t := ""
+	if raw := queryParam(r, "tenant_id", false); raw != "" {
+		var err error
+		if t, err = a.m.ReadTenant(raw); err != nil {
+			writeErr(w, http.StatusBadRequest, fmt.Errorf("tenant_id: %w", err))
+			return
+		}
+	}
+	n := a.m.RemoveAllIn(t)
 	a.m.m.Op("remove_all", false)
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "removed": n})
 }
@@ -431,4 +489,95 @@ func unhex(c byte) byte {
 		return c - 'A' + 10
 	}
 	return c - 'a' + 10
+}
+
+// tenantQuotaStatus is mooncake_master's HTTP status for a tenant quota
+// call's error.
+func tenantQuotaStatus(err error) int {
+	switch store.CodeOf(err) {
+	case store.InvalidParams:
+		return http.StatusBadRequest
+	case store.ObjectNotFound, store.TenantNotRegistered:
+		return http.StatusNotFound
+	case store.UnavailableInCurrentMode, store.UnavailableInCurrentStatus, store.TenantNotEmpty:
+		return http.StatusConflict
+	}
+	return http.StatusInternalServerError
+}
+
+// writeQuotaErr answers as mooncake_master: the code and, for the
+// master's own errors, its name as the message.
+func writeQuotaErr(w http.ResponseWriter, err error) {
+	c := store.CodeOf(err)
+	writeJSON(w, tenantQuotaStatus(err), errorBody{Code: int32(c), Message: c.String()})
+}
+
+// quotaTenant reads ?tenant_id=, refused (400, INVALID_PARAMS, msg) when
+// missing or invalid.
+func quotaTenant(w http.ResponseWriter, r *http.Request, msg string) (string, bool) {
+	t := queryParam(r, "tenant_id", false)
+	if t == "" || store.CheckTenant(t) != nil {
+		writeJSON(w, http.StatusBadRequest, errorBody{Code: int32(store.InvalidParams), Message: msg})
+		return "", false
+	}
+	return t, true
+}
+
+func (a *admin) getTenantQuotas(w http.ResponseWriter, r *http.Request) {
+	if queryParam(r, "tenant_id", false) == "" {
+		qs, err := a.m.TenantQuotas()
+		if err != nil {
+			writeQuotaErr(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"success": true, "data": qs})
+		return
+	}
+	t, ok := quotaTenant(w, r, "Invalid tenant_id")
+	if !ok {
+		return
+	}
+	q, err := a.m.TenantQuotaOf(t)
+	if err != nil {
+		writeQuotaErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "data": q})
+}
+
+func (a *admin) putTenantQuota(w http.ResponseWriter, r *http.Request) {
+	t, ok := quotaTenant(w, r, "Missing or invalid tenant_id")
+	if !ok {
+		return
+	}
+	var body struct {
+		Requested uint64 `json:"requested_quota_bytes"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&body); err != nil {
+		writeJSON(w, http.StatusBadRequest, errorBody{Code: int32(store.InvalidParams), Message: "Invalid JSON body: " + err.Error()})
+		return
+	}
+	if body.Requested == 0 || body.Requested > maxQuota {
+		writeJSON(w, http.StatusBadRequest, errorBody{Code: int32(store.InvalidParams), Message: "Tenant quota must be in [1, 2^63 - 1] bytes"})
+		return
+	}
+	q, err := a.m.SetTenantQuota(t, body.Requested)
+	if err != nil {
+		writeQuotaErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "data": q})
+}
+
+func (a *admin) deleteTenantQuota(w http.ResponseWriter, r *http.Request) {
+	t, ok := quotaTenant(w, r, "Missing or invalid tenant_id")
+	if !ok {
+		return
+	}
+	q, err := a.m.DeleteTenantQuota(t)
+	if err != nil {
+		writeQuotaErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"success": true, "data": q})
 }

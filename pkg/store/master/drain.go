@@ -825,7 +825,9 @@ func (m *Master) commitDrainUnit(u *drainUnit) bool {
 		m.space.free([]replicaRef{u.dst}, u.size)
 		return false
 	}
+	before := m.charge(o)
 	o.replicas = append(o.replicas, u.dst)
+	m.recharge(o, before)
 	ch := Change{Op: OpPutEnd, Key: u.key, Size: o.size, Replicas: o.descriptors(true), SoftPin: expiry(o.softPin), HardPin: o.hardPin}
 	if o.onDisk() {
 		ch.Op, ch.Version, ch.Tier = OpPromote, o.tier.version, o.tier.node.id

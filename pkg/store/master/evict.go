@@ -76,6 +76,7 @@ const (
 	phasePolicy       = "policy"        // older objects anywhere, for a put phases 1 and 3 left short
 	phaseOffload      = "offload"       // an offload to a disk tier landed (or failed)
 	phaseStage        = "stage"         // room for a read of a disk object, on its node
+	phaseTenantQuota  = "tenant_quota"  // a tenant over its quota: its own objects, for its put
 )
 
 // sweep is one eviction round's view: which objects it may take, and

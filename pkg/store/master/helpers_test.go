@@ -427,6 +427,33 @@ func checkInvariants(m *Master) error {
 			errs = append(errs, fmt.Errorf("segment %q counts %d regions, has %d live", seg.info.Name, seg.nreg, len(rs)))
 		}
 	}
+	// The tenant ledger charges each tenant exactly its objects' memory.
+	if m.tenants != nil {
+		count := map[string]uint64{}
+		for i := range m.shards {
+			for k, o := range m.shards[i].objects {
+				t, _ := store.SplitKey(k)
+				count[t] += chargeOf(o)
+			}
+		}
+		m.tenants.mu.Lock()
+		for t, c := range m.tenants.charged {
+			if c != count[t] {
+				errs = append(errs, fmt.Errorf("tenant %q: ledger charges %d bytes, its objects hold %d", t, c, count[t]))
+			}
+		}
+		for t, c := range count {
+			if m.tenants.charged[t] != c {
+				errs = append(errs, fmt.Errorf("tenant %q: its objects hold %d bytes, ledger charges %d", t, c, m.tenants.charged[t]))
+			}
+		}
+		for t, r := range m.tenants.reserved {
+			if r != 0 {
+				errs = append(errs, fmt.Errorf("tenant %q: %d bytes still reserved with no put in flight", t, r))
+			}
+		}
+		m.tenants.mu.Unlock()
+	}
 	return errors.Join(errs...)
 }
 

@@ -133,7 +133,9 @@ type Config struct {
 	// RequestReadTimeout bounds reading one request once its first byte
 	// came (a coro_rpc frame, a unary gRPC message): default 30 s.
 	RequestReadTimeout time.Duration
-	Logger             *slog.Logger
+	// Tenants turns on multi-tenant mode (tenants.go).
+	Tenants TenantConfig
+	Logger  *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -266,6 +268,8 @@ type Change struct {
 type Master struct {
 	cfg Config
 	log *slog.Logger
+	// tenants is nil without multi-tenant mode.
+	tenants *tenantTable
 	// budget bounds request bytes in flight on both RPC wires.
 	budget *budget.Budget
 	// drops are the segments dropped for a silent owner, told with pings.
@@ -316,9 +320,15 @@ func New(cfg Config) (*Master, error) {
 		evictKick: make(chan struct{}, 1),
 		done:      make(chan struct{}),
 	}
+	tt, err := newTenantTable(cfg.Tenants)
+	if err != nil {
+		return nil, err
+	}
+	m.tenants = tt
 	m.m = newMetrics(m)
 	for i := range m.shards {
 		m.shards[i].objects = make(map[string]*Object)
+		m.shards[i].ledger = m.tenants
 		m.shards[i].policy, _ = newShardPolicy(cfg.EvictionPolicy)
 	}
 	m.space.init(&m.cfg)
@@ -555,7 +565,10 @@ func (m *Master) finishUnmount(seg *segment) {
 				continue
 			}
 			dropped++
-			if o.dropSegment(seg) == 0 && o.onDisk() {
+			before := m.charge(o)
+			left := o.dropSegment(seg)
+			m.recharge(o, before)
+			if left == 0 && o.onDisk() {
 				// Its disk replica lives on (on this node's disk: it
 				// comes back if the node does).
 				if o.ent.In() {

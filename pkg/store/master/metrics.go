@@ -50,6 +50,9 @@ func newMetrics(m *Master) *Metrics {
 	if c, ok := m.cfg.Events.(prometheus.Collector); ok {
 		r.MustRegister(c) // the KV events publisher's counters
 	}
+	if m.tenants != nil {
+		r.MustRegister(tenantCollector{m})
+	}
 	counter := func(name, help string) prometheus.Counter {
 		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 		r.MustRegister(c)
@@ -100,7 +103,7 @@ func newMetrics(m *Master) *Metrics {
 	vec := func(name, help string) *prometheus.CounterVec {
 		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"phase"})
 		r.MustRegister(v)
-		for _, p := range []string{phaseWatermark, phaseOwnRegions, phaseOtherRegions, phaseOffload, phaseStage} {
+		for _, p := range []string{phaseWatermark, phaseOwnRegions, phaseOtherRegions, phaseOffload, phaseStage, phaseTenantQuota} {
 			v.WithLabelValues(p)
 		}
 		return v

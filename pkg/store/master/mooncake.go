@@ -284,6 +284,12 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := s.args(name, req, &client, &key, &n, &rc, &tenant); err != nil {
 				return nil, err
 			}
+			t, err := m.WriteTenant(tenant, false, true)
+			if err != nil {
+				m.m.Op(opName(upsert, "batch_upsert_start", "batch_put_start"), true)
+				return mooncake.ExpectDescs{Error: codeOf(err), HasError: true}, nil
+			}
+			key = store.ScopeKey(t, key)
 			start := m.BatchPutStart
 			if upsert {
 				start = m.BatchUpsertStart
@@ -310,9 +316,19 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if len(sizes) != len(keys) {
 				return nil, &cororpc.RPCError{Code: cororpc.ErrcInvalidRPCArguments, Message: fmt.Sprintf("%s: %d keys but %d sizes", name, len(keys), len(sizes))}
 			}
+			t, terr := m.WriteTenant(tenant, false, true)
+			keys = store.ScopeKeys(t, keys)
 			items := make([]PutItem, len(keys))
 			for i := range keys {
 				items[i] = PutItem{Key: keys[i], Size: sizes[i]}
+			}
+			if terr != nil {
+				out := make([]mooncake.ExpectDescs, len(keys))
+				for i := range out {
+					out[i] = mooncake.ExpectDescs{Error: codeOf(terr), HasError: true}
+				}
+				m.m.Op(opName(upsert, "batch_upsert_start", "batch_put_start"), true)
+				return out, nil
 			}
 			start := m.BatchPutStart
 			if upsert {
@@ -334,7 +350,10 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := s.args(name, req, &client, &meta, &rt, &tenant); err != nil {
 				return nil, err
 			}
-			err := one(f(fromUUID(client), []string{meta.Key})[0])
+			t, err := m.WriteTenant(tenant, false, false)
+			if err == nil {
+				err = one(f(fromUUID(client), []string{store.ScopeKey(t, meta.Key)})[0])
+			}
 			m.m.Op(op, err != nil)
 			return errVoid(err), nil
 		}
@@ -347,7 +366,10 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := s.args(name, req, &client, &key, &rt, &tenant); err != nil {
 				return nil, err
 			}
-			err := one(f(fromUUID(client), []string{key})[0])
+			t, err := m.WriteTenant(tenant, false, false)
+			if err == nil {
+				err = one(f(fromUUID(client), []string{store.ScopeKey(t, key)})[0])
+			}
 			m.m.Op(op, err != nil)
 			return errVoid(err), nil
 		}
@@ -374,7 +396,12 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			for i, x := range metas {
 				keys[i] = x.Key
 			}
-			errs := s.rpc.durable(f(fromUUID(client), keys))
+			t, terr := m.WriteTenant(tenant, false, false)
+			if terr != nil {
+				m.m.Op(op, true)
+				return voids(failErrsN(len(keys), terr)), nil
+			}
+			errs := s.rpc.durable(f(fromUUID(client), store.ScopeKeys(t, keys)))
 			m.m.Op(op, anyErr(errs))
 			return voids(errs), nil
 		}
@@ -395,7 +422,12 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := batchErr(name, len(keys)); err != nil {
 				return nil, err
 			}
-			errs := s.rpc.durable(f(fromUUID(client), keys))
+			t, terr := m.WriteTenant(tenant, false, false)
+			if terr != nil {
+				m.m.Op(op, true)
+				return voids(failErrsN(len(keys), terr)), nil
+			}
+			errs := s.rpc.durable(f(fromUUID(client), store.ScopeKeys(t, keys)))
 			m.m.Op(op, anyErr(errs))
 			return voids(errs), nil
 		}
@@ -520,7 +552,12 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := s.args("ExistKey", req, &key, &tenant); err != nil {
 				return nil, err
 			}
-			ex, errs := m.BatchExistKey([]string{key})
+			t, err := m.ReadTenant(tenant)
+			if err != nil {
+				m.m.Op("batch_exist_key", true)
+				return mooncake.ExpectBool{Error: codeOf(err), HasError: true}, nil
+			}
+			ex, errs := m.BatchExistKey([]string{store.ScopeKey(t, key)})
 			m.m.Op("batch_exist_key", errs[0] != nil)
 			return mooncake.ExpectBool{Value: ex[0], Error: codeOf(errs[0]), HasError: errs[0] != nil}, nil
 		},
@@ -533,7 +570,14 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := batchErr("BatchExistKey", len(keys)); err != nil {
 				return nil, err
 			}
-			ex, errs := m.BatchExistKey(keys)
+			t, terr := m.ReadTenant(tenant)
+			var ex []bool
+			var errs []error
+			if terr != nil {
+				ex, errs = make([]bool, len(keys)), failErrsN(len(keys), terr)
+			} else {
+				ex, errs = m.BatchExistKey(store.ScopeKeys(t, keys))
+			}
 			out := make([]mooncake.ExpectBool, len(keys))
 			for i := range keys {
 				out[i] = mooncake.ExpectBool{Value: ex[i], Error: codeOf(errs[i]), HasError: errs[i] != nil}
@@ -546,7 +590,12 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := s.args("GetReplicaList", req, &key, &tenant); err != nil {
 				return nil, err
 			}
-			r := m.BatchGetReplicaList([]string{key})[0]
+			t, err := m.ReadTenant(tenant)
+			if err != nil {
+				m.m.Op("batch_get_replica_list", true)
+				return mooncake.ExpectList{Error: codeOf(err), HasError: true}, nil
+			}
+			r := m.BatchGetReplicaList([]string{store.ScopeKey(t, key)})[0]
 			m.m.Op("batch_get_replica_list", r.Err != nil)
 			return s.list(r), nil
 		},
@@ -565,7 +614,12 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			}
 			// Mooncake answers every match in one map; the same cap as
 			// the gRPC form keeps the answer within a message.
-			keys, res, _, err := m.GetReplicaListByRegex(pattern, regexListLimit)
+			t, err := m.ReadTenant(tenant)
+			var keys []string
+			var res []ReplicaResult
+			if err == nil {
+				keys, res, _, err = m.GetReplicaListByRegexIn(t, pattern, regexListLimit)
+			}
 			m.m.Op("get_replica_list_by_regex", err != nil)
 			if err != nil {
 				return mooncake.ExpectByRegex{Error: codeOf(err), HasError: true}, nil
@@ -596,7 +650,10 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := s.args("Remove", req, &key, &force, &tenant); err != nil {
 				return nil, err
 			}
-			err := one(m.BatchRemove([]string{key}, force)[0])
+			t, err := m.ReadTenant(tenant)
+			if err == nil {
+				err = one(m.BatchRemove([]string{store.ScopeKey(t, key)}, force)[0])
+			}
 			m.m.Op("batch_remove", err != nil)
 			return errVoid(err), nil
 		},
@@ -610,7 +667,12 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := batchErr("BatchRemove", len(keys)); err != nil {
 				return nil, err
 			}
-			errs := s.rpc.durable(m.BatchRemove(keys, force))
+			t, terr := m.ReadTenant(tenant)
+			if terr != nil {
+				m.m.Op("batch_remove", true)
+				return voids(failErrsN(len(keys), terr)), nil
+			}
+			errs := s.rpc.durable(m.BatchRemove(store.ScopeKeys(t, keys), force))
 			m.m.Op("batch_remove", anyErr(errs))
 			return voids(errs), nil
 		},
@@ -625,7 +687,17 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 				m.m.Op("remove_all", true)
 				return nil, &cororpc.RPCError{Code: cororpc.ErrcRPCThrowException, Message: "RemoveAll is an admin operation and this master has an admin token, which Mooncake's wire cannot carry: use POST /api/v1/remove_all on the admin port with Authorization: Bearer TOKEN"}
 			}
-			n := m.RemoveAll()
+			// An empty tenant id clears every tenant, as Mooncake's; an
+			// invalid one removes nothing (Mooncake's answer, a bare count).
+			t := ""
+			if tenant != "" {
+				var err error
+				if t, err = m.ReadTenant(tenant); err != nil {
+					m.m.Op("remove_all", true)
+					return int64(0), nil
+				}
+			}
+			n := m.RemoveAllIn(t)
 			if err := one(nil); err != nil {
 				// Mooncake's RemoveAll answers a bare count: a change the
 				// op log did not take is reported as nothing removed.
@@ -641,7 +713,11 @@ func (s *mooncakeServer) handlers() map[string]mooncakeHandler {
 			if err := s.args("RemoveByRegex", req, &pattern, &force, &tenant); err != nil {
 				return nil, err
 			}
-			rm, err := m.RemoveByRegex(pattern, force, false)
+			t, err := m.ReadTenant(tenant)
+			var rm RegexRemoval
+			if err == nil {
+				rm, err = m.RemoveByRegexIn(t, pattern, force, false)
+			}
 			if err != nil {
 				m.m.Op("remove_by_regex", true)
 				return mooncake.ExpectInt64{Error: codeOf(err), HasError: true}, nil

@@ -2,6 +2,7 @@ package master
 
 import (
 	"encoding/binary"
+	"strings"
 	"sync"
 
 	"github.com/kvcache-ops/mc/pkg/cororpc"
@@ -209,6 +210,17 @@ func (s *mooncakeServer) batchGetAnswer(req *cororpc.Request) (_ any, failed boo
 	if err := batchErr("BatchGetReplicaList", len(sc.keys)); err != nil {
 		return nil, false, err
 	}
+	t, terr := s.m.ReadTenant(tenant)
+	if terr != nil {
+		out := make([]mooncake.ExpectList, len(sc.keys))
+		for i := range out {
+			out[i] = mooncake.ExpectList{Error: codeOf(terr), HasError: true}
+		}
+		return out, true, nil
+	}
+	if store.NeedsScope(t, sc.keys) {
+		scopeInPlace(t, sc.keys)
+	}
 	sc.res, sc.descs = s.m.lookupInto(sc.keys, true, sc.res, sc.descs)
 	next := s.reserveIDs(sc.res)
 	body, failed, ok := appendLists(getBody(), sc.res, next)
@@ -218,4 +230,26 @@ func (s *mooncakeServer) batchGetAnswer(req *cororpc.Request) (_ any, failed boo
 		return out, failed, nil
 	}
 	return preEncoded(body), failed, nil
+}
+
+// scopeInPlace replaces keys by tenant t's stored keys, all of them in one
+// allocation.
+func scopeInPlace(t string, keys []string) {
+	n := 0
+	for _, k := range keys {
+		n += len(t) + 1 + len(k)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, k := range keys {
+		b.WriteString(t)
+		b.WriteByte(store.TenantSeparator)
+		b.WriteString(k)
+	}
+	all, off := b.String(), 0
+	for i, k := range keys {
+		l := len(t) + 1 + len(k)
+		keys[i] = all[off : off+l]
+		off += l
+	}
 }

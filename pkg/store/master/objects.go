@@ -163,7 +163,10 @@ func (r replicaRef) descriptor(size uint64, complete bool) store.Replica {
 // shard holds a slice of the key space: its objects and their eviction
 // order, under one lock.
 type shard struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// ledger is the master's tenant ledger (nil without multi-tenant
+	// mode): an object leaving the shard gives its charge back.
+	ledger  *tenantTable
 	objects map[string]*Object
 	// pendHead and pendTail are the puts and upserts in progress, by
 	// start (the discard scan's order).
@@ -198,6 +201,9 @@ func (m *Master) memHitTotals() hitTotals {
 // frees its replicas.
 func (sh *shard) remove(key string, o *Object) {
 	delete(sh.objects, key)
+	if sh.ledger != nil {
+		sh.ledger.shift(key, chargeOf(o), 0)
+	}
 	sh.unlinkPending(o)
 	if o.state == stateComplete {
 		if o.ent.In() {
@@ -337,8 +343,10 @@ func (m *Master) discardStaleIn(sh *shard, cut int64) {
 		case o.upsert != nil:
 			// A resizing upsert abandoned: the old version stays. The
 			// resize's replicas hold upsert.size bytes, not the old size.
+			before := m.charge(o)
 			m.pend.addRelease(release, o.upsert.size, o.upsert.refs)
 			o.upsert = nil
+			m.recharge(o, before)
 			o.putStart = 0
 		case o.state == stateProcessing:
 			if o.inPlace {

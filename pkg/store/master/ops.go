@@ -38,7 +38,7 @@ type ReplicaResult struct {
 var useCounter atomic.Uint64
 
 func checkItem(it PutItem) error {
-	if err := store.CheckKey(it.Key); err != nil {
+	if err := store.CheckStoredKey(it.Key); err != nil {
 		return err
 	}
 	switch {
@@ -87,10 +87,18 @@ func (m *Master) BatchPutStartWait(ctx context.Context, client store.UUID, host 
 		return failAll(out, err)
 	}
 	ar := &descArena{buf: make([]store.Replica, 0, len(items)*max(cfg.ReplicaNum, 1))}
+	// Tenants: quota reserved (own objects evicted) before placing; the
+	// reservations end once the batch is placed, its charge then in
+	// the ledger.
+	release := m.admitPuts(items, cfg, out)
+	defer release()
 	wait = min(wait, m.cfg.KVLeaseTTL)
 	deadline := m.now() + wait.Nanoseconds()
 	for i, it := range items {
 		m.m.putStart.Inc()
+		if out[i].Err != nil {
+			continue
+		}
 		if err := m.watermarkWait(ctx, it, cfg, deadline); err != nil {
 			out[i] = ReplicaResult{Err: err}
 			continue
@@ -210,6 +218,7 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 	}
 	o.replicas = refs
 	sh.objects[it.Key] = o
+	m.recharge(o, 0)
 	sh.linkPending(o)
 	if m.cfg.OnChange != nil {
 		m.emit(Change{Op: OpPutStart, Key: o.key, Size: o.size, Replicas: o.descriptors(false), Client: client, Started: time.Unix(0, now)})
@@ -322,6 +331,8 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64, dr
 	}
 	switch {
 	case o.upsert != nil:
+		before := m.charge(o)
+		defer m.recharge(o, before)
 		old, u := o.replicas, o.upsert
 		o.replicas, o.upsert = u.refs, nil
 		if o.ent.In() {
@@ -371,6 +382,7 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64, dr
 // replica would be left, or when o is complete with no upsert (nothing
 // being written).
 func (m *Master) dropUnwritten(o *Object, drop []string) error {
+	defer m.recharge(o, m.charge(o))
 	refs, size := &o.replicas, o.size
 	switch {
 	case o.upsert != nil:
@@ -474,8 +486,12 @@ func (m *Master) BatchUpsertStart(client store.UUID, host string, items []PutIte
 	if err := checkConfig(cfg); err != nil {
 		return failAll(out, err)
 	}
+	release := m.admitPuts(items, cfg, out)
+	defer release()
 	for i, it := range items {
-		out[i] = m.upsertStart(client, host, it, cfg)
+		if out[i].Err == nil {
+			out[i] = m.upsertStart(client, host, it, cfg)
+		}
 	}
 	m.syncStarts(client, items, out)
 	return out
@@ -508,8 +524,10 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		return ReplicaResult{Err: store.Errorf(store.ObjectHasLease, "key %q is being moved to or from a disk tier; retry", it.Key)}
 	}
 	if o.upsert != nil { // abandoned resize
+		before := m.charge(o)
 		m.pend.addRelease(o.putStart+m.cfg.PutReleaseTimeout.Nanoseconds(), o.upsert.size, o.upsert.refs)
 		o.upsert = nil
+		m.recharge(o, before)
 	}
 	pin := m.softPinExpiry(cfg, now)
 	o.putStart, o.writer = now, client
@@ -520,6 +538,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		o.tier = nil
 		sh.remove(it.Key, o)
 		sh.objects[it.Key] = o
+		m.recharge(o, 0)
 		o.softPin, o.hardPin = pin, cfg.HardPin
 		o.state, o.inPlace = stateProcessing, true
 		sh.linkPending(o)
@@ -536,7 +555,9 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		sh.unlinkPending(o)
 		return ReplicaResult{Err: err}
 	}
+	before := m.charge(o)
 	o.upsert = &upsertState{refs: refs, size: it.Size}
+	m.recharge(o, before)
 	if (pin != 0) != (o.softPin != 0) {
 		if pin != 0 {
 			sh.softPinned++
@@ -650,7 +671,7 @@ func (m *Master) lookupUntil(keys []string, lease bool, deadline time.Time, out 
 // returned instead of an answer.
 func (m *Master) lookupOne(k string, depth int, lease bool, now int64, stamp uint64, descs *[]store.Replica) (ReplicaResult, *tierOp) {
 	var r ReplicaResult
-	if err := store.CheckKey(k); err != nil {
+	if err := store.CheckStoredKey(k); err != nil {
 		r.Err = err
 		return r, nil
 	}
@@ -708,7 +729,7 @@ func (m *Master) BatchExistKey(keys []string) ([]bool, []error) {
 	now := m.now()
 	for i, k := range keys {
 		m.m.existKey.Inc()
-		if err := store.CheckKey(k); err != nil {
+		if err := store.CheckStoredKey(k); err != nil {
 			errs[i] = err
 			m.m.existKeyFail.Inc()
 			continue
@@ -743,7 +764,7 @@ func (m *Master) BatchRemove(keys []string, force bool) []error {
 }
 
 func (m *Master) remove(key string, force bool, now int64) error {
-	if err := store.CheckKey(key); err != nil {
+	if err := store.CheckStoredKey(key); err != nil {
 		return err
 	}
 	sh := m.shardOf(key)
@@ -776,13 +797,21 @@ func removable(key string, o *Object, force bool, now int64) error {
 
 // RemoveAll removes every complete object not being read; it returns how
 // many went.
-func (m *Master) RemoveAll() int {
+func (m *Master) RemoveAll() int { return m.RemoveAllIn("") }
+
+// RemoveAllIn is RemoveAll of tenant's keys ("" or without multi-tenant
+// mode: every key, as Mooncake's RemoveAll with an empty tenant id).
+func (m *Master) RemoveAllIn(tenant string) int {
 	now := m.now()
 	n := 0
+	sc := m.scope(tenant)
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		for k, o := range sh.objects {
+			if _, ok := sc.user(k); !ok {
+				continue
+			}
 			if o.state == stateComplete && o.upsert == nil && o.lease <= now {
 				m.eventRemoved(o)
 				sh.remove(k, o)
@@ -799,13 +828,23 @@ func (m *Master) RemoveAll() int {
 // Keys calls fn with every complete key (in no order) until fn returns
 // false. Admin reads: no lease, no touch.
 func (m *Master) Keys(prefix string, fn func(key string, size uint64) bool) {
+	m.KeysIn("", prefix, fn)
+}
+
+// KeysIn is Keys over tenant's keys (every key for "" or without
+// multi-tenant mode), given to fn without their scope.
+func (m *Master) KeysIn(tenant, prefix string, fn func(key string, size uint64) bool) {
+	sc := m.scope(tenant)
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		var batch []PutItem
 		for k, o := range sh.objects {
-			if o.state == stateComplete && strings.HasPrefix(k, prefix) {
-				batch = append(batch, PutItem{k, o.size})
+			if o.state != stateComplete {
+				continue
+			}
+			if u, ok := sc.user(k); ok && strings.HasPrefix(u, prefix) {
+				batch = append(batch, PutItem{u, o.size})
 			}
 		}
 		sh.mu.Unlock()

@@ -26,14 +26,18 @@ func compileKeyPattern(pattern string) (*regexp.Regexp, error) {
 	return re, nil
 }
 
-// matchKeys returns the complete keys re finds, sorted.
-func (m *Master) matchKeys(re *regexp.Regexp) []string {
+// matchKeys returns the complete keys of scope sc whose user key re
+// finds, sorted (stored keys).
+func (m *Master) matchKeys(re *regexp.Regexp, sc keyScope) []string {
 	var out []string
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		for k, o := range sh.objects {
-			if o.state == stateComplete && re.MatchString(k) {
+			if o.state != stateComplete {
+				continue
+			}
+			if u, ok := sc.user(k); ok && re.MatchString(u) {
 				out = append(out, k)
 			}
 		}
@@ -47,16 +51,25 @@ func (m *Master) matchKeys(re *regexp.Regexp) []string {
 // anywhere in them, sorted, the first limit of them with their replicas,
 // and how many matched. An admin read: no lease, unlike Mooncake's.
 func (m *Master) GetReplicaListByRegex(pattern string, limit int) (keys []string, res []ReplicaResult, matched int, err error) {
+	return m.GetReplicaListByRegexIn("", pattern, limit)
+}
+
+// GetReplicaListByRegexIn is GetReplicaListByRegex over tenant's keys
+// (every key for "" or without multi-tenant mode), matched and listed
+// without their scope.
+func (m *Master) GetReplicaListByRegexIn(tenant, pattern string, limit int) (keys []string, res []ReplicaResult, matched int, err error) {
 	re, err := compileKeyPattern(pattern)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	keys = m.matchKeys(re)
+	sc := m.scope(tenant)
+	keys = m.matchKeys(re, sc)
 	matched = len(keys)
 	if len(keys) > limit {
 		keys = keys[:limit]
 	}
-	return keys, m.BatchQuery(keys), matched, nil
+	res = m.BatchQuery(keys)
+	return sc.users(keys), res, matched, nil
 }
 
 // RegexRemoval is what RemoveByRegex did, or would do with dryRun.
@@ -73,13 +86,20 @@ type RegexRemoval struct {
 // them, each as BatchRemove would: a key being read is refused unless
 // force. With dryRun nothing is removed and the answer is what would be.
 func (m *Master) RemoveByRegex(pattern string, force, dryRun bool) (RegexRemoval, error) {
-	var out RegexRemoval
+	return m.RemoveByRegexIn("", pattern, force, dryRun)
+}
+
+// RemoveByRegexIn is RemoveByRegex over tenant's keys (every key for ""
+// or without multi-tenant mode); the keys it answers are user keys.
+func (m *Master) RemoveByRegexIn(tenant, pattern string, force, dryRun bool) (out RegexRemoval, err error) {
 	re, err := compileKeyPattern(pattern)
 	if err != nil {
 		return out, err
 	}
 	now := m.now()
-	for _, k := range m.matchKeys(re) {
+	sc := m.scope(tenant)
+	defer func() { out.Removed, out.Refused = sc.users(out.Removed), sc.users(out.Refused) }()
+	for _, k := range m.matchKeys(re, sc) {
 		if dryRun {
 			sh := m.shardOf(k)
 			sh.mu.Lock()
@@ -104,7 +124,13 @@ func (m *Master) RemoveByRegex(pattern string, force, dryRun bool) (RegexRemoval
 const regexListLimit = store.MaxBatchSize
 
 func (s *rpcServer) GetReplicaListByRegex(_ context.Context, r *pb.RegexRequest) (*pb.RegexReplicaListResponse, error) {
-	keys, res, matched, err := s.m.GetReplicaListByRegex(r.Pattern, regexListLimit)
+	t, err := s.m.ReadTenant(r.Tenant)
+	var keys []string
+	var res []ReplicaResult
+	var matched int
+	if err == nil {
+		keys, res, matched, err = s.m.GetReplicaListByRegexIn(t, r.Pattern, regexListLimit)
+	}
 	if err != nil {
 		s.m.m.Op("get_replica_list_by_regex", true)
 		return nil, invalidPattern(err)
@@ -115,7 +141,11 @@ func (s *rpcServer) GetReplicaListByRegex(_ context.Context, r *pb.RegexRequest)
 }
 
 func (s *rpcServer) RemoveByRegex(_ context.Context, r *pb.RemoveByRegexRequest) (*pb.RemoveByRegexResponse, error) {
-	rm, err := s.m.RemoveByRegex(r.Pattern, r.Force, r.DryRun)
+	t, err := s.m.ReadTenant(r.Tenant)
+	var rm RegexRemoval
+	if err == nil {
+		rm, err = s.m.RemoveByRegexIn(t, r.Pattern, r.Force, r.DryRun)
+	}
 	if err != nil {
 		s.m.m.Op("remove_by_regex", true)
 		return nil, invalidPattern(err)

@@ -66,7 +66,7 @@ func (m *Master) Restore(objs []RestoredObject) error {
 	var reserve []reservation
 	for _, ro := range objs {
 		reserved := !ro.ReserveUntil.IsZero()
-		if err := store.CheckKey(ro.Key); err != nil && !reserved {
+		if err := store.CheckStoredKey(ro.Key); err != nil && !reserved {
 			return err
 		}
 		if ro.Size == 0 {
@@ -152,6 +152,7 @@ func (m *Master) Restore(objs []RestoredObject) error {
 			}
 		}
 		sh.objects[o.key] = o
+		m.recharge(o, 0)
 		if o.state == stateProcessing {
 			// Complete at its writer's PutEnd, or discarded and released
 			// on the usual timeouts from when it started.

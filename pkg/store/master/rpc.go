@@ -416,9 +416,14 @@ func startPuts[T any](ctx context.Context, s *rpcServer, r *pb.BatchPutStartRequ
 	}
 	out, err := replicaCall(s, name, len(r.Items), func() []ReplicaResult {
 		client := store.UUIDFromPB(r.ClientId)
-		res := start(client, r.ClientHost, items(r.Items), store.ConfigFromPB(r.Config))
+		t, terr := s.m.WriteTenant(r.Tenant, true, true)
+		its := items(t, r.Items)
+		if terr != nil {
+			return failAll(make([]ReplicaResult, len(its)), terr)
+		}
+		res := start(client, r.ClientHost, its, store.ConfigFromPB(r.Config))
 		if ctx.Err() != nil {
-			s.giveBack(client, r.Items, res, upsert)
+			s.giveBack(client, its, res, upsert)
 		}
 		return res
 	}, form)
@@ -438,7 +443,7 @@ func startPuts[T any](ctx context.Context, s *rpcServer, r *pb.BatchPutStartRequ
 // until the release timeout. Over one connection the caller's
 // cancellation arrives before its revoke, so one of the two always
 // finds the grant.
-func (s *rpcServer) giveBack(client store.UUID, in []*pb.PutStartItem, res []ReplicaResult, upsert bool) {
+func (s *rpcServer) giveBack(client store.UUID, in []PutItem, res []ReplicaResult, upsert bool) {
 	var keys []string
 	for i, r := range res {
 		if r.Err == nil {
@@ -462,7 +467,18 @@ func (s *rpcServer) giveBack(client store.UUID, in []*pb.PutStartItem, res []Rep
 }
 
 func (s *rpcServer) getReplicaTable(r *pb.BatchKeysRequest) (*pb.ReplicaTable, error) {
-	return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult { return s.m.BatchGetReplicaList(r.Keys) }, replicaTable)
+	return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult {
+		return s.readKeys(r.Tenant, r.Keys, s.m.BatchGetReplicaList)
+	}, replicaTable)
+}
+
+// readKeys runs a read of keys in tenant raw's scope.
+func (s *rpcServer) readKeys(raw string, keys []string, read func([]string) []ReplicaResult) []ReplicaResult {
+	t, err := s.m.ReadTenant(raw)
+	if err != nil {
+		return failAll(make([]ReplicaResult, len(keys)), err)
+	}
+	return read(store.ScopeKeys(t, keys))
 }
 
 func (s *rpcServer) putStartTable(ctx context.Context, r *pb.BatchPutStartRequest, upsert bool) (*pb.ReplicaTable, error) {
@@ -494,7 +510,9 @@ func (s *rpcServer) BatchUpsertStart(ctx context.Context, r *pb.BatchPutStartReq
 
 func (s *rpcServer) BatchGetReplicaList(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {
 	deadline, _ := ctx.Deadline()
-	return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult { return s.m.BatchGetReplicaListBy(deadline, r.Keys) }, replicaLists)
+	return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult {
+		return s.readKeys(r.Tenant, r.Keys, func(keys []string) []ReplicaResult { return s.m.BatchGetReplicaListBy(deadline, keys) })
+	}, replicaLists)
 }
 
 // BatchReleaseStaged hands back staged reads of disk objects.
@@ -507,13 +525,17 @@ func (s *rpcServer) BatchReleaseStaged(_ context.Context, r *pb.ReleaseStagedReq
 }
 
 func (s *rpcServer) BatchQuery(_ context.Context, r *pb.BatchKeysRequest) (*pb.BatchReplicaListResponse, error) {
-	return replicaCall(s, "batch_query", len(r.Keys), func() []ReplicaResult { return s.m.BatchQuery(r.Keys) }, replicaLists)
+	return replicaCall(s, "batch_query", len(r.Keys), func() []ReplicaResult { return s.readKeys(r.Tenant, r.Keys, s.m.BatchQuery) }, replicaLists)
 }
 
-func items(in []*pb.PutStartItem) []PutItem {
+// items are a put start's items, their keys scoped for tenant t.
+func items(t string, in []*pb.PutStartItem) []PutItem {
 	out := make([]PutItem, len(in))
 	for i, it := range in {
 		out[i] = PutItem{Key: it.GetKey(), Size: it.GetLength()}
+	}
+	for i := range out {
+		out[i].Key = store.ScopeKey(t, out[i].Key)
 	}
 	return out
 }
@@ -573,7 +595,14 @@ func (s *rpcServer) keysOp(name string, r *pb.BatchKeysRequest, f func(store.UUI
 	if err := checkBatch(len(r.Keys)); err != nil {
 		return nil, err
 	}
-	res, failed := results(s.durable(f(store.UUIDFromPB(r.ClientId), r.Keys)))
+	t, err := s.m.WriteTenant(r.Tenant, true, false)
+	var errs []error
+	if err != nil {
+		errs = failErrsN(len(r.Keys), err)
+	} else {
+		errs = s.durable(f(store.UUIDFromPB(r.ClientId), store.ScopeKeys(t, r.Keys)))
+	}
+	res, failed := results(errs)
 	s.m.m.Op(name, failed)
 	s.m.m.Items(name, len(r.Keys))
 	return res, nil
@@ -641,7 +670,14 @@ func (s *rpcServer) BatchExistKey(_ context.Context, r *pb.BatchKeysRequest) (*p
 	if err := checkBatch(len(r.Keys)); err != nil {
 		return nil, err
 	}
-	exists, errs := s.m.BatchExistKey(r.Keys)
+	t, err := s.m.ReadTenant(r.Tenant)
+	var exists []bool
+	var errs []error
+	if err != nil {
+		exists, errs = make([]bool, len(r.Keys)), failErrsN(len(r.Keys), err)
+	} else {
+		exists, errs = s.m.BatchExistKey(store.ScopeKeys(t, r.Keys))
+	}
 	res, failed := results(errs)
 	s.m.m.Op("batch_exist_key", failed)
 	s.m.m.Items("batch_exist_key", len(r.Keys))
@@ -652,7 +688,14 @@ func (s *rpcServer) BatchRemove(_ context.Context, r *pb.BatchRemoveRequest) (*p
 	if err := checkBatch(len(r.Keys)); err != nil {
 		return nil, err
 	}
-	res, failed := results(s.durable(s.m.BatchRemove(r.Keys, r.Force)))
+	t, err := s.m.ReadTenant(r.Tenant)
+	var errs []error
+	if err != nil {
+		errs = failErrsN(len(r.Keys), err)
+	} else {
+		errs = s.durable(s.m.BatchRemove(store.ScopeKeys(t, r.Keys), r.Force))
+	}
+	res, failed := results(errs)
 	s.m.m.Op("batch_remove", failed)
 	return res, nil
 }
@@ -662,7 +705,15 @@ func (s *rpcServer) RemoveAll(ctx context.Context, r *pb.RemoveAllRequest) (*pb.
 		s.m.m.Op("remove_all", true)
 		return nil, err
 	}
-	n := s.m.RemoveAll()
+	t := ""
+	if !r.AllTenants {
+		var err error
+		if t, err = s.m.ReadTenant(r.Tenant); err != nil {
+			s.m.m.Op("remove_all", true)
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+	}
+	n := s.m.RemoveAllIn(t)
 	if err := s.durable([]error{nil})[0]; err != nil {
 		s.m.m.Op("remove_all", true)
 		return nil, status.Error(codes.FailedPrecondition, err.Error())

@@ -410,6 +410,7 @@ func (m *Master) freeMemoryLocked(o *Object) {
 	if len(o.replicas) == 0 {
 		return
 	}
+	defer m.recharge(o, m.charge(o))
 	if o.lease > m.now() {
 		m.pend.addLeased(o.lease, o.size, o.replicas)
 	} else {
@@ -655,7 +656,9 @@ func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
 		err = store.Errorf(store.ObjectNotFound, "key %q: its disk copy on %s could not be read: %v", op.key, n.name(), err)
 	case op.promote:
 		o.tier.loading = nil
+		before := m.charge(o)
 		o.replicas = append(o.replicas, op.refs...)
+		m.recharge(o, before)
 		o.tier.reads = 0
 		o.tier.promoted = true
 		sh.track(o, 0)
@@ -889,7 +892,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 	for _, r := range h.GetRecords() {
 		reported[r.GetKey()] = struct{}{}
 		m.tiers.seeVersion(r.GetVersion())
-		if v, ok := tomb[r.GetKey()]; ok && v == r.GetVersion() || store.CheckKey(r.GetKey()) != nil || r.GetSize() == 0 {
+		if v, ok := tomb[r.GetKey()]; ok && v == r.GetVersion() || store.CheckStoredKey(r.GetKey()) != nil || r.GetSize() == 0 {
 			drops = append(drops, &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: r.GetKey(), Version: r.GetVersion()})
 			dropped++
 			continue

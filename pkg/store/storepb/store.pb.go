@@ -1304,7 +1304,10 @@ type BatchPutStartRequest struct {
 	// leases are all that keeps it from evicting room for an item, for the
 	// earliest of them to end (0: no wait, as on Mooncake's wire). mc's
 	// clients send most of what is left of the call's deadline.
-	LeaseWaitMs   uint64 `protobuf:"varint,5,opt,name=lease_wait_ms,json=leaseWaitMs,proto3" json:"lease_wait_ms,omitempty"`
+	LeaseWaitMs uint64 `protobuf:"varint,5,opt,name=lease_wait_ms,json=leaseWaitMs,proto3" json:"lease_wait_ms,omitempty"`
+	// tenant scopes the keys with --enable_multi_tenants (Mooncake's
+	// tenant_id; "" is "default"); ignored without it.
+	Tenant        string `protobuf:"bytes,6,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1372,6 +1375,13 @@ func (x *BatchPutStartRequest) GetLeaseWaitMs() uint64 {
 		return x.LeaseWaitMs
 	}
 	return 0
+}
+
+func (x *BatchPutStartRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
 }
 
 type Replica struct {
@@ -1660,8 +1670,11 @@ type BatchKeysRequest struct {
 	// failed_segments alone.
 	FailedKeys     []uint32 `protobuf:"varint,4,rep,packed,name=failed_keys,json=failedKeys,proto3" json:"failed_keys,omitempty"`
 	FailedSegments []string `protobuf:"bytes,5,rep,name=failed_segments,json=failedSegments,proto3" json:"failed_segments,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// tenant scopes the keys with --enable_multi_tenants (Mooncake's
+	// tenant_id; "" is "default"); ignored without it.
+	Tenant        string `protobuf:"bytes,6,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchKeysRequest) Reset() {
@@ -1727,6 +1740,13 @@ func (x *BatchKeysRequest) GetFailedSegments() []string {
 		return x.FailedSegments
 	}
 	return nil
+}
+
+func (x *BatchKeysRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
 }
 
 type BatchReplicaListResponse struct {
@@ -1826,10 +1846,13 @@ func (x *BatchExistResponse) GetExists() []bool {
 }
 
 type BatchRemoveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Keys          []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
-	Force         bool                   `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Keys     []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Force    bool                   `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	// tenant scopes the keys with --enable_multi_tenants (Mooncake's
+	// tenant_id; "" is "default"); ignored without it.
+	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1885,9 +1908,22 @@ func (x *BatchRemoveRequest) GetForce() bool {
 	return false
 }
 
+func (x *BatchRemoveRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 type RemoveAllRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// tenant scopes the keys with --enable_multi_tenants (Mooncake's
+	// tenant_id; "" is "default"); ignored without it.
+	Tenant string `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// all_tenants clears every tenant (an admin's, as Mooncake's RemoveAll
+	// with an empty tenant id); tenant is then ignored.
+	AllTenants    bool `protobuf:"varint,3,opt,name=all_tenants,json=allTenants,proto3" json:"all_tenants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1927,6 +1963,20 @@ func (x *RemoveAllRequest) GetClientId() *UUID {
 		return x.ClientId
 	}
 	return nil
+}
+
+func (x *RemoveAllRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *RemoveAllRequest) GetAllTenants() bool {
+	if x != nil {
+		return x.AllTenants
+	}
+	return false
 }
 
 type RemoveAllResponse struct {
@@ -1974,9 +2024,12 @@ func (x *RemoveAllResponse) GetRemoved() uint64 {
 }
 
 type RegexRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Pattern       string                 `protobuf:"bytes,2,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Pattern  string                 `protobuf:"bytes,2,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	// tenant scopes the keys with --enable_multi_tenants (Mooncake's
+	// tenant_id; "" is "default"); ignored without it.
+	Tenant        string `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2021,6 +2074,13 @@ func (x *RegexRequest) GetClientId() *UUID {
 func (x *RegexRequest) GetPattern() string {
 	if x != nil {
 		return x.Pattern
+	}
+	return ""
+}
+
+func (x *RegexRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
 	}
 	return ""
 }
@@ -2094,7 +2154,10 @@ type RemoveByRegexRequest struct {
 	// force removes keys being read (leased), as BatchRemove's force.
 	Force bool `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
 	// dry_run removes nothing and answers what would go and what not.
-	DryRun        bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	DryRun bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// tenant scopes the keys with --enable_multi_tenants (Mooncake's
+	// tenant_id; "" is "default"); ignored without it.
+	Tenant        string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2155,6 +2218,13 @@ func (x *RemoveByRegexRequest) GetDryRun() bool {
 		return x.DryRun
 	}
 	return false
+}
+
+func (x *RemoveByRegexRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
 }
 
 // removed: keys removed (with dry_run, that would be); refused: keys
@@ -2392,14 +2462,15 @@ const file_store_proto_rawDesc = "" +
 	"\rwith_hard_pin\x18\x06 \x01(\bR\vwithHardPin\"8\n" +
 	"\fPutStartItem\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
-	"\x06length\x18\x02 \x01(\x04R\x06length\"\xf2\x01\n" +
+	"\x06length\x18\x02 \x01(\x04R\x06length\"\x8a\x02\n" +
 	"\x14BatchPutStartRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12/\n" +
 	"\x05items\x18\x02 \x03(\v2\x19.mc.store.v1.PutStartItemR\x05items\x124\n" +
 	"\x06config\x18\x03 \x01(\v2\x1c.mc.store.v1.ReplicateConfigR\x06config\x12\x1f\n" +
 	"\vclient_host\x18\x04 \x01(\tR\n" +
 	"clientHost\x12\"\n" +
-	"\rlease_wait_ms\x18\x05 \x01(\x04R\vleaseWaitMs\"\xcf\x01\n" +
+	"\rlease_wait_ms\x18\x05 \x01(\x04R\vleaseWaitMs\x12\x16\n" +
+	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"\xcf\x01\n" +
 	"\aReplica\x12!\n" +
 	"\fsegment_name\x18\x01 \x01(\tR\vsegmentName\x12\x1f\n" +
 	"\vte_endpoint\x18\x02 \x01(\tR\n" +
@@ -2420,39 +2491,46 @@ const file_store_proto_rawDesc = "" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x16\n" +
 	"\x06staged\x18\x02 \x03(\x04R\x06staged\"K\n" +
 	"\x15BatchPutStartResponse\x122\n" +
-	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"\xbe\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"\xd6\x01\n" +
 	"\x10BatchKeysRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x1c\n" +
 	"\tchecksums\x18\x03 \x03(\x04R\tchecksums\x12\x1f\n" +
 	"\vfailed_keys\x18\x04 \x03(\rR\n" +
 	"failedKeys\x12'\n" +
-	"\x0ffailed_segments\x18\x05 \x03(\tR\x0efailedSegments\"N\n" +
+	"\x0ffailed_segments\x18\x05 \x03(\tR\x0efailedSegments\x12\x16\n" +
+	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"N\n" +
 	"\x18BatchReplicaListResponse\x122\n" +
 	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"[\n" +
 	"\x12BatchExistResponse\x12-\n" +
 	"\aresults\x18\x01 \x03(\v2\x13.mc.store.v1.ResultR\aresults\x12\x16\n" +
-	"\x06exists\x18\x02 \x03(\bR\x06exists\"n\n" +
+	"\x06exists\x18\x02 \x03(\bR\x06exists\"\x86\x01\n" +
 	"\x12BatchRemoveRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x14\n" +
-	"\x05force\x18\x03 \x01(\bR\x05force\"B\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\"{\n" +
 	"\x10RemoveAllRequest\x12.\n" +
-	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\"-\n" +
+	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1f\n" +
+	"\vall_tenants\x18\x03 \x01(\bR\n" +
+	"allTenants\"-\n" +
 	"\x11RemoveAllResponse\x12\x18\n" +
-	"\aremoved\x18\x01 \x01(\x04R\aremoved\"X\n" +
+	"\aremoved\x18\x01 \x01(\x04R\aremoved\"p\n" +
 	"\fRegexRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x18\n" +
-	"\apattern\x18\x02 \x01(\tR\apattern\"|\n" +
+	"\apattern\x18\x02 \x01(\tR\apattern\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"|\n" +
 	"\x18RegexReplicaListResponse\x12\x12\n" +
 	"\x04keys\x18\x01 \x03(\tR\x04keys\x122\n" +
 	"\aresults\x18\x02 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\x12\x18\n" +
-	"\amatched\x18\x03 \x01(\x04R\amatched\"\x8f\x01\n" +
+	"\amatched\x18\x03 \x01(\x04R\amatched\"\xa7\x01\n" +
 	"\x14RemoveByRegexRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x18\n" +
 	"\apattern\x18\x02 \x01(\tR\apattern\x12\x14\n" +
 	"\x05force\x18\x03 \x01(\bR\x05force\x12\x17\n" +
-	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"\xd3\x01\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\x12\x16\n" +
+	"\x06tenant\x18\x05 \x01(\tR\x06tenant\"\xd3\x01\n" +
 	"\x15RemoveByRegexResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x03(\tR\aremoved\x12#\n" +
 	"\rremoved_count\x18\x02 \x01(\x04R\fremovedCount\x12\x18\n" +
