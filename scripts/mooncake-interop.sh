@@ -16,7 +16,9 @@
 # clients on mc serve store, the Python one reading objects off mc's disk
 # tier; the KV events of mooncake_master and of mc serve store for the
 # same calls, decoded by libzmq and compared field by field (a build made
-# with -DENABLE_KV_EVENTS=ON); a leader failover under --enable_ha with the
+# with -DENABLE_KV_EVENTS=ON); tenants (two Python clients with tenant_id a
+# and b, the same key, on mooncake_master and on mc serve store, each
+# --enable_multi_tenants); a leader failover under --enable_ha with the
 # Python client carrying on, on mc's candidates and on mooncake_master's
 # (only with a build made with -DSTORE_USE_ETCD=ON; one SKIP line otherwise).
 set -uo pipefail
@@ -329,6 +331,70 @@ PYEOF
 if [ -n "$PYSTORE" ] && [ -n "$CLIENT" ]; then
 	LIBS=${LIBS:-$(find "$BUILD" -name '*.so*' -type f -printf '%h\n' | sort -u | paste -sd:)}
 	kv_events_case
+fi
+
+# ---- tenants: two Python clients, tenant_id a and b, the same key
+# Against mooncake_master --enable_multi_tenants (with a mooncake_client
+# segment) and against mc serve store --enable_multi_tenants, each with
+# the same quota policy file: tenant a puts "tk", tenant b does not see
+# it, puts its own "tk", reads its own bytes; tenant a still reads its
+# own; mc's client with --tenant a reads a's bytes through the same
+# master; GET /api/v1/tenant_quotas lists both tenants with their charge.
+tenants_case() {
+	local label=$1 rp=$2 ap=$3 out
+	cat >"$W/tn.py" <<'PYEOF'
+import sys
+from store import MooncakeDistributedStore
+master, tenant, op, key, path = sys.argv[1:6]
+s = MooncakeDistributedStore()
+assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", master, tenant_id=tenant) == 0, "setup"
+if op == "put":
+    assert s.put(key, open(path, "rb").read()) == 0, "put"
+elif op == "absent":
+    assert s.is_exist(key) == 0, "tenant %s sees %s" % (tenant, key)
+elif op == "get":
+    assert s.get(key) == open(path, "rb").read(), "tenant %s read other bytes" % tenant
+s.close()
+print("tn ok")
+PYEOF
+	head -c 65536 /dev/urandom >"$W/tn-a"; head -c 65536 /dev/urandom >"$W/tn-b"
+	local py=(env LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=$(dirname "$PYSTORE") python3 "$W/tn.py" "127.0.0.1:$rp")
+	local steps="" ok=1
+	for st in "a put tk $W/tn-a" "b absent tk -" "b put tk $W/tn-b" "b get tk $W/tn-b" "a get tk $W/tn-a"; do
+		# shellcheck disable=SC2086
+		if "${py[@]}" $st 2>&1 | grep -q "tn ok"; then steps="$steps ok"; else steps="$steps FAIL($st)"; ok=0; fi
+	done
+	if [ $ok = 1 ]; then pass "$label: tenants a and b, same key, own bytes each" "5 steps"
+	else fail "$label: tenants a and b, same key" "$steps"; fi
+	if "$MC" store get tk --master "$4" --tenant a --admin "http://127.0.0.1:$ap" 2>"$W/tn-mc.err" | cmp -s - "$W/tn-a"; then
+		pass "$label: mc store get --tenant a reads tenant a's bytes"
+	else fail "$label: mc store get --tenant a" "$(tail -1 "$W/tn-mc.err")"; fi
+	out=$(curl -s "http://127.0.0.1:$ap/api/v1/tenant_quotas" | python3 -c 'import json,sys
+d=json.load(sys.stdin); assert d["success"], d
+t={x["tenant_id"]: x for x in d["data"]}
+assert "a" in t and "b" in t, sorted(t)
+assert t["a"]["charged_bytes"] >= 65536 and t["b"]["charged_bytes"] >= 65536, t
+print("a charged %d, b charged %d" % (t["a"]["charged_bytes"], t["b"]["charged_bytes"]))' 2>&1)
+	case $out in "a charged"*) pass "$label: GET /api/v1/tenant_quotas charges both" "$out";; *) fail "$label: tenant_quotas" "$(echo "$out" | tail -1)";; esac
+}
+if [ -n "$PYSTORE" ] && [ -n "$CLIENT" ]; then
+	printf 'version: 1\ntenants:\n  - name: a\n    quota: 256MB\n  - name: b\n    quota: 256MB\n  - name: default\n    quota: 256MB\n' >"$W/tenants.yaml"
+	RP=$(port); AP=$(port); cp=$(port)
+	"$MASTER" --rpc_port "$RP" --metrics_port "$AP" --enable_multi_tenants --tenant_quota_connector_type file \
+		--tenant_quota_connector_uri "$W/tenants.yaml" >"$W/tn-mooncake.log" 2>&1 &
+	mpid=$!; PIDS+=("$mpid"); wait_port "$RP"
+	"$CLIENT" --master_server_address "127.0.0.1:$RP" --host 127.0.0.1 --port "$cp" --global_segment_size "64 MB" \
+		--metadata_server P2PHANDSHAKE --protocol tcp >>"$W/tn-mooncake.log" 2>&1 &
+	cpid=$!; PIDS+=("$cpid")
+	for _ in $(seq 100); do curl -sf "http://127.0.0.1:$AP/get_all_segments" | grep -q . && break; sleep 0.1; done
+	tenants_case "mooncake_master tenants" "$RP" "$AP" "mooncake://127.0.0.1:$RP"
+	kill "$cpid" "$mpid" 2>/dev/null; wait "$cpid" "$mpid" 2>/dev/null
+	RP=$(port); AP=$(port)
+	"$MC" serve store --rpc_port "$RP" --metrics_port "$AP" --segment-size 64M --local-hostname 127.0.0.1 \
+		--enable_multi_tenants --tenant_quota_connector_type file --tenant_quota_connector_uri "$W/tenants.yaml" >"$W/tn-mc.log" 2>&1 &
+	xpid=$!; PIDS+=("$xpid"); wait_port "$RP"
+	tenants_case "mc serve store tenants" "$RP" "$AP" "127.0.0.1:$RP"
+	kill "$xpid" 2>/dev/null; wait "$xpid" 2>/dev/null
 fi
 
 # ---- leader failover under --enable_ha, Mooncake's Python client carrying on
