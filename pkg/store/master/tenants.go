@@ -661,22 +661,33 @@ func (m *Master) admitPuts(items []PutItem, cfg store.ReplicateConfig, out []Rep
 		}
 		tenant, _ := store.SplitKey(it.Key)
 		need := it.Size * uint64(max(cfg.ReplicaNum, 1))
-		var ok bool
+		var ok, busy bool
+		var offloading uint64
 		for try := 0; try <= 2; try++ {
 			var deficit uint64
-			if deficit, ok = m.tenants.admit(tenant, need, m.space.capacity.Load()); ok || deficit == 0 {
+			if deficit, ok = m.tenants.admit(tenant, need, m.space.capacity.Load()); ok || deficit == 0 || offloading >= deficit {
 				break
 			}
 			if try == 2 {
 				break
 			}
 			own := func(o *Object) bool { t, _ := store.SplitKey(o.key); return t == tenant }
-			if freed, later, _ := m.evictRound(phaseTenantQuota, deficit, own, freshFirst); freed+later == 0 {
+			freed, later, blocked := m.evictRound(phaseTenantQuota, deficit-min(deficit, offloading), own, freshFirst)
+			offloading += later
+			busy = busy || blocked.writing > 0
+			if freed+later == 0 {
 				break
 			}
 		}
 		if !ok {
-			if m.tenants.registered(tenant) {
+			if offloading > 0 || busy {
+				// Its own objects are going to disk (or being
+				// written): the charge drops once the writes land. As
+				// any put whose room is being offloaded, it does not
+				// wait for them (NO_AVAILABLE_HANDLE, retry), and
+				// evicts no more meanwhile.
+				out[i].Err = store.Errorf(store.NoAvailableHandle, "tenant %q: %d more bytes would exceed its quota until its own objects being offloaded to disk or written land (%s started by this put); retry", tenant, need, fmtBytes(offloading))
+			} else if m.tenants.registered(tenant) {
 				out[i].Err = store.Errorf(store.TenantQuotaExceeded, "tenant %q: %d more bytes would exceed its quota, and none of its own objects could be evicted for them", tenant, need)
 			} else {
 				out[i].Err = store.Errorf(store.TenantNotRegistered, "tenant %q has no quota policy", tenant)
