@@ -88,12 +88,20 @@ func (r *rawIO) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// writev writes a then b, whole.
-func (r *rawIO) writev(a, b []byte) error {
+// writev writes bufs (at most three), whole, and returns the bytes
+// written (all of them unless err is set).
+func (r *rawIO) writev(bufs ...[]byte) (int, error) {
 	var errno error
+	total := 0
 	err := r.rc.Write(func(fd uintptr) bool {
-		for len(a)+len(b) > 0 {
-			n, e := sysWritev(int(fd), a, b)
+		for {
+			for len(bufs) > 0 && len(bufs[0]) == 0 {
+				bufs = bufs[1:]
+			}
+			if len(bufs) == 0 {
+				return true
+			}
+			n, e := sysWritev(int(fd), bufs)
 			switch e {
 			case nil:
 			case syscall.EINTR:
@@ -104,19 +112,21 @@ func (r *rawIO) writev(a, b []byte) error {
 				errno = e
 				return true
 			}
-			if n < len(a) {
-				a = a[n:]
-				continue
+			total += n
+			for n > 0 {
+				k := min(n, len(bufs[0]))
+				bufs[0] = bufs[0][k:]
+				n -= k
+				if len(bufs[0]) == 0 {
+					bufs = bufs[1:]
+				}
 			}
-			b = b[n-len(a):]
-			a = nil
 		}
-		return true
 	})
 	if err == nil && errno != nil {
 		err = os.NewSyscallError("writev", errno)
 	}
-	return err
+	return total, err
 }
 
 func sysRead(fd int, p []byte) (int, error) {
@@ -132,23 +142,27 @@ func sysRead(fd int, p []byte) (int, error) {
 	return int(r), nil
 }
 
-func sysWritev(fd int, a, b []byte) (int, error) {
+// sysWritev is writev(2) of up to three non-empty buffers.
+func sysWritev(fd int, bufs [][]byte) (int, error) {
 	if raceEnabled {
 		// One write, as writev, through package syscall (race ordering).
-		return syscall.Write(fd, append(a[:len(a):len(a)], b...))
+		var all []byte
+		for _, b := range bufs {
+			all = append(all, b...)
+		}
+		return syscall.Write(fd, all)
 	}
-	var iov [2]syscall.Iovec
+	var iov [3]syscall.Iovec
 	n := 0
-	for _, p := range [2][]byte{a, b} {
-		if len(p) > 0 {
+	for _, p := range bufs {
+		if len(p) > 0 && n < len(iov) {
 			iov[n].Base = &p[0]
 			iov[n].SetLen(len(p))
 			n++
 		}
 	}
 	r, _, e := syscall.RawSyscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(n))
-	runtime.KeepAlive(a)
-	runtime.KeepAlive(b)
+	runtime.KeepAlive(bufs)
 	if e != 0 {
 		return 0, e
 	}

@@ -16,4 +16,4 @@ func newRawIO(net.Conn) *rawIO { return nil }
 
 func (*rawIO) Read([]byte) (int, error) { return 0, errNoRawIO }
 
-func (*rawIO) writev(a, b []byte) error { return errNoRawIO }
+func (*rawIO) writev(...[]byte) (int, error) { return 0, errNoRawIO }

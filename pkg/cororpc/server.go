@@ -530,7 +530,7 @@ func (sc *serverConn) write(h ResponseHeader, body []byte) {
 	sc.hdr = h.AppendTo(sc.hdr[:0])
 	var err error
 	if sc.raw != nil {
-		err = sc.raw.writev(sc.hdr, body)
+		_, err = sc.raw.writev(sc.hdr, body)
 	} else {
 		err = sc.writeBuffers(body)
 	}
