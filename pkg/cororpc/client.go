@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -312,9 +313,10 @@ func (c *Client) dropLocked(cn *clientConn) {
 
 // clientConn is one connection and the calls in flight on it.
 type clientConn struct {
-	c  *Client
-	nc net.Conn
-	br *bufio.Reader
+	c   *Client
+	nc  net.Conn
+	raw *rawIO // nc's socket without syscall entries, or nil
+	br  *bufio.Reader
 
 	wmu sync.Mutex // whole frames go out one at a time
 	hdr []byte     // header scratch, under wmu
@@ -338,10 +340,16 @@ type response struct {
 }
 
 func (c *Client) newConn(nc net.Conn) *clientConn {
+	raw := newRawIO(nc)
+	var r io.Reader = nc
+	if raw != nil {
+		r = raw // no syscall entry per read or write: see rawio_linux.go
+	}
 	return &clientConn{
 		c:     c,
 		nc:    nc,
-		br:    bufio.NewReaderSize(nc, 32<<10),
+		raw:   raw,
+		br:    bufio.NewReaderSize(r, 32<<10),
 		hdr:   make([]byte, 0, RequestHeaderLen),
 		calls: make(map[uint32]*pending),
 	}
@@ -408,8 +416,16 @@ func (cn *clientConn) send(ctx context.Context, h RequestHeader, body, attach []
 		close(fired)
 	})
 	cn.hdr = h.AppendTo(cn.hdr[:0])
-	bufs := net.Buffers{cn.hdr, body, attach}
-	n, err := bufs.WriteTo(cn.nc)
+	var n int64
+	var err error
+	if cn.raw != nil {
+		var k int
+		k, err = cn.raw.writev(cn.hdr, body, attach)
+		n = int64(k)
+	} else {
+		bufs := net.Buffers{cn.hdr, body, attach}
+		n, err = bufs.WriteTo(cn.nc)
+	}
 	if !stop() {
 		<-fired
 	}

@@ -219,10 +219,16 @@ func (s *Server) track(nc net.Conn) (*serverConn, error) {
 		return nil, ErrClosed
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
+	raw := newRawIO(nc)
+	var r io.Reader = nc
+	if raw != nil {
+		r = raw
+	}
 	sc := &serverConn{
 		s:        s,
 		nc:       nc,
-		br:       bufio.NewReaderSize(nc, 32<<10),
+		raw:      raw,
+		br:       bufio.NewReaderSize(r, 32<<10),
 		ctx:      ctx,
 		cancel:   cancel,
 		inflight: make(chan struct{}, s.opts.MaxInFlight),
@@ -290,6 +296,7 @@ func (s *Server) beginClose() {
 type serverConn struct {
 	s        *Server
 	nc       net.Conn
+	raw      *rawIO // nc's socket read and written without entering syscalls (rawio_linux.go), or nil
 	br       *bufio.Reader
 	ctx      context.Context // parent of its handlers' contexts
 	cancel   context.CancelFunc
@@ -521,6 +528,22 @@ func (sc *serverConn) write(h ResponseHeader, body []byte) {
 	}
 	_ = sc.nc.SetWriteDeadline(time.Now().Add(sc.s.opts.WriteTimeout))
 	sc.hdr = h.AppendTo(sc.hdr[:0])
+	var err error
+	if sc.raw != nil {
+		_, err = sc.raw.writev(sc.hdr, body)
+	} else {
+		err = sc.writeBuffers(body)
+	}
+	if err != nil {
+		sc.broken = true
+		sc.s.log.Warn("coro_rpc: response write failed; closing connection", "peer", sc.nc.RemoteAddr(), "seq", h.Seq, "err", err)
+		sc.cancel()
+		sc.nc.Close()
+	}
+}
+
+// writeBuffers writes sc.hdr and body with net.Conn's writev.
+func (sc *serverConn) writeBuffers(body []byte) error {
 	bufs := net.Buffers{sc.hdr, body}
 	// Header and body in one writev: net.Buffers does that only on the
 	// *net.TCPConn itself, and a connection sniffed on a shared port
@@ -530,12 +553,8 @@ func (sc *serverConn) write(h ResponseHeader, body []byte) {
 	if rc, ok := w.(*readerConn); ok {
 		w = rc.Conn
 	}
-	if _, err := bufs.WriteTo(w); err != nil {
-		sc.broken = true
-		sc.s.log.Warn("coro_rpc: response write failed; closing connection", "peer", sc.nc.RemoteAddr(), "seq", h.Seq, "err", err)
-		sc.cancel()
-		sc.nc.Close()
-	}
+	_, err := bufs.WriteTo(w)
+	return err
 }
 
 // WithReader returns nc with its reads taken from r: typically the

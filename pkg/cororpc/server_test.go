@@ -634,3 +634,78 @@ func TestServerInlineOnlyWhenAlone(t *testing.T) {
 		t.Fatalf("Inline asked %d times for 100 serial calls: it must be asked per call", asked.Load())
 	}
 }
+
+// A sniffed connection whose sniffer read ahead more than the first byte
+// (two whole requests and half of a third, sent in one write) is served
+// from those bytes first and then from the socket; an answer larger than
+// the socket takes at once goes out whole; a read deadline still ends an
+// idle connection's read (Close).
+func TestServeConnReadAheadAndLargeAnswer(t *testing.T) {
+	s := NewServer(nil)
+	fn := mustRegister(t, s, "test::Echo", func(ctx context.Context, req *Request) ([]byte, error) {
+		if string(req.Body) == "big" {
+			return bytes.Repeat([]byte("0123456789abcdef"), 1<<18), nil // 4 MiB
+		}
+		return req.Body, nil
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c := rawDial(t, ln.Addr().String())
+	var wire []byte
+	for i, body := range []string{"one", "two", "three"} {
+		h := RequestHeader{Magic: Magic, Version: Version, Seq: uint32(i + 1), FunctionID: fn, Length: uint32(len(body))}
+		wire = append(h.AppendTo(wire), body...)
+	}
+	cut := len(wire) - 3
+	if _, err := c.Write(wire[:cut]); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(nc)
+	for br.Buffered() < cut {
+		if _, err := br.Peek(br.Buffered() + 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	served := make(chan error, 1)
+	go func() { served <- s.ServeConn(WithReader(nc, br)) }()
+	time.Sleep(20 * time.Millisecond)
+	if _, err := c.Write(wire[cut:]); err != nil {
+		t.Fatal(err)
+	}
+	h := RequestHeader{Magic: Magic, Version: Version, Seq: 4, FunctionID: fn, Length: 3}
+	if _, err := c.Write(append(h.AppendTo(nil), "big"...)); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	time.Sleep(50 * time.Millisecond) // the big answer fills the socket
+	got := map[uint32]string{}
+	for range 4 {
+		rh, body, _, err := ReadResponse(c, 1<<30)
+		if err != nil {
+			t.Fatalf("answers so far %d: %v", len(got), err)
+		}
+		if rh.Seq == 4 && (len(body) != 4<<20 || !bytes.Equal(body[len(body)-16:], []byte("0123456789abcdef"))) {
+			t.Fatalf("big answer: %d bytes", len(body))
+		}
+		got[rh.Seq] = string(body[:min(len(body), 5)])
+	}
+	if got[1] != "one" || got[2] != "two" || got[3] != "three" || got[4] != "01234" {
+		t.Fatalf("answers by seq: %v", got)
+	}
+	within(t, 5*time.Second, "Close", func() { s.Close() })
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("ServeConn: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("ServeConn did not return after Close")
+	}
+}

@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -22,10 +23,14 @@ import (
 // reply and closes the socket itself, with no goroutine, Go net.Conn or
 // netpoll registration per connection. Connections whose peer has not
 // closed yet after its reply wait in the set (as a persistent Mooncake
-// lane does between its one-at-a-time requests). Anything else (a request
-// not wholly in one read, pipelining, a reply the socket cannot take at
-// once, a rejected range) is handed, with the bytes already read, to the
-// ordinary per-connection handler.
+// lane does between its one-at-a-time requests). A WRITE whose payload
+// has not all come yet waits in the set too, its payload read straight
+// into registered memory as it arrives: Mooncake's client writes the
+// header and the payload separately, and the loop often reads the header
+// alone. Anything else (a READ or a header not wholly in one read,
+// pipelining, a reply the socket cannot take at once, a rejected range)
+// is handed, with the bytes already read, to the ordinary per-connection
+// handler.
 //
 // The loop's syscalls go through RawSyscall. On loopback accept4, writev
 // and close run the peer's TCP processing too (tens of µs), and as
@@ -55,6 +60,8 @@ type inlineLoop struct {
 	events [maxEvents]unix.EpollEvent
 	// waiting: connections in ep, with the time of their last request.
 	waiting map[int]time.Time
+	// partial: waiting connections in the middle of a WRITE's payload.
+	partial map[int]partialWrite
 	backoff time.Duration
 
 	mu      sync.Mutex // ep against a late re-arm of the listener
@@ -123,7 +130,7 @@ func newInlineLoop(s *Server, rc syscall.RawConn) (*inlineLoop, error) {
 		return nil, err
 	}
 	l := &inlineLoop{s: s, ep: ep, lfd: lfd, buf: make([]byte, 64<<10), st: make([]byte, 0, StatusSize),
-		waiting: make(map[int]time.Time)}
+		waiting: make(map[int]time.Time), partial: make(map[int]partialWrite)}
 	err = l.ctl(unix.EPOLL_CTL_ADD, lfd, listenEvents)
 	if err == nil {
 		// Non-blocking, so that os.NewFile registers it with the poller:
@@ -156,6 +163,7 @@ func (l *inlineLoop) run() {
 	defer l.s.wg.Done()
 	defer func() {
 		for fd := range l.waiting {
+			l.forget(fd)
 			rawClose(fd)
 		}
 		l.mu.Lock()
@@ -232,6 +240,13 @@ func (l *inlineLoop) acceptSome() {
 		}
 		if l.serve(fd) {
 			if err := l.ctl(unix.EPOLL_CTL_ADD, fd, unix.EPOLLIN|unix.EPOLLRDHUP); err != nil {
+				if _, ok := l.partial[fd]; ok {
+					// Part of a payload is already in memory: no handler can go on from there.
+					l.forget(fd)
+					rawClose(fd)
+					slog.Warn("tcp data connection dropped", "err", os.NewSyscallError("epoll_ctl", err))
+					continue
+				}
 				l.handOver(fd, handover{})
 				continue
 			}
@@ -262,7 +277,7 @@ func (l *inlineLoop) dropIdle() {
 	cut := time.Now().Add(-l.s.opts.IdleTimeout)
 	for fd, at := range l.waiting {
 		if at.Before(cut) {
-			delete(l.waiting, fd)
+			l.forget(fd)
 			rawClose(fd)
 		}
 	}
@@ -273,6 +288,15 @@ func (l *inlineLoop) dropIdle() {
 // false fd is closed or handed over.
 func (l *inlineLoop) serve(fd int) bool {
 	for {
+		if p, ok := l.partial[fd]; ok {
+			if !l.more(fd, p) {
+				return false
+			}
+			if _, ok := l.partial[fd]; ok {
+				return true // the rest has not come yet
+			}
+			continue
+		}
 		n, err := rawRead(fd, l.buf)
 		switch {
 		case err == unix.EAGAIN:
@@ -298,16 +322,12 @@ func (l *inlineLoop) one(fd int, data []byte) bool {
 		return false
 	}
 	h, herr := DecodeHeader(data[:HeaderSize])
-	if herr != nil || h.Size == 0 || h.Write && h.Size > uint64(len(l.buf)-HeaderSize) {
+	if herr != nil || h.Size == 0 {
 		l.handOver(fd, handover{prefix: data}) // the handler answers and logs these
 		return false
 	}
-	want := HeaderSize
-	if h.Write {
-		want += int(h.Size)
-	}
-	if len(data) != want {
-		l.handOver(fd, handover{prefix: data})
+	if h.Write && uint64(len(data)-HeaderSize) > h.Size || !h.Write && len(data) != HeaderSize {
+		l.handOver(fd, handover{prefix: data}) // pipelining
 		return false
 	}
 	mem, ref, err := s.mem.Acquire(h.Addr, h.Size)
@@ -315,25 +335,18 @@ func (l *inlineLoop) one(fd int, data []byte) bool {
 		l.handOver(fd, handover{prefix: data}) // rejected by the handler, as for any peer
 		return false
 	}
+	if h.Write {
+		got := copy(mem, data[HeaderSize:])
+		if got < len(mem) {
+			l.partial[fd] = partialWrite{mem: mem, ref: ref, got: got, v2: h.V2}
+			return true
+		}
+		ref.Release()
+		return l.ack(fd, h.V2)
+	}
 	st := l.st[:0]
 	if h.V2 {
 		st = append(st, statusOKBytes...)
-	}
-	if h.Write {
-		copy(mem, data[HeaderSize:])
-		ref.Release()
-		if h.V2 {
-			k, err := rawWrite(fd, st)
-			if err != nil && err != unix.EAGAIN {
-				l.gone(fd, err)
-				return false
-			}
-			if k < len(st) {
-				l.handOver(fd, handover{reply: unsent(st, nil, max(k, 0))})
-				return false
-			}
-		}
-		return true
 	}
 	sent, err := rawWritev(fd, st, mem)
 	if err != nil && err != unix.EAGAIN {
@@ -350,9 +363,73 @@ func (l *inlineLoop) one(fd int, data []byte) bool {
 	return true
 }
 
-// forget takes fd out of the waiting set's books; closing fd takes it out
-// of the set itself.
-func (l *inlineLoop) forget(fd int) { delete(l.waiting, fd) }
+// partialWrite is a WRITE whose payload is still coming: got bytes of
+// mem have.
+type partialWrite struct {
+	mem []byte
+	ref Ref
+	got int
+	v2  bool
+}
+
+// more reads what has come of fd's partial WRITE straight into its
+// memory, and acknowledges it once whole. It returns false when fd is
+// closed or handed over.
+func (l *inlineLoop) more(fd int, p partialWrite) bool {
+	n, err := rawRead(fd, p.mem[p.got:])
+	switch {
+	case err == unix.EAGAIN:
+		return true
+	case n == 0 && err == nil:
+		err = io.ErrUnexpectedEOF
+		fallthrough
+	case err != nil:
+		addr := peerAddr(fd)
+		l.forget(fd)
+		rawClose(fd)
+		if !l.s.isClosed() {
+			l.s.warnGone(addr, peerGone("read %d bytes of write payload: %w", len(p.mem), err))
+		}
+		return false
+	}
+	p.got += n
+	if p.got < len(p.mem) {
+		l.partial[fd] = p
+		return true
+	}
+	delete(l.partial, fd)
+	p.ref.Release()
+	return l.ack(fd, p.v2)
+}
+
+// ack sends a whole WRITE's status (v2 only). It returns false when fd is
+// closed or handed over.
+func (l *inlineLoop) ack(fd int, v2 bool) bool {
+	if !v2 {
+		return true
+	}
+	st := append(l.st[:0], statusOKBytes...)
+	k, err := rawWrite(fd, st)
+	if err != nil && err != unix.EAGAIN {
+		l.gone(fd, err)
+		return false
+	}
+	if k < len(st) {
+		l.handOver(fd, handover{reply: unsent(st, nil, max(k, 0))})
+		return false
+	}
+	return true
+}
+
+// forget takes fd out of the waiting set's books (unpinning the memory of
+// a partial WRITE); closing fd takes it out of the set itself.
+func (l *inlineLoop) forget(fd int) {
+	delete(l.waiting, fd)
+	if p, ok := l.partial[fd]; ok {
+		delete(l.partial, fd)
+		p.ref.Release()
+	}
+}
 
 // release takes fd out of the set before it is handed over: the handler
 // keeps a duplicate open, which would keep it in the set.
@@ -462,10 +539,14 @@ func rawWritev(fd int, a, b []byte) (int, error) {
 
 func rawClose(fd int) { unix.RawSyscall(unix.SYS_CLOSE, uintptr(fd), 0, 0) }
 
-// rawRead is read(2); under the race detector an ordinary syscall.
+// rawRead is read(2); under the race detector an ordinary syscall, from
+// package syscall: its Read and Write order memory for the race detector
+// as Go's net reads and writes do (x/sys/unix's order it among themselves
+// only), so a peer in this process that read a status sees the memory a
+// payload was read into.
 func rawRead(fd int, p []byte) (int, error) {
 	if raceEnabled {
-		return unix.Read(fd, p)
+		return syscall.Read(fd, p)
 	}
 	return rawIO(unix.SYS_READ, fd, p)
 }
@@ -473,7 +554,7 @@ func rawRead(fd int, p []byte) (int, error) {
 // rawWrite is write(2) as rawRead is read(2).
 func rawWrite(fd int, p []byte) (int, error) {
 	if raceEnabled {
-		return unix.Write(fd, p)
+		return syscall.Write(fd, p)
 	}
 	return rawIO(unix.SYS_WRITE, fd, p)
 }

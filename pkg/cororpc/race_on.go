@@ -1,0 +1,5 @@
+//go:build race
+
+package cororpc
+
+const raceEnabled = true
