@@ -129,6 +129,8 @@ func TestStagingWaitsForRoom(t *testing.T) {
 		}
 		held = append(held, r.Staged)
 	}
+	// The pool is the node's: its use reaches the master with its stats.
+	waitFor(t, "the node to report its pool full", 2*time.Second, func() bool { return c.m.Tiers()[0].StagingUsed == 2<<20 })
 	if ts := c.m.Tiers()[0]; ts.StagingUsed != 2<<20 || ts.StagingSize != 2<<20 {
 		t.Fatalf("staging pool %d of %d used, want all 2 MiB", ts.StagingUsed, ts.StagingSize)
 	}
@@ -144,6 +146,7 @@ func TestStagingWaitsForRoom(t *testing.T) {
 	if d := time.Since(t0); d < 250*time.Millisecond {
 		t.Fatalf("get k2 returned after %s, before any room was freed", d)
 	}
+	waitFor(t, "the node to report the wait", 2*time.Second, func() bool { return c.m.Tiers()[0].StagingWaits > 0 })
 	if ts := c.m.Tiers()[0]; ts.StagingWaits != 1 {
 		t.Fatalf("%d reads waited for staging room, want 1", ts.StagingWaits)
 	}
@@ -190,9 +193,7 @@ func TestStagingReaderKilled(t *testing.T) {
 	if err != nil || !strings.HasPrefix(line, "HOLDING 4") {
 		t.Fatalf("child reader: %q, %v", line, err)
 	}
-	if ts := c.m.Tiers()[0]; ts.StagingUsed != 4<<20 {
-		t.Fatalf("%d bytes of the staging pool held by the reader, want 4 MiB", ts.StagingUsed)
-	}
+	waitFor(t, "the node to report its pool held", 2*time.Second, func() bool { return c.m.Tiers()[0].StagingUsed == 4<<20 })
 	cmd.Process.Kill()
 	cmd.Wait()
 	waitFor(t, "the dead reader's staged reads to be reclaimed", 10*ttl, func() bool { return c.m.Tiers()[0].StagingUsed == 0 })
@@ -322,9 +323,7 @@ func TestStagingNodeKilledMidRead(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the reader was not granted its staged reads")
 	}
-	if ts := c.m.Tiers()[0]; ts.StagingUsed == 0 {
-		t.Fatalf("staging pool unused while the reader holds 4 staged reads")
-	}
+	waitFor(t, "the node to report the reader's staged reads", 2*time.Second, func() bool { return c.m.Tiers()[0].StagingUsed != 0 })
 	child.Process.Kill()
 	child.Wait()
 	waitFor(t, "the master to see the tier go", 10*time.Second, func() bool { return !c.m.Tiers()[0].Online })

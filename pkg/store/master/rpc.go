@@ -375,6 +375,12 @@ func replicaTable(rs []ReplicaResult) (*pb.ReplicaTable, bool) {
 			}
 			t.Staged[i] = r.Staged
 		}
+		if r.DiskVersion != 0 {
+			if t.DiskVersion == nil {
+				t.DiskVersion, t.DiskService, t.DiskTier = make([]uint64, n), make([]string, n), make([]string, n)
+			}
+			t.DiskVersion[i], t.DiskService[i], t.DiskTier[i] = r.DiskVersion, r.DiskService, r.DiskTier
+		}
 		for _, x := range r.Replicas {
 			st := pb.ReplicaStatus_PROCESSING
 			if x.Complete {
@@ -462,6 +468,9 @@ func (s *rpcServer) giveBack(client store.UUID, in []*pb.PutStartItem, res []Rep
 }
 
 func (s *rpcServer) getReplicaTable(r *pb.BatchKeysRequest) (*pb.ReplicaTable, error) {
+	if r.ReadDisk {
+		return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult { return s.m.BatchGetReplicaListDirect(time.Time{}, r.Keys) }, replicaTable)
+	}
 	return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult { return s.m.BatchGetReplicaList(r.Keys) }, replicaTable)
 }
 
