@@ -64,17 +64,31 @@ func (t *tierConns) close() {
 // node, one BatchGetStaged for its keys, all nodes at once. A key the
 // node no longer has at that version (re-put, removed or dropped since
 // the master answered) is asked of the master once more; other failures
-// are the key's error. The staged replicas carry the node's lease (its
-// TTL: the read's LEASE_EXPIRED check counts it from before the master
-// was asked, earlier than the node was) and the batch to hand back.
-func (c *Client) stageDisk(ctx context.Context, keys []string, reps [][]Replica, errs []error) {
+// are the key's error. The staged replicas carry the node's hold on
+// their ranges as their lease (its TTL from before the node was asked,
+// plus the time from asked, when the master was, to then: the read's
+// LEASE_EXPIRED check counts from asked) and the batch to hand back.
+func (c *Client) stageDisk(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, errs []error) {
+	var first map[int]error
 	for attempt := 0; ; attempt++ {
-		retry := c.stageDiskOnce(ctx, keys, reps, errs)
+		retry := c.stageDiskOnce(ctx, asked, keys, reps, errs)
 		if len(retry) == 0 || attempt > 0 {
 			for _, i := range retry {
 				reps[i] = nil
 			}
+			// A key still not found: the node's first answer says why
+			// better than the master's (a record that failed its
+			// checksum is gone from both by now).
+			for i, err := range first {
+				if CodeOf(errs[i]) == ObjectNotFound {
+					errs[i] = err
+				}
+			}
 			return
+		}
+		first = make(map[int]error, len(retry))
+		for _, i := range retry {
+			first[i] = errs[i]
 		}
 		ask := make([]string, len(retry))
 		for j, i := range retry {
@@ -90,7 +104,7 @@ func (c *Client) stageDisk(ctx context.Context, keys []string, reps [][]Replica,
 
 // stageDiskOnce stages reps' disk replicas and returns the keys a node
 // did not have (their errs set, to be asked again).
-func (c *Client) stageDiskOnce(ctx context.Context, keys []string, reps [][]Replica, errs []error) []int {
+func (c *Client) stageDiskOnce(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, errs []error) []int {
 	byNode := map[string][]int{}
 	for i, rs := range reps {
 		if errs[i] == nil && len(rs) == 1 && rs[0].Disk != nil {
@@ -107,7 +121,7 @@ func (c *Client) stageDiskOnce(ctx context.Context, keys []string, reps [][]Repl
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if r := c.stageOn(ctx, svc, keys, reps, errs, idx); len(r) > 0 {
+			if r := c.stageOn(ctx, asked, svc, keys, reps, errs, idx); len(r) > 0 {
 				mu.Lock()
 				retry = append(retry, r...)
 				mu.Unlock()
@@ -119,7 +133,7 @@ func (c *Client) stageDiskOnce(ctx context.Context, keys []string, reps [][]Repl
 }
 
 // stageOn asks the node at svc for staged reads of keys idx.
-func (c *Client) stageOn(ctx context.Context, svc string, keys []string, reps [][]Replica, errs []error, idx []int) (retry []int) {
+func (c *Client) stageOn(ctx context.Context, asked time.Time, svc string, keys []string, reps [][]Replica, errs []error, idx []int) (retry []int) {
 	fail := func(err error) []int {
 		for _, i := range idx {
 			errs[i] = err
@@ -139,6 +153,7 @@ func (c *Client) stageOn(ctx context.Context, svc string, keys []string, reps []
 	}
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
 	defer cancel()
+	sent := time.Now()
 	resp, err := cl.BatchGetStaged(cctx, req)
 	if err != nil {
 		code := RPCFail
@@ -150,12 +165,19 @@ func (c *Client) stageOn(ctx context.Context, svc string, keys []string, reps []
 	if len(resp.Addrs) != len(idx) || len(resp.Codes) != len(idx) || len(resp.Messages) != len(idx) {
 		return fail(Errorf(RPCFail, "staged read from node %s: %d/%d/%d answers for %d keys", svc, len(resp.Addrs), len(resp.Codes), len(resp.Messages), len(idx)))
 	}
-	lease := time.Duration(resp.GcTtlMs) * time.Millisecond
+	// The node holds the ranges ttl from after it read them, so at
+	// least ttl from sent.
+	lease := sent.Sub(asked) + time.Duration(resp.GcTtlMs)*time.Millisecond
 	for j, i := range idx {
 		if code := resp.Codes[j]; code != 0 {
 			errs[i] = resultErr(code, resp.Messages[j])
-			if Code(code) == ObjectNotFound {
+			switch Code(code) {
+			case ObjectNotFound:
 				retry = append(retry, i)
+			case InvalidReplica:
+				// Its only copy could not be read and is dropped: the
+				// object is gone, as the master's own load would say.
+				errs[i] = Errorf(ObjectNotFound, "%s", errs[i].(*Error).Msg)
 			}
 			continue
 		}
@@ -165,10 +187,7 @@ func (c *Client) stageOn(ctx context.Context, svc string, keys []string, reps []
 			r.Endpoint, r.Segment = resp.TeEndpoint, resp.TeEndpoint
 		}
 		// The node's hold on the range is the lease that matters.
-		r.Lease = min(r.Lease, lease)
-		if r.Lease == 0 {
-			r.Lease = lease
-		}
+		r.Lease = lease
 		reps[i] = []Replica{r}
 	}
 	return retry

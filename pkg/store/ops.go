@@ -543,7 +543,7 @@ func (c *Client) orderReplicas(reps []Replica) []Replica {
 // stopped, swapped out or slowed past its lease): it fails LEASE_EXPIRED
 // rather than return those bytes.
 func (c *Client) read(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, sums []uint64, dst []local, errs []error) {
-	c.stageDisk(ctx, keys, reps, errs)
+	c.stageDisk(ctx, asked, keys, reps, errs)
 	defer c.releaseStaged(ctx, reps)
 	try := make([]int, len(keys))
 	var bad []int // per key, replicas that failed their checksum (with sums only)

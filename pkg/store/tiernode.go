@@ -507,6 +507,20 @@ func (n *TierNode) onEvict(recs []tier.Record) {
 // reportStats sends the tier's stats every second, and soon after the
 // staging pool's use changes (at most every 10 ms), so `mc store stat`
 // and the master's counts follow the pool closely.
+// reportUnreadable tells the master a record is dropped because a
+// reader's staged read of it failed (a lost notice is repaired by the
+// next hello, which no longer lists it).
+func (n *TierNode) reportUnreadable(key string, version, size uint64) {
+	n.mu.Lock()
+	st := n.st
+	n.mu.Unlock()
+	if st == nil {
+		return
+	}
+	n.send(st, &pb.TierUp{Msg: &pb.TierUp_Evicted{Evicted: &pb.TierEvicted{Unreadable: true,
+		Records: []*pb.TierRecord{{Key: key, Size: size, Version: version}}}}})
+}
+
 func (n *TierNode) reportStats(ctx context.Context, st pb.Tier_AttachClient) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()

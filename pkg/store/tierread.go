@@ -67,7 +67,10 @@ func (n *TierNode) stageRecords(ctx context.Context, keys []string, versions, si
 			case errors.Is(err, tier.ErrNotFound):
 				err = Errorf(ObjectNotFound, "key %q version %d is not on the disk of this node (tier %s): %v", key, versions[i], n.t.ID(), err)
 			case err != nil:
-				err = Errorf(InternalError, "key %q version %d on the disk of this node: %v", key, versions[i], err)
+				// The tier dropped the record: the master learns it as
+				// the master path's load failure would tell it.
+				n.reportUnreadable(key, versions[i], sizes[i])
+				err = Errorf(InvalidReplica, "key %q: its disk copy on this node (tier %s) could not be read: %v", key, n.t.ID(), err)
 			case rec.Size != sizes[i]:
 				err = Errorf(ObjectNotFound, "key %q version %d: the record on disk has %d bytes, not %d", key, versions[i], rec.Size, sizes[i])
 			}

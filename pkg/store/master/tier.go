@@ -1042,15 +1042,21 @@ func (m *Master) result(n *tierNode, r *pb.TierResult) {
 	m.opDone(n, op, err)
 }
 
-// evicted applies records a node's tier dropped to make room.
-func (m *Master) evicted(n *tierNode, recs []*pb.TierRecord) {
+// evicted applies records a node's tier dropped to make room, or
+// (unreadable) because a reader's staged read of them failed.
+func (m *Master) evicted(n *tierNode, recs []*pb.TierRecord, unreadable bool) {
 	for _, r := range recs {
 		sh := m.shardOf(r.GetKey())
 		sh.mu.Lock()
 		o := sh.objects[r.GetKey()]
 		if o != nil && o.tier != nil && o.tier.node == n && o.tier.version == r.GetVersion() {
 			o.tier.node = nil
-			m.tiers.diskEvicted.Add(1)
+			if unreadable {
+				m.tiers.loadFailures.Add(1)
+				m.log.Warn(fmt.Sprintf("disk copy of %q (version %d) on %s could not be read; that disk replica is dropped", r.GetKey(), r.GetVersion(), n.name()))
+			} else {
+				m.tiers.diskEvicted.Add(1)
+			}
 			m.loseDiskLocked(sh, o)
 		}
 		sh.mu.Unlock()
@@ -1136,7 +1142,7 @@ func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
 			case *pb.TierUp_Result:
 				s.m.result(n, msg.Result)
 			case *pb.TierUp_Evicted:
-				s.m.evicted(n, msg.Evicted.GetRecords())
+				s.m.evicted(n, msg.Evicted.GetRecords(), msg.Evicted.GetUnreadable())
 			case *pb.TierUp_Stats:
 				n.mu.Lock()
 				n.stats = msg.Stats

@@ -182,7 +182,10 @@ type BatchGetStagedResponse struct {
 	Addrs      []uint64               `protobuf:"varint,2,rep,packed,name=addrs,proto3" json:"addrs,omitempty"`
 	TeEndpoint string                 `protobuf:"bytes,3,opt,name=te_endpoint,json=teEndpoint,proto3" json:"te_endpoint,omitempty"`
 	GcTtlMs    uint64                 `protobuf:"varint,4,opt,name=gc_ttl_ms,json=gcTtlMs,proto3" json:"gc_ttl_ms,omitempty"`
-	// Per key: 0 or a Mooncake ErrorCode, and its message ("" for 0).
+	// Per key: 0 or a Mooncake ErrorCode, and its message ("" for 0):
+	// OBJECT_NOT_FOUND, no record of that version here (the master may
+	// know better by now); INVALID_REPLICA, the record could not be read
+	// (checksum, I/O) and the node dropped it, telling the master.
 	Codes         []int32  `protobuf:"varint,5,rep,packed,name=codes,proto3" json:"codes,omitempty"`
 	Messages      []string `protobuf:"bytes,6,rep,name=messages,proto3" json:"messages,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -659,8 +662,12 @@ func (x *TierStats) GetDirectBatches() uint64 {
 }
 
 type TierEvicted struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Records       []*TierRecord          `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Records []*TierRecord          `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	// unreadable: the records were dropped because a read of them failed
+	// (a checksum mismatch, an I/O error) while a reader staged them
+	// itself, not to make room.
+	Unreadable    bool `protobuf:"varint,2,opt,name=unreadable,proto3" json:"unreadable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -700,6 +707,13 @@ func (x *TierEvicted) GetRecords() []*TierRecord {
 		return x.Records
 	}
 	return nil
+}
+
+func (x *TierEvicted) GetUnreadable() bool {
+	if x != nil {
+		return x.Unreadable
+	}
+	return false
 }
 
 // TierResult answers the command with the same op.
@@ -1109,9 +1123,12 @@ const file_tier_proto_rawDesc = "" +
 	"\rstaging_waits\x18\x0e \x01(\x04R\fstagingWaits\x12+\n" +
 	"\x11staging_reclaimed\x18\x0f \x01(\x04R\x10stagingReclaimed\x12)\n" +
 	"\x10staging_released\x18\x10 \x01(\x04R\x0fstagingReleased\x12%\n" +
-	"\x0edirect_batches\x18\x11 \x01(\x04R\rdirectBatches\"@\n" +
+	"\x0edirect_batches\x18\x11 \x01(\x04R\rdirectBatches\"`\n" +
 	"\vTierEvicted\x121\n" +
-	"\arecords\x18\x01 \x03(\v2\x17.mc.store.v1.TierRecordR\arecords\"v\n" +
+	"\arecords\x18\x01 \x03(\v2\x17.mc.store.v1.TierRecordR\arecords\x12\x1e\n" +
+	"\n" +
+	"unreadable\x18\x02 \x01(\bR\n" +
+	"unreadable\"v\n" +
 	"\n" +
 	"TierResult\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\x04R\x02op\x12\x12\n" +
