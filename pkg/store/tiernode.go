@@ -104,9 +104,9 @@ type TierNode struct {
 	sessions  int
 	// svc serves TierRead on svcAddr; poke asks reportStats to send the
 	// stats now (the staging pool's use changed).
-	svcAddr  string
-	svc      *grpc.Server
-	poke     chan struct{}
+	svcAddr   string
+	svc       *grpc.Server
+	poke      chan struct{}
 	svcListen string
 
 	mu sync.Mutex // one sender on the stream at a time

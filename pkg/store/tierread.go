@@ -134,11 +134,14 @@ func (s *tierReadServer) BatchGetStaged(ctx context.Context, r *pb.BatchGetStage
 			return nil, tierReadStatus(Errorf(InvalidParams, "staged read of %q: size %d", key, sz))
 		}
 	}
+	arrived := time.Now()
 	addrs, codes, msgs, gen := n.stageRecords(ctx, r.GetKeys(), r.GetVersions(), r.GetSizes())
 	resp.Addrs, resp.Codes, resp.Messages = addrs, codes, msgs
-	// The TTL is told before the batch is added (from which it counts
-	// on the node): the reader counts it from before it asked.
+	// The node holds the batch ttl from when it is added (after the
+	// reads); the reader, counting from before it asked, is told ttl
+	// plus the time the reads took, which ends no later.
 	ttl := n.pool.ttlNow()
+	told := ttl + time.Since(arrived)
 	id := n.pool.add(gen, addrs, r.GetSizes(), false)
 	if id == 0 {
 		for i := range resp.Codes {
@@ -150,7 +153,7 @@ func (s *tierReadServer) BatchGetStaged(ctx context.Context, r *pb.BatchGetStage
 		}
 	}
 	n.pokeStats()
-	resp.BatchId, resp.GcTtlMs, resp.TeEndpoint = id, uint64(ttl.Milliseconds()), n.c.eng.SegmentName()
+	resp.BatchId, resp.GcTtlMs, resp.TeEndpoint = id, uint64(told.Milliseconds()), n.c.eng.SegmentName()
 	return resp, nil
 }
 

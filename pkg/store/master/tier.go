@@ -183,7 +183,7 @@ type tiers struct {
 	diskHits, promotions, loadFailures                 atomic.Uint64
 	diskHitBytes                                       atomic.Uint64
 	diskEvicted                                        atomic.Uint64
-	stagedReleased, stagedReclaimed, stageWaits        atomic.Uint64
+	stagedReleased, stagedReclaimed                    atomic.Uint64
 }
 
 // stagedCopy is a disk record read into its node's staging pool for

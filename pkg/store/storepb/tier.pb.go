@@ -174,8 +174,9 @@ func (x *BatchGetStagedRequest) GetSizes() []uint64 {
 // (checksum verified), per key its address there (0 with a code), to be
 // read through the engine at te_endpoint. The node frees the batch's
 // ranges on ReleaseStaged(batch_id) or gc_ttl_ms after it answered,
-// whichever comes first: a reader counts that TTL from before it asked
-// and trusts no read ending later.
+// whichever comes first: a reader counts gc_ttl_ms (the hold plus the
+// time the node took to read the records) from before it asked and
+// trusts no read ending later.
 type BatchGetStagedResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	BatchId    uint64                 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
