@@ -219,7 +219,7 @@ type ScanConfig struct {
 	PutSize  int64  // the writer's values (upserts of PutKeys keys in turn)
 	PutKeys  int
 	ScanSize int64 // the disk objects' size
-	ScanKeys int    // how many objects on disk the readers go round
+	ScanKeys int   // how many objects on disk the readers go round
 	Readers  int
 	Duration time.Duration // per phase
 	Rounds   int
