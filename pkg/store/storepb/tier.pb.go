@@ -384,10 +384,8 @@ type TierHello struct {
 	TierId   string        `protobuf:"bytes,3,opt,name=tier_id,json=tierId,proto3" json:"tier_id,omitempty"`
 	Capacity uint64        `protobuf:"varint,4,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	Records  []*TierRecord `protobuf:"bytes,5,rep,name=records,proto3" json:"records,omitempty"`
-	// staging_addr and staging_size are the node's staging pool: memory
-	// registered with its engine, apart from the segment, that LOADs for
-	// reads go into (the master allocates in it; peers read from it). 0:
-	// none (a node of an older mc), loads go into the segment.
+	// staging_addr and staging_size: no longer sent (the node owns its
+	// staging pool and picks the ranges, STAGE; its size is in TierStats).
 	StagingAddr uint64 `protobuf:"varint,6,opt,name=staging_addr,json=stagingAddr,proto3" json:"staging_addr,omitempty"`
 	StagingSize uint64 `protobuf:"varint,7,opt,name=staging_size,json=stagingSize,proto3" json:"staging_size,omitempty"`
 	// staging_service is the node's TierRead endpoint (host:port), where
