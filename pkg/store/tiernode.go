@@ -118,6 +118,7 @@ type TierNode struct {
 
 	attached                  atomic.Bool
 	offloads, loads, failures atomic.Uint64
+	directReads               atomic.Uint64
 }
 
 // TierStats is a node's disk tier and what it did for the master.
@@ -132,6 +133,9 @@ type TierStats struct {
 	// readers' staged reads freed by the TTL and handed back, and the
 	// batches readers asked for directly (TierRead).
 	StagingSize, StagingUsed, StagingWaits, StagingReclaimed, StagingReleased, DirectBatches uint64
+	// DirectReads counts the records read for readers that asked the
+	// node directly (Loads counts the master's).
+	DirectReads uint64
 }
 
 // StartTier opens the disk tier of node c (a client contributing a
@@ -281,7 +285,7 @@ func (n *TierNode) Tier() *tier.Tier { return n.t }
 // Stats returns the tier's state and the node's command counters.
 func (n *TierNode) Stats() TierStats {
 	s := TierStats{Stats: n.t.Stats(), Attached: n.attached.Load(),
-		Offloads: n.offloads.Load(), Loads: n.loads.Load(), Failures: n.failures.Load()}
+		Offloads: n.offloads.Load(), Loads: n.loads.Load(), Failures: n.failures.Load(), DirectReads: n.directReads.Load()}
 	if p := n.pool; p != nil {
 		s.StagingSize, s.StagingUsed = p.usage()
 		s.StagingWaits, s.StagingReclaimed, s.StagingReleased, s.DirectBatches = p.waits.Load(), p.reclaimed.Load(), p.released.Load(), p.direct.Load()

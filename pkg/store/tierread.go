@@ -152,6 +152,11 @@ func (s *tierReadServer) BatchGetStaged(ctx context.Context, r *pb.BatchGetStage
 			}
 		}
 	}
+	for _, a := range resp.Addrs {
+		if a != 0 {
+			n.directReads.Add(1)
+		}
+	}
 	n.pokeStats()
 	resp.BatchId, resp.GcTtlMs, resp.TeEndpoint = id, uint64(told.Milliseconds()), n.c.eng.SegmentName()
 	return resp, nil
