@@ -105,9 +105,13 @@ func (c *Client) stageDisk(ctx context.Context, asked time.Time, keys []string, 
 // stageDiskOnce stages reps' disk replicas and returns the keys a node
 // did not have (their errs set, to be asked again).
 func (c *Client) stageDiskOnce(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, errs []error) []int {
-	byNode := map[string][]int{}
+	// No map for a get without disk objects: this runs on every get.
+	var byNode map[string][]int
 	for i, rs := range reps {
 		if errs[i] == nil && len(rs) == 1 && rs[0].Disk != nil {
+			if byNode == nil {
+				byNode = make(map[string][]int)
+			}
 			byNode[rs[0].Disk.Service] = append(byNode[rs[0].Disk.Service], i)
 		}
 	}
@@ -200,10 +204,13 @@ func (c *Client) releaseDirect(ctx context.Context, reps [][]Replica) {
 		svc string
 		id  uint64
 	}
-	seen := map[batch]bool{}
+	var seen map[batch]bool
 	for _, rs := range reps {
 		for _, r := range rs {
 			if r.StagedAt != "" && r.Staged != 0 {
+				if seen == nil {
+					seen = make(map[batch]bool)
+				}
 				seen[batch{r.StagedAt, r.Staged}] = true
 			}
 		}

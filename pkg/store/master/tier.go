@@ -556,7 +556,7 @@ func (m *Master) loadLocked(o *Object, onlyPromote bool, deadline time.Time) (*t
 		// read fails naming the full pool, not a timeout).
 		op.kind, cmd.Kind, op.stageGen = pb.TierCommand_STAGE, pb.TierCommand_STAGE, gen
 		wait := m.loadBound(deadline)
-		cmd.WaitMs = uint64(max(wait-wait/10-20*time.Millisecond, 0).Milliseconds())
+		cmd.WaitMs = uint64(max(wait-max(wait/4, 20*time.Millisecond), 0).Milliseconds())
 	}
 	if !n.enqueue(cmd, op) {
 		m.freeLoadTarget(n, op)
