@@ -64,6 +64,11 @@ type AdminTier struct {
 	StagingUsed      uint64 `json:"staging_used_bytes"`
 	StagingWaits     uint64 `json:"staging_waits"`
 	StagingReclaimed uint64 `json:"staging_reclaimed"`
+	// Readers' own staged reads handed back to the node, and the
+	// batches readers asked the node for directly (not through the
+	// master).
+	StagingReleased uint64 `json:"staging_released"`
+	DirectBatches   uint64 `json:"staging_direct_batches"`
 }
 
 // AdminTierTotals are the master's disk-tier counters.
@@ -83,6 +88,7 @@ type AdminTierTotals struct {
 	StagedReleased  uint64 `json:"staged_released"`
 	StagedReclaimed uint64 `json:"staged_reclaimed"`
 	StagingWaits    uint64 `json:"staging_waits"`
+	DirectBatches   uint64 `json:"staging_direct_batches"`
 }
 
 // Tiers reads /api/v1/tiers (mc masters only: ok is false for a master

@@ -88,6 +88,8 @@ type Client struct {
 
 	segsMu sync.Mutex
 	segs   map[string]*engine.Segment
+	// tiers are the connections to nodes' disk-tier read services.
+	tiers tierConns
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -568,6 +570,7 @@ func (c *Client) Close(ctx context.Context) error {
 }
 
 func (c *Client) closeLocal(ctx context.Context) {
+	c.tiers.close()
 	c.segsMu.Lock()
 	for k, s := range c.segs {
 		s.Close()

@@ -1,6 +1,10 @@
 package store
 
-import "context"
+import (
+	"context"
+
+	"github.com/kvcache-ops/mc/pkg/store/storepb"
+)
 
 // SetAfterPutStart makes c call f between each put's grant (PutStart)
 // and its transfer: tests stall a writer there.
@@ -27,4 +31,12 @@ func SetBeforeStagedRelease(f func(ids []uint64)) { beforeStagedRelease = f }
 func WireRemount(ctx context.Context, c *Client) error {
 	_, info := c.segment()
 	return c.w.remount(ctx, []SegmentInfo{info})
+}
+
+// DialTierRead connects to a node's TierRead service (closed with t).
+func DialTierRead(t interface{ Cleanup(func()) }, addr string) storepb.TierReadClient {
+	var tc tierConns
+	t.Cleanup(tc.close)
+	cl, _ := tc.get(addr)
+	return cl
 }

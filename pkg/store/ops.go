@@ -543,6 +543,7 @@ func (c *Client) orderReplicas(reps []Replica) []Replica {
 // stopped, swapped out or slowed past its lease): it fails LEASE_EXPIRED
 // rather than return those bytes.
 func (c *Client) read(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, sums []uint64, dst []local, errs []error) {
+	c.stageDisk(ctx, asked, keys, reps, errs)
 	defer c.releaseStaged(ctx, reps)
 	try := make([]int, len(keys))
 	var bad []int // per key, replicas that failed their checksum (with sums only)
@@ -617,21 +618,26 @@ var beforeStagedRelease func(ids []uint64)
 // enter, so Close waits for it); one that is lost is covered by the
 // master's staging TTL.
 func (c *Client) releaseStaged(ctx context.Context, reps [][]Replica) {
-	var ids []uint64
+	var ids, direct []uint64
 	for _, rs := range reps {
 		for _, r := range rs {
 			if r.Staged != 0 {
-				ids = append(ids, r.Staged)
+				if r.StagedAt != "" {
+					direct = append(direct, r.Staged)
+				} else {
+					ids = append(ids, r.Staged)
+				}
 				break
 			}
 		}
 	}
+	if beforeStagedRelease != nil && len(ids)+len(direct) > 0 {
+		beforeStagedRelease(append(slices.Clone(ids), direct...))
+	}
+	c.releaseDirect(ctx, reps)
 	sr, ok := c.w.(stagedReleaser)
 	if len(ids) == 0 || !ok {
 		return
-	}
-	if beforeStagedRelease != nil {
-		beforeStagedRelease(ids)
 	}
 	c.wg.Add(1)
 	go func() {

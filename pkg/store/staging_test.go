@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/master"
+	"github.com/kvcache-ops/mc/pkg/store/storepb"
 )
 
 // The scan of issue 36: a node of 64 MiB DRAM with a 1 GiB disk tier,
@@ -129,6 +130,8 @@ func TestStagingWaitsForRoom(t *testing.T) {
 		}
 		held = append(held, r.Staged)
 	}
+	// The pool is the node's: its use reaches the master with its stats.
+	waitFor(t, "the node to report its pool full", 2*time.Second, func() bool { return c.m.Tiers()[0].StagingUsed == 2<<20 })
 	if ts := c.m.Tiers()[0]; ts.StagingUsed != 2<<20 || ts.StagingSize != 2<<20 {
 		t.Fatalf("staging pool %d of %d used, want all 2 MiB", ts.StagingUsed, ts.StagingSize)
 	}
@@ -144,6 +147,7 @@ func TestStagingWaitsForRoom(t *testing.T) {
 	if d := time.Since(t0); d < 250*time.Millisecond {
 		t.Fatalf("get k2 returned after %s, before any room was freed", d)
 	}
+	waitFor(t, "the node to report the wait", 2*time.Second, func() bool { return c.m.Tiers()[0].StagingWaits > 0 })
 	if ts := c.m.Tiers()[0]; ts.StagingWaits != 1 {
 		t.Fatalf("%d reads waited for staging room, want 1", ts.StagingWaits)
 	}
@@ -190,9 +194,7 @@ func TestStagingReaderKilled(t *testing.T) {
 	if err != nil || !strings.HasPrefix(line, "HOLDING 4") {
 		t.Fatalf("child reader: %q, %v", line, err)
 	}
-	if ts := c.m.Tiers()[0]; ts.StagingUsed != 4<<20 {
-		t.Fatalf("%d bytes of the staging pool held by the reader, want 4 MiB", ts.StagingUsed)
-	}
+	waitFor(t, "the node to report its pool held", 2*time.Second, func() bool { return c.m.Tiers()[0].StagingUsed == 4<<20 })
 	cmd.Process.Kill()
 	cmd.Wait()
 	waitFor(t, "the dead reader's staged reads to be reclaimed", 10*ttl, func() bool { return c.m.Tiers()[0].StagingUsed == 0 })
@@ -322,9 +324,7 @@ func TestStagingNodeKilledMidRead(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the reader was not granted its staged reads")
 	}
-	if ts := c.m.Tiers()[0]; ts.StagingUsed == 0 {
-		t.Fatalf("staging pool unused while the reader holds 4 staged reads")
-	}
+	waitFor(t, "the node to report the reader's staged reads", 2*time.Second, func() bool { return c.m.Tiers()[0].StagingUsed != 0 })
 	child.Process.Kill()
 	child.Wait()
 	waitFor(t, "the master to see the tier go", 10*time.Second, func() bool { return !c.m.Tiers()[0].Online })
@@ -389,5 +389,116 @@ func TestStagingNodeKilledMidRead(t *testing.T) {
 	t.Logf("readers during the second kill: %d gets served exact, %d failed", served.Load(), failed.Load())
 	if failed.Load() == 0 {
 		t.Fatalf("no get failed with the node dead for 200ms")
+	}
+}
+
+// One hop fewer (issue 36 item 3): mc's client reads disk objects by
+// asking their node itself, one call per node for a batch; the master
+// only says where the records are. The master sends its node no staging
+// command for them (the node's count of the master's loads stays put)
+// and holds no staged copy; the node counts one direct batch per get and
+// the reader hands each back. A reader over Mooncake's wire, which
+// cannot ask a node, still goes through the master.
+func TestStagingDirectSkipsMaster(t *testing.T) {
+	c := startMaster(t, master.Config{PromoteAfter: -1, StagingTTL: time.Minute})
+	_, tn := c.tierNodeWith(16<<20, store.TierConfig{Dir: t.TempDir(), Capacity: 64 << 20, StagingSize: 8 << 20})
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{}
+	var keys []string
+	for i := range 3 {
+		k := fmt.Sprintf("k%d", i)
+		keys = append(keys, k)
+		vals[k] = value(1<<20+i*4096, byte(i))
+	}
+	offloadAll(t, c, cl, vals)
+	loads := tn.Stats().Loads
+	for round := range 2 {
+		got, errs := cl.BatchGet(ctx, keys)
+		for i, k := range keys {
+			if errs[i] != nil || !bytes.Equal(got[i], vals[k]) {
+				t.Fatalf("round %d: get %s: %v (equal %v)", round, k, errs[i], bytes.Equal(got[i], vals[k]))
+			}
+		}
+	}
+	st := tn.Stats()
+	if st.Loads != loads {
+		t.Fatalf("the node did %d loads for the master during mc's gets (was %d): the master staged them", st.Loads, loads)
+	}
+	if st.DirectBatches != 2 {
+		t.Fatalf("%d batches asked of the node directly, want 2 (one per batch get of 3 keys)", st.DirectBatches)
+	}
+	waitFor(t, "the reads handed back to the node", 5*time.Second, func() bool {
+		s := tn.Stats()
+		return s.StagingReleased == 6 && s.StagingUsed == 0
+	})
+	waitFor(t, "the node's counts to reach the master", 5*time.Second, func() bool { return c.m.TierTotals().DirectBatches == 2 })
+	if tt := c.m.TierTotals(); tt.DiskHits != 6 || tt.DirectBatches != 2 {
+		t.Fatalf("master: %d disk hits, %d direct batches; want 6 and 2", tt.DiskHits, tt.DirectBatches)
+	}
+	// Mooncake's wire: the master stages, through the node's pool.
+	got, err := c.mooncakeClient(0).Get(ctx, "k0")
+	if err != nil || !bytes.Equal(got, vals["k0"]) {
+		t.Fatalf("get k0 over Mooncake's wire: %v", err)
+	}
+	if st := tn.Stats(); st.Loads != loads+1 || st.DirectBatches != 2 {
+		t.Fatalf("after a Mooncake-wire get: %d master loads (want %d), %d direct batches (want 2)", st.Loads, loads+1, st.DirectBatches)
+	}
+}
+
+// The node's read service names what it serves: a record of another
+// version (re-put or dropped since the master answered) or another tier
+// directory behind the same address is OBJECT_NOT_FOUND, never other
+// bytes; a release of a batch it does not hold (freed by its TTL, or of
+// an earlier incarnation of the node) frees nothing; a batch larger
+// than the pool is refused naming the pool.
+func TestStagingDirectFencing(t *testing.T) {
+	c := startMaster(t, master.Config{PromoteAfter: -1})
+	_, tn := c.tierNodeWith(16<<20, store.TierConfig{Dir: t.TempDir(), Capacity: 64 << 20, StagingSize: 2 << 20})
+	cl := c.client(0)
+	ctx := context.Background()
+	offloadAll(t, c, cl, map[string][]byte{"a": value(1<<20, 1)})
+	var version uint64
+	for _, r := range tn.Tier().Records() {
+		if r.Key == "a" {
+			version = r.Version
+		}
+	}
+	if version == 0 {
+		t.Fatal("no record of a on the node's disk")
+	}
+	rd := store.DialTierRead(t, tn.ServiceAddress())
+	ask := func(tierID string, v, size uint64) (*storepb.BatchGetStagedResponse, error) {
+		return rd.BatchGetStaged(ctx, &storepb.BatchGetStagedRequest{TierId: tierID, Keys: []string{"a"}, Versions: []uint64{v}, Sizes: []uint64{size}})
+	}
+	for _, tc := range []struct {
+		name    string
+		tier    string
+		version uint64
+	}{{"another version", tn.Tier().ID(), version + 1}, {"another tier", "0123456789abcdef", version}} {
+		resp, err := ask(tc.tier, tc.version, 1<<20)
+		if err != nil || resp.Codes[0] != int32(store.ObjectNotFound) || resp.Addrs[0] != 0 {
+			t.Fatalf("%s: %v %v, want OBJECT_NOT_FOUND and no range", tc.name, resp, err)
+		}
+	}
+	resp, err := ask(tn.Tier().ID(), version, 1<<20)
+	if err != nil || resp.Codes[0] != 0 || resp.Addrs[0] == 0 || resp.GcTtlMs == 0 || resp.BatchId == 0 {
+		t.Fatalf("staged read of a: %v %v", resp, err)
+	}
+	if _, err := rd.ReleaseStaged(ctx, &storepb.ReleaseStagedBatch{BatchId: resp.BatchId + 1}); err != nil {
+		t.Fatal(err)
+	}
+	if st := tn.Stats(); st.StagingUsed != 1<<20 || st.StagingReleased != 0 {
+		t.Fatalf("after releasing a batch the node never gave: %d bytes held, %d released; want a's 1 MiB held", st.StagingUsed, st.StagingReleased)
+	}
+	if _, err := rd.ReleaseStaged(ctx, &storepb.ReleaseStagedBatch{BatchId: resp.BatchId}); err != nil {
+		t.Fatal(err)
+	}
+	if st := tn.Stats(); st.StagingUsed != 0 || st.StagingReleased != 1 {
+		t.Fatalf("after its release: %d bytes held, %d released", st.StagingUsed, st.StagingReleased)
+	}
+	big, err := rd.BatchGetStaged(ctx, &storepb.BatchGetStagedRequest{TierId: tn.Tier().ID(), Keys: []string{"a", "a", "a"}, Versions: []uint64{version, version, version}, Sizes: []uint64{1 << 20, 1 << 20, 1 << 20}})
+	if err != nil || big.Codes[0] != int32(store.NoAvailableHandle) || !strings.Contains(big.Messages[0], "staging pool") {
+		t.Fatalf("a batch of 3 MiB from a 2 MiB pool: %v %v, want NO_AVAILABLE_HANDLE naming the staging pool", big, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 	"github.com/kvcache-ops/mc/pkg/store/tier"
+	"google.golang.org/grpc"
 )
 
 // TierConfig configures a node's disk tier (StartTier).
@@ -33,8 +35,16 @@ type TierConfig struct {
 	// DefaultStagingPool of the segment size). It must fit the host's
 	// memory.
 	StagingSize uint64
-	Logger      *slog.Logger
+	// ServiceAddress is where the node serves TierRead, the staged reads
+	// mc's readers ask it for directly (default: the host of its
+	// engine's endpoint, any free port).
+	ServiceAddress string
+	Logger         *slog.Logger
 }
+
+// defaultStagingTTL holds a reader's staged read until the master says
+// its --ssd-staging-ttl (master.DefaultStagingTTL).
+const defaultStagingTTL = 5 * time.Second
 
 // DefaultStagingPool is a node's staging pool for a segment of segSize
 // bytes: a quarter of it, at least 16 MiB and at most Mooncake's
@@ -86,13 +96,18 @@ type TierNode struct {
 	log *slog.Logger
 	sem chan struct{}
 
-	// stageSize is the staging pool's size; stage its memory now (set at
-	// Attach, renewed for each new stream: a reader of a range the
-	// previous master handed out reaches nothing). stageMu guards stage.
+	// stageSize is the staging pool's size; pool the pool (set at
+	// Attach, its memory renewed for each new stream: a reader of a
+	// range the previous master handed out reaches nothing).
 	stageSize uint64
-	stageMu   sync.Mutex
-	stage     *engine.Memory
+	pool      *stagingPool
 	sessions  int
+	// svc serves TierRead on svcAddr; poke asks reportStats to send the
+	// stats now (the staging pool's use changed).
+	svcAddr   string
+	svc       *grpc.Server
+	poke      chan struct{}
+	svcListen string
 
 	mu sync.Mutex // one sender on the stream at a time
 	st pb.Tier_AttachClient
@@ -103,15 +118,24 @@ type TierNode struct {
 
 	attached                  atomic.Bool
 	offloads, loads, failures atomic.Uint64
+	directReads               atomic.Uint64
 }
 
 // TierStats is a node's disk tier and what it did for the master.
 type TierStats struct {
 	tier.Stats
 	Attached bool
-	// Offloads and Loads count the master's commands done; Failures
-	// those that failed (full, not found, I/O).
+	// Offloads and Loads count the master's commands done (Loads: into
+	// the segment or the staging pool); Failures those that failed
+	// (full, not found, I/O).
 	Offloads, Loads, Failures uint64
+	// The staging pool: size, bytes held, reads that waited for room,
+	// readers' staged reads freed by the TTL and handed back, and the
+	// batches readers asked for directly (TierRead).
+	StagingSize, StagingUsed, StagingWaits, StagingReclaimed, StagingReleased, DirectBatches uint64
+	// DirectReads counts the records read for readers that asked the
+	// node directly (Loads counts the master's).
+	DirectReads uint64
 }
 
 // StartTier opens the disk tier of node c (a client contributing a
@@ -148,7 +172,8 @@ func OpenTier(cfg TierConfig) (*TierNode, error) {
 			return nil, err
 		}
 	}
-	n := &TierNode{log: cfg.Logger, sem: make(chan struct{}, cfg.Workers), stop: make(chan struct{}), stopped: make(chan struct{}), stageSize: cfg.StagingSize}
+	n := &TierNode{log: cfg.Logger, sem: make(chan struct{}, cfg.Workers), stop: make(chan struct{}), stopped: make(chan struct{}), stageSize: cfg.StagingSize,
+		svcListen: cfg.ServiceAddress, poke: make(chan struct{}, 1)}
 	t, err := tier.Open(tier.Config{Dir: cfg.Dir, Capacity: cfg.Capacity, IOConcurrency: cfg.IOConcurrency, Logger: cfg.Logger, OnEvict: n.onEvict})
 	if err != nil {
 		return nil, err
@@ -182,37 +207,76 @@ func (n *TierNode) Attach(c *Client) error {
 	if err != nil {
 		return fmt.Errorf("staging pool of %d bytes (--ssd-staging-size): %w", n.stageSize, err)
 	}
-	n.stage = st
+	pool, err := newStagingPool(st, defaultStagingTTL)
+	if err != nil {
+		_ = c.eng.UnregisterMemory(context.Background(), st)
+		return err
+	}
+	addr := n.svcListen
+	if addr == "" {
+		addr = net.JoinHostPort(hostOf(c.eng.SegmentName()), "0")
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		_ = c.eng.UnregisterMemory(context.Background(), st)
+		return fmt.Errorf("disk tier's read service on %s: %w", addr, err)
+	}
+	n.pool, n.svcAddr = pool, lis.Addr().String()
+	n.svc = grpc.NewServer(grpc.MaxRecvMsgSize(MaxMsgSize), grpc.MaxSendMsgSize(MaxMsgSize))
+	pb.RegisterTierReadServer(n.svc, &tierReadServer{n: n})
+	go func() { _ = n.svc.Serve(lis) }()
 	n.c = c
 	go n.run()
+	go n.expireLoop()
 	return nil
 }
 
-// staging returns the staging pool's memory now, pinned (nil: none).
-func (n *TierNode) staging() *engine.Memory {
-	n.stageMu.Lock()
-	defer n.stageMu.Unlock()
-	if n.stage == nil || !n.stage.Pin() {
-		return nil
+// ServiceAddress is where the node serves TierRead ("" before Attach).
+func (n *TierNode) ServiceAddress() string { return n.svcAddr }
+
+// expireLoop frees the staged reads readers did not hand back within
+// the TTL they were told.
+func (n *TierNode) expireLoop() {
+	for {
+		iv := min(max(n.pool.ttlNow()/8, 10*time.Millisecond), 250*time.Millisecond)
+		select {
+		case <-n.stop:
+			return
+		case <-time.After(iv):
+		}
+		if k := n.pool.expire(time.Now()); k > 0 {
+			n.log.Debug(fmt.Sprintf("disk tier %s: %d staged reads not handed back within %s; freed", n.t.Stats().Dir, k, n.pool.ttlNow()))
+			n.pokeStats()
+		}
 	}
-	return n.stage
+}
+
+// pokeStats has the stats sent now rather than at the next tick.
+func (n *TierNode) pokeStats() {
+	select {
+	case n.poke <- struct{}{}:
+	default:
+	}
 }
 
 // renewStaging gives the staging pool new memory at a new address (a new
 // stream: the master it attaches to knows nothing of what the previous
-// one handed out); the old memory goes after its last transfer.
+// one handed out); the old memory goes after its last transfer, and the
+// staged reads in it with it (a reader of one fails its transfer).
 func (n *TierNode) renewStaging(ctx context.Context) {
-	n.stageMu.Lock()
-	defer n.stageMu.Unlock()
-	if n.stage == nil {
+	old := n.pool.memory()
+	if old == nil {
 		return
 	}
-	m, err := n.c.eng.Renew(ctx, n.stage)
+	old.Unpin()
+	m, err := n.c.eng.Renew(ctx, old)
 	if err != nil {
 		n.log.Warn(fmt.Sprintf("disk tier %s: renew its staging pool: %v; keeping the old one", n.t.Stats().Dir, err))
 		return
 	}
-	n.stage = m
+	if err := n.pool.reset(m); err != nil {
+		n.log.Warn(fmt.Sprintf("disk tier %s: %v", n.t.Stats().Dir, err))
+	}
 }
 
 // Tier is the node's disk tier.
@@ -220,8 +284,13 @@ func (n *TierNode) Tier() *tier.Tier { return n.t }
 
 // Stats returns the tier's state and the node's command counters.
 func (n *TierNode) Stats() TierStats {
-	return TierStats{Stats: n.t.Stats(), Attached: n.attached.Load(),
-		Offloads: n.offloads.Load(), Loads: n.loads.Load(), Failures: n.failures.Load()}
+	s := TierStats{Stats: n.t.Stats(), Attached: n.attached.Load(),
+		Offloads: n.offloads.Load(), Loads: n.loads.Load(), Failures: n.failures.Load(), DirectReads: n.directReads.Load()}
+	if p := n.pool; p != nil {
+		s.StagingSize, s.StagingUsed = p.usage()
+		s.StagingWaits, s.StagingReclaimed, s.StagingReleased, s.DirectBatches = p.waits.Load(), p.reclaimed.Load(), p.released.Load(), p.direct.Load()
+	}
+	return s
 }
 
 // Close detaches from the master and closes the tier (its records stay
@@ -230,12 +299,11 @@ func (n *TierNode) Close() error {
 	n.once.Do(func() { close(n.stop) })
 	if n.c != nil {
 		<-n.stopped
-		n.stageMu.Lock()
-		if n.stage != nil {
-			_ = n.c.eng.UnregisterMemory(context.Background(), n.stage)
-			n.stage = nil
+		n.svc.Stop()
+		if m := n.pool.memory(); m != nil {
+			m.Unpin()
+			_ = n.c.eng.UnregisterMemory(context.Background(), m)
 		}
-		n.stageMu.Unlock()
 	}
 	return n.t.Close()
 }
@@ -290,12 +358,10 @@ func (n *TierNode) session() error {
 	}
 	recs := n.t.Records()
 	_, seg := n.c.segment()
+	// The staging pool is the node's (STAGE): the master is told only
+	// where readers ask for staged reads themselves.
 	hello := &pb.TierHello{ClientId: UUIDToPB(n.c.id), SegmentId: UUIDToPB(seg.ID), TierId: n.t.ID(),
-		Capacity: n.t.Capacity(), Records: make([]*pb.TierRecord, len(recs))}
-	if st := n.staging(); st != nil {
-		hello.StagingAddr, hello.StagingSize = st.Addr(), uint64(st.Len())
-		st.Unpin()
-	}
+		Capacity: n.t.Capacity(), Records: make([]*pb.TierRecord, len(recs)), StagingService: n.svcAddr}
 	for i, r := range recs {
 		hello.Records[i] = &pb.TierRecord{Key: r.Key, Size: r.Size, Version: r.Version}
 	}
@@ -310,6 +376,8 @@ func (n *TierNode) session() error {
 		n.mu.Lock()
 		n.st = nil
 		n.mu.Unlock()
+		// The master's staged reads end with its stream.
+		n.pool.dropMaster()
 	}()
 	go n.reportStats(ctx, st)
 	var wg sync.WaitGroup
@@ -320,6 +388,9 @@ func (n *TierNode) session() error {
 			return err
 		}
 		n.attached.Store(true)
+		if ttl := down.GetStagingTtlMs(); ttl > 0 {
+			n.pool.setTTL(time.Duration(ttl) * time.Millisecond)
+		}
 		// A message's drops in a row share one sync of the drop log; they
 		// are done before the next command starts, as one at a time were.
 		var drops []tier.Removal
@@ -330,8 +401,13 @@ func (n *TierNode) session() error {
 			}
 		}
 		for _, cmd := range down.GetCommands() {
-			if cmd.GetKind() == pb.TierCommand_DROP {
+			switch cmd.GetKind() {
+			case pb.TierCommand_DROP:
 				drops = append(drops, tier.Removal{Key: cmd.GetKey(), Version: cmd.GetVersion()})
+				continue
+			case pb.TierCommand_RELEASE:
+				n.pool.release(cmd.GetStaged())
+				n.pokeStats()
 				continue
 			}
 			flush()
@@ -359,26 +435,20 @@ func (n *TierNode) do(ctx context.Context, cmd *pb.TierCommand) *pb.TierResult {
 		res.Code, res.Message = int32(code), err.Error()
 		return res
 	}
-	// The segment (or, for a LOAD, the staging pool) as it is now, held
-	// registered while the bytes move: a command the master sent for
-	// memory since renewed falls outside it (the new memory is
-	// elsewhere) and is refused.
-	var b []byte
-	if cmd.GetKind() == pb.TierCommand_LOAD {
-		if st := n.staging(); st != nil {
-			defer st.Unpin()
-			b = within(st, cmd.GetAddr(), cmd.GetSize())
-		}
+	if cmd.GetKind() == pb.TierCommand_STAGE {
+		return n.stageForMaster(ctx, cmd, res, fail)
 	}
+	// The segment as it is now, held registered while the bytes move: a
+	// command the master sent for memory since renewed falls outside it
+	// (the new memory is elsewhere) and is refused.
+	seg, _ := n.c.segment()
+	if seg == nil || !seg.Pin() {
+		return fail(InvalidParams, fmt.Errorf("range 0x%x+%d: this node's segment is being renewed", cmd.GetAddr(), cmd.GetSize()))
+	}
+	defer seg.Unpin()
+	b := within(seg, cmd.GetAddr(), cmd.GetSize())
 	if b == nil {
-		seg, _ := n.c.segment()
-		if seg == nil || !seg.Pin() {
-			return fail(InvalidParams, fmt.Errorf("range 0x%x+%d: this node's segment is being renewed", cmd.GetAddr(), cmd.GetSize()))
-		}
-		defer seg.Unpin()
-		if b = within(seg, cmd.GetAddr(), cmd.GetSize()); b == nil {
-			return fail(InvalidParams, fmt.Errorf("range 0x%x+%d is outside this node's segment 0x%x+%d and staging pool", cmd.GetAddr(), cmd.GetSize(), seg.Addr(), seg.Len()))
-		}
+		return fail(InvalidParams, fmt.Errorf("range 0x%x+%d is outside this node's segment 0x%x+%d", cmd.GetAddr(), cmd.GetSize(), seg.Addr(), seg.Len()))
 	}
 	switch cmd.GetKind() {
 	case pb.TierCommand_OFFLOAD:
@@ -438,20 +508,45 @@ func (n *TierNode) onEvict(recs []tier.Record) {
 	n.send(st, &pb.TierUp{Msg: &pb.TierUp_Evicted{Evicted: ev}})
 }
 
+// reportStats sends the tier's stats every second, and soon after the
+// staging pool's use changes (at most every 10 ms), so `mc store stat`
+// and the master's counts follow the pool closely.
+// reportUnreadable tells the master a record is dropped because a
+// reader's staged read of it failed (a lost notice is repaired by the
+// next hello, which no longer lists it).
+func (n *TierNode) reportUnreadable(key string, version, size uint64) {
+	n.mu.Lock()
+	st := n.st
+	n.mu.Unlock()
+	if st == nil {
+		return
+	}
+	n.send(st, &pb.TierUp{Msg: &pb.TierUp_Evicted{Evicted: &pb.TierEvicted{Unreadable: true,
+		Records: []*pb.TierRecord{{Key: key, Size: size, Version: version}}}}})
+}
+
 func (n *TierNode) reportStats(ctx context.Context, st pb.Tier_AttachClient) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
-		s := n.t.Stats()
+		s := n.Stats()
 		n.send(st, &pb.TierUp{Msg: &pb.TierUp_Stats{Stats: &pb.TierStats{
 			Capacity: s.Capacity, Used: s.Used, Records: uint64(s.Records), Files: uint64(s.Files),
 			WriteBytes: s.WriteBytes, ReadBytes: s.ReadBytes, EvictedRecords: s.EvictedRecords,
 			Dropped: s.Dropped, Full: s.Full, Direct: s.Direct, Dir: s.Dir,
+			StagingSize: s.StagingSize, StagingUsed: s.StagingUsed, StagingWaits: s.StagingWaits,
+			StagingReclaimed: s.StagingReclaimed, StagingReleased: s.StagingReleased, DirectBatches: s.DirectBatches,
 		}}})
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-n.poke:
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
 		}
 	}
 }

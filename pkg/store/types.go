@@ -79,6 +79,14 @@ type Replica struct {
 	// back (by this id) once the bytes are moved, so the range serves the
 	// next read at once.
 	Staged uint64
+	// StagedAt, with Staged, is the TierRead endpoint of the node that
+	// holds the staged read (the reader asked it directly): the batch
+	// is handed back there; "": the master's.
+	StagedAt string
+	// Disk, when set, says this replica is the object's record on a
+	// node's disk (Addr means nothing): the reader asks the node for a
+	// staged read of it first (stageDisk).
+	Disk *DiskRecord
 	// Lease is the read lease the master granted with this list (0: none,
 	// an admin read). Past it the object may be evicted and its range
 	// given to another: a read that ends later is not trusted (Get).

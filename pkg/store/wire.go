@@ -131,6 +131,9 @@ func replicaTableFromPB(t *storepb.ReplicaTable, n int) ([][]Replica, []error, e
 	if len(t.Staged) != 0 && len(t.Staged) != n {
 		return bad(fmt.Sprintf("%d staged ids for %d keys", len(t.Staged), n))
 	}
+	if len(t.DiskVersion) != 0 && (len(t.DiskVersion) != n || len(t.DiskService) != n || len(t.DiskTier) != n || (len(t.DiskKey) != 0 && len(t.DiskKey) != n)) {
+		return bad(fmt.Sprintf("%d/%d/%d/%d disk records for %d keys", len(t.DiskVersion), len(t.DiskService), len(t.DiskTier), len(t.DiskKey), n))
+	}
 	slab := make([]Replica, total)
 	reps := make([][]Replica, n)
 	errs := make([]error, n)
@@ -161,6 +164,15 @@ func replicaTableFromPB(t *storepb.ReplicaTable, n int) ([][]Replica, []error, e
 				out[j].Staged = t.Staged[i]
 			}
 			out[j].Lease = time.Duration(t.LeaseTtlMs[i]) * time.Millisecond
+		}
+		if len(t.DiskVersion) != 0 && t.DiskVersion[i] != 0 {
+			if k != 1 || t.DiskService[i] == "" {
+				return bad(fmt.Sprintf("key %d: a disk record with %d replicas and service %q", i, k, t.DiskService[i]))
+			}
+			out[0].Disk = &DiskRecord{Service: t.DiskService[i], Tier: t.DiskTier[i], Version: t.DiskVersion[i]}
+			if len(t.DiskKey) != 0 {
+				out[0].Disk.Key = t.DiskKey[i]
+			}
 		}
 		reps[i] = out
 		at += k

@@ -475,7 +475,9 @@ func (w *grpcWire) keysCallAgain(ctx context.Context, what string, keys []string
 func (w *grpcWire) replicaLists(ctx context.Context, keys []string) ([][]Replica, []uint64, []error, error) {
 	var table *pb.ReplicaTable
 	err := w.readCall(ctx, "get", func(ctx context.Context) (err error) {
-		table, err = w.ses.GetReplicaLists(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys, Tenant: w.cfg.tenant})
+		// read_disk: this client asks nodes for staged reads of disk
+		// objects itself (stageDisk).
+		table, err = w.ses.GetReplicaLists(ctx, &pb.BatchKeysRequest{ClientId: UUIDToPB(w.cfg.id), Keys: keys, Tenant: w.cfg.tenant, ReadDisk: true})
 		return err
 	})
 	if err != nil {

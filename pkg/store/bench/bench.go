@@ -734,7 +734,8 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 	onDiskGets := r.cfg.OnDisk && op == "get" && r.srv != nil && r.srv.Tier != nil
 	var loads0 uint64
 	if onDiskGets {
-		loads0 = r.srv.Tier.Stats().Loads
+		st := r.srv.Tier.Stats()
+		loads0 = st.Loads + st.DirectReads
 	}
 	if onDiskGets && r.probe != nil {
 		if err := r.probe.measure(ctx, workers, r.cfg.Duration/2); err != nil {
@@ -783,7 +784,8 @@ func (r *runner) row(ctx context.Context, vs int64, op string, workers int) (Res
 		// Concurrent gets of one key share its staged copy, served
 		// from memory: the row measures reads from disk only if
 		// (nearly) every get made one.
-		res.DiskReads = r.srv.Tier.Stats().Loads - loads0
+		st := r.srv.Tier.Stats()
+		res.DiskReads = st.Loads + st.DirectReads - loads0
 		if n := ops.Load(); res.DiskReads < n-n/100 {
 			return res, fmt.Errorf("on-disk get row of %d-byte values: only %d of %d gets read the disk, the others shared another get's staged copy of the same key (gets of one key in flight at once): give more --keys", vs, res.DiskReads, n)
 		}

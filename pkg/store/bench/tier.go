@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,7 +14,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kvcache-ops/mc/pkg/engine"
 	ebench "github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+	"github.com/kvcache-ops/mc/pkg/store/server"
 	"github.com/kvcache-ops/mc/pkg/store/tier"
 )
 
@@ -205,4 +210,147 @@ func (d *diskFile) result(workers int) Result {
 	res.P99us = us(ebench.Percentile(d.lat, 0.99))
 	res.P999us = us(ebench.Percentile(d.lat, 0.999))
 	return res
+}
+
+// ScanConfig is issue 36's mixed row: a writer putting into DRAM while
+// readers scan objects that live only on disk.
+type ScanConfig struct {
+	Dir      string // the disk tier's directory
+	PutSize  int64  // the writer's values (upserts of PutKeys keys in turn)
+	PutKeys  int
+	ScanSize int64 // the disk objects' size
+	ScanKeys int   // how many objects on disk the readers go round
+	Readers  int
+	Duration time.Duration // per phase
+	Rounds   int
+	Engine   engine.Config
+	Logger   *slog.Logger
+}
+
+// ScanRound is one round: the writer's puts per second alone, then with
+// the readers scanning, and the readers' gets per second meanwhile.
+type ScanRound struct {
+	AlonePuts, ScanPuts, ScanGets float64
+	GetErrors                     int
+}
+
+// ScanWhilePut runs cfg on an embedded store with a disk tier: it puts
+// ScanKeys objects and offloads them all, then per round measures the
+// writer alone and the writer with Readers readers getting the disk
+// objects round the keys (gets never promote them), one phase after the
+// other, so that each round's ratio compares the same minute of a loaded
+// machine.
+func ScanWhilePut(ctx context.Context, cfg ScanConfig) ([]ScanRound, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	srv, err := server.Start(ctx, server.Config{RPCAddress: "127.0.0.1:0", SegmentSize: 1 << 30, Engine: cfg.Engine,
+		Master: master.Config{Logger: log, PromoteAfter: -1}, Logger: log,
+		Tier: &store.TierConfig{Dir: cfg.Dir, Capacity: 4 << 30, Logger: log}})
+	if err != nil {
+		return nil, fmt.Errorf("embedded store: %w", err)
+	}
+	defer srv.Close(context.WithoutCancel(ctx))
+	if err := srv.Node.WaitPopulated(ctx); err != nil {
+		return nil, err
+	}
+	newClient := func() (*store.Client, error) {
+		return store.New(ctx, store.Config{Master: srv.RPCAddr, EngineConfig: cfg.Engine, Logger: log})
+	}
+	w, err := newClient()
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close(context.WithoutCancel(ctx))
+	rd, err := newClient()
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close(context.WithoutCancel(ctx))
+	scanKey := func(i int) string { return fmt.Sprintf("scan/%d", i) }
+	val := make([]byte, cfg.ScanSize)
+	ebench.FillPattern(val, 0, 1)
+	for i := range cfg.ScanKeys {
+		if err := w.Put(ctx, scanKey(i), val); err != nil {
+			return nil, fmt.Errorf("put %s: %w", scanKey(i), err)
+		}
+	}
+	// Every scanned object on disk only.
+	for deadline := time.Now().Add(5 * time.Minute); ; {
+		srv.Master.Evict(1 << 62)
+		left := 0
+		for i := range cfg.ScanKeys {
+			if r := srv.Master.BatchQuery([]string{scanKey(i)})[0]; r.Err != nil || len(r.Replicas) > 0 || r.Disk == nil {
+				left++
+			}
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%d of %d objects still in DRAM after 5 minutes of offloading", left, cfg.ScanKeys)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	put := make([]byte, cfg.PutSize)
+	ebench.FillPattern(put, 0, 2)
+	var next atomic.Uint64
+	writer := func(stop *atomic.Bool) (int, error) {
+		n := 0
+		for !stop.Load() {
+			k := fmt.Sprintf("put/%d", next.Add(1)%uint64(cfg.PutKeys))
+			if err := w.Upsert(ctx, k, put); err != nil {
+				return n, fmt.Errorf("upsert %s: %w", k, err)
+			}
+			n++
+		}
+		return n, nil
+	}
+	bufs := make([]*store.Buffer, cfg.Readers)
+	for i := range bufs {
+		if bufs[i], err = rd.RegisterBuffer(ctx, int(cfg.ScanSize)); err != nil {
+			return nil, err
+		}
+	}
+	var cursor atomic.Uint64
+	phase := func(readers int) (puts, gets float64, getErrs int, err error) {
+		var stop atomic.Bool
+		var ngets, nerrs atomic.Int64
+		var wg sync.WaitGroup
+		for g := range readers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !stop.Load() {
+					k := scanKey(int(cursor.Add(1) % uint64(cfg.ScanKeys)))
+					if _, err := rd.GetInto(ctx, k, store.Slice{Buf: bufs[g], Len: int(cfg.ScanSize)}); err != nil {
+						nerrs.Add(1)
+						continue
+					}
+					ngets.Add(1)
+				}
+			}()
+		}
+		t0 := time.Now()
+		timer := time.AfterFunc(cfg.Duration, func() { stop.Store(true) })
+		defer timer.Stop()
+		n, werr := writer(&stop)
+		el := time.Since(t0)
+		stop.Store(true)
+		wg.Wait()
+		return float64(n) / el.Seconds(), float64(ngets.Load()) / el.Seconds(), int(nerrs.Load()), werr
+	}
+	var out []ScanRound
+	for range cfg.Rounds {
+		var r ScanRound
+		if r.AlonePuts, _, _, err = phase(0); err != nil {
+			return out, err
+		}
+		if r.ScanPuts, r.ScanGets, r.GetErrors, err = phase(cfg.Readers); err != nil {
+			return out, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }

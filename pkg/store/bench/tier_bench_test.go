@@ -30,7 +30,9 @@ var (
 //     size and concurrency from a file in the same directory into huge
 //     pages, half just before the gets and half just after (goal 0.7x);
 //   - gets of DRAM-resident objects from a store whose node has a disk
-//     tier against one without (goal 0.95x).
+//     tier against one without (goal 0.95x);
+//   - a writer's puts into DRAM while 4 readers scan objects only on
+//     disk, against its puts alone (issue 36, goal 0.8x).
 //
 // Each case runs -tier.rounds rounds, each ratio taken within its round
 // and the median printed. Run with -benchtime 1x.
@@ -104,6 +106,36 @@ func BenchmarkTier(b *testing.B) {
 			}
 			dramRows = append(dramRows, fmt.Sprintf("| %s | %d | %d | %.2f | %.2f | %.2f | %s |", ebench.FormatSize(c.size), c.conc, c.batch, median(off), median(on), median(ratio), rounds(ratio)))
 		})
+	}
+	// Issue 36's mixed row: a writer upserting 1 MiB values into DRAM
+	// (64 keys in turn), alone and while 4 readers scan 256 objects of
+	// 1 MiB that live only on disk (goal: the writer keeps >= 0.8x its
+	// rate alone).
+	var scanRows []string
+	b.Run("scan-while-put-1M-r4", func(b *testing.B) {
+		sub := fmt.Sprintf("%s/scan", dir)
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		defer os.RemoveAll(sub)
+		rs, err := ScanWhilePut(ctx, ScanConfig{Dir: sub, PutSize: 1 << 20, PutKeys: 64, ScanSize: 1 << 20, ScanKeys: 256, Readers: 4,
+			Duration: *tierDuration, Rounds: *tierRounds, Engine: engine.Config{Protocol: *tierProtocol}, Logger: quietLog()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var alone, scan, gets, ratio []float64
+		errs := 0
+		for _, r := range rs {
+			alone, scan, gets, ratio = append(alone, r.AlonePuts), append(scan, r.ScanPuts), append(gets, r.ScanGets), append(ratio, r.ScanPuts/r.AlonePuts)
+			errs += r.GetErrors
+		}
+		b.ReportMetric(median(ratio), "put-ratio")
+		scanRows = append(scanRows, fmt.Sprintf("| 1M | 4 | %.0f | %.0f | %.0f | %d | %.2f | %s |", median(alone), median(scan), median(gets), errs, median(ratio), rounds(ratio)))
+	})
+	if len(scanRows) > 0 {
+		fmt.Printf("\na writer's 1 MiB upserts into DRAM, alone vs while readers scan objects only on disk; %s per phase, median of %d rounds\n"+
+			"| size | readers | puts/s alone | puts/s with scan | scan gets/s | get errors | with/alone | each round |\n|---|---|---|---|---|---|---|---|\n%s\n",
+			*tierDuration, *tierRounds, strings.Join(scanRows, "\n"))
 	}
 	if len(diskRows) > 0 {
 		fmt.Printf("\ngets of objects only on disk vs the disk's own O_DIRECT reads (same size, concurrency, directory); %s per measurement, median of %d rounds; GB = 1e9 B\n"+

@@ -2,7 +2,6 @@ package master
 
 import (
 	"context"
-	"errors"
 	"reflect"
 	"slices"
 	"strings"
@@ -31,7 +30,20 @@ type ReplicaResult struct {
 	// object's disk copy, held for LeaseTTL unless handed back sooner
 	// (ReleaseStaged).
 	Staged uint64
-	Err    error
+	// DiskVersion, when not 0 (a reader that stages disk objects
+	// itself: BatchGetReplicaListDirect), says the one replica is the
+	// object's record on its node's disk at that version: Addr 0, Len
+	// the value's, on the node's segment; the reader asks DiskService
+	// (the node's TierRead endpoint) for a staged read of it on tier
+	// DiskTier.
+	DiskVersion uint64
+	DiskService string
+	DiskTier    string
+	// DiskKey is the record's key on the node: the stored key, scoped
+	// by its tenant with --enable_multi_tenants, which the reader does
+	// not know.
+	DiskKey string
+	Err     error
 }
 
 // useCounter stamps Object.lastUse.
@@ -599,7 +611,17 @@ func (m *Master) BatchGetReplicaList(keys []string) []ReplicaResult {
 // deadline: a read of a disk object waits for room in its node's staging
 // pool until then (at most loadWait).
 func (m *Master) BatchGetReplicaListBy(deadline time.Time, keys []string) []ReplicaResult {
-	out, _ := m.lookupUntil(keys, true, deadline, nil, nil)
+	out, _ := m.lookupUntil(keys, true, false, deadline, nil, nil)
+	return out
+}
+
+// BatchGetReplicaListDirect is BatchGetReplicaList for a reader that
+// stages disk objects itself (mc's client): an object whose only copy is
+// on a node's disk is answered with where its record is (DiskVersion,
+// DiskService), not staged by the master, unless this read promotes it
+// into DRAM.
+func (m *Master) BatchGetReplicaListDirect(deadline time.Time, keys []string) []ReplicaResult {
+	out, _ := m.lookupUntil(keys, true, true, deadline, nil, nil)
 	return out
 }
 
@@ -619,13 +641,14 @@ func (m *Master) lookup(keys []string, lease bool) []ReplicaResult {
 // result's descriptors. It returns both, grown as needed; the results
 // point into descs, so the caller keeps both until it is done with them.
 func (m *Master) lookupInto(keys []string, lease bool, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
-	return m.lookupUntil(keys, lease, time.Time{}, out, descs)
+	return m.lookupUntil(keys, lease, false, time.Time{}, out, descs)
 }
 
 // lookupUntil is lookupInto for a caller with a deadline (zero: none):
-// reads of disk objects wait for their loads, and for room to stage
-// them, until then or loadWait, whichever comes first.
-func (m *Master) lookupUntil(keys []string, lease bool, deadline time.Time, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
+// reads of disk objects wait for their loads (which wait for room to
+// stage them), until then or loadBound, whichever comes first. direct:
+// the reader stages disk objects itself (DiskVersion).
+func (m *Master) lookupUntil(keys []string, lease, direct bool, deadline time.Time, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
 	out = slices.Grow(out[:0], len(keys))[:len(keys)]
 	clear(out)
 	// One array for every key's descriptors (most keys have one replica);
@@ -641,14 +664,14 @@ func (m *Master) lookupUntil(keys []string, lease bool, deadline time.Time, out 
 	stamp := useCounter.Add(uint64(len(keys))) - uint64(len(keys))
 	for i, k := range keys {
 		var load *tierOp
-		out[i], load = m.lookupOne(k, i, lease, now, stamp+uint64(i)+1, &descs)
+		out[i], load = m.lookupOne(k, i, lease, direct, deadline, now, stamp+uint64(i)+1, &descs)
 		if load != nil {
 			loads = append(loads, load)
 			loadIdx = append(loadIdx, i)
 		}
 	}
-	if len(loads) > 0 || hasNoRoom(out) {
-		out = m.awaitDisk(keys, lease, deadline, now, out, &descs, loads, loadIdx)
+	if len(loads) > 0 {
+		out = m.awaitDisk(keys, lease, direct, deadline, now, out, &descs, loads, loadIdx)
 	}
 	if lease {
 		// Counted once per call: each counter is an atomic every caller
@@ -669,7 +692,7 @@ func (m *Master) lookupUntil(keys []string, lease bool, deadline time.Time, out 
 // lookupOne answers one key; with a lease, an object whose only copy is
 // on disk starts loading (or joins the load under way) and the load is
 // returned instead of an answer.
-func (m *Master) lookupOne(k string, depth int, lease bool, now int64, stamp uint64, descs *[]store.Replica) (ReplicaResult, *tierOp) {
+func (m *Master) lookupOne(k string, depth int, lease, direct bool, deadline time.Time, now int64, stamp uint64, descs *[]store.Replica) (ReplicaResult, *tierOp) {
 	var r ReplicaResult
 	if err := store.CheckStoredKey(k); err != nil {
 		r.Err = err
@@ -684,7 +707,7 @@ func (m *Master) lookupOne(k string, depth int, lease bool, now int64, stamp uin
 		r.Err = store.Errorf(store.ObjectNotFound, "key %q not found", k)
 	case o.state != stateComplete:
 		r.Err = store.Errorf(store.ReplicaIsNotReady, "key %q is still being written", k)
-	case lease && len(o.replicas) == 0 && o.onDisk() && o.tier.stage != nil && m.promoteDue(o) && m.promoteLoad(o, &r):
+	case lease && len(o.replicas) == 0 && o.onDisk() && (o.tier.stage != nil || direct && o.tier.loading == nil) && m.promoteDue(o) && m.promoteLoad(o, &r, deadline):
 		// The read that promotes: loaded into the segment, not shared.
 		return r, o.tier.loading
 	case lease && len(o.replicas) == 0 && o.tier != nil && o.tier.stage != nil:
@@ -697,9 +720,16 @@ func (m *Master) lookupOne(k string, depth int, lease bool, now int64, stamp uin
 		r.Sum, r.Staged, r.LeaseTTL = o.sum, o.tier.stage.id, m.stagedTTL()
 		o.lease = max(o.lease, now+m.cfg.KVLeaseTTL.Nanoseconds())
 		sh.touch(o, depth, stamp)
+	case lease && len(o.replicas) == 0 && o.onDisk() && direct && o.tier.loading == nil:
+		// The reader asks the node itself: the master only says where
+		// the record is.
+		r = m.diskReadLocked(o, now, descs)
+		if r.Err == nil {
+			sh.touch(o, depth, stamp)
+		}
 	case lease && len(o.replicas) == 0 && o.onDisk():
 		r.Sum = o.sum
-		op, err := m.stageLocked(o)
+		op, err := m.stageLocked(o, deadline)
 		if err != nil {
 			r.Err = err
 		}
@@ -901,68 +931,32 @@ func (m *Master) Stats() Stats {
 	return s
 }
 
-func hasNoRoom(out []ReplicaResult) bool {
-	for i := range out {
-		var nr *errNoStagingRoom
-		if errors.As(out[i].Err, &nr) {
-			return true
-		}
-	}
-	return false
-}
-
 // awaitDisk finishes a lookup's reads of disk objects: it waits for the
-// loads it started (or joined) and answers them from the staged copies,
-// and keeps trying the reads whose node's staging pool was full each
-// time a range of it is freed, until the deadline (at most loadWait).
-func (m *Master) awaitDisk(keys []string, lease bool, deadline time.Time, start int64, out []ReplicaResult, descs *[]store.Replica, loads []*tierOp, loadIdx []int) []ReplicaResult {
+// loads it started (or joined) and answers them from the staged copies
+// (a node whose staging pool is full waits for room before it answers),
+// until the deadline (at most loadBound).
+func (m *Master) awaitDisk(keys []string, lease, direct bool, deadline time.Time, start int64, out []ReplicaResult, descs *[]store.Replica, loads []*tierOp, loadIdx []int) []ReplicaResult {
 	// A read granted after a wait: its lease, as told, counts from when
 	// the call began (start), so that a reader bounding its read by the
 	// time it sent the call plus the lease (store.Client's LEASE_EXPIRED
 	// check) stays inside the real lease.
 	regrant := func(i int) (ReplicaResult, *tierOp) {
 		now := m.now()
-		r, load := m.lookupOne(keys[i], i, lease, now, useCounter.Add(1), descs)
+		r, load := m.lookupOne(keys[i], i, lease, direct, deadline, now, useCounter.Add(1), descs)
 		if r.LeaseTTL > 0 {
 			r.LeaseTTL += time.Duration(now - start)
 		}
 		return r, load
 	}
-	// A read waiting for staging room waits at least a staged read's TTL,
-	// within which readers that do not hand theirs back (Mooncake's
-	// clients) free them: a scan larger than the pool then waits instead
-	// of failing. A caller's deadline comes first.
-	limit := time.Now().Add(max(loadWait, m.stagedTTL()+time.Second))
-	if !deadline.IsZero() && deadline.Before(limit) {
-		limit = deadline
-	}
-	bound := time.Until(limit)
+	bound := m.loadBound(deadline)
 	timer := time.NewTimer(bound)
 	defer timer.Stop()
-	var room []int
-	for i := range out {
-		var nr *errNoStagingRoom
-		if errors.As(out[i].Err, &nr) {
-			room = append(room, i)
-		}
-	}
-	counted := make(map[int]bool)
-	for len(room) > 0 || len(loads) > 0 {
-		// Wait for the first load to land or a pool to free a range.
-		cases := make([]reflect.SelectCase, 0, 1+len(loads)+len(room))
+	for len(loads) > 0 {
+		// Wait for the first load to land.
+		cases := make([]reflect.SelectCase, 0, 1+len(loads))
 		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer.C)})
 		for _, op := range loads {
 			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(op.done)})
-		}
-		for _, i := range room {
-			var nr *errNoStagingRoom
-			errors.As(out[i].Err, &nr)
-			if !counted[i] {
-				counted[i] = true
-				m.tiers.stageWaits.Add(1)
-				nr.node.nStageWaits.Add(1)
-			}
-			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(nr.room)})
 		}
 		if chosen, _, _ := reflect.Select(cases); chosen == 0 {
 			break
@@ -988,19 +982,6 @@ func (m *Master) awaitDisk(keys []string, lease bool, deadline time.Time, start 
 			}
 		}
 		loads, loadIdx = left, leftIdx
-		var stillFull []int
-		for _, i := range room {
-			var load *tierOp
-			out[i], load = regrant(i)
-			var nr *errNoStagingRoom
-			switch {
-			case load != nil:
-				loads, loadIdx = append(loads, load), append(loadIdx, i)
-			case errors.As(out[i].Err, &nr):
-				stillFull = append(stillFull, i)
-			}
-		}
-		room = stillFull
 	}
 	for _, i := range loadIdx {
 		out[i].Err = store.Errorf(store.RPCTimeout, "key %q: its disk copy did not load within %s", keys[i], bound.Round(time.Millisecond))
@@ -1011,8 +992,8 @@ func (m *Master) awaitDisk(keys []string, lease bool, deadline time.Time, start 
 // promoteLoad starts o's promotion into free room of its node's segment
 // (shard locked); false when there is none (the read shares the staged
 // copy instead). r gets the object's checksum, or the load's error.
-func (m *Master) promoteLoad(o *Object, r *ReplicaResult) bool {
-	op, err := m.loadLocked(o, true)
+func (m *Master) promoteLoad(o *Object, r *ReplicaResult, deadline time.Time) bool {
+	op, err := m.loadLocked(o, true, deadline)
 	if op == nil && err == nil {
 		return false
 	}

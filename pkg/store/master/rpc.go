@@ -375,6 +375,12 @@ func replicaTable(rs []ReplicaResult) (*pb.ReplicaTable, bool) {
 			}
 			t.Staged[i] = r.Staged
 		}
+		if r.DiskVersion != 0 {
+			if t.DiskVersion == nil {
+				t.DiskVersion, t.DiskService, t.DiskTier, t.DiskKey = make([]uint64, n), make([]string, n), make([]string, n), make([]string, n)
+			}
+			t.DiskVersion[i], t.DiskService[i], t.DiskTier[i], t.DiskKey[i] = r.DiskVersion, r.DiskService, r.DiskTier, r.DiskKey
+		}
 		for _, x := range r.Replicas {
 			st := pb.ReplicaStatus_PROCESSING
 			if x.Complete {
@@ -467,8 +473,12 @@ func (s *rpcServer) giveBack(client store.UUID, in []PutItem, res []ReplicaResul
 }
 
 func (s *rpcServer) getReplicaTable(r *pb.BatchKeysRequest) (*pb.ReplicaTable, error) {
+	read := s.m.BatchGetReplicaList
+	if r.ReadDisk {
+		read = func(keys []string) []ReplicaResult { return s.m.BatchGetReplicaListDirect(time.Time{}, keys) }
+	}
 	return replicaCall(s, "batch_get_replica_list", len(r.Keys), func() []ReplicaResult {
-		return s.readKeys(r.Tenant, r.Keys, s.m.BatchGetReplicaList)
+		return s.readKeys(r.Tenant, r.Keys, read)
 	}, replicaTable)
 }
 

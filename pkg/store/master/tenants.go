@@ -680,7 +680,7 @@ func (m *Master) admitPuts(items []PutItem, cfg store.ReplicateConfig, out []Rep
 			}
 		}
 		if !ok {
-			if offloading > 0 || busy {
+			if offloading > 0 || busy || m.tenantBusy(tenant) {
 				// Its own objects are going to disk (or being
 				// written): the charge drops once the writes land. As
 				// any put whose room is being offloaded, it does not
@@ -701,6 +701,28 @@ func (m *Master) admitPuts(items []PutItem, cfg store.ReplicateConfig, out []Rep
 			m.tenants.unreserve(h.tenant, h.need)
 		}
 	}
+}
+
+// tenantBusy reports whether some object of tenant is being offloaded to
+// disk or written: such objects are in no eviction list meanwhile, and
+// the charge they hold drops once their writes land. A scan, made only
+// for a put about to be refused.
+func (m *Master) tenantBusy(tenant string) bool {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for k, o := range sh.objects {
+			if !o.busyOnTier() && o.state == stateComplete && o.upsert == nil {
+				continue
+			}
+			if t, _ := store.SplitKey(k); t == tenant {
+				sh.mu.Unlock()
+				return true
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return false
 }
 
 // tenantCollector exports each tenant's quota state under

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
-	"github.com/kvcache-ops/mc/pkg/store/alloc"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -27,16 +26,20 @@ import (
 //     to disk: no network) and frees the DRAM range only when the node
 //     says the record is durable (offloadDone); meanwhile the object is
 //     out of the eviction order and still readable from DRAM;
-//   - reads: a get of an object whose only copy is on disk allocates a
-//     range in that node's staging pool (memory the node registered for
+//   - reads: a get from a reader that stages disk objects itself (mc's
+//     client, read_disk) of an object whose only copy is on disk is
+//     answered with where the record is (the node's TierRead endpoint,
+//     tier id, version): the reader asks the node. For other readers
+//     (Mooncake's wire) the master sends STAGE: the node reads the
+//     record into a range of its staging pool (memory it registered for
 //     it, apart from its segment: a read never takes DRAM room nor
-//     evicts), sends LOAD (the node reads the record into it, checksum
-//     verified) and hands the range out as a replica with a staged id.
-//     Readers of the object meanwhile share that copy; each hands its
-//     read back when its bytes have moved (ReleaseStaged) and the range
-//     is freed when the last one has, or when the staging TTL passes
-//     since the last grant (a reader that died). A read that finds the
-//     pool full waits for room, within its deadline. On its
+//     evicts; the node owns its allocator and waits for room) and
+//     answers where, and the master hands the range out as a replica
+//     with a staged id. Readers of the object meanwhile share that copy;
+//     each hands its read back when its bytes have moved
+//     (ReleaseStaged) and the master RELEASEs the range when the last
+//     one has, or when the staging TTL passes since the last grant (a
+//     reader that died). On its
 //     PromoteAfter-th disk read an object is loaded into its node's
 //     segment instead, if there is free room there (no eviction), and
 //     stays as a DRAM replica in the eviction order. The disk record
@@ -109,17 +112,12 @@ type tierNode struct {
 	// What the master did with this tier (mc store stat).
 	nOffloads, nOffloadFull, nDiskHits, nPromotions atomic.Uint64
 
-	// The node's staging pool, for this attachment (gen): nil for a
-	// node without one. room is closed (and replaced) whenever a range
-	// is freed, waking reads that wait for room.
-	stageMu   sync.Mutex
-	stage     *alloc.Allocator
-	stageGen  uint64
-	stageRoom chan struct{}
-	// nStageWaits counts reads that waited for room, nStageReclaimed
-	// staged reads whose reader never handed them back (the TTL freed
-	// them).
-	nStageWaits, nStageReclaimed, nStaged atomic.Uint64
+	// service is the node's TierRead endpoint ("": none; under mu).
+	service string
+	// nStageReclaimed counts the master's staged reads whose readers
+	// never handed them back (its TTL freed them); the node counts its
+	// own (stats).
+	nStageReclaimed, nStaged atomic.Uint64
 }
 
 // tierOp is one OFFLOAD or LOAD in flight.
@@ -133,11 +131,13 @@ type tierOp struct {
 	size    uint64
 	done    chan struct{} // closed when err is set
 	err     error
-	// LOAD only: where the bytes go. promote: into the segment, to stay
-	// as a DRAM replica; else into the staging pool at stageAddr (gen:
-	// the attachment the pool range belongs to).
+	// LOAD: into the segment, to stay as a DRAM replica (promote); or
+	// STAGE: into the node's staging pool, which answered where
+	// (stageAddr) and by which id to release it (staged; gen: the
+	// attachment it was staged under).
 	promote   bool
 	stageAddr uint64
+	staged    uint64
 	stageGen  uint64
 }
 
@@ -173,7 +173,7 @@ type tiers struct {
 	nGivenUp  atomic.Int64
 
 	// copies are the staged copies by id (stagedMu; lock order: shard,
-	// then stagedMu, then a node's stageMu).
+	// then stagedMu).
 	stagedMu sync.Mutex
 	copies   map[uint64]*stagedCopy
 	nextCopy atomic.Uint64
@@ -183,7 +183,7 @@ type tiers struct {
 	diskHits, promotions, loadFailures                 atomic.Uint64
 	diskHitBytes                                       atomic.Uint64
 	diskEvicted                                        atomic.Uint64
-	stagedReleased, stagedReclaimed, stageWaits        atomic.Uint64
+	stagedReleased, stagedReclaimed                    atomic.Uint64
 }
 
 // stagedCopy is a disk record read into its node's staging pool for
@@ -195,6 +195,7 @@ type stagedCopy struct {
 	obj     *Object
 	node    *tierNode
 	gen     uint64 // the node attachment whose pool holds addr
+	staged  uint64 // the node's id of the range
 	addr    uint64
 	size    uint64
 	readers int   // grants not handed back
@@ -450,7 +451,7 @@ func (m *Master) opDone(n *tierNode, op *tierOp, err error) {
 	switch op.kind {
 	case pb.TierCommand_OFFLOAD:
 		m.offloadDone(n, op, err)
-	case pb.TierCommand_LOAD:
+	case pb.TierCommand_LOAD, pb.TierCommand_STAGE:
 		m.loadDone(n, op, err)
 	}
 }
@@ -507,24 +508,13 @@ func (m *Master) offloadDone(n *tierNode, op *tierOp, err error) {
 
 // ---- reads of objects on disk ----
 
-// errNoStagingRoom: the node's staging pool has no free range for the
-// object now; the read waits for one (lookupInto).
-type errNoStagingRoom struct {
-	node *tierNode
-	room chan struct{} // closed when a range of the pool is freed
-	err  error
-}
-
-func (e *errNoStagingRoom) Error() string { return e.err.Error() }
-func (e *errNoStagingRoom) Unwrap() error { return e.err }
-
 // stageLocked starts loading o (its shard locked, complete, with no DRAM
 // replica but a disk one) into its node's staging pool, or returns the
 // load already under way. On the object's PromoteAfter-th disk read the
 // load goes into the node's segment instead, when it has free room, and
 // the copy stays as a DRAM replica.
-func (m *Master) stageLocked(o *Object) (*tierOp, error) {
-	return m.loadLocked(o, false)
+func (m *Master) stageLocked(o *Object, deadline time.Time) (*tierOp, error) {
+	return m.loadLocked(o, false, deadline)
 }
 
 // promoteDue reports whether o's next disk read is the one that promotes
@@ -537,7 +527,7 @@ func (m *Master) promoteDue(o *Object) bool {
 // loadLocked is stageLocked; with onlyPromote it starts nothing (nil,
 // nil) unless the load is a promotion into free room of the segment (a
 // read that would otherwise share a staged copy).
-func (m *Master) loadLocked(o *Object, onlyPromote bool) (*tierOp, error) {
+func (m *Master) loadLocked(o *Object, onlyPromote bool, deadline time.Time) (*tierOp, error) {
 	if op := o.tier.loading; op != nil {
 		return op, nil
 	}
@@ -560,25 +550,15 @@ func (m *Master) loadLocked(o *Object, onlyPromote bool) (*tierOp, error) {
 	if onlyPromote && !op.promote {
 		return nil, nil
 	}
-	if !op.promote {
-		n.stageMu.Lock()
-		pool, room := n.stage, n.stageRoom
-		var err error
-		if pool == nil || n.stageGen != gen {
-			err = fmt.Errorf("the node has no staging pool")
-		} else if addr, err = pool.AllocAligned(o.size, stagingAlign); err != nil {
-			addr, err = pool.Alloc(o.size)
-		}
-		n.stageMu.Unlock()
-		if err != nil {
-			if pool == nil || o.size > pool.Capacity() {
-				return nil, store.Errorf(store.NoAvailableHandle, "key %q is on the disk of %s: its staging pool (%s) cannot hold %d bytes (raise --ssd-staging-size)", o.key, n.name(), fmtBytes(capacityOf(pool)), o.size)
-			}
-			return nil, &errNoStagingRoom{node: n, room: room, err: store.Errorf(store.NoAvailableHandle, "key %q is on the disk of %s: its staging pool of %s stayed full (%s in use by reads)", o.key, n.name(), fmtBytes(pool.Capacity()), fmtBytes(usedOf(n)))}
-		}
-		op.stageAddr, op.stageGen = addr, gen
-	}
 	cmd := &pb.TierCommand{Op: op.id, Kind: op.kind, Key: o.key, Version: op.version, Addr: addr, Size: o.size}
+	if !op.promote {
+		// The node picks the range and waits for room in its pool, a
+		// little less long than the read waits for the answer (so the
+		// read fails naming the full pool, not a timeout).
+		op.kind, cmd.Kind, op.stageGen = pb.TierCommand_STAGE, pb.TierCommand_STAGE, gen
+		wait := m.loadBound(deadline)
+		cmd.WaitMs = uint64(max(wait-max(wait/4, 20*time.Millisecond), 0).Milliseconds())
+	}
 	if !n.enqueue(cmd, op) {
 		m.freeLoadTarget(n, op)
 		return nil, store.Errorf(store.ObjectNotFound, "key %q: the disk of %s is not answering", o.key, n.name())
@@ -587,44 +567,41 @@ func (m *Master) loadLocked(o *Object, onlyPromote bool) (*tierOp, error) {
 	return op, nil
 }
 
-func capacityOf(a *alloc.Allocator) uint64 {
-	if a == nil {
-		return 0
+// loadBound is how long a read waits for a disk load or staging: at
+// least a staged read's TTL, within which readers that do not hand
+// theirs back (Mooncake's clients) free them, so a scan larger than the
+// pool waits instead of failing; a caller's deadline comes first.
+func (m *Master) loadBound(deadline time.Time) time.Duration {
+	bound := max(loadWait, m.stagedTTL()+time.Second)
+	if !deadline.IsZero() {
+		bound = min(bound, time.Until(deadline))
 	}
-	return a.Capacity()
+	return bound
 }
 
-func usedOf(n *tierNode) uint64 {
-	n.stageMu.Lock()
-	defer n.stageMu.Unlock()
-	if n.stage == nil {
-		return 0
-	}
-	return n.stage.Used()
-}
-
-// freeLoadTarget frees the range a LOAD that did not make it was to
-// fill.
+// freeLoadTarget frees the range a LOAD or STAGE that did not make it
+// was to fill (a STAGE the node answered: the range it took).
 func (m *Master) freeLoadTarget(n *tierNode, op *tierOp) {
 	if op.promote {
 		m.space.free(op.refs, op.size)
 		return
 	}
-	n.freeStaged(op.stageGen, op.stageAddr, op.size)
+	n.releaseStaged(op.stageGen, op.staged)
 }
 
-// freeStaged frees a range of n's staging pool of attachment gen (a
-// range of an earlier attachment went with it) and wakes the reads
-// waiting for room.
-func (n *tierNode) freeStaged(gen, addr, size uint64) {
-	n.stageMu.Lock()
-	defer n.stageMu.Unlock()
-	if n.stage == nil || n.stageGen != gen {
+// releaseStaged tells n to free its staged range id of attachment gen (a
+// range of an earlier attachment went with its stream: the node frees
+// the master's ranges when the stream ends).
+func (n *tierNode) releaseStaged(gen, id uint64) {
+	if id == 0 {
 		return
 	}
-	_ = n.stage.Free(addr, size)
-	close(n.stageRoom)
-	n.stageRoom = make(chan struct{})
+	n.mu.Lock()
+	same := n.gen == gen
+	n.mu.Unlock()
+	if same {
+		n.enqueue(&pb.TierCommand{Kind: pb.TierCommand_RELEASE, Staged: id}, nil)
+	}
 }
 
 func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
@@ -642,6 +619,10 @@ func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
 		o.tier.loading = nil
 		m.freeLoadTarget(n, op)
 		err = store.Errorf(store.ObjectNotFound, "key %q: its only copy is on the disk of %s, which disconnected", op.key, n.name())
+	case store.CodeOf(err) == store.NoAvailableHandle:
+		// The node's staging pool stayed full: the record is fine.
+		o.tier.loading = nil
+		err = store.Errorf(store.NoAvailableHandle, "key %q is on the disk of %s: %v", op.key, n.name(), err)
 	case err != nil:
 		o.tier.loading = nil
 		m.freeLoadTarget(n, op)
@@ -669,7 +650,7 @@ func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
 		}
 	default:
 		o.tier.loading = nil
-		c := &stagedCopy{id: m.tiers.nextCopy.Add(1), key: o.key, obj: o, node: n, gen: op.stageGen, addr: op.stageAddr, size: o.size,
+		c := &stagedCopy{id: m.tiers.nextCopy.Add(1), key: o.key, obj: o, node: n, gen: op.stageGen, staged: op.staged, addr: op.stageAddr, size: o.size,
 			until: m.now() + m.stagedTTL().Nanoseconds()}
 		o.tier.stage = c
 		n.nStaged.Add(1)
@@ -754,7 +735,7 @@ func (m *Master) dropCopy(c *stagedCopy, done func(*stagedCopy) bool, reclaimed 
 		m.tiers.stagedReclaimed.Add(1)
 		c.node.nStageReclaimed.Add(1)
 	}
-	c.node.freeStaged(c.gen, c.addr, c.size)
+	c.node.releaseStaged(c.gen, c.staged)
 }
 
 // expireStaged frees the staged copies whose TTL has passed: a copy with
@@ -852,25 +833,9 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 	n.send = make(chan *pb.TierCommand, tierCmdQueue)
 	n.stats = &pb.TierStats{Capacity: h.GetCapacity()}
 	tomb := maps.Clone(n.tombstones)
+	n.service = h.GetStagingService()
 	n.online = true
 	n.mu.Unlock()
-	// The staging pool is new with each attachment (the node renews its
-	// memory, so a late reader of a range of the old one reaches
-	// nothing): ranges of the old one are not freed into it.
-	var pool *alloc.Allocator
-	if h.GetStagingSize() > 0 {
-		var err error
-		if pool, err = alloc.New(h.GetStagingAddr(), h.GetStagingSize()); err != nil {
-			m.log.Warn(fmt.Sprintf("disk tier %s: staging pool 0x%x+%d: %v; its disk reads will fail", n.id, h.GetStagingAddr(), h.GetStagingSize(), err))
-		}
-	}
-	n.stageMu.Lock()
-	n.stage, n.stageGen = pool, gen
-	if n.stageRoom != nil {
-		close(n.stageRoom)
-	}
-	n.stageRoom = make(chan struct{})
-	n.stageMu.Unlock()
 
 	if !prev.IsZero() && prev != client {
 		// The directory's lock passed to another process: the node
@@ -1075,22 +1040,26 @@ func (m *Master) result(n *tierNode, r *pb.TierResult) {
 	if op == nil {
 		return // failed already when a stream ended
 	}
-	var err error
-	if r.GetCode() != 0 {
-		err = store.Errorf(store.Code(r.GetCode()), "%s", r.GetMessage())
-	}
+	err := store.ResultFromPB(&pb.Result{Code: r.GetCode(), Message: r.GetMessage()})
+	op.stageAddr, op.staged = r.GetAddr(), r.GetStaged()
 	m.opDone(n, op, err)
 }
 
-// evicted applies records a node's tier dropped to make room.
-func (m *Master) evicted(n *tierNode, recs []*pb.TierRecord) {
+// evicted applies records a node's tier dropped to make room, or
+// (unreadable) because a reader's staged read of them failed.
+func (m *Master) evicted(n *tierNode, recs []*pb.TierRecord, unreadable bool) {
 	for _, r := range recs {
 		sh := m.shardOf(r.GetKey())
 		sh.mu.Lock()
 		o := sh.objects[r.GetKey()]
 		if o != nil && o.tier != nil && o.tier.node == n && o.tier.version == r.GetVersion() {
 			o.tier.node = nil
-			m.tiers.diskEvicted.Add(1)
+			if unreadable {
+				m.tiers.loadFailures.Add(1)
+				m.log.Warn(fmt.Sprintf("disk copy of %q (version %d) on %s could not be read; that disk replica is dropped", r.GetKey(), r.GetVersion(), n.name()))
+			} else {
+				m.tiers.diskEvicted.Add(1)
+			}
 			m.loseDiskLocked(sh, o)
 		}
 		sh.mu.Unlock()
@@ -1128,7 +1097,9 @@ func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
 	defer s.m.detach(n, gen)
 	// An empty first message tells the node it is attached (commands
 	// may be a while coming).
-	if err := st.Send(&pb.TierDown{}); err != nil {
+	// It carries the staging TTL the node holds readers' own staged
+	// reads for.
+	if err := st.Send(&pb.TierDown{StagingTtlMs: uint64(s.m.stagedTTL().Milliseconds())}); err != nil {
 		return err
 	}
 	n.mu.Lock()
@@ -1174,7 +1145,7 @@ func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
 			case *pb.TierUp_Result:
 				s.m.result(n, msg.Result)
 			case *pb.TierUp_Evicted:
-				s.m.evicted(n, msg.Evicted.GetRecords())
+				s.m.evicted(n, msg.Evicted.GetRecords(), msg.Evicted.GetUnreadable())
 			case *pb.TierUp_Stats:
 				n.mu.Lock()
 				n.stats = msg.Stats
@@ -1213,10 +1184,14 @@ type TierStatus struct {
 	// master did with this tier since it first attached.
 	Offloads, OffloadFull, DiskHits, Promotions uint64
 	// StagingSize and StagingUsed are the node's staging pool and the
-	// bytes of it holding staged reads; StagingWaits counts reads that
-	// waited for room in it, StagingReclaimed staged reads the TTL freed
-	// with readers left.
+	// bytes of it holding staged reads (as the node reports them);
+	// StagingWaits counts reads that waited for room in it,
+	// StagingReclaimed staged reads the TTLs (the master's and the
+	// node's) freed with readers left, StagingReleased readers' own
+	// staged reads handed back to the node, DirectBatches the batches
+	// readers asked the node for directly (not through the master).
 	StagingSize, StagingUsed, StagingWaits, StagingReclaimed uint64
+	StagingReleased, DirectBatches                           uint64
 }
 
 // DiskReplica is an object's replica on a node's disk tier, as the admin
@@ -1254,10 +1229,12 @@ type TierTotals struct {
 	DiskHits, MemHits, Promotions, LoadFailures        uint64
 	DiskEvicted                                        uint64
 	Inflight                                           int64
-	// StagedReleased counts staged reads handed back by their readers,
-	// StagedReclaimed those the staging TTL freed with readers left,
-	// StagingWaits reads that waited for room in a staging pool.
-	StagedReleased, StagedReclaimed, StagingWaits uint64
+	// StagedReleased counts staged reads handed back by their readers
+	// (to the master or to the node), StagedReclaimed those a staging
+	// TTL freed with readers left, StagingWaits reads that waited for
+	// room in a staging pool, DirectBatches the batches readers asked
+	// nodes for directly.
+	StagedReleased, StagedReclaimed, StagingWaits, DirectBatches uint64
 }
 
 // Tiers lists the disk tiers the master knows, by segment name, with the
@@ -1297,14 +1274,17 @@ func (m *Master) tierNodes() []TierStatus {
 			Offloads: n.nOffloads.Load(), OffloadFull: n.nOffloadFull.Load(), DiskHits: n.nDiskHits.Load(), Promotions: n.nPromotions.Load()}
 		if st != nil {
 			ts.Capacity, ts.Used, ts.Records, ts.Files, ts.Dir, ts.Direct = st.GetCapacity(), st.GetUsed(), st.GetRecords(), st.GetFiles(), st.GetDir(), st.GetDirect()
+			// The staging pool is the node's: as it last reported it.
+			// A node away holds nothing (its pool went with it, or is
+			// renewed when it is back).
+			ts.StagingSize, ts.StagingWaits, ts.StagingReleased, ts.DirectBatches = st.GetStagingSize(), st.GetStagingWaits(), st.GetStagingReleased(), st.GetDirectBatches()
+			ts.StagingReclaimed = st.GetStagingReclaimed()
+			if n.online {
+				ts.StagingUsed = st.GetStagingUsed()
+			}
 		}
 		n.mu.Unlock()
-		n.stageMu.Lock()
-		if n.stage != nil {
-			ts.StagingSize, ts.StagingUsed = n.stage.Capacity(), n.stage.Used()
-		}
-		n.stageMu.Unlock()
-		ts.StagingWaits, ts.StagingReclaimed = n.nStageWaits.Load(), n.nStageReclaimed.Load()
+		ts.StagingReclaimed += n.nStageReclaimed.Load()
 		out = append(out, ts)
 	}
 	slices.SortFunc(out, func(a, b TierStatus) int {
@@ -1316,12 +1296,27 @@ func (m *Master) tierNodes() []TierStatus {
 // TierTotals returns the disk-tier counters.
 func (m *Master) TierTotals() TierTotals {
 	t := &m.tiers
-	return TierTotals{
+	tt := TierTotals{
 		Offloads: t.offloads.Load(), OffloadBytes: t.offloadBytes.Load(), OffloadFull: t.offloadFull.Load(), OffloadFailed: t.offloadFailed.Load(),
 		DiskHits: t.diskHits.Load(), MemHits: m.memHitTotals().hits, Promotions: t.promotions.Load(), LoadFailures: t.loadFailures.Load(),
 		DiskEvicted: t.diskEvicted.Load(), Inflight: t.inflight.Load(),
-		StagedReleased: t.stagedReleased.Load(), StagedReclaimed: t.stagedReclaimed.Load(), StagingWaits: t.stageWaits.Load(),
+		StagedReleased: t.stagedReleased.Load(), StagedReclaimed: t.stagedReclaimed.Load(),
 	}
+	// The nodes' own counts of their pools, as last reported.
+	t.mu.Lock()
+	nodes := slices.Collect(maps.Values(t.byID))
+	t.mu.Unlock()
+	for _, n := range nodes {
+		n.mu.Lock()
+		if st := n.stats; st != nil {
+			tt.StagingWaits += st.GetStagingWaits()
+			tt.StagedReleased += st.GetStagingReleased()
+			tt.StagedReclaimed += st.GetStagingReclaimed()
+			tt.DirectBatches += st.GetDirectBatches()
+		}
+		n.mu.Unlock()
+	}
+	return tt
 }
 
 // loadWait bounds how long a read waits for a node to load a disk
@@ -1342,4 +1337,42 @@ func newTierServer(m *Master, gate grpc.UnaryServerInterceptor) *tierServer {
 		}
 	}
 	return s
+}
+
+// diskReadLocked answers a read of o, whose only copy is on its node's
+// disk, for a reader that stages it itself (shard locked): where the
+// record is, counted as a disk hit. The node checks the tier and the
+// version, so a record dropped or re-put meanwhile is a not-found there,
+// never other bytes.
+func (m *Master) diskReadLocked(o *Object, now int64, descs *[]store.Replica) ReplicaResult {
+	n := o.tier.node
+	n.mu.Lock()
+	online, service, segID := n.online, n.service, n.segID
+	n.mu.Unlock()
+	var r ReplicaResult
+	switch {
+	case !online:
+		r.Err = store.Errorf(store.ObjectNotFound, "key %q: its only copy is on the disk of %s, which is not connected", o.key, n.name())
+		return r
+	case service == "":
+		r.Err = store.Errorf(store.ObjectNotFound, "key %q: its only copy is on the disk of %s, which serves no staged reads (a node of an older mc)", o.key, n.name())
+		return r
+	}
+	rep := store.Replica{Len: o.size, Complete: true}
+	m.space.mu.Lock()
+	if seg := m.space.segs[segID]; seg != nil {
+		rep.Segment, rep.Endpoint, rep.Protocol = seg.info.Name, seg.info.Endpoint, seg.info.Protocol
+	}
+	m.space.mu.Unlock()
+	k := len(*descs)
+	*descs = append(*descs, rep)
+	r.Replicas = (*descs)[k:len(*descs):len(*descs)]
+	r.Sum, r.DiskVersion, r.DiskService, r.DiskTier, r.DiskKey = o.sum, o.tier.version, service, n.id, o.key
+	r.LeaseTTL = m.cfg.KVLeaseTTL
+	o.lease = max(o.lease, now+m.cfg.KVLeaseTTL.Nanoseconds())
+	o.tier.reads++
+	m.tiers.diskHits.Add(1)
+	m.tiers.diskHitBytes.Add(o.size)
+	n.nDiskHits.Add(1)
+	return r
 }

@@ -21,13 +21,14 @@ func (a *admin) tiers(w http.ResponseWriter, _ *http.Request) {
 		out[i] = store.AdminTier{ID: t.ID, Segment: t.Segment, ClientID: t.Client.String(), Connected: t.Online, Dir: t.Dir, ODirect: t.Direct,
 			Capacity: t.Capacity, Used: t.Used, Records: t.Records, Files: t.Files, DiskReplicas: t.Replicas,
 			Offloads: t.Offloads, OffloadFull: t.OffloadFull, DiskHits: t.DiskHits, Promotions: t.Promotions,
-			StagingSize: t.StagingSize, StagingUsed: t.StagingUsed, StagingWaits: t.StagingWaits, StagingReclaimed: t.StagingReclaimed}
+			StagingSize: t.StagingSize, StagingUsed: t.StagingUsed, StagingWaits: t.StagingWaits, StagingReclaimed: t.StagingReclaimed,
+			StagingReleased: t.StagingReleased, DirectBatches: t.DirectBatches}
 	}
 	tt := a.m.TierTotals()
 	writeJSON(w, http.StatusOK, map[string]any{"success": true, "tiers": out, "totals": store.AdminTierTotals{
 		Offloads: tt.Offloads, OffloadBytes: tt.OffloadBytes, OffloadFull: tt.OffloadFull, OffloadFailed: tt.OffloadFailed,
 		DiskHits: tt.DiskHits, MemHits: tt.MemHits, Promotions: tt.Promotions, LoadFailures: tt.LoadFailures,
 		DiskEvicted: tt.DiskEvicted, InflightBytes: tt.Inflight,
-		StagedReleased: tt.StagedReleased, StagedReclaimed: tt.StagedReclaimed, StagingWaits: tt.StagingWaits,
+		StagedReleased: tt.StagedReleased, StagedReclaimed: tt.StagedReclaimed, StagingWaits: tt.StagingWaits, DirectBatches: tt.DirectBatches,
 	}})
 }

@@ -46,9 +46,12 @@ func registerTierMetrics(m *Master, r *prometheus.Registry) {
 	counter("mc_store_tier_promotions_total", "disk objects promoted back into DRAM", t.promotions.Load)
 	counter("mc_store_tier_load_failures_total", "disk reads that failed (the disk replica was dropped)", t.loadFailures.Load)
 	gauge("mc_store_tier_offload_inflight_bytes", "DRAM bytes being written to disk tiers", func() float64 { return float64(max(t.inflight.Load(), 0)) })
-	counter("mc_store_tier_staged_released_total", "staged reads of disk objects their readers handed back after the transfer", t.stagedReleased.Load)
-	counter("mc_store_tier_staged_reclaimed_total", "staged reads of disk objects freed by the staging TTL with readers left (readers that died or were slower than the TTL)", t.stagedReclaimed.Load)
-	counter("mc_store_tier_staging_waits_total", "reads of disk objects that waited for room in their node's staging pool", t.stageWaits.Load)
+	// The staging pools are the nodes': their counts as last reported,
+	// with the master's own for the reads it staged.
+	counter("mc_store_tier_staged_released_total", "staged reads of disk objects their readers handed back after the transfer", func() uint64 { return m.TierTotals().StagedReleased })
+	counter("mc_store_tier_staged_reclaimed_total", "staged reads of disk objects freed by the staging TTL with readers left (readers that died or were slower than the TTL)", func() uint64 { return m.TierTotals().StagedReclaimed })
+	counter("mc_store_tier_staging_waits_total", "reads of disk objects that waited for room in their node's staging pool", func() uint64 { return m.TierTotals().StagingWaits })
+	counter("mc_store_tier_direct_batches_total", "batches of staged reads readers asked nodes for directly (the master only told them where the records are)", func() uint64 { return m.TierTotals().DirectBatches })
 	gauge("mc_store_tier_staging_used_bytes", "bytes of connected nodes' staging pools holding staged reads", sum(func(s TierStatus) uint64 { return s.StagingUsed }))
 	gauge("mc_store_tier_staging_capacity_bytes", "capacity of connected nodes' staging pools", sum(func(s TierStatus) uint64 { return s.StagingSize }))
 	gauge("mc_store_tier_nodes", "disk tiers known (connected or away)", func() float64 { return float64(len(m.tierNodes())) })

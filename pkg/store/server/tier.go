@@ -27,6 +27,8 @@ func registerTierGauges(reg *prometheus.Registry, segment string, t *store.TierN
 	})
 	counter("mc_store_tier_node_offloads_total", "objects this node wrote to disk for the master", func(s store.TierStats) uint64 { return s.Offloads })
 	counter("mc_store_tier_node_loads_total", "records this node read back into its segment", func(s store.TierStats) uint64 { return s.Loads })
+	counter("mc_store_tier_node_direct_reads_total", "records this node read into its staging pool for readers that asked it directly", func(s store.TierStats) uint64 { return s.DirectReads })
+	gauge("mc_store_tier_node_staging_used_bytes", "bytes of this node's staging pool holding staged reads", func(s store.TierStats) float64 { return float64(s.StagingUsed) })
 	counter("mc_store_tier_node_failures_total", "offloads and loads that failed (full, not found, I/O)", func(s store.TierStats) uint64 { return s.Failures })
 	counter("mc_store_tier_write_bytes_total", "value bytes written to disk", func(s store.TierStats) uint64 { return s.WriteBytes })
 	counter("mc_store_tier_read_bytes_total", "value bytes read from disk", func(s store.TierStats) uint64 { return s.ReadBytes })

@@ -462,7 +462,20 @@ type ReplicaTable struct {
 	Checksums []uint64 `protobuf:"varint,10,rep,packed,name=checksums,proto3" json:"checksums,omitempty"`
 	// Per key (a column only when some key has one): the id of the staged
 	// read its replica is (see ReplicaList.staged), 0 for none.
-	Staged        []uint64 `protobuf:"varint,11,rep,packed,name=staged,proto3" json:"staged,omitempty"`
+	Staged []uint64 `protobuf:"varint,11,rep,packed,name=staged,proto3" json:"staged,omitempty"`
+	// Per key (a column only when some key has one), for a reader that
+	// asked read_disk: not 0 when the key's one replica is its record on
+	// a node's disk at this object version. That replica's segment is the
+	// node's, its address 0 and its length the value's; the reader asks
+	// disk_service[i] (the node's TierRead endpoint) for a staged read of
+	// the record on tier disk_tier[i].
+	DiskVersion []uint64 `protobuf:"varint,12,rep,packed,name=disk_version,json=diskVersion,proto3" json:"disk_version,omitempty"`
+	DiskService []string `protobuf:"bytes,13,rep,name=disk_service,json=diskService,proto3" json:"disk_service,omitempty"`
+	DiskTier    []string `protobuf:"bytes,14,rep,name=disk_tier,json=diskTier,proto3" json:"disk_tier,omitempty"`
+	// disk_key[i]: the record's key on the node (the stored key: with
+	// --enable_multi_tenants a tenant's keys are scoped, which the reader
+	// does not know); the asked key when empty.
+	DiskKey       []string `protobuf:"bytes,15,rep,name=disk_key,json=diskKey,proto3" json:"disk_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -570,6 +583,34 @@ func (x *ReplicaTable) GetChecksums() []uint64 {
 func (x *ReplicaTable) GetStaged() []uint64 {
 	if x != nil {
 		return x.Staged
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetDiskVersion() []uint64 {
+	if x != nil {
+		return x.DiskVersion
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetDiskService() []string {
+	if x != nil {
+		return x.DiskService
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetDiskTier() []string {
+	if x != nil {
+		return x.DiskTier
+	}
+	return nil
+}
+
+func (x *ReplicaTable) GetDiskKey() []string {
+	if x != nil {
+		return x.DiskKey
 	}
 	return nil
 }
@@ -1672,7 +1713,12 @@ type BatchKeysRequest struct {
 	FailedSegments []string `protobuf:"bytes,5,rep,name=failed_segments,json=failedSegments,proto3" json:"failed_segments,omitempty"`
 	// tenant scopes the keys with --enable_multi_tenants (Mooncake's
 	// tenant_id; "" is "default"); ignored without it.
-	Tenant        string `protobuf:"bytes,6,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant string `protobuf:"bytes,6,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// GetReplicaList in a Session only: the reader stages disk objects
+	// itself (TierRead on the node): for an object whose only copy is on a
+	// node's disk the master answers where the record is
+	// (ReplicaTable.disk_version) instead of staging it.
+	ReadDisk      bool `protobuf:"varint,7,opt,name=read_disk,json=readDisk,proto3" json:"read_disk,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1747,6 +1793,13 @@ func (x *BatchKeysRequest) GetTenant() string {
 		return x.Tenant
 	}
 	return ""
+}
+
+func (x *BatchKeysRequest) GetReadDisk() bool {
+	if x != nil {
+		return x.ReadDisk
+	}
+	return false
 }
 
 type BatchReplicaListResponse struct {
@@ -2392,7 +2445,7 @@ const file_store_proto_rawDesc = "" +
 	"\rreplica_table\x18\x03 \x01(\v2\x19.mc.store.v1.ReplicaTableH\x00R\freplicaTable\x125\n" +
 	"\aresults\x18\x04 \x01(\v2\x19.mc.store.v1.BatchResultsH\x00R\aresults\x127\n" +
 	"\x05exist\x18\x05 \x01(\v2\x1f.mc.store.v1.BatchExistResponseH\x00R\x05existB\a\n" +
-	"\x05reply\"\xef\x03\n" +
+	"\x05reply\"\xed\x04\n" +
 	"\fReplicaTable\x12@\n" +
 	"\bsegments\x18\x01 \x03(\v2$.mc.store.v1.ReplicaTable.SegmentRefR\bsegments\x12\x14\n" +
 	"\x05codes\x18\x02 \x03(\x05R\x05codes\x12 \n" +
@@ -2406,7 +2459,11 @@ const file_store_proto_rawDesc = "" +
 	"\x06status\x18\t \x03(\x0e2\x1a.mc.store.v1.ReplicaStatusR\x06status\x12\x1c\n" +
 	"\tchecksums\x18\n" +
 	" \x03(\x04R\tchecksums\x12\x16\n" +
-	"\x06staged\x18\v \x03(\x04R\x06staged\x1al\n" +
+	"\x06staged\x18\v \x03(\x04R\x06staged\x12!\n" +
+	"\fdisk_version\x18\f \x03(\x04R\vdiskVersion\x12!\n" +
+	"\fdisk_service\x18\r \x03(\tR\vdiskService\x12\x1b\n" +
+	"\tdisk_tier\x18\x0e \x03(\tR\bdiskTier\x12\x19\n" +
+	"\bdisk_key\x18\x0f \x03(\tR\adiskKey\x1al\n" +
 	"\n" +
 	"SegmentRef\x12!\n" +
 	"\fsegment_name\x18\x01 \x01(\tR\vsegmentName\x12\x1f\n" +
@@ -2491,7 +2548,7 @@ const file_store_proto_rawDesc = "" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x16\n" +
 	"\x06staged\x18\x02 \x03(\x04R\x06staged\"K\n" +
 	"\x15BatchPutStartResponse\x122\n" +
-	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"\xd6\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"\xf3\x01\n" +
 	"\x10BatchKeysRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x1c\n" +
@@ -2499,7 +2556,8 @@ const file_store_proto_rawDesc = "" +
 	"\vfailed_keys\x18\x04 \x03(\rR\n" +
 	"failedKeys\x12'\n" +
 	"\x0ffailed_segments\x18\x05 \x03(\tR\x0efailedSegments\x12\x16\n" +
-	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"N\n" +
+	"\x06tenant\x18\x06 \x01(\tR\x06tenant\x12\x1b\n" +
+	"\tread_disk\x18\a \x01(\bR\breadDisk\"N\n" +
 	"\x18BatchReplicaListResponse\x122\n" +
 	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"[\n" +
 	"\x12BatchExistResponse\x12-\n" +

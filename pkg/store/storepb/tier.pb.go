@@ -42,6 +42,12 @@ const (
 	TierCommand_LOAD TierCommand_Kind = 2
 	// DROP: remove key's record if it has that version (no answer).
 	TierCommand_DROP TierCommand_Kind = 3
+	// STAGE: read key at version into a range of the staging pool the
+	// node picks (waiting up to wait_ms for room), checksum verified,
+	// and answer with the range and its id (TierResult.addr, staged).
+	TierCommand_STAGE TierCommand_Kind = 4
+	// RELEASE: free the staged range of id staged (no answer).
+	TierCommand_RELEASE TierCommand_Kind = 5
 )
 
 // Enum value maps for TierCommand_Kind.
@@ -51,12 +57,16 @@ var (
 		1: "OFFLOAD",
 		2: "LOAD",
 		3: "DROP",
+		4: "STAGE",
+		5: "RELEASE",
 	}
 	TierCommand_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED": 0,
 		"OFFLOAD":          1,
 		"LOAD":             2,
 		"DROP":             3,
+		"STAGE":            4,
+		"RELEASE":          5,
 	}
 )
 
@@ -84,7 +94,219 @@ func (x TierCommand_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TierCommand_Kind.Descriptor instead.
 func (TierCommand_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{6, 0}
+	return file_tier_proto_rawDescGZIP(), []int{9, 0}
+}
+
+// BatchGetStagedRequest names records as the master told them: the
+// node's tier, and per key its object version and size. A record of
+// another version (the key re-put, removed or dropped meanwhile), or a
+// node on another tier directory, is OBJECT_NOT_FOUND, never other
+// bytes.
+type BatchGetStagedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TierId        string                 `protobuf:"bytes,1,opt,name=tier_id,json=tierId,proto3" json:"tier_id,omitempty"`
+	Keys          []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Versions      []uint64               `protobuf:"varint,3,rep,packed,name=versions,proto3" json:"versions,omitempty"`
+	Sizes         []uint64               `protobuf:"varint,4,rep,packed,name=sizes,proto3" json:"sizes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchGetStagedRequest) Reset() {
+	*x = BatchGetStagedRequest{}
+	mi := &file_tier_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchGetStagedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchGetStagedRequest) ProtoMessage() {}
+
+func (x *BatchGetStagedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tier_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchGetStagedRequest.ProtoReflect.Descriptor instead.
+func (*BatchGetStagedRequest) Descriptor() ([]byte, []int) {
+	return file_tier_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *BatchGetStagedRequest) GetTierId() string {
+	if x != nil {
+		return x.TierId
+	}
+	return ""
+}
+
+func (x *BatchGetStagedRequest) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *BatchGetStagedRequest) GetVersions() []uint64 {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+func (x *BatchGetStagedRequest) GetSizes() []uint64 {
+	if x != nil {
+		return x.Sizes
+	}
+	return nil
+}
+
+// BatchGetStagedResponse: the records read into the node's staging pool
+// (checksum verified), per key its address there (0 with a code), to be
+// read through the engine at te_endpoint. The node frees the batch's
+// ranges on ReleaseStaged(batch_id) or gc_ttl_ms after it answered,
+// whichever comes first: a reader counts gc_ttl_ms (the hold plus the
+// time the node took to read the records) from before it asked and
+// trusts no read ending later.
+type BatchGetStagedResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	BatchId    uint64                 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	Addrs      []uint64               `protobuf:"varint,2,rep,packed,name=addrs,proto3" json:"addrs,omitempty"`
+	TeEndpoint string                 `protobuf:"bytes,3,opt,name=te_endpoint,json=teEndpoint,proto3" json:"te_endpoint,omitempty"`
+	GcTtlMs    uint64                 `protobuf:"varint,4,opt,name=gc_ttl_ms,json=gcTtlMs,proto3" json:"gc_ttl_ms,omitempty"`
+	// Per key: 0 or a Mooncake ErrorCode, and its message ("" for 0):
+	// OBJECT_NOT_FOUND, no record of that version here (the master may
+	// know better by now); INVALID_REPLICA, the record could not be read
+	// (checksum, I/O) and the node dropped it, telling the master.
+	Codes         []int32  `protobuf:"varint,5,rep,packed,name=codes,proto3" json:"codes,omitempty"`
+	Messages      []string `protobuf:"bytes,6,rep,name=messages,proto3" json:"messages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BatchGetStagedResponse) Reset() {
+	*x = BatchGetStagedResponse{}
+	mi := &file_tier_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BatchGetStagedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BatchGetStagedResponse) ProtoMessage() {}
+
+func (x *BatchGetStagedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tier_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BatchGetStagedResponse.ProtoReflect.Descriptor instead.
+func (*BatchGetStagedResponse) Descriptor() ([]byte, []int) {
+	return file_tier_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BatchGetStagedResponse) GetBatchId() uint64 {
+	if x != nil {
+		return x.BatchId
+	}
+	return 0
+}
+
+func (x *BatchGetStagedResponse) GetAddrs() []uint64 {
+	if x != nil {
+		return x.Addrs
+	}
+	return nil
+}
+
+func (x *BatchGetStagedResponse) GetTeEndpoint() string {
+	if x != nil {
+		return x.TeEndpoint
+	}
+	return ""
+}
+
+func (x *BatchGetStagedResponse) GetGcTtlMs() uint64 {
+	if x != nil {
+		return x.GcTtlMs
+	}
+	return 0
+}
+
+func (x *BatchGetStagedResponse) GetCodes() []int32 {
+	if x != nil {
+		return x.Codes
+	}
+	return nil
+}
+
+func (x *BatchGetStagedResponse) GetMessages() []string {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+type ReleaseStagedBatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BatchId       uint64                 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseStagedBatch) Reset() {
+	*x = ReleaseStagedBatch{}
+	mi := &file_tier_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseStagedBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseStagedBatch) ProtoMessage() {}
+
+func (x *ReleaseStagedBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_tier_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseStagedBatch.ProtoReflect.Descriptor instead.
+func (*ReleaseStagedBatch) Descriptor() ([]byte, []int) {
+	return file_tier_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReleaseStagedBatch) GetBatchId() uint64 {
+	if x != nil {
+		return x.BatchId
+	}
+	return 0
 }
 
 // TierRecord is one value on a node's disk.
@@ -102,7 +324,7 @@ type TierRecord struct {
 
 func (x *TierRecord) Reset() {
 	*x = TierRecord{}
-	mi := &file_tier_proto_msgTypes[0]
+	mi := &file_tier_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -114,7 +336,7 @@ func (x *TierRecord) String() string {
 func (*TierRecord) ProtoMessage() {}
 
 func (x *TierRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[0]
+	mi := &file_tier_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -127,7 +349,7 @@ func (x *TierRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierRecord.ProtoReflect.Descriptor instead.
 func (*TierRecord) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{0}
+	return file_tier_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TierRecord) GetKey() string {
@@ -162,19 +384,21 @@ type TierHello struct {
 	TierId   string        `protobuf:"bytes,3,opt,name=tier_id,json=tierId,proto3" json:"tier_id,omitempty"`
 	Capacity uint64        `protobuf:"varint,4,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	Records  []*TierRecord `protobuf:"bytes,5,rep,name=records,proto3" json:"records,omitempty"`
-	// staging_addr and staging_size are the node's staging pool: memory
-	// registered with its engine, apart from the segment, that LOADs for
-	// reads go into (the master allocates in it; peers read from it). 0:
-	// none (a node of an older mc), loads go into the segment.
-	StagingAddr   uint64 `protobuf:"varint,6,opt,name=staging_addr,json=stagingAddr,proto3" json:"staging_addr,omitempty"`
-	StagingSize   uint64 `protobuf:"varint,7,opt,name=staging_size,json=stagingSize,proto3" json:"staging_size,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// staging_addr and staging_size: no longer sent (the node owns its
+	// staging pool and picks the ranges, STAGE; its size is in TierStats).
+	StagingAddr uint64 `protobuf:"varint,6,opt,name=staging_addr,json=stagingAddr,proto3" json:"staging_addr,omitempty"`
+	StagingSize uint64 `protobuf:"varint,7,opt,name=staging_size,json=stagingSize,proto3" json:"staging_size,omitempty"`
+	// staging_service is the node's TierRead endpoint (host:port), where
+	// mc's readers ask for staged reads themselves ("": none, the master
+	// stages every read).
+	StagingService string `protobuf:"bytes,8,opt,name=staging_service,json=stagingService,proto3" json:"staging_service,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TierHello) Reset() {
 	*x = TierHello{}
-	mi := &file_tier_proto_msgTypes[1]
+	mi := &file_tier_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -186,7 +410,7 @@ func (x *TierHello) String() string {
 func (*TierHello) ProtoMessage() {}
 
 func (x *TierHello) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[1]
+	mi := &file_tier_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -199,7 +423,7 @@ func (x *TierHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierHello.ProtoReflect.Descriptor instead.
 func (*TierHello) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{1}
+	return file_tier_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TierHello) GetClientId() *UUID {
@@ -251,6 +475,13 @@ func (x *TierHello) GetStagingSize() uint64 {
 	return 0
 }
 
+func (x *TierHello) GetStagingService() string {
+	if x != nil {
+		return x.StagingService
+	}
+	return ""
+}
+
 // TierStats is the node's disk tier as it stands (sent every second).
 type TierStats struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -265,13 +496,24 @@ type TierStats struct {
 	Full           uint64                 `protobuf:"varint,9,opt,name=full,proto3" json:"full,omitempty"`
 	Direct         bool                   `protobuf:"varint,10,opt,name=direct,proto3" json:"direct,omitempty"`
 	Dir            string                 `protobuf:"bytes,11,opt,name=dir,proto3" json:"dir,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The node's staging pool: its size, the bytes holding staged reads
+	// now, the reads that waited for room in it, staged reads the node
+	// freed on its own TTL with no hand-back (readers that died), and
+	// those handed back; and the batches readers asked for directly
+	// (TierRead), not through the master.
+	StagingSize      uint64 `protobuf:"varint,12,opt,name=staging_size,json=stagingSize,proto3" json:"staging_size,omitempty"`
+	StagingUsed      uint64 `protobuf:"varint,13,opt,name=staging_used,json=stagingUsed,proto3" json:"staging_used,omitempty"`
+	StagingWaits     uint64 `protobuf:"varint,14,opt,name=staging_waits,json=stagingWaits,proto3" json:"staging_waits,omitempty"`
+	StagingReclaimed uint64 `protobuf:"varint,15,opt,name=staging_reclaimed,json=stagingReclaimed,proto3" json:"staging_reclaimed,omitempty"`
+	StagingReleased  uint64 `protobuf:"varint,16,opt,name=staging_released,json=stagingReleased,proto3" json:"staging_released,omitempty"`
+	DirectBatches    uint64 `protobuf:"varint,17,opt,name=direct_batches,json=directBatches,proto3" json:"direct_batches,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *TierStats) Reset() {
 	*x = TierStats{}
-	mi := &file_tier_proto_msgTypes[2]
+	mi := &file_tier_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -283,7 +525,7 @@ func (x *TierStats) String() string {
 func (*TierStats) ProtoMessage() {}
 
 func (x *TierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[2]
+	mi := &file_tier_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -296,7 +538,7 @@ func (x *TierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStats.ProtoReflect.Descriptor instead.
 func (*TierStats) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{2}
+	return file_tier_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TierStats) GetCapacity() uint64 {
@@ -376,16 +618,62 @@ func (x *TierStats) GetDir() string {
 	return ""
 }
 
+func (x *TierStats) GetStagingSize() uint64 {
+	if x != nil {
+		return x.StagingSize
+	}
+	return 0
+}
+
+func (x *TierStats) GetStagingUsed() uint64 {
+	if x != nil {
+		return x.StagingUsed
+	}
+	return 0
+}
+
+func (x *TierStats) GetStagingWaits() uint64 {
+	if x != nil {
+		return x.StagingWaits
+	}
+	return 0
+}
+
+func (x *TierStats) GetStagingReclaimed() uint64 {
+	if x != nil {
+		return x.StagingReclaimed
+	}
+	return 0
+}
+
+func (x *TierStats) GetStagingReleased() uint64 {
+	if x != nil {
+		return x.StagingReleased
+	}
+	return 0
+}
+
+func (x *TierStats) GetDirectBatches() uint64 {
+	if x != nil {
+		return x.DirectBatches
+	}
+	return 0
+}
+
 type TierEvicted struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Records       []*TierRecord          `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Records []*TierRecord          `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	// unreadable: the records were dropped because a read of them failed
+	// (a checksum mismatch, an I/O error) while a reader staged them
+	// itself, not to make room.
+	Unreadable    bool `protobuf:"varint,2,opt,name=unreadable,proto3" json:"unreadable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TierEvicted) Reset() {
 	*x = TierEvicted{}
-	mi := &file_tier_proto_msgTypes[3]
+	mi := &file_tier_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -397,7 +685,7 @@ func (x *TierEvicted) String() string {
 func (*TierEvicted) ProtoMessage() {}
 
 func (x *TierEvicted) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[3]
+	mi := &file_tier_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -410,7 +698,7 @@ func (x *TierEvicted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierEvicted.ProtoReflect.Descriptor instead.
 func (*TierEvicted) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{3}
+	return file_tier_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TierEvicted) GetRecords() []*TierRecord {
@@ -420,21 +708,33 @@ func (x *TierEvicted) GetRecords() []*TierRecord {
 	return nil
 }
 
+func (x *TierEvicted) GetUnreadable() bool {
+	if x != nil {
+		return x.Unreadable
+	}
+	return false
+}
+
 // TierResult answers the command with the same op.
 type TierResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Op    uint64                 `protobuf:"varint,1,opt,name=op,proto3" json:"op,omitempty"`
 	// code is 0 or a Mooncake ErrorCode (NO_AVAILABLE_HANDLE: the disk is
-	// full; OBJECT_NOT_FOUND: no such record; INTERNAL_ERROR: I/O).
-	Code          int32  `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
-	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// full, or the staging pool stayed full; OBJECT_NOT_FOUND: no such
+	// record; INTERNAL_ERROR: I/O).
+	Code    int32  `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// STAGE only: where in its staging pool the node put the record, and
+	// the id to RELEASE it by.
+	Addr          uint64 `protobuf:"varint,4,opt,name=addr,proto3" json:"addr,omitempty"`
+	Staged        uint64 `protobuf:"varint,5,opt,name=staged,proto3" json:"staged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TierResult) Reset() {
 	*x = TierResult{}
-	mi := &file_tier_proto_msgTypes[4]
+	mi := &file_tier_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -446,7 +746,7 @@ func (x *TierResult) String() string {
 func (*TierResult) ProtoMessage() {}
 
 func (x *TierResult) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[4]
+	mi := &file_tier_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -459,7 +759,7 @@ func (x *TierResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierResult.ProtoReflect.Descriptor instead.
 func (*TierResult) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{4}
+	return file_tier_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TierResult) GetOp() uint64 {
@@ -483,6 +783,20 @@ func (x *TierResult) GetMessage() string {
 	return ""
 }
 
+func (x *TierResult) GetAddr() uint64 {
+	if x != nil {
+		return x.Addr
+	}
+	return 0
+}
+
+func (x *TierResult) GetStaged() uint64 {
+	if x != nil {
+		return x.Staged
+	}
+	return 0
+}
+
 type TierUp struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -498,7 +812,7 @@ type TierUp struct {
 
 func (x *TierUp) Reset() {
 	*x = TierUp{}
-	mi := &file_tier_proto_msgTypes[5]
+	mi := &file_tier_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -510,7 +824,7 @@ func (x *TierUp) String() string {
 func (*TierUp) ProtoMessage() {}
 
 func (x *TierUp) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[5]
+	mi := &file_tier_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -523,7 +837,7 @@ func (x *TierUp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierUp.ProtoReflect.Descriptor instead.
 func (*TierUp) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{5}
+	return file_tier_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TierUp) GetMsg() isTierUp_Msg {
@@ -605,13 +919,15 @@ type TierCommand struct {
 	Version       uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
 	Addr          uint64                 `protobuf:"varint,5,opt,name=addr,proto3" json:"addr,omitempty"`
 	Size          uint64                 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
+	Staged        uint64                 `protobuf:"varint,7,opt,name=staged,proto3" json:"staged,omitempty"`
+	WaitMs        uint64                 `protobuf:"varint,8,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TierCommand) Reset() {
 	*x = TierCommand{}
-	mi := &file_tier_proto_msgTypes[6]
+	mi := &file_tier_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +939,7 @@ func (x *TierCommand) String() string {
 func (*TierCommand) ProtoMessage() {}
 
 func (x *TierCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[6]
+	mi := &file_tier_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +952,7 @@ func (x *TierCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierCommand.ProtoReflect.Descriptor instead.
 func (*TierCommand) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{6}
+	return file_tier_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TierCommand) GetOp() uint64 {
@@ -681,16 +997,34 @@ func (x *TierCommand) GetSize() uint64 {
 	return 0
 }
 
+func (x *TierCommand) GetStaged() uint64 {
+	if x != nil {
+		return x.Staged
+	}
+	return 0
+}
+
+func (x *TierCommand) GetWaitMs() uint64 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
+}
+
 type TierDown struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Commands      []*TierCommand         `protobuf:"bytes,1,rep,name=commands,proto3" json:"commands,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Commands []*TierCommand         `protobuf:"bytes,1,rep,name=commands,proto3" json:"commands,omitempty"`
+	// The master's staging TTL (--ssd-staging-ttl), in the first message:
+	// how long the node holds a staged read a reader asked it for directly
+	// when the reader does not hand it back.
+	StagingTtlMs  uint64 `protobuf:"varint,2,opt,name=staging_ttl_ms,json=stagingTtlMs,proto3" json:"staging_ttl_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TierDown) Reset() {
 	*x = TierDown{}
-	mi := &file_tier_proto_msgTypes[7]
+	mi := &file_tier_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +1036,7 @@ func (x *TierDown) String() string {
 func (*TierDown) ProtoMessage() {}
 
 func (x *TierDown) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[7]
+	mi := &file_tier_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +1049,7 @@ func (x *TierDown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierDown.ProtoReflect.Descriptor instead.
 func (*TierDown) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{7}
+	return file_tier_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TierDown) GetCommands() []*TierCommand {
@@ -725,17 +1059,39 @@ func (x *TierDown) GetCommands() []*TierCommand {
 	return nil
 }
 
+func (x *TierDown) GetStagingTtlMs() uint64 {
+	if x != nil {
+		return x.StagingTtlMs
+	}
+	return 0
+}
+
 var File_tier_proto protoreflect.FileDescriptor
 
 const file_tier_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"tier.proto\x12\vmc.store.v1\x1a\vstore.proto\"L\n" +
+	"tier.proto\x12\vmc.store.v1\x1a\vstore.proto\"v\n" +
+	"\x15BatchGetStagedRequest\x12\x17\n" +
+	"\atier_id\x18\x01 \x01(\tR\x06tierId\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x1a\n" +
+	"\bversions\x18\x03 \x03(\x04R\bversions\x12\x14\n" +
+	"\x05sizes\x18\x04 \x03(\x04R\x05sizes\"\xb8\x01\n" +
+	"\x16BatchGetStagedResponse\x12\x19\n" +
+	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x12\x14\n" +
+	"\x05addrs\x18\x02 \x03(\x04R\x05addrs\x12\x1f\n" +
+	"\vte_endpoint\x18\x03 \x01(\tR\n" +
+	"teEndpoint\x12\x1a\n" +
+	"\tgc_ttl_ms\x18\x04 \x01(\x04R\agcTtlMs\x12\x14\n" +
+	"\x05codes\x18\x05 \x03(\x05R\x05codes\x12\x1a\n" +
+	"\bmessages\x18\x06 \x03(\tR\bmessages\"/\n" +
+	"\x12ReleaseStagedBatch\x12\x19\n" +
+	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\"L\n" +
 	"\n" +
 	"TierRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x04R\aversion\"\x9b\x02\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"\xc4\x02\n" +
 	"\tTierHello\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x120\n" +
 	"\n" +
@@ -744,7 +1100,8 @@ const file_tier_proto_rawDesc = "" +
 	"\bcapacity\x18\x04 \x01(\x04R\bcapacity\x121\n" +
 	"\arecords\x18\x05 \x03(\v2\x17.mc.store.v1.TierRecordR\arecords\x12!\n" +
 	"\fstaging_addr\x18\x06 \x01(\x04R\vstagingAddr\x12!\n" +
-	"\fstaging_size\x18\a \x01(\x04R\vstagingSize\"\xac\x02\n" +
+	"\fstaging_size\x18\a \x01(\x04R\vstagingSize\x12'\n" +
+	"\x0fstaging_service\x18\b \x01(\tR\x0estagingService\"\x96\x04\n" +
 	"\tTierStats\x12\x1a\n" +
 	"\bcapacity\x18\x01 \x01(\x04R\bcapacity\x12\x12\n" +
 	"\x04used\x18\x02 \x01(\x04R\x04used\x12\x18\n" +
@@ -759,36 +1116,55 @@ const file_tier_proto_rawDesc = "" +
 	"\x04full\x18\t \x01(\x04R\x04full\x12\x16\n" +
 	"\x06direct\x18\n" +
 	" \x01(\bR\x06direct\x12\x10\n" +
-	"\x03dir\x18\v \x01(\tR\x03dir\"@\n" +
+	"\x03dir\x18\v \x01(\tR\x03dir\x12!\n" +
+	"\fstaging_size\x18\f \x01(\x04R\vstagingSize\x12!\n" +
+	"\fstaging_used\x18\r \x01(\x04R\vstagingUsed\x12#\n" +
+	"\rstaging_waits\x18\x0e \x01(\x04R\fstagingWaits\x12+\n" +
+	"\x11staging_reclaimed\x18\x0f \x01(\x04R\x10stagingReclaimed\x12)\n" +
+	"\x10staging_released\x18\x10 \x01(\x04R\x0fstagingReleased\x12%\n" +
+	"\x0edirect_batches\x18\x11 \x01(\x04R\rdirectBatches\"`\n" +
 	"\vTierEvicted\x121\n" +
-	"\arecords\x18\x01 \x03(\v2\x17.mc.store.v1.TierRecordR\arecords\"J\n" +
+	"\arecords\x18\x01 \x03(\v2\x17.mc.store.v1.TierRecordR\arecords\x12\x1e\n" +
+	"\n" +
+	"unreadable\x18\x02 \x01(\bR\n" +
+	"unreadable\"v\n" +
 	"\n" +
 	"TierResult\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\x04R\x02op\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"\xd8\x01\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x12\n" +
+	"\x04addr\x18\x04 \x01(\x04R\x04addr\x12\x16\n" +
+	"\x06staged\x18\x05 \x01(\x04R\x06staged\"\xd8\x01\n" +
 	"\x06TierUp\x12.\n" +
 	"\x05hello\x18\x01 \x01(\v2\x16.mc.store.v1.TierHelloH\x00R\x05hello\x121\n" +
 	"\x06result\x18\x02 \x01(\v2\x17.mc.store.v1.TierResultH\x00R\x06result\x124\n" +
 	"\aevicted\x18\x03 \x01(\v2\x18.mc.store.v1.TierEvictedH\x00R\aevicted\x12.\n" +
 	"\x05stats\x18\x04 \x01(\v2\x16.mc.store.v1.TierStatsH\x00R\x05statsB\x05\n" +
-	"\x03msg\"\xe3\x01\n" +
+	"\x03msg\"\xac\x02\n" +
 	"\vTierCommand\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\x04R\x02op\x121\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1d.mc.store.v1.TierCommand.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x18\n" +
 	"\aversion\x18\x04 \x01(\x04R\aversion\x12\x12\n" +
 	"\x04addr\x18\x05 \x01(\x04R\x04addr\x12\x12\n" +
-	"\x04size\x18\x06 \x01(\x04R\x04size\"=\n" +
+	"\x04size\x18\x06 \x01(\x04R\x04size\x12\x16\n" +
+	"\x06staged\x18\a \x01(\x04R\x06staged\x12\x17\n" +
+	"\await_ms\x18\b \x01(\x04R\x06waitMs\"U\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aOFFLOAD\x10\x01\x12\b\n" +
 	"\x04LOAD\x10\x02\x12\b\n" +
-	"\x04DROP\x10\x03\"@\n" +
+	"\x04DROP\x10\x03\x12\t\n" +
+	"\x05STAGE\x10\x04\x12\v\n" +
+	"\aRELEASE\x10\x05\"f\n" +
 	"\bTierDown\x124\n" +
-	"\bcommands\x18\x01 \x03(\v2\x18.mc.store.v1.TierCommandR\bcommands2@\n" +
+	"\bcommands\x18\x01 \x03(\v2\x18.mc.store.v1.TierCommandR\bcommands\x12$\n" +
+	"\x0estaging_ttl_ms\x18\x02 \x01(\x04R\fstagingTtlMs2@\n" +
 	"\x04Tier\x128\n" +
-	"\x06Attach\x12\x13.mc.store.v1.TierUp\x1a\x15.mc.store.v1.TierDown(\x010\x01B-Z+github.com/kvcache-ops/mc/pkg/store/storepbb\x06proto3"
+	"\x06Attach\x12\x13.mc.store.v1.TierUp\x1a\x15.mc.store.v1.TierDown(\x010\x012\xac\x01\n" +
+	"\bTierRead\x12Y\n" +
+	"\x0eBatchGetStaged\x12\".mc.store.v1.BatchGetStagedRequest\x1a#.mc.store.v1.BatchGetStagedResponse\x12E\n" +
+	"\rReleaseStaged\x12\x1f.mc.store.v1.ReleaseStagedBatch\x1a\x13.mc.store.v1.ResultB-Z+github.com/kvcache-ops/mc/pkg/store/storepbb\x06proto3"
 
 var (
 	file_tier_proto_rawDescOnce sync.Once
@@ -803,34 +1179,42 @@ func file_tier_proto_rawDescGZIP() []byte {
 }
 
 var file_tier_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tier_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_tier_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_tier_proto_goTypes = []any{
-	(TierCommand_Kind)(0), // 0: mc.store.v1.TierCommand.Kind
-	(*TierRecord)(nil),    // 1: mc.store.v1.TierRecord
-	(*TierHello)(nil),     // 2: mc.store.v1.TierHello
-	(*TierStats)(nil),     // 3: mc.store.v1.TierStats
-	(*TierEvicted)(nil),   // 4: mc.store.v1.TierEvicted
-	(*TierResult)(nil),    // 5: mc.store.v1.TierResult
-	(*TierUp)(nil),        // 6: mc.store.v1.TierUp
-	(*TierCommand)(nil),   // 7: mc.store.v1.TierCommand
-	(*TierDown)(nil),      // 8: mc.store.v1.TierDown
-	(*UUID)(nil),          // 9: mc.store.v1.UUID
+	(TierCommand_Kind)(0),          // 0: mc.store.v1.TierCommand.Kind
+	(*BatchGetStagedRequest)(nil),  // 1: mc.store.v1.BatchGetStagedRequest
+	(*BatchGetStagedResponse)(nil), // 2: mc.store.v1.BatchGetStagedResponse
+	(*ReleaseStagedBatch)(nil),     // 3: mc.store.v1.ReleaseStagedBatch
+	(*TierRecord)(nil),             // 4: mc.store.v1.TierRecord
+	(*TierHello)(nil),              // 5: mc.store.v1.TierHello
+	(*TierStats)(nil),              // 6: mc.store.v1.TierStats
+	(*TierEvicted)(nil),            // 7: mc.store.v1.TierEvicted
+	(*TierResult)(nil),             // 8: mc.store.v1.TierResult
+	(*TierUp)(nil),                 // 9: mc.store.v1.TierUp
+	(*TierCommand)(nil),            // 10: mc.store.v1.TierCommand
+	(*TierDown)(nil),               // 11: mc.store.v1.TierDown
+	(*UUID)(nil),                   // 12: mc.store.v1.UUID
+	(*Result)(nil),                 // 13: mc.store.v1.Result
 }
 var file_tier_proto_depIdxs = []int32{
-	9,  // 0: mc.store.v1.TierHello.client_id:type_name -> mc.store.v1.UUID
-	9,  // 1: mc.store.v1.TierHello.segment_id:type_name -> mc.store.v1.UUID
-	1,  // 2: mc.store.v1.TierHello.records:type_name -> mc.store.v1.TierRecord
-	1,  // 3: mc.store.v1.TierEvicted.records:type_name -> mc.store.v1.TierRecord
-	2,  // 4: mc.store.v1.TierUp.hello:type_name -> mc.store.v1.TierHello
-	5,  // 5: mc.store.v1.TierUp.result:type_name -> mc.store.v1.TierResult
-	4,  // 6: mc.store.v1.TierUp.evicted:type_name -> mc.store.v1.TierEvicted
-	3,  // 7: mc.store.v1.TierUp.stats:type_name -> mc.store.v1.TierStats
+	12, // 0: mc.store.v1.TierHello.client_id:type_name -> mc.store.v1.UUID
+	12, // 1: mc.store.v1.TierHello.segment_id:type_name -> mc.store.v1.UUID
+	4,  // 2: mc.store.v1.TierHello.records:type_name -> mc.store.v1.TierRecord
+	4,  // 3: mc.store.v1.TierEvicted.records:type_name -> mc.store.v1.TierRecord
+	5,  // 4: mc.store.v1.TierUp.hello:type_name -> mc.store.v1.TierHello
+	8,  // 5: mc.store.v1.TierUp.result:type_name -> mc.store.v1.TierResult
+	7,  // 6: mc.store.v1.TierUp.evicted:type_name -> mc.store.v1.TierEvicted
+	6,  // 7: mc.store.v1.TierUp.stats:type_name -> mc.store.v1.TierStats
 	0,  // 8: mc.store.v1.TierCommand.kind:type_name -> mc.store.v1.TierCommand.Kind
-	7,  // 9: mc.store.v1.TierDown.commands:type_name -> mc.store.v1.TierCommand
-	6,  // 10: mc.store.v1.Tier.Attach:input_type -> mc.store.v1.TierUp
-	8,  // 11: mc.store.v1.Tier.Attach:output_type -> mc.store.v1.TierDown
-	11, // [11:12] is the sub-list for method output_type
-	10, // [10:11] is the sub-list for method input_type
+	10, // 9: mc.store.v1.TierDown.commands:type_name -> mc.store.v1.TierCommand
+	9,  // 10: mc.store.v1.Tier.Attach:input_type -> mc.store.v1.TierUp
+	1,  // 11: mc.store.v1.TierRead.BatchGetStaged:input_type -> mc.store.v1.BatchGetStagedRequest
+	3,  // 12: mc.store.v1.TierRead.ReleaseStaged:input_type -> mc.store.v1.ReleaseStagedBatch
+	11, // 13: mc.store.v1.Tier.Attach:output_type -> mc.store.v1.TierDown
+	2,  // 14: mc.store.v1.TierRead.BatchGetStaged:output_type -> mc.store.v1.BatchGetStagedResponse
+	13, // 15: mc.store.v1.TierRead.ReleaseStaged:output_type -> mc.store.v1.Result
+	13, // [13:16] is the sub-list for method output_type
+	10, // [10:13] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -842,7 +1226,7 @@ func file_tier_proto_init() {
 		return
 	}
 	file_store_proto_init()
-	file_tier_proto_msgTypes[5].OneofWrappers = []any{
+	file_tier_proto_msgTypes[8].OneofWrappers = []any{
 		(*TierUp_Hello)(nil),
 		(*TierUp_Result)(nil),
 		(*TierUp_Evicted)(nil),
@@ -854,9 +1238,9 @@ func file_tier_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tier_proto_rawDesc), len(file_tier_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   11,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_tier_proto_goTypes,
 		DependencyIndexes: file_tier_proto_depIdxs,

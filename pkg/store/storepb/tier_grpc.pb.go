@@ -121,3 +121,157 @@ var Tier_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "tier.proto",
 }
+
+const (
+	TierRead_BatchGetStaged_FullMethodName = "/mc.store.v1.TierRead/BatchGetStaged"
+	TierRead_ReleaseStaged_FullMethodName  = "/mc.store.v1.TierRead/ReleaseStaged"
+)
+
+// TierReadClient is the client API for TierRead service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// TierRead is served by each node with a disk tier, on the endpoint its
+// hello names (staging_service): a reader the master told where a disk
+// object's record is (store.proto ReplicaTable.disk_version) asks the
+// node for a staged read of it, one call per node for a batch, and
+// hands it back when its transfer is done. Mooncake's
+// batch_get_offload_object / release_offload_buffer.
+type TierReadClient interface {
+	BatchGetStaged(ctx context.Context, in *BatchGetStagedRequest, opts ...grpc.CallOption) (*BatchGetStagedResponse, error)
+	ReleaseStaged(ctx context.Context, in *ReleaseStagedBatch, opts ...grpc.CallOption) (*Result, error)
+}
+
+type tierReadClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewTierReadClient(cc grpc.ClientConnInterface) TierReadClient {
+	return &tierReadClient{cc}
+}
+
+func (c *tierReadClient) BatchGetStaged(ctx context.Context, in *BatchGetStagedRequest, opts ...grpc.CallOption) (*BatchGetStagedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchGetStagedResponse)
+	err := c.cc.Invoke(ctx, TierRead_BatchGetStaged_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tierReadClient) ReleaseStaged(ctx context.Context, in *ReleaseStagedBatch, opts ...grpc.CallOption) (*Result, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Result)
+	err := c.cc.Invoke(ctx, TierRead_ReleaseStaged_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// TierReadServer is the server API for TierRead service.
+// All implementations must embed UnimplementedTierReadServer
+// for forward compatibility.
+//
+// TierRead is served by each node with a disk tier, on the endpoint its
+// hello names (staging_service): a reader the master told where a disk
+// object's record is (store.proto ReplicaTable.disk_version) asks the
+// node for a staged read of it, one call per node for a batch, and
+// hands it back when its transfer is done. Mooncake's
+// batch_get_offload_object / release_offload_buffer.
+type TierReadServer interface {
+	BatchGetStaged(context.Context, *BatchGetStagedRequest) (*BatchGetStagedResponse, error)
+	ReleaseStaged(context.Context, *ReleaseStagedBatch) (*Result, error)
+	mustEmbedUnimplementedTierReadServer()
+}
+
+// UnimplementedTierReadServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedTierReadServer struct{}
+
+func (UnimplementedTierReadServer) BatchGetStaged(context.Context, *BatchGetStagedRequest) (*BatchGetStagedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BatchGetStaged not implemented")
+}
+func (UnimplementedTierReadServer) ReleaseStaged(context.Context, *ReleaseStagedBatch) (*Result, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseStaged not implemented")
+}
+func (UnimplementedTierReadServer) mustEmbedUnimplementedTierReadServer() {}
+func (UnimplementedTierReadServer) testEmbeddedByValue()                  {}
+
+// UnsafeTierReadServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to TierReadServer will
+// result in compilation errors.
+type UnsafeTierReadServer interface {
+	mustEmbedUnimplementedTierReadServer()
+}
+
+func RegisterTierReadServer(s grpc.ServiceRegistrar, srv TierReadServer) {
+	// If the following call panics, it indicates UnimplementedTierReadServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&TierRead_ServiceDesc, srv)
+}
+
+func _TierRead_BatchGetStaged_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BatchGetStagedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TierReadServer).BatchGetStaged(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TierRead_BatchGetStaged_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TierReadServer).BatchGetStaged(ctx, req.(*BatchGetStagedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TierRead_ReleaseStaged_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseStagedBatch)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TierReadServer).ReleaseStaged(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TierRead_ReleaseStaged_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TierReadServer).ReleaseStaged(ctx, req.(*ReleaseStagedBatch))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// TierRead_ServiceDesc is the grpc.ServiceDesc for TierRead service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var TierRead_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "mc.store.v1.TierRead",
+	HandlerType: (*TierReadServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "BatchGetStaged",
+			Handler:    _TierRead_BatchGetStaged_Handler,
+		},
+		{
+			MethodName: "ReleaseStaged",
+			Handler:    _TierRead_ReleaseStaged_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "tier.proto",
+}

@@ -1,0 +1,243 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// Reads of disk objects, one hop fewer (Mooncake's BatchGetOffloadObject):
+// the master answers a get of an object whose only copy is on a node's
+// disk with where the record is (Replica.Disk); the client asks that node
+// for a staged read, one call per node for a batch, reads the ranges the
+// node answers through its engine as any replica, and hands the batch
+// back to the node once its transfers are done.
+
+// DiskRecord is where an object's record is on a node's disk: the node's
+// TierRead endpoint, its tier id and the object version.
+type DiskRecord struct {
+	Service string
+	Tier    string
+	Version uint64
+	// Key is the record's key on the node (the stored key, scoped by
+	// tenant); "" means the key asked.
+	Key string
+}
+
+// tierConns are the client's connections to nodes' TierRead services.
+type tierConns struct {
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+func (t *tierConns) get(addr string) (pb.TierReadClient, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if cc := t.conns[addr]; cc != nil {
+		return pb.NewTierReadClient(cc), nil
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMsgSize), grpc.MaxCallSendMsgSize(MaxMsgSize)))
+	if err != nil {
+		return nil, fmt.Errorf("disk tier read service %s: %w", addr, err)
+	}
+	if t.conns == nil {
+		t.conns = make(map[string]*grpc.ClientConn)
+	}
+	t.conns[addr] = cc
+	return pb.NewTierReadClient(cc), nil
+}
+
+func (t *tierConns) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, cc := range t.conns {
+		_ = cc.Close()
+		delete(t.conns, k)
+	}
+}
+
+// stageDisk turns the disk replicas among reps into staged reads: per
+// node, one BatchGetStaged for its keys, all nodes at once. A key the
+// node no longer has at that version (re-put, removed or dropped since
+// the master answered) is asked of the master once more; other failures
+// are the key's error. The staged replicas carry the node's hold on
+// their ranges as their lease (its TTL from before the node was asked,
+// plus the time from asked, when the master was, to then: the read's
+// LEASE_EXPIRED check counts from asked) and the batch to hand back.
+func (c *Client) stageDisk(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, errs []error) {
+	var first map[int]error
+	for attempt := 0; ; attempt++ {
+		retry := c.stageDiskOnce(ctx, asked, keys, reps, errs)
+		if len(retry) == 0 || attempt > 0 {
+			for _, i := range retry {
+				reps[i] = nil
+			}
+			// A key still not found: the node's first answer says why
+			// better than the master's (a record that failed its
+			// checksum is gone from both by now).
+			for i, err := range first {
+				if CodeOf(errs[i]) == ObjectNotFound {
+					errs[i] = err
+				}
+			}
+			return
+		}
+		first = make(map[int]error, len(retry))
+		for _, i := range retry {
+			first[i] = errs[i]
+		}
+		ask := make([]string, len(retry))
+		for j, i := range retry {
+			ask[j] = keys[i]
+		}
+		sub := make([]error, len(ask))
+		again, _ := c.replicaLists(ctx, ask, sub)
+		for j, i := range retry {
+			reps[i], errs[i] = again[j], sub[j]
+		}
+	}
+}
+
+// stageDiskOnce stages reps' disk replicas and returns the keys a node
+// did not have (their errs set, to be asked again).
+func (c *Client) stageDiskOnce(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, errs []error) []int {
+	// No map for a get without disk objects: this runs on every get.
+	var byNode map[string][]int
+	for i, rs := range reps {
+		if errs[i] == nil && len(rs) == 1 && rs[0].Disk != nil {
+			if byNode == nil {
+				byNode = make(map[string][]int)
+			}
+			byNode[rs[0].Disk.Service] = append(byNode[rs[0].Disk.Service], i)
+		}
+	}
+	if len(byNode) == 0 {
+		return nil
+	}
+	var mu sync.Mutex
+	var retry []int
+	var wg sync.WaitGroup
+	for svc, idx := range byNode {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r := c.stageOn(ctx, asked, svc, keys, reps, errs, idx); len(r) > 0 {
+				mu.Lock()
+				retry = append(retry, r...)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return retry
+}
+
+// stageOn asks the node at svc for staged reads of keys idx.
+func (c *Client) stageOn(ctx context.Context, asked time.Time, svc string, keys []string, reps [][]Replica, errs []error, idx []int) (retry []int) {
+	fail := func(err error) []int {
+		for _, i := range idx {
+			errs[i] = err
+		}
+		return nil
+	}
+	cl, err := c.tiers.get(svc)
+	if err != nil {
+		return fail(Errorf(RPCFail, "%v", err))
+	}
+	req := &pb.BatchGetStagedRequest{TierId: reps[idx[0]][0].Disk.Tier}
+	for _, i := range idx {
+		d := reps[i][0].Disk
+		k := keys[i]
+		if d.Key != "" {
+			k = d.Key
+		}
+		req.Keys = append(req.Keys, k)
+		req.Versions = append(req.Versions, d.Version)
+		req.Sizes = append(req.Sizes, reps[i][0].Len)
+	}
+	cctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
+	defer cancel()
+	sent := time.Now()
+	resp, err := cl.BatchGetStaged(cctx, req)
+	if err != nil {
+		code := RPCFail
+		if st, ok := status.FromError(err); ok && st.Code().String() == "InvalidArgument" {
+			code = InvalidParams
+		}
+		return fail(Errorf(code, "staged read of %d disk objects from node %s: %v", len(idx), svc, err))
+	}
+	if len(resp.Addrs) != len(idx) || len(resp.Codes) != len(idx) || len(resp.Messages) != len(idx) {
+		return fail(Errorf(RPCFail, "staged read from node %s: %d/%d/%d answers for %d keys", svc, len(resp.Addrs), len(resp.Codes), len(resp.Messages), len(idx)))
+	}
+	// The node holds the ranges ttl from after it read them, so at
+	// least ttl from sent.
+	lease := sent.Sub(asked) + time.Duration(resp.GcTtlMs)*time.Millisecond
+	for j, i := range idx {
+		if code := resp.Codes[j]; code != 0 {
+			errs[i] = resultErr(code, resp.Messages[j])
+			switch Code(code) {
+			case ObjectNotFound:
+				retry = append(retry, i)
+			case InvalidReplica:
+				// Its only copy could not be read and is dropped: the
+				// object is gone, as the master's own load would say.
+				errs[i] = Errorf(ObjectNotFound, "%s", errs[i].(*Error).Msg)
+			}
+			continue
+		}
+		r := reps[i][0]
+		r.Disk, r.Addr, r.Staged, r.StagedAt = nil, resp.Addrs[j], resp.BatchId, svc
+		if resp.TeEndpoint != "" && resp.TeEndpoint != r.Endpoint {
+			r.Endpoint, r.Segment = resp.TeEndpoint, resp.TeEndpoint
+		}
+		// The node's hold on the range is the lease that matters.
+		r.Lease = lease
+		reps[i] = []Replica{r}
+	}
+	return retry
+}
+
+// releaseDirect hands each node's staged batches among reps back (in the
+// background; a lost one is freed by the node's TTL).
+func (c *Client) releaseDirect(ctx context.Context, reps [][]Replica) {
+	type batch struct {
+		svc string
+		id  uint64
+	}
+	var seen map[batch]bool
+	for _, rs := range reps {
+		for _, r := range rs {
+			if r.StagedAt != "" && r.Staged != 0 {
+				if seen == nil {
+					seen = make(map[batch]bool)
+				}
+				seen[batch{r.StagedAt, r.Staged}] = true
+			}
+		}
+	}
+	if len(seen) == 0 {
+		return
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		for b := range seen {
+			cl, err := c.tiers.get(b.svc)
+			if err == nil {
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.RPCTimeout)
+				_, err = cl.ReleaseStaged(cctx, &pb.ReleaseStagedBatch{BatchId: b.id})
+				cancel()
+			}
+			if err != nil {
+				c.log.Debug(fmt.Sprintf("hand back staged batch %d to node %s: %v (its TTL frees it)", b.id, b.svc, err))
+			}
+		}
+	}()
+}
