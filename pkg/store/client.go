@@ -298,7 +298,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		err = c.remount(ctx)
 	}
 	if err != nil {
-		if mooncakeAddr == "" && CodeOf(err) == RPCFail && etcdEndpoints == nil && speaksMooncake(ctx, cfg.Master) {
+		if mooncakeAddr == "" && CodeOf(err) == RPCFail && etcdEndpoints == nil && speaksMooncake(ctx, cfg.Master) && !speaksGRPC(ctx, cfg.Master) {
 			err = fmt.Errorf("master %s speaks Mooncake's coro_rpc (a mooncake_master?): use --master mooncake://%s", cfg.Master, cfg.Master)
 		}
 		return fail(err)

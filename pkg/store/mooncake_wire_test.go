@@ -12,6 +12,9 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/master"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // mooncakeClient is c.client speaking Mooncake's coro_rpc to the master's
@@ -211,5 +214,41 @@ func TestMooncakeWireRemountKeepsKnownSegment(t *testing.T) {
 	}
 	if err := store.WireRemount(ctx, node); err != nil {
 		t.Fatalf("re-mount of the renewed segment: %v", err)
+	}
+}
+
+// A master that speaks both wires on one port (mc's) and fails a mount
+// over gRPC is not called a mooncake_master: the hint to write
+// mooncake:// is for an address where gRPC gets no answer at all (under
+// load a node's mount once failed RPC_FAIL and said "speaks Mooncake's
+// coro_rpc (a mooncake_master?)" of mc's own master).
+func TestMountFailureOnMCMasterNotCalledMooncake(t *testing.T) {
+	m, err := master.New(master.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	defer m.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if strings.HasSuffix(info.FullMethod, "/MountSegment") {
+			return nil, status.Error(codes.Internal, "mount refused by the test")
+		}
+		return h(ctx, req)
+	}
+	srv := master.NewGRPCServer(m, gate)
+	go srv.ServeShared(lis, master.NewMooncakeServer(m, nil, nil))
+	defer srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = store.New(ctx, store.Config{Master: lis.Addr().String(), EngineConfig: engineConfig(), SegmentSize: 1 << 20, RPCTimeout: 2 * time.Second})
+	if err == nil {
+		t.Fatal("mount through a gate that refuses it succeeded")
+	}
+	if strings.Contains(err.Error(), "speaks Mooncake") || !strings.Contains(err.Error(), "mount refused by the test") {
+		t.Fatalf("mount refused by mc's master: %v; want the master's own error, no mooncake:// hint", err)
 	}
 }

@@ -555,3 +555,23 @@ func (w *grpcWire) query(ctx context.Context, key string) ([]Replica, error) {
 	reps, _, err := ReplicaListFromPB(resp.Results[0])
 	return reps, err
 }
+
+// speaksGRPC reports whether addr answers mc's gRPC at all (any status
+// from a server, an error code included). mc's master serves Mooncake's
+// coro_rpc on the same port, so a call that failed there must not be
+// blamed on addr being a mooncake_master.
+func speaksGRPC(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return false
+	}
+	defer cc.Close()
+	_, err = pb.NewMasterClient(cc).Ping(ctx, &pb.PingRequest{})
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return false
+	}
+	return true
+}
