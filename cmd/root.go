@@ -211,6 +211,9 @@ or Go durations (500ms, 2m). Every flag can also be set by an MC_*
 environment variable or in $XDG_CONFIG_HOME/mc/config.yaml.
 
 ` + exitStatusHelp,
+		// mc --version answers as scripts and users expect of a CLI
+		// (it was an unknown flag); mc version has the detail.
+		Version:       currentVersion().Version,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -263,6 +266,7 @@ environment variable or in $XDG_CONFIG_HOME/mc/config.yaml.
 	// One normaliser for every flag set: Mooncake's underscore spellings
 	// (--block_size) resolve to the kebab-case flag (--block-size).
 	root.SetGlobalNormalizationFunc(normalizeFlag)
+	root.SetVersionTemplate("mc {{.Version}}\n")
 	return root
 }
 

@@ -43,6 +43,9 @@ func TestVersionTableAndJSON(t *testing.T) {
 	if err != nil || !strings.HasPrefix(out, "mc ") || !strings.Contains(out, "go: go1.") {
 		t.Fatalf("version: %v\n%s", err, out)
 	}
+	if out, _, err := runCmd(t, "--version"); err != nil || !strings.HasPrefix(out, "mc ") {
+		t.Fatalf("mc --version: %v\n%s", err, out)
+	}
 	out, _, err = runCmd(t, "version", "--output", "json")
 	if err != nil {
 		t.Fatal(err)
