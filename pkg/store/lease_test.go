@@ -19,20 +19,7 @@ func TestPutWaitsForLeaseInsteadOfFailing(t *testing.T) {
 	c.client(4 << 20) // 4 regions of 1 MiB: 16 slots of 256 KiB
 	cl := c.client(0)
 	ctx := context.Background()
-	var keys []string
-	for i := range 15 {
-		key := fmt.Sprint("old", i)
-		if err := cl.Put(ctx, key, value(256<<10, byte(i))); err != nil {
-			t.Fatalf("fill %s: %v", key, err)
-		}
-		keys = append(keys, key)
-	}
-	// Old enough that eviction may take them once their leases end.
-	time.Sleep(ttl + 50*time.Millisecond)
-	leased := time.Now() // the leases are granted after this
-	if _, errs := cl.BatchGet(ctx, keys); errs[0] != nil {
-		t.Fatalf("read: %v", errs[0])
-	}
+	leased := fillAndLease(t, cl, 15, ttl)
 	// 300 KiB fits no free slot: room needs an eviction, and every
 	// object is leased.
 	err := cl.Put(ctx, "new", value(300<<10, 99))
@@ -91,19 +78,7 @@ func TestPutOverWatermarkWaitsForLeases(t *testing.T) {
 	c.client(4 << 20)
 	cl := c.client(0)
 	ctx := context.Background()
-	var keys []string
-	for i := range 14 { // 87.5% of the pool
-		key := fmt.Sprint("old", i)
-		if err := cl.Put(ctx, key, value(256<<10, byte(i))); err != nil {
-			t.Fatalf("fill %s: %v", key, err)
-		}
-		keys = append(keys, key)
-	}
-	time.Sleep(ttl + 50*time.Millisecond) // old: evictable once unleased
-	leased := time.Now()
-	if _, errs := cl.BatchGet(ctx, keys); errs[0] != nil {
-		t.Fatalf("read: %v", errs[0])
-	}
+	leased := fillAndLease(t, cl, 14, ttl)
 	// 93.75% with it: over the watermark, and every other object leased.
 	if err := cl.Put(ctx, "new", value(256<<10, 99)); err != nil {
 		t.Fatalf("put over the watermark into a pool of leased objects: %v (want it to wait for the leases to end)", err)
@@ -127,8 +102,25 @@ func TestPutWaitsForLeasePastRPCTimeout(t *testing.T) {
 	c.client(4 << 20)
 	cl := c.client(0, func(cfg *store.Config) { cfg.RPCTimeout = 500 * time.Millisecond })
 	ctx := context.Background()
+	leased := fillAndLease(t, cl, 15, ttl)
+	long, cancel := context.WithTimeout(ctx, 4*ttl)
+	defer cancel()
+	if err := cl.Put(long, "new", value(300<<10, 99)); err != nil {
+		t.Fatalf("put with a deadline past the leases but an RPC timeout before them: %v (want it to wait)", err)
+	}
+	if waited := time.Since(leased); waited < ttl {
+		t.Errorf("put returned after %s: it cannot have waited for a lease of %s", waited, ttl)
+	}
+}
+
+// fillAndLease puts n objects of 256 KiB (old0...), lets them grow older
+// than the lease TTL (evictable once unleased), then reads them all, so
+// each holds a read lease granted after the time it returns.
+func fillAndLease(t *testing.T, cl *store.Client, n int, ttl time.Duration) time.Time {
+	t.Helper()
+	ctx := context.Background()
 	var keys []string
-	for i := range 15 {
+	for i := range n {
 		key := fmt.Sprint("old", i)
 		if err := cl.Put(ctx, key, value(256<<10, byte(i))); err != nil {
 			t.Fatalf("fill %s: %v", key, err)
@@ -140,12 +132,5 @@ func TestPutWaitsForLeasePastRPCTimeout(t *testing.T) {
 	if _, errs := cl.BatchGet(ctx, keys); errs[0] != nil {
 		t.Fatalf("read: %v", errs[0])
 	}
-	long, cancel := context.WithTimeout(ctx, 4*ttl)
-	defer cancel()
-	if err := cl.Put(long, "new", value(300<<10, 99)); err != nil {
-		t.Fatalf("put with a deadline past the leases but an RPC timeout before them: %v (want it to wait)", err)
-	}
-	if waited := time.Since(leased); waited < ttl {
-		t.Errorf("put returned after %s: it cannot have waited for a lease of %s", waited, ttl)
-	}
+	return leased
 }
