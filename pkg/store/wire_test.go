@@ -52,6 +52,8 @@ func TestReplicaTableFromPB(t *testing.T) {
 		"counts too low":   func(x *pb.ReplicaTable) { x.ReplicaCounts[0] = 1 },
 		"missing message":  func(x *pb.ReplicaTable) { x.Messages = nil },
 		"message too many": func(x *pb.ReplicaTable) { x.Messages = append(x.Messages, "extra") },
+		"disk columns":     func(x *pb.ReplicaTable) { withDisk(x); x.DiskTier = x.DiskTier[:2] },
+		"disk keys":        func(x *pb.ReplicaTable) { withDisk(x); x.DiskKey = x.DiskKey[:1] },
 	}
 	for name, f := range bad {
 		x := goodTable()
@@ -59,6 +61,31 @@ func TestReplicaTableFromPB(t *testing.T) {
 		if _, _, err := replicaTableFromPB(x, 3); CodeOf(err) != RPCFail || !strings.Contains(err.Error(), "malformed replica table") {
 			t.Errorf("%s: %v, want RPC_FAIL naming the malformed table", name, err)
 		}
+	}
+}
+
+// withDisk makes key 2's one replica its record on a node's disk, stored
+// under a tenant's scoped key.
+func withDisk(x *pb.ReplicaTable) {
+	x.DiskVersion, x.DiskService, x.DiskTier = []uint64{0, 0, 7}, []string{"", "", "b:9"}, []string{"", "", "t1"}
+	x.DiskKey = []string{"", "", "a\x00k"}
+}
+
+// A disk record's stored key reaches the reader (with tenants it is not
+// the key asked), and an absent column means the key asked.
+func TestReplicaTableDiskKey(t *testing.T) {
+	x := goodTable()
+	withDisk(x)
+	reps, _, err := replicaTableFromPB(x, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := reps[2][0].Disk; d == nil || d.Key != "a\x00k" || d.Version != 7 || d.Service != "b:9" || d.Tier != "t1" {
+		t.Fatalf("key 2's disk record: %+v", d)
+	}
+	x.DiskKey = nil
+	if reps, _, err = replicaTableFromPB(x, 3); err != nil || reps[2][0].Disk == nil || reps[2][0].Disk.Key != "" {
+		t.Fatalf("no disk_key column: %+v, %v", reps[2][0].Disk, err)
 	}
 }
 

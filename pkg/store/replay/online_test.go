@@ -136,7 +136,13 @@ func TestOnlineWithDiskTier(t *testing.T) {
 	if on.DiskHitBlocks == 0 || on.DRAMHitBlocks == 0 {
 		t.Fatalf("online split: %d DRAM, %d disk hits", on.DRAMHitBlocks, on.DiskHitBlocks)
 	}
-	if got := on.DRAMHitBlocks + on.DiskHitBlocks; got < on.HitBlocks-on.GetFailures || got > on.HitBlocks {
+	// The master counts a hit per answer, as mooncake_master does. A get
+	// of a disk record that the node dropped between the master's answer
+	// and the reader's direct read asks the master once more: a second
+	// answer, a second hit counted for one get (CI saw 17 such in 3,267
+	// hits). Up to 2% more than the client's hits is that; more would be
+	// a miscount.
+	if got := on.DRAMHitBlocks + on.DiskHitBlocks; got < on.HitBlocks-on.GetFailures || got > on.HitBlocks+on.HitBlocks/50 {
 		t.Fatalf("split %d + %d does not account for %d hits (%d gone before the read)", on.DRAMHitBlocks, on.DiskHitBlocks, on.HitBlocks, on.GetFailures)
 	}
 	if on.HitRatio <= dramOnly.HitRatio+0.02 {
