@@ -37,27 +37,23 @@ func freePort(t *testing.T) int {
 // startServeStore runs `mc serve store ARGS` in-process, as a user types
 // it, and waits until its admin API answers. stop ends it as SIGINT does
 // and returns its exit status.
-func startServeStore(t *testing.T, args ...string) (rpc, admin string, out *syncBuffer, stop func() int) {
+// serving waits for serve store's admin port to answer; false when it
+// exited on a port taken meanwhile and retry allows another start.
+func serving(t *testing.T, admin string, done chan int, cancel context.CancelFunc, out *syncBuffer, retry bool) bool {
 	t.Helper()
-	rpcPort, adminPort := freePort(t), freePort(t)
-	rpc = "127.0.0.1:" + strconv.Itoa(rpcPort)
-	admin = "http://127.0.0.1:" + strconv.Itoa(adminPort)
-	out = &syncBuffer{}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	full := append([]string{"serve", "store", "--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(rpcPort),
-		"--metrics_port", strconv.Itoa(adminPort), "--local-hostname", "127.0.0.1"}, args...)
-	go func() { done <- Execute(ctx, full, out, out) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		resp, err := http.Get(admin + "/health")
 		if err == nil {
 			resp.Body.Close()
-			break
+			return true
 		}
 		select {
 		case code := <-done:
 			cancel()
+			if retry && strings.Contains(out.String(), "address already in use") {
+				return false
+			}
 			t.Fatalf("serve store exited %d before serving:\n%s", code, out.String())
 		default:
 		}
@@ -66,6 +62,31 @@ func startServeStore(t *testing.T, args ...string) (rpc, admin string, out *sync
 			t.Fatalf("serve store not serving after 20s:\n%s", out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func startServeStore(t *testing.T, args ...string) (rpc, admin string, out *syncBuffer, stop func() int) {
+	t.Helper()
+	var ctx context.Context
+	var cancel context.CancelFunc
+	var done chan int
+	// The free ports are found by closing a listener, so another process
+	// of a parallel test run may take one before serve store binds it
+	// (CI saw "bind: address already in use" once): that start is
+	// retried on other ports, at most twice.
+	for attempt := 0; ; attempt++ {
+		rpcPort, adminPort := freePort(t), freePort(t)
+		rpc = "127.0.0.1:" + strconv.Itoa(rpcPort)
+		admin = "http://127.0.0.1:" + strconv.Itoa(adminPort)
+		out = &syncBuffer{}
+		ctx, cancel = context.WithCancel(context.Background())
+		done = make(chan int, 1)
+		full := append([]string{"serve", "store", "--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(rpcPort),
+			"--metrics_port", strconv.Itoa(adminPort), "--local-hostname", "127.0.0.1"}, args...)
+		go func(ctx context.Context, done chan int, out *syncBuffer) { done <- Execute(ctx, full, out, out) }(ctx, done, out)
+		if serving(t, admin, done, cancel, out, attempt < 2) {
+			break
+		}
 	}
 	stopped := false
 	stop = func() int {
