@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"regexp"
 	"sync"
 	"testing"
 	"time"
@@ -126,4 +128,42 @@ func TestPutGetOverTCP(t *testing.T) {
 	if _, err := cl.Get(ctx, "k-1"); !errors.Is(err, store.ErrObjectNotFound) {
 		t.Fatalf("get removed key: %v", err)
 	}
+}
+
+// TestSegmentPopulatedLoggedAtInfo: operators and the latency benchmark
+// (scripts/bench-mooncake-latency.sh) wait for this line before they
+// measure, since puts compete with the faulting until then (issue 39).
+func TestSegmentPopulatedLoggedAtInfo(t *testing.T) {
+	c := startMaster(t, master.Config{})
+	var buf syncBuffer
+	cl := c.client(8<<20, func(cfg *store.Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := cl.WaitPopulated(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := regexp.MustCompile(`level=INFO msg="segment of 8388608 bytes populated in [0-9.]+(µs|ms|s)"|level=INFO msg="segment pages will fault in on first use: `)
+	if !want.MatchString(buf.String()) {
+		t.Fatalf("log has no INFO line saying the segment is populated:\n%s", buf.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
