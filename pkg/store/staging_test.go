@@ -502,3 +502,83 @@ func TestStagingDirectFencing(t *testing.T) {
 		t.Fatalf("a batch of 3 MiB from a 2 MiB pool: %v %v, want NO_AVAILABLE_HANDLE naming the staging pool", big, err)
 	}
 }
+
+// Disk reads are background work while DRAM puts into their node's
+// segment are under way (issue 36: reads that never starve DRAM): the
+// master tells the node when it places a put there (WRITES), and the
+// node's staged reads then go one at a time and paced, still byte-exact;
+// with no puts for a while they run as they come.
+func TestStagingYieldsToPuts(t *testing.T) {
+	c := startMaster(t, master.Config{PromoteAfter: -1})
+	_, tn := c.tierNodeWith(16<<20, store.TierConfig{Dir: t.TempDir(), Capacity: 64 << 20, StagingSize: 8 << 20})
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{}
+	var keys []string
+	for i := range 4 {
+		k := fmt.Sprintf("d%d", i)
+		keys = append(keys, k)
+		vals[k] = value(1<<20, byte(i+1))
+	}
+	offloadAll(t, c, cl, vals)
+	readAll := func(what string) {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make([]error, len(keys))
+		for i, k := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got, err := cl.Get(ctx, k)
+				if err == nil && !bytes.Equal(got, vals[k]) {
+					err = errors.New("wrong bytes")
+				}
+				errs[i] = err
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("%s: get %s: %v", what, keys[i], err)
+			}
+		}
+	}
+	waitFor(t, "the offloads' puts to be over", 5*time.Second, func() bool { return !tn.Stats().YieldingToPuts })
+	readAll("no puts")
+	if st := tn.Stats(); st.PacedReads != 0 || st.DirectReads != 4 {
+		t.Fatalf("no puts under way: %d paced reads of %d; want none paced", st.PacedReads, st.DirectReads)
+	}
+	// A writer upserting into the node's segment the whole time.
+	stop := make(chan struct{})
+	wdone := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				wdone <- nil
+				return
+			default:
+			}
+			if err := cl.Upsert(ctx, "w", value(64<<10, byte(i))); err != nil {
+				wdone <- err
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	waitFor(t, "the node to hear of the puts", 5*time.Second, func() bool { return tn.Stats().YieldingToPuts })
+	readAll("during puts")
+	close(stop)
+	if err := <-wdone; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	paced := tn.Stats().PacedReads
+	if paced == 0 {
+		t.Fatal("4 disk reads while puts went on: none paced")
+	}
+	waitFor(t, "the node to hear the puts are over", 5*time.Second, func() bool { return !tn.Stats().YieldingToPuts })
+	readAll("after the puts")
+	if st := tn.Stats(); st.PacedReads != paced {
+		t.Fatalf("puts over: %d more reads paced", st.PacedReads-paced)
+	}
+}

@@ -35,6 +35,12 @@ type TierConfig struct {
 	// DefaultStagingPool of the segment size). It must fit the host's
 	// memory.
 	StagingSize uint64
+	// ReadShare is the most of the node's time its disk reads take while
+	// DRAM puts into its segment are under way (the master says when):
+	// then they go one at a time, each followed by a pause (0:
+	// DefaultReadShare; 1: one at a time, no pause). The rest of the
+	// time they run as they come.
+	ReadShare float64
 	// ServiceAddress is where the node serves TierRead, the staged reads
 	// mc's readers ask it for directly (default: the host of its
 	// engine's endpoint, any free port).
@@ -119,6 +125,7 @@ type TierNode struct {
 	attached                  atomic.Bool
 	offloads, loads, failures atomic.Uint64
 	directReads               atomic.Uint64
+	pacer                     *readPacer
 }
 
 // TierStats is a node's disk tier and what it did for the master.
@@ -136,6 +143,12 @@ type TierStats struct {
 	// DirectReads counts the records read for readers that asked the
 	// node directly (Loads counts the master's).
 	DirectReads uint64
+	// YieldingToPuts says DRAM puts into the node's segment are under
+	// way (the master said so within the last 100 ms): its disk reads
+	// are background work now (TierConfig.ReadShare); PacedReads counts
+	// the staged reads (batches) that went so.
+	YieldingToPuts bool
+	PacedReads     uint64
 }
 
 // StartTier opens the disk tier of node c (a client contributing a
@@ -174,6 +187,7 @@ func OpenTier(cfg TierConfig) (*TierNode, error) {
 	}
 	n := &TierNode{log: cfg.Logger, sem: make(chan struct{}, cfg.Workers), stop: make(chan struct{}), stopped: make(chan struct{}), stageSize: cfg.StagingSize,
 		svcListen: cfg.ServiceAddress, poke: make(chan struct{}, 1)}
+	n.pacer = newReadPacer(cfg.ReadShare)
 	t, err := tier.Open(tier.Config{Dir: cfg.Dir, Capacity: cfg.Capacity, IOConcurrency: cfg.IOConcurrency, Logger: cfg.Logger, OnEvict: n.onEvict})
 	if err != nil {
 		return nil, err
@@ -285,7 +299,8 @@ func (n *TierNode) Tier() *tier.Tier { return n.t }
 // Stats returns the tier's state and the node's command counters.
 func (n *TierNode) Stats() TierStats {
 	s := TierStats{Stats: n.t.Stats(), Attached: n.attached.Load(),
-		Offloads: n.offloads.Load(), Loads: n.loads.Load(), Failures: n.failures.Load(), DirectReads: n.directReads.Load()}
+		Offloads: n.offloads.Load(), Loads: n.loads.Load(), Failures: n.failures.Load(), DirectReads: n.directReads.Load(),
+		YieldingToPuts: n.pacer.yielding(), PacedReads: n.pacer.paced.Load()}
 	if p := n.pool; p != nil {
 		s.StagingSize, s.StagingUsed = p.usage()
 		s.StagingWaits, s.StagingReclaimed, s.StagingReleased, s.DirectBatches = p.waits.Load(), p.reclaimed.Load(), p.released.Load(), p.direct.Load()
@@ -408,6 +423,9 @@ func (n *TierNode) session() error {
 			case pb.TierCommand_RELEASE:
 				n.pool.release(cmd.GetStaged())
 				n.pokeStats()
+				continue
+			case pb.TierCommand_WRITES:
+				n.pacer.writes(time.Duration(cmd.GetWaitMs()) * time.Millisecond)
 				continue
 			}
 			flush()

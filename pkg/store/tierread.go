@@ -56,6 +56,15 @@ func (n *TierNode) stageRecords(ctx context.Context, keys []string, versions, si
 		return make([]uint64, len(keys)), codes, msgs, 0
 	}
 	defer mem.Unpin()
+	// While puts into the segment are under way, disk reads are
+	// background work (readPacer).
+	done, err := n.pacer.acquire(ctx)
+	if err != nil {
+		n.pool.put(gen, addrs, sizes)
+		failAll(Errorf(NoAvailableHandle, "disk reads yield to DRAM puts on this node (tier %s), and none had its turn before the deadline: %v", n.t.ID(), err))
+		return make([]uint64, len(keys)), codes, msgs, 0
+	}
+	defer done()
 	var wg sync.WaitGroup
 	for i, key := range keys {
 		wg.Add(1)

@@ -229,6 +229,7 @@ func (m *Master) putStart(client store.UUID, host string, it PutItem, cfg store.
 		return ReplicaResult{Err: err}
 	}
 	o.replicas = refs
+	m.tiers.noteWrites(refs, now)
 	sh.objects[it.Key] = o
 	m.recharge(o, 0)
 	sh.linkPending(o)
@@ -553,6 +554,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		m.recharge(o, 0)
 		o.softPin, o.hardPin = pin, cfg.HardPin
 		o.state, o.inPlace = stateProcessing, true
+		m.tiers.noteWrites(o.replicas, now)
 		sh.linkPending(o)
 		if m.cfg.OnChange != nil {
 			m.emit(Change{Op: OpPutStart, Key: o.key, Size: o.size, Replicas: o.descriptors(false), Client: client, Started: time.Unix(0, now)})
@@ -567,6 +569,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		sh.unlinkPending(o)
 		return ReplicaResult{Err: err}
 	}
+	m.tiers.noteWrites(refs, now)
 	before := m.charge(o)
 	o.upsert = &upsertState{refs: refs, size: it.Size}
 	m.recharge(o, before)

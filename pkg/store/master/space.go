@@ -45,6 +45,9 @@ type segment struct {
 	// live is set on the placeholder of a restored segment once the real
 	// segment is mounted (guarded by space.mu).
 	live *segment
+	// writesSent is when its node's disk tier was last told that puts
+	// into it are under way (unix nanos; tiers.noteWrites).
+	writesSent atomic.Int64
 	// unreachable: a writer reported a transfer to it failed, and its
 	// node has not pinged since (guarded by space.mu). Placement avoids
 	// it while any other segment can take the replica.

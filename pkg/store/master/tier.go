@@ -328,6 +328,31 @@ func (t *tiers) onlineFor(seg *segment) *tierNode {
 	return t.bySeg[seg.info.ID]
 }
 
+// writesWindow is how long a node's disk reads stay background work
+// after the master told it that puts into its segment are under way;
+// the master tells it again every half window while they go on.
+const writesWindow = 100 * time.Millisecond
+
+// noteWrites tells the disk tiers of the nodes a put is placed on that
+// DRAM puts into their segments are under way (WRITES), so that their
+// disk reads yield the CPU to them: at most every half writesWindow per
+// segment, and without the registry's lock otherwise.
+func (t *tiers) noteWrites(refs []replicaRef, now int64) {
+	if t.online.Load() == 0 {
+		return
+	}
+	for _, r := range refs {
+		seg := r.reg.seg // a new put's: a mounted segment, no placeholder
+		last := seg.writesSent.Load()
+		if now-last < int64(writesWindow/2) || !seg.writesSent.CompareAndSwap(last, now) {
+			continue
+		}
+		if n := t.onlineFor(seg); n != nil {
+			n.enqueue(&pb.TierCommand{Kind: pb.TierCommand_WRITES, WaitMs: uint64(writesWindow.Milliseconds())}, nil)
+		}
+	}
+}
+
 // enqueue hands cmd to n's stream; false when n is away or too far
 // behind.
 func (n *tierNode) enqueue(cmd *pb.TierCommand, op *tierOp) bool {

@@ -48,6 +48,11 @@ const (
 	TierCommand_STAGE TierCommand_Kind = 4
 	// RELEASE: free the staged range of id staged (no answer).
 	TierCommand_RELEASE TierCommand_Kind = 5
+	// WRITES: DRAM puts into the node's segment are under way: for
+	// wait_ms from now its disk reads are background work, one at a
+	// time and paced, so that they do not take the CPU the puts need
+	// (no answer; sent again while puts go on).
+	TierCommand_WRITES TierCommand_Kind = 6
 )
 
 // Enum value maps for TierCommand_Kind.
@@ -59,6 +64,7 @@ var (
 		3: "DROP",
 		4: "STAGE",
 		5: "RELEASE",
+		6: "WRITES",
 	}
 	TierCommand_Kind_value = map[string]int32{
 		"KIND_UNSPECIFIED": 0,
@@ -67,6 +73,7 @@ var (
 		"DROP":             3,
 		"STAGE":            4,
 		"RELEASE":          5,
+		"WRITES":           6,
 	}
 )
 
@@ -1140,7 +1147,7 @@ const file_tier_proto_rawDesc = "" +
 	"\x06result\x18\x02 \x01(\v2\x17.mc.store.v1.TierResultH\x00R\x06result\x124\n" +
 	"\aevicted\x18\x03 \x01(\v2\x18.mc.store.v1.TierEvictedH\x00R\aevicted\x12.\n" +
 	"\x05stats\x18\x04 \x01(\v2\x16.mc.store.v1.TierStatsH\x00R\x05statsB\x05\n" +
-	"\x03msg\"\xac\x02\n" +
+	"\x03msg\"\xb8\x02\n" +
 	"\vTierCommand\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\x04R\x02op\x121\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1d.mc.store.v1.TierCommand.KindR\x04kind\x12\x10\n" +
@@ -1149,14 +1156,16 @@ const file_tier_proto_rawDesc = "" +
 	"\x04addr\x18\x05 \x01(\x04R\x04addr\x12\x12\n" +
 	"\x04size\x18\x06 \x01(\x04R\x04size\x12\x16\n" +
 	"\x06staged\x18\a \x01(\x04R\x06staged\x12\x17\n" +
-	"\await_ms\x18\b \x01(\x04R\x06waitMs\"U\n" +
+	"\await_ms\x18\b \x01(\x04R\x06waitMs\"a\n" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\v\n" +
 	"\aOFFLOAD\x10\x01\x12\b\n" +
 	"\x04LOAD\x10\x02\x12\b\n" +
 	"\x04DROP\x10\x03\x12\t\n" +
 	"\x05STAGE\x10\x04\x12\v\n" +
-	"\aRELEASE\x10\x05\"f\n" +
+	"\aRELEASE\x10\x05\x12\n" +
+	"\n" +
+	"\x06WRITES\x10\x06\"f\n" +
 	"\bTierDown\x124\n" +
 	"\bcommands\x18\x01 \x03(\v2\x18.mc.store.v1.TierCommandR\bcommands\x12$\n" +
 	"\x0estaging_ttl_ms\x18\x02 \x01(\x04R\fstagingTtlMs2@\n" +
