@@ -555,6 +555,7 @@ func (c *Client) Close(ctx context.Context) error {
 		c.closed.Store(true)
 		c.ops.Unlock()
 		close(c.stop)
+		c.flushReleases(ctx)
 		c.wg.Wait()
 		c.evicted.close()
 		if mem, info := c.segment(); mem != nil {

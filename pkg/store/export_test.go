@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store/storepb"
 )
@@ -21,6 +22,10 @@ func SetAfterRead(c *Client, f func(key string, b []byte)) { c.afterRead = f }
 // SetBeforeTransfer makes c call f before each get's transfer round,
 // after its replica lists: tests stall a reader there past its lease.
 func SetBeforeTransfer(c *Client, f func()) { c.beforeTransfer = f }
+
+// SetReleaseDelay sets how long a finished staged read waits for the
+// reader's next read from its node to carry it back.
+func SetReleaseDelay(d time.Duration) { releaseDelay = d }
 
 // SetBeforeStagedRelease stalls (or watches) gets before they hand their
 // staged disk reads back.

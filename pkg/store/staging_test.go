@@ -582,3 +582,68 @@ func TestStagingYieldsToPuts(t *testing.T) {
 		t.Fatalf("puts over: %d more reads paced", st.PacedReads-paced)
 	}
 }
+
+// A reader reading on hands its finished staged reads back with its next
+// read from the same node (BatchGetStagedRequest.release), freed before
+// that read takes its ranges; what no read carries goes in one call
+// (ReleaseStaged with more batches), at the latest when the client
+// closes.
+func TestStagingReleaseRidesWithNextRead(t *testing.T) {
+	c := startMaster(t, master.Config{PromoteAfter: -1, StagingTTL: time.Minute})
+	_, tn := c.tierNodeWith(16<<20, store.TierConfig{Dir: t.TempDir(), Capacity: 64 << 20, StagingSize: 8 << 20})
+	cl := c.client(0)
+	ctx := context.Background()
+	vals := map[string][]byte{"a": value(1<<20, 1), "b": value(1<<20, 2), "c": value(1<<20, 3)}
+	offloadAll(t, c, cl, vals)
+
+	// The node's side: a read carrying an earlier batch frees it first;
+	// a release call frees all it names.
+	var versions = map[string]uint64{}
+	for _, r := range tn.Tier().Records() {
+		versions[r.Key] = r.Version
+	}
+	rd := store.DialTierRead(t, tn.ServiceAddress())
+	ask := func(key string, release ...uint64) *storepb.BatchGetStagedResponse {
+		t.Helper()
+		resp, err := rd.BatchGetStaged(ctx, &storepb.BatchGetStagedRequest{TierId: tn.Tier().ID(), Keys: []string{key},
+			Versions: []uint64{versions[key]}, Sizes: []uint64{1 << 20}, Release: release})
+		if err != nil || resp.Codes[0] != 0 {
+			t.Fatalf("staged read of %s: %v %v", key, resp, err)
+		}
+		return resp
+	}
+	ra := ask("a")
+	rb := ask("b", ra.BatchId)
+	if st := tn.Stats(); st.StagingUsed != 1<<20 || st.StagingReleased != 1 {
+		t.Fatalf("a read carrying a's batch back: %d bytes held, %d released; want b's 1 MiB held, a released", st.StagingUsed, st.StagingReleased)
+	}
+	rc := ask("c")
+	if _, err := rd.ReleaseStaged(ctx, &storepb.ReleaseStagedBatch{BatchId: rb.BatchId, More: []uint64{rc.BatchId}}); err != nil {
+		t.Fatal(err)
+	}
+	if st := tn.Stats(); st.StagingUsed != 0 || st.StagingReleased != 3 {
+		t.Fatalf("after releasing b and c in one call: %d bytes held, %d released", st.StagingUsed, st.StagingReleased)
+	}
+
+	// The client's side, with a delay no read beats by chance: each get
+	// carries the one before it back; the last goes when the client
+	// closes.
+	store.SetReleaseDelay(time.Hour)
+	defer store.SetReleaseDelay(2 * time.Millisecond)
+	rdr := c.client(0)
+	for i, k := range []string{"a", "b", "c"} {
+		got, err := rdr.Get(ctx, k)
+		if err != nil || !bytes.Equal(got, vals[k]) {
+			t.Fatalf("get %s: %v", k, err)
+		}
+		if st := tn.Stats(); st.StagingUsed != 1<<20 || st.StagingReleased != 3+uint64(i) {
+			t.Fatalf("after get %d (%s): %d bytes held, %d released; want the last get's 1 MiB held, %d released", i, k, st.StagingUsed, st.StagingReleased, 3+i)
+		}
+	}
+	if err := rdr.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := tn.Stats(); st.StagingUsed != 0 || st.StagingReleased != 6 {
+		t.Fatalf("after the reader closed: %d bytes held, %d released; want none held", st.StagingUsed, st.StagingReleased)
+	}
+}

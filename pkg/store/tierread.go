@@ -143,6 +143,13 @@ func (s *tierReadServer) BatchGetStaged(ctx context.Context, r *pb.BatchGetStage
 			return nil, tierReadStatus(Errorf(InvalidParams, "staged read of %q: size %d", key, sz))
 		}
 	}
+	// The reader's earlier batches it hands back with this read first:
+	// their room serves this one.
+	if rel := r.GetRelease(); len(rel) > 0 {
+		for _, id := range rel {
+			n.pool.release(id)
+		}
+	}
 	arrived := time.Now()
 	addrs, codes, msgs, gen := n.stageRecords(ctx, r.GetKeys(), r.GetVersions(), r.GetSizes())
 	resp.Addrs, resp.Codes, resp.Messages = addrs, codes, msgs
@@ -171,9 +178,12 @@ func (s *tierReadServer) BatchGetStaged(ctx context.Context, r *pb.BatchGetStage
 	return resp, nil
 }
 
-// ReleaseStaged frees a batch whose transfers are over.
+// ReleaseStaged frees batches whose transfers are over.
 func (s *tierReadServer) ReleaseStaged(_ context.Context, r *pb.ReleaseStagedBatch) (*pb.Result, error) {
 	s.n.pool.release(r.GetBatchId())
+	for _, id := range r.GetMore() {
+		s.n.pool.release(id)
+	}
 	s.n.pokeStats()
 	return &pb.Result{}, nil
 }

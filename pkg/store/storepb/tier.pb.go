@@ -110,11 +110,15 @@ func (TierCommand_Kind) EnumDescriptor() ([]byte, []int) {
 // node on another tier directory, is OBJECT_NOT_FOUND, never other
 // bytes.
 type BatchGetStagedRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TierId        string                 `protobuf:"bytes,1,opt,name=tier_id,json=tierId,proto3" json:"tier_id,omitempty"`
-	Keys          []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
-	Versions      []uint64               `protobuf:"varint,3,rep,packed,name=versions,proto3" json:"versions,omitempty"`
-	Sizes         []uint64               `protobuf:"varint,4,rep,packed,name=sizes,proto3" json:"sizes,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TierId   string                 `protobuf:"bytes,1,opt,name=tier_id,json=tierId,proto3" json:"tier_id,omitempty"`
+	Keys     []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Versions []uint64               `protobuf:"varint,3,rep,packed,name=versions,proto3" json:"versions,omitempty"`
+	Sizes    []uint64               `protobuf:"varint,4,rep,packed,name=sizes,proto3" json:"sizes,omitempty"`
+	// Batches of this reader's earlier reads whose transfers are over,
+	// handed back (as ReleaseStaged) before this read takes its ranges:
+	// a reader reading on does not pay a call of its own for them.
+	Release       []uint64 `protobuf:"varint,5,rep,packed,name=release,proto3" json:"release,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -173,6 +177,13 @@ func (x *BatchGetStagedRequest) GetVersions() []uint64 {
 func (x *BatchGetStagedRequest) GetSizes() []uint64 {
 	if x != nil {
 		return x.Sizes
+	}
+	return nil
+}
+
+func (x *BatchGetStagedRequest) GetRelease() []uint64 {
+	if x != nil {
+		return x.Release
 	}
 	return nil
 }
@@ -273,8 +284,10 @@ func (x *BatchGetStagedResponse) GetMessages() []string {
 }
 
 type ReleaseStagedBatch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	BatchId       uint64                 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	BatchId uint64                 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	// More batches handed back in the same call.
+	More          []uint64 `protobuf:"varint,2,rep,packed,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -314,6 +327,13 @@ func (x *ReleaseStagedBatch) GetBatchId() uint64 {
 		return x.BatchId
 	}
 	return 0
+}
+
+func (x *ReleaseStagedBatch) GetMore() []uint64 {
+	if x != nil {
+		return x.More
+	}
+	return nil
 }
 
 // TierRecord is one value on a node's disk.
@@ -1078,12 +1098,13 @@ var File_tier_proto protoreflect.FileDescriptor
 const file_tier_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"tier.proto\x12\vmc.store.v1\x1a\vstore.proto\"v\n" +
+	"tier.proto\x12\vmc.store.v1\x1a\vstore.proto\"\x90\x01\n" +
 	"\x15BatchGetStagedRequest\x12\x17\n" +
 	"\atier_id\x18\x01 \x01(\tR\x06tierId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x1a\n" +
 	"\bversions\x18\x03 \x03(\x04R\bversions\x12\x14\n" +
-	"\x05sizes\x18\x04 \x03(\x04R\x05sizes\"\xb8\x01\n" +
+	"\x05sizes\x18\x04 \x03(\x04R\x05sizes\x12\x18\n" +
+	"\arelease\x18\x05 \x03(\x04R\arelease\"\xb8\x01\n" +
 	"\x16BatchGetStagedResponse\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x12\x14\n" +
 	"\x05addrs\x18\x02 \x03(\x04R\x05addrs\x12\x1f\n" +
@@ -1091,9 +1112,10 @@ const file_tier_proto_rawDesc = "" +
 	"teEndpoint\x12\x1a\n" +
 	"\tgc_ttl_ms\x18\x04 \x01(\x04R\agcTtlMs\x12\x14\n" +
 	"\x05codes\x18\x05 \x03(\x05R\x05codes\x12\x1a\n" +
-	"\bmessages\x18\x06 \x03(\tR\bmessages\"/\n" +
+	"\bmessages\x18\x06 \x03(\tR\bmessages\"C\n" +
 	"\x12ReleaseStagedBatch\x12\x19\n" +
-	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\"L\n" +
+	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x12\x12\n" +
+	"\x04more\x18\x02 \x03(\x04R\x04more\"L\n" +
 	"\n" +
 	"TierRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
