@@ -577,6 +577,9 @@ func TestStagingYieldsToPuts(t *testing.T) {
 		t.Fatal("4 disk reads while puts went on: none paced")
 	}
 	waitFor(t, "the node to hear the puts are over", 5*time.Second, func() bool { return !tn.Stats().YieldingToPuts })
+	// A WRITES the stream delivered late would start another window.
+	time.Sleep(200 * time.Millisecond)
+	waitFor(t, "the node to hear the puts are over", 5*time.Second, func() bool { return !tn.Stats().YieldingToPuts })
 	readAll("after the puts")
 	if st := tn.Stats(); st.PacedReads != paced {
 		t.Fatalf("puts over: %d more reads paced", st.PacedReads-paced)
