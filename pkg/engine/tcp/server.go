@@ -192,7 +192,14 @@ func (s *Server) isClosed() bool {
 const goneWarnEvery = 10 * time.Second
 
 func (s *Server) warnGone(addr net.Addr, err error) {
-	host := addr.String()
+	// A socket handed over after its peer reset has no remote address:
+	// net.FileConn's getpeername failed, and RemoteAddr is nil.
+	host := "unknown peer"
+	if addr != nil {
+		host = addr.String()
+	} else {
+		addr = &net.TCPAddr{}
+	}
 	if h, _, herr := net.SplitHostPort(host); herr == nil {
 		host = h
 	}

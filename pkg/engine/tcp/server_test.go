@@ -508,3 +508,16 @@ func TestSubmitSpreadsByBytes(t *testing.T) {
 		t.Fatalf("64 reads of 16 KiB went over %d lanes in all, want 4", n)
 	}
 }
+
+// TestWarnGoneWithoutPeerAddress: a connection handed from the event loop
+// to a handler after its initiator reset it has no remote address
+// (RemoteAddr is nil); the warning for it panicked the process (seen in
+// make test, a node under a test's SIGKILLed initiator).
+func TestWarnGoneWithoutPeerAddress(t *testing.T) {
+	s := &Server{}
+	s.warnGone(nil, peerGone("read header: %w", io.ErrUnexpectedEOF))
+	s.warnGone(nil, peerGone("read header: %w", io.ErrUnexpectedEOF))
+	if _, ok := s.goneAt["unknown peer"]; !ok {
+		t.Fatalf("no warning recorded for a peer without an address: %v", s.goneAt)
+	}
+}
