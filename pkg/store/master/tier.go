@@ -651,11 +651,13 @@ func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
 	case err != nil:
 		o.tier.loading = nil
 		m.freeLoadTarget(n, op)
-		m.tiers.loadFailures.Add(1)
 		// The record is unreadable (gone, corrupt, an I/O error): that
-		// disk replica is dropped, never served.
-		m.log.Warn(fmt.Sprintf("load of %q (version %d) from the disk of %s failed: %v; dropping that disk replica", op.key, op.version, n.name(), err))
-		if o.tier.node == n {
+		// disk replica is dropped, never served. A reader's direct read of
+		// the same record may have failed first and had it dropped while
+		// this load was on its way: that is one failure, counted there.
+		if o.tier.node == n && o.tier.version == op.version {
+			m.tiers.loadFailures.Add(1)
+			m.log.Warn(fmt.Sprintf("load of %q (version %d) from the disk of %s failed: %v; dropping that disk replica", op.key, op.version, n.name(), err))
 			m.dropDiskLocked(o)
 			m.loseDiskLocked(sh, o)
 		}
