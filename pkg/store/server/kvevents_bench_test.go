@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,11 +30,6 @@ import (
 // which starts at a different moment in each store, never enters one
 // side only, and the removed events of that cleanup are sent before the
 // next round begins; a first round of each is a warm-up, not counted.
-//
-// It also reports the process's CPU time per object (user and system,
-// getrusage) of each round, as the median ratio on/off ("cpu_on/off"):
-// on a machine other work shares, throughput swings with the cores it
-// is given, and the CPU an object costs moves far less.
 func BenchmarkKVEventsPut(b *testing.B) {
 	const (
 		rounds  = 5
@@ -85,18 +79,10 @@ func BenchmarkKVEventsPut(b *testing.B) {
 	}
 	var next atomic.Uint64
 	val := make([]byte, size)
-	cpu := func() time.Duration {
-		var ru syscall.Rusage
-		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-			b.Fatal(err)
-		}
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
-	// run puts for a round and returns objects/s and CPU time per object.
-	run := func(s *Server) (rate float64, cpuPerObj time.Duration) {
+	run := func(s *Server) float64 {
 		var objs atomic.Uint64
 		deadline := time.Now().Add(round)
-		began, cpu0 := time.Now(), cpu()
+		began := time.Now()
 		var wg sync.WaitGroup
 		for range callers {
 			wg.Add(1)
@@ -116,8 +102,7 @@ func BenchmarkKVEventsPut(b *testing.B) {
 			}()
 		}
 		wg.Wait()
-		rate = float64(objs.Load()) / time.Since(began).Seconds()
-		cpuPerObj = (cpu() - cpu0) / time.Duration(max(objs.Load(), 1))
+		rate := float64(objs.Load()) / time.Since(began).Seconds()
 		if _, err := s.Node.RemoveAll(ctx); err != nil {
 			b.Fatal(err)
 		}
@@ -133,7 +118,7 @@ func BenchmarkKVEventsPut(b *testing.B) {
 				time.Sleep(time.Millisecond)
 			}
 		}
-		return rate, cpuPerObj
+		return rate
 	}
 	off, stopOff := start(false)
 	defer stopOff()
@@ -143,20 +128,16 @@ func BenchmarkKVEventsPut(b *testing.B) {
 	run(off)
 	run(on)
 	var sumOff, sumOn float64
-	var ratios, cpuRatios []float64
+	var ratios []float64
 	for i := range rounds {
 		var o, n float64
-		var co, cn time.Duration
 		if i%2 == 0 {
-			o, co = run(off)
-			n, cn = run(on)
+			o, n = run(off), run(on)
 		} else {
-			n, cn = run(on)
-			o, co = run(off)
+			n, o = run(on), run(off)
 		}
 		sumOff, sumOn = sumOff+o, sumOn+n
 		ratios = append(ratios, n/o)
-		cpuRatios = append(cpuRatios, float64(cn)/float64(co))
 	}
 	b.StopTimer()
 	st := on.KVEvents.Stats()
@@ -165,11 +146,8 @@ func BenchmarkKVEventsPut(b *testing.B) {
 	sorted := slices.Clone(ratios)
 	slices.Sort(sorted)
 	b.ReportMetric(sorted[len(sorted)/2], "on/off")
-	sortedCPU := slices.Clone(cpuRatios)
-	slices.Sort(sortedCPU)
-	b.ReportMetric(sortedCPU[len(sortedCPU)/2], "cpu_on/off")
 	b.ReportMetric(float64(st.PublishedEvents)/float64(max(st.PublishedBatches, 1)), "events/batch")
 	b.ReportMetric(float64(st.DroppedEvents+st.SubscriberDrops), "dropped")
 	b.ReportMetric(float64(gaps.Load()), "gaps")
-	b.Logf("on/off per round %.3f; CPU per object on/off %.3f", ratios, cpuRatios)
+	b.Logf("on/off per round %.3f", ratios)
 }
