@@ -24,6 +24,8 @@ type eventCoder struct {
 	tail                   [2][]byte // from base_block_idx to the end
 	// "default" encoded, the tenant of nearly every event
 	defaultTenant []byte
+	// fixedMax bounds an event's bytes but its tenant, key and medium
+	fixedMax int
 }
 
 func newEventCoder(backend string, legacy, withKey bool) *eventCoder {
@@ -80,7 +82,19 @@ func newEventCoder(backend string, legacy, withKey bool) *eventCoder {
 	c.seqHashes, c.blockHashes = appendStr(nil, "seq_hashes"), appendStr(nil, "block_hashes")
 	c.defaultTenant = appendStr(nil, DefaultTenantID)
 	c.startBatch(0)
+	for k := range c.head {
+		// the id and the two hashes 9 bytes at most each, the
+		// timestamp's value too (in mid after startBatch)
+		n := len(c.head[k]) + 9 + len(c.mid[k]) + 9 + len(c.backend) + len(c.dp) + len(c.seqHashes) + 10 + len(c.blockHashes) + 10 + len(c.tail[k])
+		c.fixedMax = max(c.fixedMax, n)
+	}
 	return c
+}
+
+// maxEventSize bounds the bytes appendEvent writes for an event of
+// tenant, key and medium (each string's header is 5 bytes at most).
+func (c *eventCoder) maxEventSize(tenant, key, medium string) int {
+	return c.fixedMax + 15 + len(tenant) + len(key) + len(medium)
 }
 
 // startBatch sets the timestamp of the events appended next.

@@ -91,5 +91,8 @@ func FuzzEventCoder(f *testing.F) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("eventCoder:\n% x\nwant\n% x", got, want)
 		}
+		if n, bound := len(got)-len(prefix), c.maxEventSize(tenant, key, medium); n > bound {
+			t.Fatalf("event of %d bytes: over maxEventSize's %d", n, bound)
+		}
 	})
 }

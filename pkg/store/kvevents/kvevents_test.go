@@ -452,3 +452,36 @@ func TestMessageBuffersReused(t *testing.T) {
 		t.Errorf("%d messages dropped: the paused subscriber's queue (10000) holds them all", st.SubscriberDrops)
 	}
 }
+
+// A message's buffer is at most twice what it holds (1 KiB at least), a
+// reused one too: a subscriber that stops reading keeps its 10000
+// messages' bytes, not 10000 of the largest buffers. Buffers of the
+// largest messages are their own and not kept.
+func TestMessageBufferSizes(t *testing.T) {
+	s := &pubSocket{}
+	for i := range s.free {
+		s.free[i] = make(chan *message, freeMessages)
+	}
+	use := func(size int) *message {
+		m := s.newMessage(size)
+		if c, need := cap(m.buf), size+messageRoom; c < need || c > max(2*need, 1<<minClass) {
+			t.Fatalf("newMessage(%d): buffer of %d bytes, want %d to %d", size, c, need, max(2*need, 1<<minClass))
+		}
+		m.buf = append(m.buf, make([]byte, size)...)
+		m.refs.Store(1)
+		return m
+	}
+	for _, size := range []int{1, 300, 1 << 10, 20000, 32<<10 - messageRoom, 32 << 10, 200 << 10} {
+		s.release(use(size)) // kept for reuse
+		use(size)            // reused
+		use(300)             // not in a large buffer
+	}
+	if made := s.made.Load(); made > 7+7 {
+		t.Errorf("%d buffers made: want the released ones reused", made)
+	}
+	big := use(1 << 20)
+	s.release(big)
+	if m := s.newMessage(1 << 20); m == big {
+		t.Error("a buffer of 1 MiB was kept for reuse")
+	}
+}

@@ -292,6 +292,7 @@ func (p *Publisher) publish(batch []pending) {
 	}
 	var items [MaxBatch]enc
 	n := 0
+	size := 1 + 9 + 3 + 1 // [ts, [events], dp_rank]
 	for _, e := range batch {
 		// A multi-tenant master's stored key: tenant, NUL, user key (the
 		// default tenant's keys have no scope), as Mooncake's events
@@ -309,12 +310,13 @@ func (p *Publisher) publish(batch []pending) {
 		}
 		items[n] = enc{pending: e, hash: h, hashed: ok, id: p.nextEventID.Add(1) - 1, tenant: tenant}
 		n++
+		size += p.coder.maxEventSize(tenant, e.key, e.medium)
 	}
 	if n == 0 {
 		return
 	}
 	ts := p.cfg.now().UnixMilli()
-	m := p.sock.newMessage()
+	m := p.sock.newMessage(size)
 	b := appendArrayHeader(m.buf, 3)
 	b = appendInt(b, ts)
 	b = appendArrayHeader(b, n)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -25,10 +26,13 @@ type pubSocket struct {
 	wg    sync.WaitGroup
 	done  chan struct{}
 	// free holds messages every subscriber has written, for the next
-	// ones: a message's buffer is reused rather than allocated, copied
-	// into and collected (tens of kilobytes each, a thousand a second at
-	// full put speed).
-	free chan *message
+	// ones, by buffer size (powers of two, minClass to maxClass): a
+	// message's buffer is reused rather than allocated, copied into and
+	// collected (tens of kilobytes each, a thousand a second at full put
+	// speed), and at most twice the size of the message it holds, so
+	// what a stalled subscriber's queue keeps is about its messages'
+	// bytes.
+	free [maxClass - minClass + 1]chan *message
 	// made counts the messages made rather than taken from free.
 	made atomic.Uint64
 }
@@ -42,11 +46,13 @@ type message struct {
 	refs atomic.Int32
 }
 
-// Message buffers kept for reuse, and the largest kept (a burst of big
-// keys' messages goes to the collector).
+// Message buffers: their sizes (1 KiB to 256 KiB; a message larger
+// than that gets a buffer of its own size, not reused) and how many of
+// each size are kept for reuse.
 const (
-	freeMessages   = 64
-	maxFreeMessage = 1 << 20
+	minClass     = 10
+	maxClass     = 18
+	freeMessages = 16
 	// maxWritev bounds the messages one write to a subscriber carries
 	// when several are queued for it.
 	maxWritev = 64
@@ -61,7 +67,10 @@ type subscriberConn struct {
 }
 
 func newPubSocket(ln net.Listener, hwm int, log *slog.Logger) *pubSocket {
-	s := &pubSocket{ln: ln, hwm: hwm, log: log, subs: make(map[*subscriberConn]struct{}), done: make(chan struct{}), free: make(chan *message, freeMessages)}
+	s := &pubSocket{ln: ln, hwm: hwm, log: log, subs: make(map[*subscriberConn]struct{}), done: make(chan struct{})}
+	for i := range s.free {
+		s.free[i] = make(chan *message, freeMessages)
+	}
 	s.wg.Add(1)
 	go s.accept()
 	return s
@@ -210,28 +219,41 @@ func (s *pubSocket) write(sc *subscriberConn) {
 	}
 }
 
-// newMessage is a message to encode a payload into, from the free list
-// when it has one: its buf holds the room frameMessage needs.
-func (s *pubSocket) newMessage() *message {
+// newMessage is a message to encode a payload of at most size bytes
+// into, from the free list when it has one: its buf holds the room
+// frameMessage needs. (A payload that turns out larger still fits: the
+// buffer grows, and is not reused.)
+func (s *pubSocket) newMessage(size int) *message {
+	size += messageRoom
+	c := max(bits.Len(uint(size-1)), minClass)
 	var m *message
-	select {
-	case m = <-s.free:
-	default:
-		m = &message{buf: make([]byte, 0, 32<<10)}
+	if c <= maxClass {
+		select {
+		case m = <-s.free[c-minClass]:
+		default:
+		}
+	}
+	if m == nil {
+		m = &message{buf: make([]byte, 0, max(size, 1<<c))}
 		s.made.Add(1)
 	}
 	m.buf, m.wire = m.buf[:messageRoom], nil
 	return m
 }
 
-// release drops a reference to m; the last returns it to the free list.
+// release drops a reference to m; the last returns it to the free list
+// of its size.
 func (s *pubSocket) release(m *message) {
-	if m.refs.Add(-1) != 0 || cap(m.buf) > maxFreeMessage {
+	if m.refs.Add(-1) != 0 {
 		return
+	}
+	c := bits.Len(uint(cap(m.buf))) - 1
+	if c < minClass || c > maxClass || cap(m.buf) != 1<<c {
+		return // grown past its size, or a large message's own
 	}
 	m.wire = nil
 	select {
-	case s.free <- m:
+	case s.free[c-minClass] <- m:
 	default:
 	}
 }
