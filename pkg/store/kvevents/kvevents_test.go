@@ -459,9 +459,7 @@ func TestMessageBuffersReused(t *testing.T) {
 // largest messages are their own and not kept.
 func TestMessageBufferSizes(t *testing.T) {
 	s := &pubSocket{}
-	for i := range s.free {
-		s.free[i] = make(chan *message, freeMessages)
-	}
+	s.initFree()
 	use := func(size int) *message {
 		m := s.newMessage(size)
 		if c, need := cap(m.buf), size+messageRoom; c < need || c > max(2*need, 1<<minClass) {

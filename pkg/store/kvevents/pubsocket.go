@@ -48,11 +48,14 @@ type message struct {
 
 // Message buffers: their sizes (1 KiB to 256 KiB; a message larger
 // than that gets a buffer of its own size, not reused) and how many of
-// each size are kept for reuse.
+// each size are kept for reuse: 64, and 2 MiB of the largest sizes (a
+// subscriber's writer behind by a few dozen messages still finds its
+// next buffers here).
 const (
 	minClass     = 10
 	maxClass     = 18
-	freeMessages = 16
+	freeMessages = 64
+	freeBytes    = 2 << 20
 	// maxWritev bounds the messages one write to a subscriber carries
 	// when several are queued for it.
 	maxWritev = 64
@@ -68,9 +71,7 @@ type subscriberConn struct {
 
 func newPubSocket(ln net.Listener, hwm int, log *slog.Logger) *pubSocket {
 	s := &pubSocket{ln: ln, hwm: hwm, log: log, subs: make(map[*subscriberConn]struct{}), done: make(chan struct{})}
-	for i := range s.free {
-		s.free[i] = make(chan *message, freeMessages)
-	}
+	s.initFree()
 	s.wg.Add(1)
 	go s.accept()
 	return s
@@ -216,6 +217,12 @@ func (s *pubSocket) write(sc *subscriberConn) {
 			s.drop(sc)
 			return
 		}
+	}
+}
+
+func (s *pubSocket) initFree() {
+	for i := range s.free {
+		s.free[i] = make(chan *message, min(freeMessages, freeBytes>>(minClass+i)))
 	}
 }
 
