@@ -241,7 +241,11 @@ func (s *pubSocket) newMessage(size int) *message {
 		}
 	}
 	if m == nil {
-		m = &message{buf: make([]byte, 0, max(size, 1<<c))}
+		n := size // a large message's own
+		if c <= maxClass {
+			n = 1 << c
+		}
+		m = &message{buf: make([]byte, 0, n)}
 		s.made.Add(1)
 	}
 	m.buf, m.wire = m.buf[:messageRoom], nil
