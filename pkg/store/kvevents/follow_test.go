@@ -58,7 +58,7 @@ func freeEndpoint(t *testing.T) string {
 // publishNow sends what is queued, as the publisher goroutine would.
 func publishNow(p *Publisher) {
 	for b := p.take(nil); len(b) > 0; b = p.take(nil) {
-		p.publish(b, nil)
+		p.publish(b)
 	}
 }
 

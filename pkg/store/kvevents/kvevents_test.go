@@ -77,7 +77,7 @@ func FuzzDecodePayload(f *testing.F) {
 	b := appendArrayHeader(nil, 3)
 	b = appendInt(b, 1)
 	b = appendArrayHeader(b, 1)
-	b = appendEvent(b, 1, 1, true, true, true, "default", "be", "12", "cpu", 12, true)
+	b = appendEventFields(b, 1, 1, true, true, true, "default", "be", "12", "cpu", 12, true)
 	b = appendUint(b, 0)
 	f.Add(b)
 	f.Add([]byte{0x93, 0x01, 0x90, 0x00})
@@ -364,5 +364,122 @@ func TestEndpointErrors(t *testing.T) {
 	_, err = New(Config{Endpoint: "tcp://" + ln.Addr().String(), BackendID: "b"})
 	if !errors.Is(err, syscall.EADDRINUSE) {
 		t.Errorf("port in use: %v, want EADDRINUSE", err)
+	}
+}
+
+// Message buffers are reused, and only once every subscriber has written
+// its copy: a subscriber that stops reading for a while (its queue holds
+// hundreds of messages) and one that keeps up both receive every event,
+// in order, with its own key; then, with both keeping up, the publisher
+// makes next to no buffer for the messages it sends.
+func TestMessageBuffersReused(t *testing.T) {
+	p := newTestPublisher(t, Config{QueueCapacity: -1})
+	go p.run()
+	const n, n2 = 40000, 100 * MaxBatch // events of each phase
+	var subs [2]*Subscriber
+	for i := range subs {
+		s, err := Subscribe(context.Background(), p.Endpoint())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		subs[i] = s
+	}
+	waitFor(t, "two subscribers", func() bool { return p.Stats().Subscribers == 2 })
+	pause := make(chan struct{})
+	errs := make(chan error, 2)
+	var got [2]atomic.Int64
+	for i, s := range subs {
+		go func() {
+			if i == 1 {
+				<-pause
+			}
+			next, seq := 0, uint64(0)
+			for next < n+n2 {
+				b, err := s.Next()
+				if err != nil {
+					errs <- fmt.Errorf("subscriber %d: %w", i, err)
+					return
+				}
+				if seq != 0 && b.Seq != seq+1 {
+					errs <- fmt.Errorf("subscriber %d: message %d after %d", i, b.Seq, seq)
+					return
+				}
+				seq = b.Seq
+				for _, e := range b.Events {
+					if want := fmt.Sprintf("key-%07d", next); e.ObjectKey != want || e.ID != uint64(next+1) {
+						errs <- fmt.Errorf("subscriber %d: event %d is %q id %d, want %q id %d", i, next, e.ObjectKey, e.ID, want, next+1)
+						return
+					}
+					next++
+				}
+				got[i].Store(int64(next))
+			}
+			errs <- nil
+		}()
+	}
+	// Phase 1: one subscriber paused while half the events are sent.
+	for i := range n {
+		p.Stored(fmt.Sprintf("key-%07d", i), MediumCPU)
+		if i == n/2 {
+			waitFor(t, "messages queued for the paused subscriber", func() bool { return p.Stats().PublishedEvents > uint64(n/4) })
+			close(pause)
+		}
+	}
+	caughtUp := func(k int) func() bool {
+		return func() bool { return got[0].Load() >= int64(k) && got[1].Load() >= int64(k) }
+	}
+	waitFor(t, "both subscribers", caughtUp(n))
+	// Phase 2: both keep up (one message's events at a time).
+	made, sent := p.sock.made.Load(), p.Stats().PublishedBatches
+	for i := n; i < n+n2; i++ {
+		p.Stored(fmt.Sprintf("key-%07d", i), MediumCPU)
+		if i%MaxBatch == MaxBatch-1 {
+			waitFor(t, "both subscribers", caughtUp(i+1))
+		}
+	}
+	for range subs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := p.Stats()
+	made, sent = p.sock.made.Load()-made, st.PublishedBatches-sent
+	if made > sent/10 {
+		t.Errorf("%d message buffers made for %d messages sent to subscribers keeping up: want them reused", made, sent)
+	}
+	if st.SubscriberDrops != 0 {
+		t.Errorf("%d messages dropped: the paused subscriber's queue (10000) holds them all", st.SubscriberDrops)
+	}
+}
+
+// A message's buffer is at most twice what it holds (1 KiB at least), a
+// reused one too: a subscriber that stops reading keeps its 10000
+// messages' bytes, not 10000 of the largest buffers. Buffers of the
+// largest messages are their own and not kept.
+func TestMessageBufferSizes(t *testing.T) {
+	s := &pubSocket{}
+	s.initFree()
+	use := func(size int) *message {
+		m := s.newMessage(size)
+		if c, need := cap(m.buf), size+messageRoom; c < need || c > max(2*need, 1<<minClass) {
+			t.Fatalf("newMessage(%d): buffer of %d bytes, want %d to %d", size, c, need, max(2*need, 1<<minClass))
+		}
+		m.buf = append(m.buf, make([]byte, size)...)
+		m.refs.Store(1)
+		return m
+	}
+	for _, size := range []int{1, 300, 1 << 10, 20000, 32<<10 - messageRoom, 32 << 10, 200 << 10} {
+		s.release(use(size)) // kept for reuse
+		use(size)            // reused
+		use(300)             // not in a large buffer
+	}
+	if made := s.made.Load(); made > 7+7 {
+		t.Errorf("%d buffers made: want the released ones reused", made)
+	}
+	big := use(1 << 20)
+	s.release(big)
+	if m := s.newMessage(1 << 20); m == big {
+		t.Error("a buffer of 1 MiB was kept for reuse")
 	}
 }

@@ -85,6 +85,15 @@ type Stats struct {
 	QueueLength         int    `json:"queue_length"`
 }
 
+// The queue's ring: its size to begin with (and after a burst), and the
+// most it keeps once emptied. Batched puts queue tens of events at a
+// time: a ring that shrank to a message's worth whenever the publisher
+// caught up grew again under the next puts.
+const (
+	minRing     = 1024
+	maxIdleRing = 16384
+)
+
 type pending struct {
 	term    uint64 // the NewTerm count when queued
 	removed bool
@@ -97,9 +106,10 @@ type pending struct {
 // oldest event, counts it and skips a sequence number so that consumers
 // see the gap.
 type Publisher struct {
-	cfg  Config
-	log  *slog.Logger
-	sock *pubSocket
+	cfg   Config
+	log   *slog.Logger
+	sock  *pubSocket
+	coder *eventCoder // run goroutine
 
 	mu      sync.Mutex
 	term    uint64    // NewTerm calls so far (mu)
@@ -160,7 +170,8 @@ func open(cfg Config) (*Publisher, error) {
 func newPublisher(cfg Config, ln net.Listener) *Publisher {
 	p := &Publisher{
 		cfg: cfg, log: cfg.Logger,
-		queue: make([]pending, 64),
+		coder: newEventCoder(cfg.BackendID, !cfg.NoLegacyFields, !cfg.NoObjectKey),
+		queue: make([]pending, minRing),
 		kick:  make(chan struct{}, 1),
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
@@ -239,8 +250,8 @@ func (p *Publisher) take(buf []pending) []pending {
 		p.head = (p.head + 1) % len(p.queue)
 		p.n--
 	}
-	if p.n == 0 && len(p.queue) > 4*MaxBatch {
-		p.queue, p.head = make([]pending, MaxBatch), 0 // a burst's ring goes
+	if p.n == 0 && len(p.queue) > maxIdleRing {
+		p.queue, p.head = make([]pending, minRing), 0 // a burst's ring goes
 	}
 	return buf
 }
@@ -248,26 +259,25 @@ func (p *Publisher) take(buf []pending) []pending {
 func (p *Publisher) run() {
 	defer close(p.done)
 	batch := make([]pending, 0, MaxBatch)
-	var payload []byte
 	for {
 		batch = p.take(batch[:0])
 		if len(batch) > 0 {
-			payload = p.publish(batch, payload[:0])
+			p.publish(batch)
 			continue
 		}
 		select {
 		case <-p.kick:
 		case <-p.stop:
 			for batch = p.take(batch[:0]); len(batch) > 0; batch = p.take(batch[:0]) {
-				payload = p.publish(batch, payload[:0])
+				p.publish(batch)
 			}
 			return
 		}
 	}
 }
 
-// publish encodes batch and hands it to the socket; buf is reused.
-func (p *Publisher) publish(batch []pending, buf []byte) []byte {
+// publish encodes batch into a message and hands it to the socket.
+func (p *Publisher) publish(batch []pending) {
 	type enc struct {
 		pending
 		hash   uint64
@@ -282,6 +292,7 @@ func (p *Publisher) publish(batch []pending, buf []byte) []byte {
 	}
 	var items [MaxBatch]enc
 	n := 0
+	size := 1 + 9 + 3 + 1 // [ts, [events], dp_rank]
 	for _, e := range batch {
 		// A multi-tenant master's stored key: tenant, NUL, user key (the
 		// default tenant's keys have no scope), as Mooncake's events
@@ -299,91 +310,25 @@ func (p *Publisher) publish(batch []pending, buf []byte) []byte {
 		}
 		items[n] = enc{pending: e, hash: h, hashed: ok, id: p.nextEventID.Add(1) - 1, tenant: tenant}
 		n++
+		size += p.coder.maxEventSize(tenant, e.key, e.medium)
 	}
 	if n == 0 {
-		return buf
+		return
 	}
 	ts := p.cfg.now().UnixMilli()
-	legacy, withKey := !p.cfg.NoLegacyFields, !p.cfg.NoObjectKey
-	b := appendArrayHeader(buf, 3)
+	m := p.sock.newMessage(size)
+	b := appendArrayHeader(m.buf, 3)
 	b = appendInt(b, ts)
 	b = appendArrayHeader(b, n)
+	p.coder.startBatch(ts)
 	for _, it := range items[:n] {
-		b = appendEvent(b, it.id, ts, !it.removed, legacy, withKey, it.tenant, p.cfg.BackendID, it.key, it.medium, it.hash, it.hashed)
+		b = p.coder.appendEvent(b, it.id, !it.removed, it.tenant, it.key, it.medium, it.hash, it.hashed)
 	}
-	b = appendUint(b, 0) // batch dp_rank: a pool has no DP context
+	m.buf = appendUint(b, 0) // batch dp_rank: a pool has no DP context
 	seq := p.nextSeq.Add(1) - 1
-	p.sock.send(b, seq)
+	p.sock.send(m, seq)
 	p.batches.Add(1)
 	p.events.Add(uint64(n))
-	return b
-}
-
-// appendEvent writes one event map in Mooncake's field order.
-func appendEvent(b []byte, id uint64, ts int64, stored, legacy, withKey bool, tenant, backend, key, medium string, hash uint64, hashed bool) []byte {
-	size := 13
-	if legacy {
-		size += 2
-	}
-	if withKey {
-		size++
-	}
-	if stored {
-		size += 3
-		if legacy {
-			size++
-		}
-	} else {
-		size++
-	}
-	b = appendMapHeader(b, size)
-	b = appendUint(appendStr(b, "event_id"), id)
-	b = appendInt(appendStr(b, "timestamp"), ts)
-	typ, legacyTyp := "removed", "BlockRemoved"
-	if stored {
-		typ, legacyTyp = "stored", "BlockStored"
-	}
-	b = appendStr(appendStr(b, "event_type"), typ)
-	if legacy {
-		b = appendStr(appendStr(b, "type"), legacyTyp)
-	}
-	for _, k := range [...]string{"model_name", "block_size", "additional_salt", "lora_name"} {
-		b = appendNil(appendStr(b, k))
-	}
-	b = appendStr(appendStr(b, "tenant_id"), tenant)
-	b = appendStr(appendStr(b, "backend_id"), backend)
-	b = appendNil(appendStr(b, "group_id")) // mc has no object groups
-	b = appendOptStr(appendStr(b, "medium"), medium)
-	b = appendNil(appendStr(b, "dp_rank"))
-	if withKey {
-		b = appendStr(appendStr(b, "object_key"), key)
-	}
-	b = appendStr(b, "seq_hashes")
-	if hashed {
-		b = appendUint(appendArrayHeader(b, 1), hash)
-	} else {
-		b = appendArrayHeader(b, 0)
-	}
-	if legacy {
-		b = appendStr(b, "block_hashes")
-		if hashed {
-			b = appendInt(appendArrayHeader(b, 1), int64(hash)) // Mooncake's int64 cast
-		} else {
-			b = appendArrayHeader(b, 0)
-		}
-	}
-	b = appendStr(b, "base_block_idx")
-	if stored {
-		b = appendUint(b, 0)
-		b = appendNil(appendStr(b, "parent_hash"))
-		b = appendNil(appendStr(b, "token_ids"))
-		if legacy {
-			b = appendNil(appendStr(b, "parent_block_hash"))
-		}
-	} else {
-		b = appendNil(b)
-	}
-	return b
 }
 
 // Stats reads the counters.

@@ -3,10 +3,10 @@ package kvevents
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -25,11 +25,45 @@ type pubSocket struct {
 	drops atomic.Uint64
 	wg    sync.WaitGroup
 	done  chan struct{}
+	// free holds messages every subscriber has written, for the next
+	// ones, by buffer size (powers of two, minClass to maxClass): a
+	// message's buffer is reused rather than allocated, copied into and
+	// collected (tens of kilobytes each, a thousand a second at full put
+	// speed), and at most twice the size of the message it holds, so
+	// what a stalled subscriber's queue keeps is about its messages'
+	// bytes.
+	free [maxClass - minClass + 1]chan *message
+	// made counts the messages made rather than taken from free.
+	made atomic.Uint64
 }
+
+// message is one framed message, shared by the subscribers it is queued
+// for; the last to write it (or the publisher, when none took it)
+// returns it to the free list.
+type message struct {
+	buf  []byte // framing room, then the payload (newMessage, frameMessage)
+	wire []byte // the framed message, in buf
+	refs atomic.Int32
+}
+
+// Message buffers: their sizes (1 KiB to 256 KiB; a message larger
+// than that gets a buffer of its own size, not reused) and how many of
+// each size are kept for reuse: 64, and 2 MiB of the largest sizes (a
+// subscriber's writer behind by a few dozen messages still finds its
+// next buffers here).
+const (
+	minClass     = 10
+	maxClass     = 18
+	freeMessages = 64
+	freeBytes    = 2 << 20
+	// maxWritev bounds the messages one write to a subscriber carries
+	// when several are queued for it.
+	maxWritev = 64
+)
 
 type subscriberConn struct {
 	c      net.Conn
-	q      chan []byte
+	q      chan *message
 	topics [][]byte // guarded by pubSocket.mu
 	gone   chan struct{}
 	once   sync.Once
@@ -37,6 +71,7 @@ type subscriberConn struct {
 
 func newPubSocket(ln net.Listener, hwm int, log *slog.Logger) *pubSocket {
 	s := &pubSocket{ln: ln, hwm: hwm, log: log, subs: make(map[*subscriberConn]struct{}), done: make(chan struct{})}
+	s.initFree()
 	s.wg.Add(1)
 	go s.accept()
 	return s
@@ -75,7 +110,7 @@ func (s *pubSocket) serve(c net.Conn) {
 		_ = c.Close()
 		return
 	}
-	sc := &subscriberConn{c: c, q: make(chan []byte, s.hwm), gone: make(chan struct{})}
+	sc := &subscriberConn{c: c, q: make(chan *message, s.hwm), gone: make(chan struct{})}
 	s.mu.Lock()
 	select {
 	case <-s.done:
@@ -141,18 +176,96 @@ func (s *pubSocket) readSubscriptions(sc *subscriberConn, r *bufio.Reader) error
 	}
 }
 
+// write sends sc's queued messages, as many as are queued (up to
+// maxWritev) in one write.
 func (s *pubSocket) write(sc *subscriberConn) {
 	defer s.wg.Done()
+	var ms []*message
+	var bufs, v net.Buffers
 	for {
 		select {
 		case m := <-sc.q:
-			if _, err := sc.c.Write(m); err != nil {
-				s.drop(sc)
-				return
-			}
+			ms = append(ms[:0], m)
 		case <-sc.gone:
 			return
 		}
+	more:
+		for len(ms) < maxWritev {
+			select {
+			case m := <-sc.q:
+				ms = append(ms, m)
+			default:
+				break more
+			}
+		}
+		var err error
+		if len(ms) == 1 {
+			_, err = sc.c.Write(ms[0].wire)
+		} else {
+			bufs = bufs[:0]
+			for _, m := range ms {
+				bufs = append(bufs, m.wire)
+			}
+			v = bufs // WriteTo consumes v
+			_, err = v.WriteTo(sc.c)
+		}
+		for i, m := range ms {
+			s.release(m)
+			ms[i] = nil
+		}
+		if err != nil {
+			s.drop(sc)
+			return
+		}
+	}
+}
+
+func (s *pubSocket) initFree() {
+	for i := range s.free {
+		s.free[i] = make(chan *message, min(freeMessages, freeBytes>>(minClass+i)))
+	}
+}
+
+// newMessage is a message to encode a payload of at most size bytes
+// into, from the free list when it has one: its buf holds the room
+// frameMessage needs. (A payload that turns out larger still fits: the
+// buffer grows, and is not reused.)
+func (s *pubSocket) newMessage(size int) *message {
+	size += messageRoom
+	c := max(bits.Len(uint(size-1)), minClass)
+	var m *message
+	if c <= maxClass {
+		select {
+		case m = <-s.free[c-minClass]:
+		default:
+		}
+	}
+	if m == nil {
+		n := size // a large message's own
+		if c <= maxClass {
+			n = 1 << c
+		}
+		m = &message{buf: make([]byte, 0, n)}
+		s.made.Add(1)
+	}
+	m.buf, m.wire = m.buf[:messageRoom], nil
+	return m
+}
+
+// release drops a reference to m; the last returns it to the free list
+// of its size.
+func (s *pubSocket) release(m *message) {
+	if m.refs.Add(-1) != 0 {
+		return
+	}
+	c := bits.Len(uint(cap(m.buf))) - 1
+	if c < minClass || c > maxClass || cap(m.buf) != 1<<c {
+		return // grown past its size, or a large message's own
+	}
+	m.wire = nil
+	select {
+	case s.free[c-minClass] <- m:
+	default:
 	}
 }
 
@@ -166,28 +279,28 @@ func (s *pubSocket) drop(sc *subscriberConn) {
 	})
 }
 
-// send frames one message (empty topic, sequence number, payload) and
-// queues it for every matching subscriber; a full queue drops it for
-// that subscriber alone.
-func (s *pubSocket) send(payload []byte, seq uint64) {
-	m := make([]byte, 0, 2+10+9+len(payload))
-	m = appendFrame(m, flagMore, nil)
-	var sb [8]byte
-	binary.BigEndian.PutUint64(sb[:], seq)
-	m = appendFrame(m, flagMore, sb[:])
-	m = appendFrame(m, 0, payload)
+// send frames m, whose payload follows its framing room in m.buf, as
+// one message (empty topic, sequence number, payload) and queues it for
+// every matching subscriber; a full queue drops it for that subscriber
+// alone. m is the socket's from then on.
+func (s *pubSocket) send(m *message, seq uint64) {
+	m.wire = frameMessage(m.buf, seq)
+	m.refs.Store(1) // ours, until every subscriber has it
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for sc := range s.subs {
 		if !matches(sc.topics, nil) {
 			continue
 		}
+		m.refs.Add(1)
 		select {
 		case sc.q <- m:
 		default:
+			m.refs.Add(-1)
 			s.drops.Add(1)
 		}
 	}
+	s.mu.Unlock()
+	s.release(m)
 }
 
 // matches: a subscription is a prefix of the topic.

@@ -111,6 +111,8 @@ func asInt(v any) (int64, bool) {
 type Subscriber struct {
 	c net.Conn
 	r *bufio.Reader
+	// frames are NextRaw's, read into again by the next call
+	frames [][]byte
 }
 
 // Subscribe connects to endpoint (tcp://HOST:PORT or ipc://PATH).
@@ -157,11 +159,16 @@ func (s *Subscriber) Next() (Batch, error) {
 
 // NextRaw reads the next message and returns its sequence number and
 // its msgpack payload undecoded, for a consumer that forwards or stores
-// the stream as it came.
+// the stream as it came. The payload is read into the same buffer by
+// every call: it holds until the next.
 func (s *Subscriber) NextRaw() (seq uint64, payload []byte, err error) {
-	var frames [][]byte
+	frames := s.frames[:0]
 	for {
-		flags, body, err := readFrame(s.r, maxPublisherFrame)
+		var buf []byte
+		if n := len(frames); n < cap(frames) {
+			buf = frames[:n+1][n]
+		}
+		flags, body, err := readFrameInto(s.r, maxPublisherFrame, buf[:0])
 		if err != nil {
 			return 0, nil, err
 		}
@@ -169,6 +176,7 @@ func (s *Subscriber) NextRaw() (seq uint64, payload []byte, err error) {
 			continue
 		}
 		frames = append(frames, body)
+		s.frames = frames
 		if flags&flagMore == 0 {
 			break
 		}

@@ -105,6 +105,34 @@ func appendFrame(b []byte, flags byte, body []byte) []byte {
 	return append(b, body...)
 }
 
+// messageRoom is the framing a message's payload needs in front of it:
+// the topic frame (2 bytes), the sequence number's (10) and the
+// payload's header (9 when long, 2 when short).
+const messageRoom = 2 + 10 + 9
+
+// frameMessage frames a KV events message in place: buf holds
+// messageRoom bytes of room, then the payload. It writes the empty topic
+// frame, the 8-byte big-endian sequence number frame and the payload's
+// frame header into the room (the short form for a payload of 255 bytes
+// or less, as appendFrame) and returns the framed message, a suffix of
+// buf.
+func frameMessage(buf []byte, seq uint64) []byte {
+	n := len(buf) - messageRoom
+	at := 0
+	if n <= 255 {
+		at = 7 // the short header is 7 bytes shorter
+		buf[messageRoom-2], buf[messageRoom-1] = 0, byte(n)
+	} else {
+		buf[messageRoom-9] = flagLong
+		binary.BigEndian.PutUint64(buf[messageRoom-8:messageRoom], uint64(n))
+	}
+	h := buf[at:]
+	h[0], h[1] = flagMore, 0
+	h[2], h[3] = flagMore, 8
+	binary.BigEndian.PutUint64(h[4:12], seq)
+	return h
+}
+
 func readyCommand(socketType string) []byte {
 	body := append([]byte{5}, "READY"...)
 	body = append(body, byte(len("Socket-Type")))
@@ -116,6 +144,12 @@ func readyCommand(socketType string) []byte {
 
 // readFrame reads one frame; bodies over limit are refused.
 func readFrame(r *bufio.Reader, limit uint64) (flags byte, body []byte, err error) {
+	return readFrameInto(r, limit, nil)
+}
+
+// readFrameInto reads one frame into buf's array when it is large
+// enough (else a new one); bodies over limit are refused.
+func readFrameInto(r *bufio.Reader, limit uint64, buf []byte) (flags byte, body []byte, err error) {
 	if flags, err = r.ReadByte(); err != nil {
 		return 0, nil, err
 	}
@@ -136,7 +170,11 @@ func readFrame(r *bufio.Reader, limit uint64) (flags byte, body []byte, err erro
 	if n > limit {
 		return 0, nil, fmt.Errorf("frame of %d bytes: over the limit of %d", n, limit)
 	}
-	body = make([]byte, n)
+	if uint64(cap(buf)) >= n {
+		body = buf[:n]
+	} else {
+		body = make([]byte, n)
+	}
 	_, err = io.ReadFull(r, body)
 	return flags, body, err
 }
