@@ -175,6 +175,13 @@ bench-mooncake-master: build
 bench-mooncake-latency: build
 	scripts/bench-mooncake-latency.sh $(MOONCAKE_BUILD) bin/mc 3
 
+# KV events' cost with real processes (issue 38 item 6): mc bench store
+# puts (4K, batch 32) against mc serve store with events and a receiving
+# subscriber, and without, alternated, six pairs. About 3 minutes.
+.PHONY: bench-kv-events
+bench-kv-events: build
+	scripts/bench-kv-events.sh bin/mc 6
+
 # mc against the real Mooncake Store (mooncake_master, mooncake_client,
 # the Python client), one line per case; needs MOONCAKE_BUILD as above.
 .PHONY: mooncake-interop
