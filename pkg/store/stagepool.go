@@ -216,11 +216,17 @@ func (p *stagingPool) freeLocked(b *stagedBatch) {
 // release frees batch id (a reader's hand-back, or the master's
 // RELEASE); false when it is not held (freed by its TTL already, or an
 // id of another incarnation).
-func (p *stagingPool) release(id uint64) bool {
+//
+// byMaster says who hands it back: the master frees only its loads'
+// batches and a reader only readers' (a reader never holds a master's
+// id; one that sent one would free a range the master's transfer into a
+// DRAM segment may still be reading, and that copy would carry another
+// record's bytes).
+func (p *stagingPool) release(id uint64, byMaster bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	b := p.batches[id]
-	if b == nil {
+	if b == nil || b.master != byMaster {
 		return false
 	}
 	delete(p.batches, id)

@@ -421,7 +421,7 @@ func (n *TierNode) session() error {
 				drops = append(drops, tier.Removal{Key: cmd.GetKey(), Version: cmd.GetVersion()})
 				continue
 			case pb.TierCommand_RELEASE:
-				n.pool.release(cmd.GetStaged())
+				n.pool.release(cmd.GetStaged(), true)
 				n.pokeStats()
 				continue
 			case pb.TierCommand_WRITES:

@@ -147,7 +147,7 @@ func (s *tierReadServer) BatchGetStaged(ctx context.Context, r *pb.BatchGetStage
 	// their room serves this one.
 	if rel := r.GetRelease(); len(rel) > 0 {
 		for _, id := range rel {
-			n.pool.release(id)
+			n.pool.release(id, false)
 		}
 	}
 	arrived := time.Now()
@@ -180,9 +180,9 @@ func (s *tierReadServer) BatchGetStaged(ctx context.Context, r *pb.BatchGetStage
 
 // ReleaseStaged frees batches whose transfers are over.
 func (s *tierReadServer) ReleaseStaged(_ context.Context, r *pb.ReleaseStagedBatch) (*pb.Result, error) {
-	s.n.pool.release(r.GetBatchId())
+	s.n.pool.release(r.GetBatchId(), false)
 	for _, id := range r.GetMore() {
-		s.n.pool.release(id)
+		s.n.pool.release(id, false)
 	}
 	s.n.pokeStats()
 	return &pb.Result{}, nil
