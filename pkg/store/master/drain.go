@@ -681,6 +681,7 @@ func (s *space) placeDrain(j *drainJob, o *Object, size uint64, avoid []*segment
 	}
 	ref.reg.seg.used.Add(size)
 	s.used.Add(size)
+	s.noteGrew()
 	return ref, true, nil
 }
 

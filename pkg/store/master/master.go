@@ -102,7 +102,10 @@ type Config struct {
 	ViewVersion uint64
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
-	// EvictionInterval is the watermark loop's period (default 10 ms).
+	// EvictionInterval is the watermark loop's period while usage is at
+	// or above the high watermark (default 10 ms). Below it the loop
+	// sleeps for evictionIdleInterval and an allocation that takes usage
+	// over the watermark wakes it.
 	EvictionInterval time.Duration
 	// MaintenanceTick is the period of the loop that drops silent
 	// clients, discards unfinished puts and frees expired staging copies
@@ -290,6 +293,12 @@ type Master struct {
 	clients   map[store.UUID]*clientState
 
 	evictKick chan struct{}
+	// evictIdle: the watermark loop is in its long sleep (usage was
+	// below the high watermark); an allocation that takes usage over it
+	// kicks the loop (noteUsage).
+	evictIdle atomic.Bool
+	// evictLooks counts the watermark loop's rounds (tests).
+	evictLooks atomic.Uint64
 	// massSilence: Maintain is holding clients that fell silent together
 	// (warned once per episode).
 	massSilence atomic.Bool
@@ -334,6 +343,7 @@ func New(cfg Config) (*Master, error) {
 	m.space.init(&m.cfg)
 	m.tiers.init()
 	m.space.tiered = m.tiers.any
+	m.space.grew = m.noteUsage
 	m.drains.init()
 	return m, nil
 }
@@ -725,9 +735,19 @@ func (m *Master) Maintain() {
 // re-mounts within a ping or two.
 func (m *Master) restoredMountGrace() time.Duration { return 3 * m.cfg.ClientTTL }
 
+// evictionIdleInterval is how often the watermark loop looks while usage
+// is below the high watermark: allocations wake it when they cross it, so
+// this is only a backstop (for a watermark crossed by a segment going
+// away or an offload landing without an allocation). Waking every
+// EvictionInterval instead cost an idle `mc serve store` ~400 context
+// switches a second (the runtime wakes a second thread for each timer),
+// and each one's CPU a one-at-a-time caller's calls then competed with
+// (issue 39).
+const evictionIdleInterval = time.Second
+
 func (m *Master) evictionLoop() {
 	defer m.wg.Done()
-	t := time.NewTicker(m.cfg.EvictionInterval)
+	t := time.NewTimer(m.cfg.EvictionInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -736,7 +756,41 @@ func (m *Master) evictionLoop() {
 		case <-t.C:
 		case <-m.evictKick:
 		}
+		m.evictIdle.Store(false)
+		m.evictLooks.Add(1)
 		m.EvictIfNeeded()
+		next := m.cfg.EvictionInterval
+		if !m.overHighWatermark() {
+			// Idle first, then look again: an allocation in between
+			// either sees the flag and kicks, or is seen here.
+			m.evictIdle.Store(true)
+			if m.overHighWatermark() {
+				m.evictIdle.Store(false)
+			} else {
+				next = max(next, evictionIdleInterval)
+			}
+		}
+		t.Reset(next)
+	}
+}
+
+// overHighWatermark reports whether usage (less replicas being offloaded)
+// is at or above the high watermark, with eviction on.
+func (m *Master) overHighWatermark() bool {
+	capacity := m.space.capacity.Load()
+	if capacity == 0 || !m.evicting() {
+		return false
+	}
+	used := m.space.used.Load()
+	used -= min(used, uint64(max(m.tiers.inflight.Load(), 0)))
+	return float64(used)/float64(capacity) >= m.cfg.HighWatermark
+}
+
+// noteUsage wakes an idle watermark loop when usage has reached the high
+// watermark (space calls it after usage grows or capacity shrinks).
+func (m *Master) noteUsage() {
+	if m.evictIdle.Load() && m.overHighWatermark() {
+		m.kickEviction()
 	}
 }
 

@@ -99,6 +99,9 @@ type space struct {
 	// tiered reports whether a disk tier is attached (set by the master;
 	// nil in tests of space alone): eviction then offloads.
 	tiered func() bool
+	// grew, when set, is called after usage grew or capacity shrank (the
+	// master wakes its watermark loop if that crossed the watermark).
+	grew func()
 	// notices are the evicted keys each region owner learns on its next
 	// ping; a lock of their own, so a ping never waits for space.mu.
 	notices notices
@@ -191,7 +194,14 @@ func (s *space) rebuild(seg *segment, refs []*restoredRef) error {
 		seg.used.Add(r.size)
 		s.used.Add(r.size)
 	}
+	s.noteGrew()
 	return nil
+}
+
+func (s *space) noteGrew() {
+	if s.grew != nil {
+		s.grew()
+	}
 }
 
 // rangeOf is a mounted segment's base and size (zeros when unknown).
@@ -293,6 +303,7 @@ func (s *space) unmount(seg *segment) {
 	}
 	s.capacity.Add(-seg.info.Size)
 	s.used.Add(-seg.used.Load())
+	s.noteGrew()
 }
 
 func (s *space) dropInstance(id store.UUID) {
@@ -381,6 +392,7 @@ func (s *space) place(dst []replicaRef, client store.UUID, host string, size uin
 		r.reg.seg.used.Add(size)
 	}
 	s.used.Add(size * uint64(len(out)))
+	s.noteGrew()
 	return out, nil
 }
 

@@ -483,6 +483,7 @@ func (m *Master) opDone(n *tierNode, op *tierOp, err error) {
 
 func (m *Master) offloadDone(n *tierNode, op *tierOp, err error) {
 	m.tiers.inflight.Add(-int64(op.size * uint64(len(op.refs))))
+	m.noteUsage()
 	sh := m.shardOf(op.key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

@@ -42,6 +42,7 @@ func (s *space) placeOn(client, segID store.UUID, size uint64) (replicaRef, erro
 	}
 	seg.used.Add(size)
 	s.used.Add(size)
+	s.noteGrew()
 	return r, nil
 }
 
