@@ -1,6 +1,8 @@
 package cmd
 
 import (
+	"time"
+
 	"github.com/spf13/pflag"
 
 	"github.com/kvcache-ops/mc/pkg/store/kvevents"
@@ -15,6 +17,7 @@ type kvEventsOptions struct {
 	EmitObjectKey bool
 	EmitLegacy    bool
 	QueueCapacity int
+	Pace          time.Duration
 }
 
 func (o *kvEventsOptions) addFlags(f *pflag.FlagSet) {
@@ -25,6 +28,7 @@ func (o *kvEventsOptions) addFlags(f *pflag.FlagSet) {
 	f.BoolVar(&o.EmitObjectKey, "kv-events-emit-object-key", true, "put the object key on KV events, and send events of keys that are no decimal or 0x hash")
 	f.BoolVar(&o.EmitLegacy, "kv-events-emit-legacy-compat", true, "add vLLM/SGLang aliases to KV events (type, block_hashes, parent_block_hash)")
 	f.IntVar(&o.QueueCapacity, "kv-events-queue-capacity", kvevents.DefaultQueueCapacity, "KV events queued before the oldest are dropped (0: unbounded, as mooncake_master)")
+	f.DurationVar(&o.Pace, "kv-events-pace", kvevents.DefaultPaceInterval, "under a steady stream of events, send KV events at most once per this interval, all queued ones together (up to 64 to a message); sparse events go at once (0: send every time events are queued, as mooncake_master)")
 }
 
 // config checks the flags; nil when events are off.
@@ -46,6 +50,12 @@ func (o kvEventsOptions) config(nodeOf string) (*kvevents.Config, error) {
 		return nil, usagef("--enable-kv-events needs --kv-events-backend-id: every event names its cache owner (mooncake_master publishes nothing without it)")
 	case o.QueueCapacity < 0:
 		return nil, usagef("invalid --kv-events-queue-capacity %d: want 0 (unbounded) or more", o.QueueCapacity)
+	case o.Pace < 0 || o.Pace > time.Second:
+		return nil, usagef("invalid --kv-events-pace %v: want 0 (no pacing) to 1s", o.Pace)
+	}
+	pace := o.Pace
+	if pace == 0 {
+		pace = -1 // kvevents.Config: negative sends at once
 	}
 	q := o.QueueCapacity
 	if q == 0 {
@@ -53,6 +63,6 @@ func (o kvEventsOptions) config(nodeOf string) (*kvevents.Config, error) {
 	}
 	return &kvevents.Config{
 		Endpoint: o.Endpoint, BackendID: o.BackendID, QueueCapacity: q,
-		NoObjectKey: !o.EmitObjectKey, NoLegacyFields: !o.EmitLegacy,
+		NoObjectKey: !o.EmitObjectKey, NoLegacyFields: !o.EmitLegacy, PaceInterval: pace,
 	}, nil
 }

@@ -4,10 +4,11 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestKVEventsFlagsRefused(t *testing.T) {
-	ok := kvEventsOptions{Enable: true, Endpoint: "tcp://127.0.0.1:5557", BackendID: "pool", QueueCapacity: 10, EmitObjectKey: true, EmitLegacy: true}
+	ok := kvEventsOptions{Enable: true, Endpoint: "tcp://127.0.0.1:5557", BackendID: "pool", QueueCapacity: 10, EmitObjectKey: true, EmitLegacy: true, Pace: 5 * time.Millisecond}
 	for _, c := range []struct {
 		edit func(*kvEventsOptions)
 		node string
@@ -18,6 +19,8 @@ func TestKVEventsFlagsRefused(t *testing.T) {
 		{func(o *kvEventsOptions) { o.Endpoint = "" }, "", "needs --kv-events-endpoint"},
 		{func(o *kvEventsOptions) { o.BackendID = "" }, "", "needs --kv-events-backend-id"},
 		{func(o *kvEventsOptions) { o.QueueCapacity = -1 }, "", "--kv-events-queue-capacity"},
+		{func(o *kvEventsOptions) { o.Pace = -time.Millisecond }, "", "invalid --kv-events-pace -1ms"},
+		{func(o *kvEventsOptions) { o.Pace = 2 * time.Second }, "", "invalid --kv-events-pace 2s"},
 		{func(*kvEventsOptions) {}, "10.0.0.1:50051", "--master makes this process a node"},
 	} {
 		o := ok
@@ -28,8 +31,12 @@ func TestKVEventsFlagsRefused(t *testing.T) {
 		}
 	}
 	cfg, err := ok.config("")
-	if err != nil || cfg.BackendID != "pool" || cfg.QueueCapacity != 10 || cfg.NoObjectKey || cfg.NoLegacyFields {
+	if err != nil || cfg.BackendID != "pool" || cfg.QueueCapacity != 10 || cfg.NoObjectKey || cfg.NoLegacyFields || cfg.PaceInterval != 5*time.Millisecond {
 		t.Errorf("config %+v, %v", cfg, err)
+	}
+	ok.Pace = 0 // mooncake_master's: every send at once
+	if cfg, err := ok.config(""); err != nil || cfg.PaceInterval >= 0 {
+		t.Errorf("--kv-events-pace 0: config %+v, %v; want a negative PaceInterval (no pacing)", cfg, err)
 	}
 }
 

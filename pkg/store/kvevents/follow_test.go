@@ -56,11 +56,7 @@ func freeEndpoint(t *testing.T) string {
 }
 
 // publishNow sends what is queued, as the publisher goroutine would.
-func publishNow(p *Publisher) {
-	for b := p.take(nil); len(b) > 0; b = p.take(nil) {
-		p.publish(b)
-	}
-}
+func publishNow(p *Publisher) { p.drain(make([]pending, 0, MaxBatch)) }
 
 // Follow waits for a publisher that is not there yet (saying so once),
 // counts the events lost to a full queue (sequence skips) and to a

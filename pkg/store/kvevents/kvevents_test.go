@@ -483,3 +483,91 @@ func TestMessageBufferSizes(t *testing.T) {
 		t.Error("a buffer of 1 MiB was kept for reuse")
 	}
 }
+
+// The publisher's sends are paced: the first PaceBurst go out as soon as
+// their events are queued; after those, events queued while it waits for
+// the next interval go out together, 64 to a message, with the sequence
+// numbers and event ids they would have had; Close sends what waits
+// without waiting for the interval.
+func TestPacedSends(t *testing.T) {
+	p := newTestPublisher(t, Config{PaceInterval: time.Second, PaceBurst: 2})
+	go p.run()
+	s, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	next := func() (uint64, []string) {
+		t.Helper()
+		b, err := s.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		for i, e := range b.Events {
+			keys = append(keys, e.ObjectKey)
+			if want := fmt.Sprint(e.ID); e.ObjectKey != want {
+				t.Fatalf("message %d event %d: id %d for key %s, want ids to follow the keys", b.Seq, i, e.ID, e.ObjectKey)
+			}
+		}
+		return b.Seq, keys
+	}
+	for i := 1; i <= 2; i++ { // the burst: at once, one message each
+		p.Stored(fmt.Sprint(i), MediumCPU)
+		if seq, keys := next(); seq != uint64(i) || len(keys) != 1 || keys[0] != fmt.Sprint(i) {
+			t.Fatalf("message %d: keys %v, want [%d]", seq, keys, i)
+		}
+	}
+	start := time.Now()
+	for i := 3; i <= 12+2*MaxBatch; i++ {
+		p.Stored(fmt.Sprint(i), MediumCPU)
+		if i <= 12 {
+			time.Sleep(2 * time.Millisecond) // the publisher is woken for each
+		}
+	}
+	for m, want := range [][2]int{{3, 66}, {67, 130}, {131, 140}} {
+		seq, keys := next()
+		if seq != uint64(3+m) || len(keys) != want[1]-want[0]+1 || keys[0] != fmt.Sprint(want[0]) || keys[len(keys)-1] != fmt.Sprint(want[1]) {
+			t.Fatalf("message %d: %d events (%v...): want message %d with keys %d to %d", seq, len(keys), keys[:min(3, len(keys))], 3+m, want[0], want[1])
+		}
+	}
+	if d := time.Since(start); d < 500*time.Millisecond {
+		t.Errorf("the paced send came %v after the burst: want it to wait for the interval (1s)", d)
+	}
+	p.Stored("141", MediumCPU)
+	start = time.Now()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Errorf("Close took %v: want what waits for the interval sent at once", d)
+	}
+	if seq, keys := next(); seq != 6 || len(keys) != 1 || keys[0] != "141" {
+		t.Fatalf("message %d: keys %v, want message 6 with key 141", seq, keys)
+	}
+}
+
+// pacer: burst sends at once, then one per interval; the time spent
+// waiting pays for the next.
+func TestPacer(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	pc := newPacer(10*time.Millisecond, 2, t0)
+	at := func(d time.Duration, want time.Duration) {
+		t.Helper()
+		if got := pc.take(t0.Add(d)); got != want {
+			t.Fatalf("take at +%v: wait %v, want %v", d, got, want)
+		}
+	}
+	at(0, 0)
+	at(0, 0)
+	at(0, 10*time.Millisecond)
+	at(10*time.Millisecond, 10*time.Millisecond) // after that wait
+	at(20*time.Millisecond, 10*time.Millisecond)
+	at(time.Second, 0) // a long pause refills the burst, no more
+	at(time.Second, 0)
+	at(time.Second, 10*time.Millisecond)
+	if w := newPacer(-1, 2, t0).take(t0); w != 0 {
+		t.Fatalf("unpaced take: wait %v, want 0", w)
+	}
+}

@@ -35,6 +35,12 @@ type pubSocket struct {
 	free [maxClass - minClass + 1]chan *message
 	// made counts the messages made rather than taken from free.
 	made atomic.Uint64
+	// out holds the messages of one drain of the publisher's queue
+	// (queue) until flush hands them to the subscribers together: the
+	// subscriber's writer wakes once for them and writes them in one
+	// writev, and the subscriber wakes once to read them. Publisher
+	// goroutine only.
+	out []*message
 }
 
 // message is one framed message, shared by the subscribers it is queued
@@ -62,11 +68,14 @@ const (
 )
 
 type subscriberConn struct {
-	c      net.Conn
-	q      chan *message
-	topics [][]byte // guarded by pubSocket.mu
-	gone   chan struct{}
-	once   sync.Once
+	c net.Conn
+	q chan *message
+	// unwritten counts the messages queued for it and not yet written
+	// (in q or being written): what linger waits for.
+	unwritten atomic.Int64
+	topics    [][]byte // guarded by pubSocket.mu
+	gone      chan struct{}
+	once      sync.Once
 }
 
 func newPubSocket(ln net.Listener, hwm int, log *slog.Logger) *pubSocket {
@@ -213,6 +222,7 @@ func (s *pubSocket) write(sc *subscriberConn) {
 			s.release(m)
 			ms[i] = nil
 		}
+		sc.unwritten.Add(-int64(len(ms)))
 		if err != nil {
 			s.drop(sc)
 			return
@@ -279,28 +289,50 @@ func (s *pubSocket) drop(sc *subscriberConn) {
 	})
 }
 
-// send frames m, whose payload follows its framing room in m.buf, as
-// one message (empty topic, sequence number, payload) and queues it for
-// every matching subscriber; a full queue drops it for that subscriber
-// alone. m is the socket's from then on.
-func (s *pubSocket) send(m *message, seq uint64) {
+// queue frames m, whose payload follows its framing room in m.buf, as
+// one message (empty topic, sequence number, payload) for flush to send;
+// m is the socket's from then on. Publisher goroutine only.
+func (s *pubSocket) queue(m *message, seq uint64) {
 	m.wire = frameMessage(m.buf, seq)
-	m.refs.Store(1) // ours, until every subscriber has it
+	s.out = append(s.out, m)
+	if len(s.out) >= maxWritev {
+		s.flush()
+	}
+}
+
+// flush queues the messages queue framed for every matching subscriber,
+// in order; a full queue drops a message for that subscriber alone.
+// Publisher goroutine only.
+func (s *pubSocket) flush() {
+	if len(s.out) == 0 {
+		return
+	}
+	for _, m := range s.out {
+		m.refs.Store(1) // ours, until every subscriber has it
+	}
 	s.mu.Lock()
 	for sc := range s.subs {
 		if !matches(sc.topics, nil) {
 			continue
 		}
-		m.refs.Add(1)
-		select {
-		case sc.q <- m:
-		default:
-			m.refs.Add(-1)
-			s.drops.Add(1)
+		for _, m := range s.out {
+			m.refs.Add(1)
+			sc.unwritten.Add(1)
+			select {
+			case sc.q <- m:
+			default:
+				sc.unwritten.Add(-1)
+				m.refs.Add(-1)
+				s.drops.Add(1)
+			}
 		}
 	}
 	s.mu.Unlock()
-	s.release(m)
+	for i, m := range s.out {
+		s.release(m)
+		s.out[i] = nil
+	}
+	s.out = s.out[:0]
 }
 
 // matches: a subscription is a prefix of the topic.
@@ -336,18 +368,19 @@ func (s *pubSocket) close() error {
 	}
 	s.mu.Unlock()
 	for _, sc := range subs {
-		s.flush(sc)
+		s.linger(sc)
 		s.drop(sc)
 	}
 	s.wg.Wait()
 	return err
 }
 
-// flush gives a subscriber a moment to take what is queued for it
-// before its connection closes (ZMQ_LINGER; Mooncake's is 0).
-func (s *pubSocket) flush(sc *subscriberConn) {
+// linger gives a subscriber a moment to take what is queued for it
+// (and what its writer took but has not written yet) before its
+// connection closes (ZMQ_LINGER; Mooncake's is 0).
+func (s *pubSocket) linger(sc *subscriberConn) {
 	deadline := time.Now().Add(200 * time.Millisecond)
-	for len(sc.q) > 0 && time.Now().Before(deadline) {
+	for sc.unwritten.Load() > 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
