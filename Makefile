@@ -180,7 +180,7 @@ bench-mooncake-latency: build
 # subscriber, and without, alternated, six pairs. About 3 minutes.
 .PHONY: bench-kv-events
 bench-kv-events: build
-	scripts/bench-kv-events.sh bin/mc 6
+	scripts/bench-kv-events.sh bin/mc
 
 # mc against the real Mooncake Store (mooncake_master, mooncake_client,
 # the Python client), one line per case; needs MOONCAKE_BUILD as above.
