@@ -319,10 +319,15 @@ func (p *Publisher) run() {
 }
 
 // drain publishes every queued event, MaxBatch to a message, and hands
-// the messages to the socket together (one write to each subscriber).
+// the messages to the socket together (one write to each subscriber)
+// once it has emptied the queue: events queued while it drains go out
+// after, so that the messages' buffers come back for the next ones.
 func (p *Publisher) drain(batch []pending) {
 	for batch = p.take(batch[:0]); len(batch) > 0; batch = p.take(batch[:0]) {
 		p.publish(batch)
+		if len(batch) < MaxBatch {
+			p.sock.flush()
+		}
 	}
 	p.sock.flush()
 }
