@@ -718,3 +718,70 @@ func TestReadBuffer(t *testing.T) {
 		}
 	}
 }
+
+// ReadProgress tells, as a large value is read, how much of dst from its
+// start holds the value's bytes: rising, in more than one step, the last
+// the whole value, and each prefix told holds the value's bytes when it
+// is told (bounced through huge pages, in place, and through the page
+// cache). A value flipped in a later chunk gets its earlier chunks told
+// and still fails with ErrCorrupt: what was told is never vouched for.
+func TestReadProgress(t *testing.T) {
+	n := 2*readChunk + BlockSize + 3
+	for _, c := range []struct {
+		name   string
+		direct bool
+		sysfs  string
+	}{{"bounced", true, "testdata/sysfs-thp-madvise"}, {"inplace", true, "testdata/sysfs-thp-never"}, {"buffered", false, "testdata/sysfs-thp-madvise"}} {
+		t.Run(c.name, func(t *testing.T) {
+			openFile := openOS
+			if !c.direct {
+				openFile = func(path string, flag int, d bool) (file, error) {
+					if d {
+						return nil, &os.PathError{Op: "open", Path: path, Err: unix.EINVAL}
+					}
+					return openOS(path, flag, false)
+				}
+			}
+			tr := open(t, Config{Dir: t.TempDir(), Capacity: 256 << 20, openFile: openFile, sysfs: c.sysfs})
+			// good: the bytes of v that are on disk as written.
+			read := func(k string, v []byte, good int) ([]uint64, error) {
+				dst := alignedBuf(n)
+				defer putAligned(dst)
+				clear(dst)
+				var told []uint64
+				_, err := tr.ReadProgress(context.Background(), k, 1, dst, func(m uint64) {
+					g := min(int(m), good)
+					if m > uint64(n) || !bytes.Equal(dst[:g], v[:g]) {
+						t.Errorf("%s: told %d bytes ready, which do not hold the value", k, m)
+					}
+					told = append(told, m)
+				})
+				return told, err
+			}
+			v := mustWrite(t, tr, "a", 1, n)
+			told, err := read("a", v, n)
+			if err != nil {
+				t.Fatalf("ReadProgress: %v", err)
+			}
+			if len(told) < 2 || told[len(told)-1] != uint64(n) || !slices.IsSorted(told) {
+				t.Fatalf("progress told %v, want rising steps ending at %d", told, n)
+			}
+			v = mustWrite(t, tr, "b", 1, n)
+			tr.mu.Lock()
+			e := tr.index["b"]
+			path, off := e.file.path, int64(e.off+e.valueOff())+int64(n-BlockSize)
+			tr.mu.Unlock()
+			flip(t, path, off)
+			told, err = read("b", v, n-BlockSize)
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("ReadProgress of a value flipped in its last chunk: %v, want ErrCorrupt", err)
+			}
+			if len(told) == 0 && c.direct {
+				t.Fatalf("nothing told before the flipped chunk: the test shows nothing")
+			}
+			if _, ok := tr.Lookup("b"); ok {
+				t.Fatal("the corrupt record is still in the index")
+			}
+		})
+	}
+}
