@@ -123,6 +123,10 @@ type Client struct {
 	// mismatches counts checksum mismatches; reported the part the
 	// master has been told of (Ping).
 	mismatches, reported atomic.Uint64
+	// streamMoves counts the transfers of staged chunks moved while a
+	// node read on (stageStream), streamKeys the keys whose every byte
+	// came so and whose node vouched for them.
+	streamMoves, streamKeys atomic.Uint64
 	// dropsSeen is the master's drop number as of the last ping.
 	dropsSeen atomic.Uint64
 	// aborts counts abortEndpoint's aborts (Stats.DroppedPeerAborts).

@@ -3,9 +3,11 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/kvcache-ops/mc/pkg/engine"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -96,10 +98,15 @@ func (t *tierConns) close() {
 // their ranges as their lease (its TTL from before the node was asked,
 // plus the time from asked, when the master was, to then: the read's
 // LEASE_EXPIRED check counts from asked) and the batch to hand back.
-func (c *Client) stageDisk(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, errs []error) {
+//
+// With dst (the keys' places in the reader's memory), a node's batch with
+// a record of more than one read chunk goes as BatchGetStagedStream: its
+// bytes are moved into dst while the node reads, and such replicas come
+// back marked moved.
+func (c *Client) stageDisk(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, dst []local, errs []error) {
 	var first map[int]error
 	for attempt := 0; ; attempt++ {
-		retry := c.stageDiskOnce(ctx, asked, keys, reps, errs)
+		retry := c.stageDiskOnce(ctx, asked, keys, reps, dst, errs)
 		if len(retry) == 0 || attempt > 0 {
 			for _, i := range retry {
 				reps[i] = nil
@@ -132,7 +139,7 @@ func (c *Client) stageDisk(ctx context.Context, asked time.Time, keys []string, 
 
 // stageDiskOnce stages reps' disk replicas and returns the keys a node
 // did not have (their errs set, to be asked again).
-func (c *Client) stageDiskOnce(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, errs []error) []int {
+func (c *Client) stageDiskOnce(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, dst []local, errs []error) []int {
 	// No map for a get without disk objects: this runs on every get.
 	var byNode map[string][]int
 	for i, rs := range reps {
@@ -153,7 +160,7 @@ func (c *Client) stageDiskOnce(ctx context.Context, asked time.Time, keys []stri
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if r := c.stageOn(ctx, asked, svc, keys, reps, errs, idx); len(r) > 0 {
+			if r := c.stageOn(ctx, asked, svc, keys, reps, dst, errs, idx); len(r) > 0 {
 				mu.Lock()
 				retry = append(retry, r...)
 				mu.Unlock()
@@ -165,7 +172,7 @@ func (c *Client) stageDiskOnce(ctx context.Context, asked time.Time, keys []stri
 }
 
 // stageOn asks the node at svc for staged reads of keys idx.
-func (c *Client) stageOn(ctx context.Context, asked time.Time, svc string, keys []string, reps [][]Replica, errs []error, idx []int) (retry []int) {
+func (c *Client) stageOn(ctx context.Context, asked time.Time, svc string, keys []string, reps [][]Replica, dst []local, errs []error, idx []int) (retry []int) {
 	fail := func(err error) []int {
 		for _, i := range idx {
 			errs[i] = err
@@ -196,7 +203,13 @@ func (c *Client) stageOn(ctx context.Context, asked time.Time, svc string, keys 
 	cctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
 	defer cancel()
 	sent := time.Now()
-	resp, err := cl.BatchGetStaged(cctx, req)
+	var resp *pb.BatchGetStagedResponse
+	var moved []bool
+	if dst != nil && slices.ContainsFunc(req.Sizes, func(n uint64) bool { return n > streamMin }) {
+		resp, moved, err = c.stageStream(cctx, cl, svc, req, idx, reps, dst)
+	} else {
+		resp, err = cl.BatchGetStaged(cctx, req)
+	}
 	if err != nil {
 		code := RPCFail
 		if st, ok := status.FromError(err); ok && st.Code().String() == "InvalidArgument" {
@@ -230,6 +243,7 @@ func (c *Client) stageOn(ctx context.Context, asked time.Time, svc string, keys 
 		}
 		// The node's hold on the range is the lease that matters.
 		r.Lease = lease
+		r.moved = moved != nil && moved[j]
 		reps[i] = []Replica{r}
 	}
 	return retry
@@ -312,5 +326,91 @@ func (c *Client) sendReleases(ctx context.Context, svc string, ids []uint64) {
 	}
 	if err != nil {
 		c.log.Debug(fmt.Sprintf("hand back %d staged batches to node %s: %v (its TTL frees them)", len(ids), svc, err))
+	}
+}
+
+// streamMin is the size above which a record is read with
+// BatchGetStagedStream: more than one of the node's read chunks (2 MiB),
+// so there is a chunk to move while the next is read.
+var streamMin uint64 = 2 << 20
+
+// stageStream is a node's staged read as BatchGetStagedStream: as the
+// node tells how much of each key's range holds its record's bytes, the
+// new bytes are moved into dst (their transfers run while the next
+// message is awaited); once the node's answer is in and the transfers
+// are over, moved says per key (of idx) that all its bytes are in dst
+// and the answer's code 0 vouches for them (checksum checked). Bytes
+// moved for a key that fails are never declared read: the key's error
+// stands (dst holds junk the get does not return), and a key whose
+// transfers fell short is left to read's whole transfer from the range.
+func (c *Client) stageStream(ctx context.Context, cl pb.TierReadClient, svc string, req *pb.BatchGetStagedRequest, idx []int, reps [][]Replica, dst []local) (*pb.BatchGetStagedResponse, []bool, error) {
+	// Transfers under way read into dst: they end before this returns,
+	// however it returns.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := cl.BatchGetStagedStream(sctx, req)
+	if err != nil {
+		return nil, nil, err
+	}
+	k := len(idx)
+	var start *pb.BatchGetStagedResponse
+	sent := make([]uint64, k) // bytes whose transfer began, per key
+	var mu sync.Mutex
+	short := make([]bool, k) // a transfer failed
+	move := func(j int, upTo uint64) {
+		i := idx[j]
+		from := sent[j]
+		if upTo <= from || start.Addrs[j] == 0 {
+			return
+		}
+		sent[j] = upTo
+		r := Replica{Segment: start.TeEndpoint, Endpoint: start.TeEndpoint, Addr: start.Addrs[j] + from, Len: upTo - from}
+		if start.TeEndpoint == "" {
+			r.Segment, r.Endpoint = reps[i][0].Segment, reps[i][0].Endpoint
+		}
+		c.streamMoves.Add(1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs := c.transferEach(ctx, []xfer{{item: i, op: engine.Read, local: dst[i].addr + from, rep: r}}); errs[0] != nil {
+				mu.Lock()
+				short[j] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			return nil, nil, err
+		}
+		if d := m.GetDone(); d != nil {
+			if len(d.Addrs) != k || len(d.Codes) != k {
+				return d, nil, nil // stageOn reports the short answer
+			}
+			wg.Wait()
+			moved := make([]bool, k)
+			for j := range k {
+				moved[j] = start != nil && d.Codes[j] == 0 && !short[j] && sent[j] == req.Sizes[j] && d.Addrs[j] == start.Addrs[j]
+				if moved[j] {
+					c.streamKeys.Add(1)
+				}
+			}
+			return d, moved, nil
+		}
+		if s := m.GetStart(); s != nil {
+			if len(s.Addrs) != k {
+				return nil, nil, Errorf(RPCFail, "staged read from node %s: %d ranges for %d keys", svc, len(s.Addrs), k)
+			}
+			start = s
+		}
+		if start == nil || len(m.Ready) != k {
+			return nil, nil, Errorf(RPCFail, "staged read from node %s: progress of %d keys before the ranges of %d", svc, len(m.Ready), k)
+		}
+		for j, n := range m.Ready {
+			move(j, min(n, req.Sizes[j], dst[idx[j]].n))
+		}
 	}
 }

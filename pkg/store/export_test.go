@@ -45,3 +45,10 @@ func DialTierRead(t interface{ Cleanup(func()) }, addr string) storepb.TierReadC
 	cl, _ := tc.get(addr)
 	return cl
 }
+
+// SetStreamMin sets the record size above which staged reads stream.
+func SetStreamMin(n uint64) { streamMin = n }
+
+// StreamCounts is c's staged chunks moved while a node read on, and the
+// keys read wholly so.
+func StreamCounts(c *Client) (moves, keys uint64) { return c.streamMoves.Load(), c.streamKeys.Load() }

@@ -543,7 +543,7 @@ func (c *Client) orderReplicas(reps []Replica) []Replica {
 // stopped, swapped out or slowed past its lease): it fails LEASE_EXPIRED
 // rather than return those bytes.
 func (c *Client) read(ctx context.Context, asked time.Time, keys []string, reps [][]Replica, sums []uint64, dst []local, errs []error) {
-	c.stageDisk(ctx, asked, keys, reps, errs)
+	c.stageDisk(ctx, asked, keys, reps, dst, errs)
 	defer c.releaseStaged(ctx, reps)
 	try := make([]int, len(keys))
 	var bad []int // per key, replicas that failed their checksum (with sums only)
@@ -569,7 +569,14 @@ func (c *Client) read(ctx context.Context, asked time.Time, keys []string, reps 
 		if c.beforeTransfer != nil {
 			c.beforeTransfer()
 		}
-		failed := c.transfer(ctx, reqs, len(keys))
+		// A staged read whose bytes were moved while the node read them
+		// (stageStream) needs no transfer: the rest (lease, checksum)
+		// holds for it as for any.
+		move := reqs
+		if slices.ContainsFunc(reqs, func(x xfer) bool { return x.rep.moved }) {
+			move = slices.DeleteFunc(slices.Clone(reqs), func(x xfer) bool { return x.rep.moved })
+		}
+		failed := c.transfer(ctx, move, len(keys))
 		took := time.Since(asked)
 		for _, x := range reqs {
 			if failed[x.item] == nil && x.rep.Lease > 0 && took >= x.rep.Lease {

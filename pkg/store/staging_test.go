@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -648,5 +649,67 @@ func TestStagingReleaseRidesWithNextRead(t *testing.T) {
 	}
 	if st := tn.Stats(); st.StagingUsed != 0 || st.StagingReleased != 6 {
 		t.Fatalf("after the reader closed: %d bytes held, %d released; want none held", st.StagingUsed, st.StagingReleased)
+	}
+}
+
+// A record of several read chunks is read as a stream: the reader moves
+// each chunk while the node reads the next; a batch with such a record
+// goes as one stream, its small records too, and returns them exact.
+func TestStagingStreamsLargeRecords(t *testing.T) {
+	c := startMaster(t, master.Config{PromoteAfter: -1})
+	_, tn := c.tierNodeWith(32<<20, store.TierConfig{Dir: t.TempDir(), Capacity: 128 << 20, StagingSize: 16 << 20})
+	cl := c.client(0)
+	vals := map[string][]byte{"big": value(5<<20+4096+7, 3), "small": value(1<<20, 4)}
+	offloadAll(t, c, cl, vals)
+	got, errs := cl.BatchGet(context.Background(), []string{"big", "small"})
+	for i, k := range []string{"big", "small"} {
+		if errs[i] != nil || !bytes.Equal(got[i], vals[k]) {
+			t.Fatalf("get %s: %v (equal %v)", k, errs[i], bytes.Equal(got[i], vals[k]))
+		}
+	}
+	if moves, keys := store.StreamCounts(cl); moves < 3 || keys != 2 {
+		t.Fatalf("%d chunk transfers while the node read, %d keys read so; want at least 3 and 2", moves, keys)
+	}
+	waitFor(t, "the read handed back", 5*time.Second, func() bool { return tn.Stats().StagingUsed == 0 })
+}
+
+// A streamed record whose last chunk fails its checksum: its earlier
+// chunks reached the reader's buffer, but the get fails naming the
+// checksum (never the bytes), the record is dropped, and a get after it
+// finds nothing.
+func TestStagingStreamCorruptLastChunk(t *testing.T) {
+	c := startMaster(t, master.Config{PromoteAfter: -1})
+	dir := t.TempDir()
+	c.tierNodeWith(32<<20, store.TierConfig{Dir: dir, Capacity: 128 << 20, StagingSize: 16 << 20})
+	cl := c.client(0)
+	n := 6 << 20
+	offloadAll(t, c, cl, map[string][]byte{"v": value(n, 5)})
+	files, _ := filepath.Glob(filepath.Join(dir, "*.mct"))
+	if len(files) != 1 {
+		t.Fatalf("data files %v", files)
+	}
+	f, err := os.OpenFile(files[0], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The value starts on the block after its header (MCT2).
+	if _, err := f.WriteAt([]byte{0xff, 0x00, 0xff}, 4096+int64(n)-100); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	ctx := context.Background()
+	buf, err := cl.RegisterBuffer(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cl.GetInto(ctx, "v", store.Slice{Buf: buf, Len: n})
+	if !errors.Is(err, store.ErrObjectNotFound) || !strings.Contains(err.Error(), "checksum") {
+		t.Fatalf("get of a record corrupt in its last chunk: %v, want OBJECT_NOT_FOUND naming the checksum", err)
+	}
+	if moves, keys := store.StreamCounts(cl); moves == 0 || keys != 0 {
+		t.Fatalf("%d chunk transfers while the node read, %d keys declared read: want some, and none", moves, keys)
+	}
+	if _, err := cl.Get(ctx, "v"); !errors.Is(err, store.ErrObjectNotFound) {
+		t.Fatalf("second get: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,7 +26,7 @@ func (n *TierNode) stageForMaster(ctx context.Context, cmd *pb.TierCommand, res 
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	sizes := []uint64{cmd.GetSize()}
-	addrs, codes, msgs, gen := n.stageRecords(wctx, []string{cmd.GetKey()}, []uint64{cmd.GetVersion()}, sizes)
+	addrs, codes, msgs, gen := n.stageRecords(wctx, []string{cmd.GetKey()}, []uint64{cmd.GetVersion()}, sizes, nil)
 	if codes[0] != 0 {
 		return fail(Code(codes[0]), errors.New(msgs[0]))
 	}
@@ -43,7 +44,10 @@ func (n *TierNode) stageForMaster(ctx context.Context, cmd *pb.TierCommand, res 
 // pool taken at once (waiting for room until ctx ends): per key its
 // address (0 when it failed), code and message. A failed key's range is
 // freed; the others are the caller's (add or put), of generation gen.
-func (n *TierNode) stageRecords(ctx context.Context, keys []string, versions, sizes []uint64) (addrs []uint64, codes []int32, msgs []string, gen uint64) {
+// With w, w.taken has the ranges before any is read, and w.progress each
+// key's bytes read so far (tier.ReadProgress), from the keys' reads at
+// once.
+func (n *TierNode) stageRecords(ctx context.Context, keys []string, versions, sizes []uint64, w *stageWatch) (addrs []uint64, codes []int32, msgs []string, gen uint64) {
 	codes, msgs = make([]int32, len(keys)), make([]string, len(keys))
 	failAll := func(err error) {
 		for i := range keys {
@@ -65,13 +69,20 @@ func (n *TierNode) stageRecords(ctx context.Context, keys []string, versions, si
 		return make([]uint64, len(keys)), codes, msgs, 0
 	}
 	defer done()
+	if w != nil {
+		w.taken(addrs)
+	}
 	var wg sync.WaitGroup
 	for i, key := range keys {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			b := within(mem, addrs[i], sizes[i])
-			rec, err := n.t.Read(ctx, key, versions[i], b)
+			var progress func(uint64)
+			if w != nil {
+				progress = func(k uint64) { w.progress(i, k) }
+			}
+			rec, err := n.t.ReadProgress(ctx, key, versions[i], b, progress)
 			switch {
 			case errors.Is(err, tier.ErrNotFound):
 				err = Errorf(ObjectNotFound, "key %q version %d is not on the disk of this node (tier %s): %v", key, versions[i], n.t.ID(), err)
@@ -116,6 +127,88 @@ type tierReadServer struct {
 // room within the caller's deadline, and answers with their ranges: held
 // until ReleaseStaged, or the TTL it tells the reader from now.
 func (s *tierReadServer) BatchGetStaged(ctx context.Context, r *pb.BatchGetStagedRequest) (*pb.BatchGetStagedResponse, error) {
+	return s.getStaged(ctx, r, nil)
+}
+
+// stageWatch follows a staged read under way (BatchGetStagedStream).
+type stageWatch struct {
+	taken    func(addrs []uint64)
+	progress func(i int, n uint64)
+}
+
+// BatchGetStagedStream is BatchGetStaged telling the reader, as the
+// records are read, the ranges and then how much of each holds its
+// record's bytes, so that it moves them while the rest is read; the last
+// message is the answer BatchGetStaged would give, the only one that
+// says whether a key's bytes are its record's (checksum checked). A
+// sender goroutine sends the latest state whenever it changed (the reads
+// never wait for the stream), then the answer once the reads are over.
+func (s *tierReadServer) BatchGetStagedStream(r *pb.BatchGetStagedRequest, st pb.TierRead_BatchGetStagedStreamServer) error {
+	var mu sync.Mutex
+	var addrs, ready []uint64
+	kick, quit, stopped := make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	poke := func() {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	w := &stageWatch{
+		taken: func(a []uint64) {
+			mu.Lock()
+			addrs, ready = slices.Clone(a), make([]uint64, len(a))
+			mu.Unlock()
+			poke()
+		},
+		progress: func(i int, k uint64) {
+			mu.Lock()
+			ready[i] = max(ready[i], k)
+			mu.Unlock()
+			poke()
+		},
+	}
+	var sendErr error
+	go func() {
+		defer close(stopped)
+		var last []uint64
+		for {
+			select {
+			case <-kick:
+			case <-quit:
+				return
+			}
+			mu.Lock()
+			a, rd := addrs, slices.Clone(ready)
+			mu.Unlock()
+			var m pb.StagedReadProgress
+			switch {
+			case a == nil:
+				continue
+			case last == nil:
+				m.Start = &pb.BatchGetStagedResponse{Addrs: a, TeEndpoint: s.n.c.eng.SegmentName()}
+			case slices.Equal(last, rd):
+				continue
+			}
+			m.Ready, last = rd, rd
+			if sendErr = st.Send(&m); sendErr != nil {
+				return
+			}
+		}
+	}()
+	resp, err := s.getStaged(st.Context(), r, w)
+	close(quit)
+	<-stopped
+	if err != nil {
+		return err
+	}
+	if sendErr != nil {
+		// The reader is gone: its batch is freed by its TTL.
+		return sendErr
+	}
+	return st.Send(&pb.StagedReadProgress{Done: resp})
+}
+
+func (s *tierReadServer) getStaged(ctx context.Context, r *pb.BatchGetStagedRequest, w *stageWatch) (*pb.BatchGetStagedResponse, error) {
 	n := s.n
 	k := len(r.GetKeys())
 	if len(r.GetVersions()) != k || len(r.GetSizes()) != k {
@@ -151,7 +244,7 @@ func (s *tierReadServer) BatchGetStaged(ctx context.Context, r *pb.BatchGetStage
 		}
 	}
 	arrived := time.Now()
-	addrs, codes, msgs, gen := n.stageRecords(ctx, r.GetKeys(), r.GetVersions(), r.GetSizes())
+	addrs, codes, msgs, gen := n.stageRecords(ctx, r.GetKeys(), r.GetVersions(), r.GetSizes(), w)
 	resp.Addrs, resp.Codes, resp.Messages = addrs, codes, msgs
 	// The node holds the batch ttl from when it is added (after the
 	// reads); the reader, counting from before it asked, is told ttl

@@ -91,6 +91,10 @@ type Replica struct {
 	// an admin read). Past it the object may be evicted and its range
 	// given to another: a read that ends later is not trusted (Get).
 	Lease time.Duration
+	// moved: the staged read's bytes are in the reader's memory already,
+	// moved while the node read them (BatchGetStagedStream), checked by
+	// the node's answer.
+	moved bool
 }
 
 // ReplicateConfig is Mooncake's ReplicateConfig: how many copies, where.

@@ -101,7 +101,70 @@ func (x TierCommand_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TierCommand_Kind.Descriptor instead.
 func (TierCommand_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{9, 0}
+	return file_tier_proto_rawDescGZIP(), []int{10, 0}
+}
+
+// StagedReadProgress is one message of BatchGetStagedStream.
+type StagedReadProgress struct {
+	state protoimpl.MessageState  `protogen:"open.v1"`
+	Start *BatchGetStagedResponse `protobuf:"bytes,1,opt,name=start,proto3" json:"start,omitempty"`
+	// Per key: how many bytes from its range's start hold the record's
+	// bytes (read, not yet checked).
+	Ready         []uint64                `protobuf:"varint,2,rep,packed,name=ready,proto3" json:"ready,omitempty"`
+	Done          *BatchGetStagedResponse `protobuf:"bytes,3,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StagedReadProgress) Reset() {
+	*x = StagedReadProgress{}
+	mi := &file_tier_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StagedReadProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StagedReadProgress) ProtoMessage() {}
+
+func (x *StagedReadProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_tier_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StagedReadProgress.ProtoReflect.Descriptor instead.
+func (*StagedReadProgress) Descriptor() ([]byte, []int) {
+	return file_tier_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *StagedReadProgress) GetStart() *BatchGetStagedResponse {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *StagedReadProgress) GetReady() []uint64 {
+	if x != nil {
+		return x.Ready
+	}
+	return nil
+}
+
+func (x *StagedReadProgress) GetDone() *BatchGetStagedResponse {
+	if x != nil {
+		return x.Done
+	}
+	return nil
 }
 
 // BatchGetStagedRequest names records as the master told them: the
@@ -125,7 +188,7 @@ type BatchGetStagedRequest struct {
 
 func (x *BatchGetStagedRequest) Reset() {
 	*x = BatchGetStagedRequest{}
-	mi := &file_tier_proto_msgTypes[0]
+	mi := &file_tier_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -137,7 +200,7 @@ func (x *BatchGetStagedRequest) String() string {
 func (*BatchGetStagedRequest) ProtoMessage() {}
 
 func (x *BatchGetStagedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[0]
+	mi := &file_tier_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -150,7 +213,7 @@ func (x *BatchGetStagedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetStagedRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetStagedRequest) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{0}
+	return file_tier_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *BatchGetStagedRequest) GetTierId() string {
@@ -213,7 +276,7 @@ type BatchGetStagedResponse struct {
 
 func (x *BatchGetStagedResponse) Reset() {
 	*x = BatchGetStagedResponse{}
-	mi := &file_tier_proto_msgTypes[1]
+	mi := &file_tier_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -225,7 +288,7 @@ func (x *BatchGetStagedResponse) String() string {
 func (*BatchGetStagedResponse) ProtoMessage() {}
 
 func (x *BatchGetStagedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[1]
+	mi := &file_tier_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -238,7 +301,7 @@ func (x *BatchGetStagedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetStagedResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetStagedResponse) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{1}
+	return file_tier_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *BatchGetStagedResponse) GetBatchId() uint64 {
@@ -294,7 +357,7 @@ type ReleaseStagedBatch struct {
 
 func (x *ReleaseStagedBatch) Reset() {
 	*x = ReleaseStagedBatch{}
-	mi := &file_tier_proto_msgTypes[2]
+	mi := &file_tier_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +369,7 @@ func (x *ReleaseStagedBatch) String() string {
 func (*ReleaseStagedBatch) ProtoMessage() {}
 
 func (x *ReleaseStagedBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[2]
+	mi := &file_tier_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +382,7 @@ func (x *ReleaseStagedBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseStagedBatch.ProtoReflect.Descriptor instead.
 func (*ReleaseStagedBatch) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{2}
+	return file_tier_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ReleaseStagedBatch) GetBatchId() uint64 {
@@ -351,7 +414,7 @@ type TierRecord struct {
 
 func (x *TierRecord) Reset() {
 	*x = TierRecord{}
-	mi := &file_tier_proto_msgTypes[3]
+	mi := &file_tier_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -363,7 +426,7 @@ func (x *TierRecord) String() string {
 func (*TierRecord) ProtoMessage() {}
 
 func (x *TierRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[3]
+	mi := &file_tier_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -376,7 +439,7 @@ func (x *TierRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierRecord.ProtoReflect.Descriptor instead.
 func (*TierRecord) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{3}
+	return file_tier_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *TierRecord) GetKey() string {
@@ -425,7 +488,7 @@ type TierHello struct {
 
 func (x *TierHello) Reset() {
 	*x = TierHello{}
-	mi := &file_tier_proto_msgTypes[4]
+	mi := &file_tier_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -437,7 +500,7 @@ func (x *TierHello) String() string {
 func (*TierHello) ProtoMessage() {}
 
 func (x *TierHello) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[4]
+	mi := &file_tier_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -450,7 +513,7 @@ func (x *TierHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierHello.ProtoReflect.Descriptor instead.
 func (*TierHello) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{4}
+	return file_tier_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TierHello) GetClientId() *UUID {
@@ -540,7 +603,7 @@ type TierStats struct {
 
 func (x *TierStats) Reset() {
 	*x = TierStats{}
-	mi := &file_tier_proto_msgTypes[5]
+	mi := &file_tier_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -552,7 +615,7 @@ func (x *TierStats) String() string {
 func (*TierStats) ProtoMessage() {}
 
 func (x *TierStats) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[5]
+	mi := &file_tier_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -565,7 +628,7 @@ func (x *TierStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierStats.ProtoReflect.Descriptor instead.
 func (*TierStats) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{5}
+	return file_tier_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TierStats) GetCapacity() uint64 {
@@ -700,7 +763,7 @@ type TierEvicted struct {
 
 func (x *TierEvicted) Reset() {
 	*x = TierEvicted{}
-	mi := &file_tier_proto_msgTypes[6]
+	mi := &file_tier_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +775,7 @@ func (x *TierEvicted) String() string {
 func (*TierEvicted) ProtoMessage() {}
 
 func (x *TierEvicted) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[6]
+	mi := &file_tier_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +788,7 @@ func (x *TierEvicted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierEvicted.ProtoReflect.Descriptor instead.
 func (*TierEvicted) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{6}
+	return file_tier_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TierEvicted) GetRecords() []*TierRecord {
@@ -761,7 +824,7 @@ type TierResult struct {
 
 func (x *TierResult) Reset() {
 	*x = TierResult{}
-	mi := &file_tier_proto_msgTypes[7]
+	mi := &file_tier_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +836,7 @@ func (x *TierResult) String() string {
 func (*TierResult) ProtoMessage() {}
 
 func (x *TierResult) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[7]
+	mi := &file_tier_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +849,7 @@ func (x *TierResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierResult.ProtoReflect.Descriptor instead.
 func (*TierResult) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{7}
+	return file_tier_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TierResult) GetOp() uint64 {
@@ -839,7 +902,7 @@ type TierUp struct {
 
 func (x *TierUp) Reset() {
 	*x = TierUp{}
-	mi := &file_tier_proto_msgTypes[8]
+	mi := &file_tier_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +914,7 @@ func (x *TierUp) String() string {
 func (*TierUp) ProtoMessage() {}
 
 func (x *TierUp) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[8]
+	mi := &file_tier_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +927,7 @@ func (x *TierUp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierUp.ProtoReflect.Descriptor instead.
 func (*TierUp) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{8}
+	return file_tier_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TierUp) GetMsg() isTierUp_Msg {
@@ -954,7 +1017,7 @@ type TierCommand struct {
 
 func (x *TierCommand) Reset() {
 	*x = TierCommand{}
-	mi := &file_tier_proto_msgTypes[9]
+	mi := &file_tier_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1029,7 @@ func (x *TierCommand) String() string {
 func (*TierCommand) ProtoMessage() {}
 
 func (x *TierCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[9]
+	mi := &file_tier_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1042,7 @@ func (x *TierCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierCommand.ProtoReflect.Descriptor instead.
 func (*TierCommand) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{9}
+	return file_tier_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TierCommand) GetOp() uint64 {
@@ -1051,7 +1114,7 @@ type TierDown struct {
 
 func (x *TierDown) Reset() {
 	*x = TierDown{}
-	mi := &file_tier_proto_msgTypes[10]
+	mi := &file_tier_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1126,7 @@ func (x *TierDown) String() string {
 func (*TierDown) ProtoMessage() {}
 
 func (x *TierDown) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[10]
+	mi := &file_tier_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1139,7 @@ func (x *TierDown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierDown.ProtoReflect.Descriptor instead.
 func (*TierDown) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{10}
+	return file_tier_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TierDown) GetCommands() []*TierCommand {
@@ -1098,7 +1161,11 @@ var File_tier_proto protoreflect.FileDescriptor
 const file_tier_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"tier.proto\x12\vmc.store.v1\x1a\vstore.proto\"\x90\x01\n" +
+	"tier.proto\x12\vmc.store.v1\x1a\vstore.proto\"\x9e\x01\n" +
+	"\x12StagedReadProgress\x129\n" +
+	"\x05start\x18\x01 \x01(\v2#.mc.store.v1.BatchGetStagedResponseR\x05start\x12\x14\n" +
+	"\x05ready\x18\x02 \x03(\x04R\x05ready\x127\n" +
+	"\x04done\x18\x03 \x01(\v2#.mc.store.v1.BatchGetStagedResponseR\x04done\"\x90\x01\n" +
 	"\x15BatchGetStagedRequest\x12\x17\n" +
 	"\atier_id\x18\x01 \x01(\tR\x06tierId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x1a\n" +
@@ -1192,10 +1259,11 @@ const file_tier_proto_rawDesc = "" +
 	"\bcommands\x18\x01 \x03(\v2\x18.mc.store.v1.TierCommandR\bcommands\x12$\n" +
 	"\x0estaging_ttl_ms\x18\x02 \x01(\x04R\fstagingTtlMs2@\n" +
 	"\x04Tier\x128\n" +
-	"\x06Attach\x12\x13.mc.store.v1.TierUp\x1a\x15.mc.store.v1.TierDown(\x010\x012\xac\x01\n" +
+	"\x06Attach\x12\x13.mc.store.v1.TierUp\x1a\x15.mc.store.v1.TierDown(\x010\x012\x8b\x02\n" +
 	"\bTierRead\x12Y\n" +
 	"\x0eBatchGetStaged\x12\".mc.store.v1.BatchGetStagedRequest\x1a#.mc.store.v1.BatchGetStagedResponse\x12E\n" +
-	"\rReleaseStaged\x12\x1f.mc.store.v1.ReleaseStagedBatch\x1a\x13.mc.store.v1.ResultB-Z+github.com/kvcache-ops/mc/pkg/store/storepbb\x06proto3"
+	"\rReleaseStaged\x12\x1f.mc.store.v1.ReleaseStagedBatch\x1a\x13.mc.store.v1.Result\x12]\n" +
+	"\x14BatchGetStagedStream\x12\".mc.store.v1.BatchGetStagedRequest\x1a\x1f.mc.store.v1.StagedReadProgress0\x01B-Z+github.com/kvcache-ops/mc/pkg/store/storepbb\x06proto3"
 
 var (
 	file_tier_proto_rawDescOnce sync.Once
@@ -1210,45 +1278,50 @@ func file_tier_proto_rawDescGZIP() []byte {
 }
 
 var file_tier_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tier_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_tier_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_tier_proto_goTypes = []any{
 	(TierCommand_Kind)(0),          // 0: mc.store.v1.TierCommand.Kind
-	(*BatchGetStagedRequest)(nil),  // 1: mc.store.v1.BatchGetStagedRequest
-	(*BatchGetStagedResponse)(nil), // 2: mc.store.v1.BatchGetStagedResponse
-	(*ReleaseStagedBatch)(nil),     // 3: mc.store.v1.ReleaseStagedBatch
-	(*TierRecord)(nil),             // 4: mc.store.v1.TierRecord
-	(*TierHello)(nil),              // 5: mc.store.v1.TierHello
-	(*TierStats)(nil),              // 6: mc.store.v1.TierStats
-	(*TierEvicted)(nil),            // 7: mc.store.v1.TierEvicted
-	(*TierResult)(nil),             // 8: mc.store.v1.TierResult
-	(*TierUp)(nil),                 // 9: mc.store.v1.TierUp
-	(*TierCommand)(nil),            // 10: mc.store.v1.TierCommand
-	(*TierDown)(nil),               // 11: mc.store.v1.TierDown
-	(*UUID)(nil),                   // 12: mc.store.v1.UUID
-	(*Result)(nil),                 // 13: mc.store.v1.Result
+	(*StagedReadProgress)(nil),     // 1: mc.store.v1.StagedReadProgress
+	(*BatchGetStagedRequest)(nil),  // 2: mc.store.v1.BatchGetStagedRequest
+	(*BatchGetStagedResponse)(nil), // 3: mc.store.v1.BatchGetStagedResponse
+	(*ReleaseStagedBatch)(nil),     // 4: mc.store.v1.ReleaseStagedBatch
+	(*TierRecord)(nil),             // 5: mc.store.v1.TierRecord
+	(*TierHello)(nil),              // 6: mc.store.v1.TierHello
+	(*TierStats)(nil),              // 7: mc.store.v1.TierStats
+	(*TierEvicted)(nil),            // 8: mc.store.v1.TierEvicted
+	(*TierResult)(nil),             // 9: mc.store.v1.TierResult
+	(*TierUp)(nil),                 // 10: mc.store.v1.TierUp
+	(*TierCommand)(nil),            // 11: mc.store.v1.TierCommand
+	(*TierDown)(nil),               // 12: mc.store.v1.TierDown
+	(*UUID)(nil),                   // 13: mc.store.v1.UUID
+	(*Result)(nil),                 // 14: mc.store.v1.Result
 }
 var file_tier_proto_depIdxs = []int32{
-	12, // 0: mc.store.v1.TierHello.client_id:type_name -> mc.store.v1.UUID
-	12, // 1: mc.store.v1.TierHello.segment_id:type_name -> mc.store.v1.UUID
-	4,  // 2: mc.store.v1.TierHello.records:type_name -> mc.store.v1.TierRecord
-	4,  // 3: mc.store.v1.TierEvicted.records:type_name -> mc.store.v1.TierRecord
-	5,  // 4: mc.store.v1.TierUp.hello:type_name -> mc.store.v1.TierHello
-	8,  // 5: mc.store.v1.TierUp.result:type_name -> mc.store.v1.TierResult
-	7,  // 6: mc.store.v1.TierUp.evicted:type_name -> mc.store.v1.TierEvicted
-	6,  // 7: mc.store.v1.TierUp.stats:type_name -> mc.store.v1.TierStats
-	0,  // 8: mc.store.v1.TierCommand.kind:type_name -> mc.store.v1.TierCommand.Kind
-	10, // 9: mc.store.v1.TierDown.commands:type_name -> mc.store.v1.TierCommand
-	9,  // 10: mc.store.v1.Tier.Attach:input_type -> mc.store.v1.TierUp
-	1,  // 11: mc.store.v1.TierRead.BatchGetStaged:input_type -> mc.store.v1.BatchGetStagedRequest
-	3,  // 12: mc.store.v1.TierRead.ReleaseStaged:input_type -> mc.store.v1.ReleaseStagedBatch
-	11, // 13: mc.store.v1.Tier.Attach:output_type -> mc.store.v1.TierDown
-	2,  // 14: mc.store.v1.TierRead.BatchGetStaged:output_type -> mc.store.v1.BatchGetStagedResponse
-	13, // 15: mc.store.v1.TierRead.ReleaseStaged:output_type -> mc.store.v1.Result
-	13, // [13:16] is the sub-list for method output_type
-	10, // [10:13] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	3,  // 0: mc.store.v1.StagedReadProgress.start:type_name -> mc.store.v1.BatchGetStagedResponse
+	3,  // 1: mc.store.v1.StagedReadProgress.done:type_name -> mc.store.v1.BatchGetStagedResponse
+	13, // 2: mc.store.v1.TierHello.client_id:type_name -> mc.store.v1.UUID
+	13, // 3: mc.store.v1.TierHello.segment_id:type_name -> mc.store.v1.UUID
+	5,  // 4: mc.store.v1.TierHello.records:type_name -> mc.store.v1.TierRecord
+	5,  // 5: mc.store.v1.TierEvicted.records:type_name -> mc.store.v1.TierRecord
+	6,  // 6: mc.store.v1.TierUp.hello:type_name -> mc.store.v1.TierHello
+	9,  // 7: mc.store.v1.TierUp.result:type_name -> mc.store.v1.TierResult
+	8,  // 8: mc.store.v1.TierUp.evicted:type_name -> mc.store.v1.TierEvicted
+	7,  // 9: mc.store.v1.TierUp.stats:type_name -> mc.store.v1.TierStats
+	0,  // 10: mc.store.v1.TierCommand.kind:type_name -> mc.store.v1.TierCommand.Kind
+	11, // 11: mc.store.v1.TierDown.commands:type_name -> mc.store.v1.TierCommand
+	10, // 12: mc.store.v1.Tier.Attach:input_type -> mc.store.v1.TierUp
+	2,  // 13: mc.store.v1.TierRead.BatchGetStaged:input_type -> mc.store.v1.BatchGetStagedRequest
+	4,  // 14: mc.store.v1.TierRead.ReleaseStaged:input_type -> mc.store.v1.ReleaseStagedBatch
+	2,  // 15: mc.store.v1.TierRead.BatchGetStagedStream:input_type -> mc.store.v1.BatchGetStagedRequest
+	12, // 16: mc.store.v1.Tier.Attach:output_type -> mc.store.v1.TierDown
+	3,  // 17: mc.store.v1.TierRead.BatchGetStaged:output_type -> mc.store.v1.BatchGetStagedResponse
+	14, // 18: mc.store.v1.TierRead.ReleaseStaged:output_type -> mc.store.v1.Result
+	1,  // 19: mc.store.v1.TierRead.BatchGetStagedStream:output_type -> mc.store.v1.StagedReadProgress
+	16, // [16:20] is the sub-list for method output_type
+	12, // [12:16] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_tier_proto_init() }
@@ -1257,7 +1330,7 @@ func file_tier_proto_init() {
 		return
 	}
 	file_store_proto_init()
-	file_tier_proto_msgTypes[8].OneofWrappers = []any{
+	file_tier_proto_msgTypes[9].OneofWrappers = []any{
 		(*TierUp_Hello)(nil),
 		(*TierUp_Result)(nil),
 		(*TierUp_Evicted)(nil),
@@ -1269,7 +1342,7 @@ func file_tier_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tier_proto_rawDesc), len(file_tier_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -123,8 +123,9 @@ var Tier_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	TierRead_BatchGetStaged_FullMethodName = "/mc.store.v1.TierRead/BatchGetStaged"
-	TierRead_ReleaseStaged_FullMethodName  = "/mc.store.v1.TierRead/ReleaseStaged"
+	TierRead_BatchGetStaged_FullMethodName       = "/mc.store.v1.TierRead/BatchGetStaged"
+	TierRead_ReleaseStaged_FullMethodName        = "/mc.store.v1.TierRead/ReleaseStaged"
+	TierRead_BatchGetStagedStream_FullMethodName = "/mc.store.v1.TierRead/BatchGetStagedStream"
 )
 
 // TierReadClient is the client API for TierRead service.
@@ -140,6 +141,14 @@ const (
 type TierReadClient interface {
 	BatchGetStaged(ctx context.Context, in *BatchGetStagedRequest, opts ...grpc.CallOption) (*BatchGetStagedResponse, error)
 	ReleaseStaged(ctx context.Context, in *ReleaseStagedBatch, opts ...grpc.CallOption) (*Result, error)
+	// BatchGetStagedStream is BatchGetStaged for records of several read
+	// chunks: the reader moves the bytes of each chunk while the node reads
+	// the next. The first message has the ranges (start: batch_id 0,
+	// addrs, te_endpoint, no codes), then messages with ready, and the
+	// last has done, the whole answer as BatchGetStaged gives it. Bytes
+	// count as read only with done's code 0 for their key: its checksum
+	// covers the whole record and is checked last.
+	BatchGetStagedStream(ctx context.Context, in *BatchGetStagedRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StagedReadProgress], error)
 }
 
 type tierReadClient struct {
@@ -170,6 +179,25 @@ func (c *tierReadClient) ReleaseStaged(ctx context.Context, in *ReleaseStagedBat
 	return out, nil
 }
 
+func (c *tierReadClient) BatchGetStagedStream(ctx context.Context, in *BatchGetStagedRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[StagedReadProgress], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &TierRead_ServiceDesc.Streams[0], TierRead_BatchGetStagedStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[BatchGetStagedRequest, StagedReadProgress]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TierRead_BatchGetStagedStreamClient = grpc.ServerStreamingClient[StagedReadProgress]
+
 // TierReadServer is the server API for TierRead service.
 // All implementations must embed UnimplementedTierReadServer
 // for forward compatibility.
@@ -183,6 +211,14 @@ func (c *tierReadClient) ReleaseStaged(ctx context.Context, in *ReleaseStagedBat
 type TierReadServer interface {
 	BatchGetStaged(context.Context, *BatchGetStagedRequest) (*BatchGetStagedResponse, error)
 	ReleaseStaged(context.Context, *ReleaseStagedBatch) (*Result, error)
+	// BatchGetStagedStream is BatchGetStaged for records of several read
+	// chunks: the reader moves the bytes of each chunk while the node reads
+	// the next. The first message has the ranges (start: batch_id 0,
+	// addrs, te_endpoint, no codes), then messages with ready, and the
+	// last has done, the whole answer as BatchGetStaged gives it. Bytes
+	// count as read only with done's code 0 for their key: its checksum
+	// covers the whole record and is checked last.
+	BatchGetStagedStream(*BatchGetStagedRequest, grpc.ServerStreamingServer[StagedReadProgress]) error
 	mustEmbedUnimplementedTierReadServer()
 }
 
@@ -198,6 +234,9 @@ func (UnimplementedTierReadServer) BatchGetStaged(context.Context, *BatchGetStag
 }
 func (UnimplementedTierReadServer) ReleaseStaged(context.Context, *ReleaseStagedBatch) (*Result, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReleaseStaged not implemented")
+}
+func (UnimplementedTierReadServer) BatchGetStagedStream(*BatchGetStagedRequest, grpc.ServerStreamingServer[StagedReadProgress]) error {
+	return status.Error(codes.Unimplemented, "method BatchGetStagedStream not implemented")
 }
 func (UnimplementedTierReadServer) mustEmbedUnimplementedTierReadServer() {}
 func (UnimplementedTierReadServer) testEmbeddedByValue()                  {}
@@ -256,6 +295,17 @@ func _TierRead_ReleaseStaged_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TierRead_BatchGetStagedStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(BatchGetStagedRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(TierReadServer).BatchGetStagedStream(m, &grpc.GenericServerStream[BatchGetStagedRequest, StagedReadProgress]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TierRead_BatchGetStagedStreamServer = grpc.ServerStreamingServer[StagedReadProgress]
+
 // TierRead_ServiceDesc is the grpc.ServiceDesc for TierRead service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -272,6 +322,12 @@ var TierRead_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _TierRead_ReleaseStaged_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "BatchGetStagedStream",
+			Handler:       _TierRead_BatchGetStagedStream_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "tier.proto",
 }
