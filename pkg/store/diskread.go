@@ -10,6 +10,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
@@ -207,6 +208,11 @@ func (c *Client) stageOn(ctx context.Context, asked time.Time, svc string, keys 
 	var moved []bool
 	if dst != nil && slices.ContainsFunc(req.Sizes, func(n uint64) bool { return n > streamMin }) {
 		resp, moved, err = c.stageStream(cctx, cl, svc, req, idx, reps, dst)
+		if status.Code(err) == codes.Unimplemented {
+			// A node of a build before the stream: read whole, as it can.
+			moved = nil
+			resp, err = cl.BatchGetStaged(cctx, req)
+		}
 	} else {
 		resp, err = cl.BatchGetStaged(cctx, req)
 	}

@@ -52,3 +52,7 @@ func SetStreamMin(n uint64) { streamMin = n }
 // StreamCounts is c's staged chunks moved while a node read on, and the
 // keys read wholly so.
 func StreamCounts(c *Client) (moves, keys uint64) { return c.streamMoves.Load(), c.streamKeys.Load() }
+
+// SetNoStagedStream makes nodes refuse BatchGetStagedStream as a build
+// before it would (Unimplemented).
+func SetNoStagedStream(on bool) { noStagedStream = on }

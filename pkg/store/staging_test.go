@@ -713,3 +713,23 @@ func TestStagingStreamCorruptLastChunk(t *testing.T) {
 		t.Fatalf("second get: %v", err)
 	}
 }
+
+// A node of a build before the stream (BatchGetStagedStream
+// unimplemented) still serves large records to a reader of this build:
+// it reads them whole.
+func TestStagingStreamOlderNode(t *testing.T) {
+	store.SetNoStagedStream(true)
+	t.Cleanup(func() { store.SetNoStagedStream(false) })
+	c := startMaster(t, master.Config{PromoteAfter: -1})
+	c.tierNodeWith(32<<20, store.TierConfig{Dir: t.TempDir(), Capacity: 128 << 20, StagingSize: 16 << 20})
+	cl := c.client(0)
+	v := value(5<<20, 6)
+	offloadAll(t, c, cl, map[string][]byte{"big": v})
+	got, err := cl.Get(context.Background(), "big")
+	if err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("get from a node without the stream: %v (equal %v)", err, bytes.Equal(got, v))
+	}
+	if moves, _ := store.StreamCounts(cl); moves != 0 {
+		t.Fatalf("%d chunks moved from a node without the stream", moves)
+	}
+}

@@ -130,6 +130,10 @@ func (s *tierReadServer) BatchGetStaged(ctx context.Context, r *pb.BatchGetStage
 	return s.getStaged(ctx, r, nil)
 }
 
+// noStagedStream (tests only) makes nodes answer BatchGetStagedStream
+// as a build before it did.
+var noStagedStream bool
+
 // stageWatch follows a staged read under way (BatchGetStagedStream).
 type stageWatch struct {
 	taken    func(addrs []uint64)
@@ -144,6 +148,9 @@ type stageWatch struct {
 // sender goroutine sends the latest state whenever it changed (the reads
 // never wait for the stream), then the answer once the reads are over.
 func (s *tierReadServer) BatchGetStagedStream(r *pb.BatchGetStagedRequest, st pb.TierRead_BatchGetStagedStreamServer) error {
+	if noStagedStream {
+		return status.Error(codes.Unimplemented, "method BatchGetStagedStream not implemented")
+	}
 	var mu sync.Mutex
 	var addrs, ready []uint64
 	kick, quit, stopped := make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
