@@ -127,6 +127,8 @@ type Client struct {
 	// node read on (stageStream), streamKeys the keys whose every byte
 	// came so and whose node vouched for them.
 	streamMoves, streamKeys atomic.Uint64
+	// stagedReads counts the staged reads under way (stageOn).
+	stagedReads atomic.Int64
 	// dropsSeen is the master's drop number as of the last ping.
 	dropsSeen atomic.Uint64
 	// aborts counts abortEndpoint's aborts (Stats.DroppedPeerAborts).

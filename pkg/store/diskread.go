@@ -206,7 +206,13 @@ func (c *Client) stageOn(ctx context.Context, asked time.Time, svc string, keys 
 	sent := time.Now()
 	var resp *pb.BatchGetStagedResponse
 	var moved []bool
-	if dst != nil && slices.ContainsFunc(req.Sizes, func(n uint64) bool { return n > streamMin }) {
+	// Only a staged read alone streams: with others of this client under
+	// way, the node's reads and the transfers overlap across reads
+	// already, and the stream's messages and per-chunk transfers would
+	// only take CPU from them.
+	alone := c.stagedReads.Add(1) == 1
+	defer c.stagedReads.Add(-1)
+	if alone && dst != nil && slices.ContainsFunc(req.Sizes, func(n uint64) bool { return n > streamMin }) {
 		resp, moved, err = c.stageStream(cctx, cl, svc, req, idx, reps, dst)
 		if status.Code(err) == codes.Unimplemented {
 			// A node of a build before the stream: read whole, as it can.
