@@ -733,3 +733,64 @@ func TestStagingStreamOlderNode(t *testing.T) {
 		t.Fatalf("%d chunks moved from a node without the stream", moves)
 	}
 }
+
+// A node SIGKILLed while readers stream its large records (a reader
+// each, so every read streams): a get returns the exact bytes or fails,
+// never bytes moved before the node died that its checksum had not
+// vouched for.
+func TestStagingStreamNodeKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs child node processes")
+	}
+	c := startMaster(t, master.Config{PromoteAfter: -1})
+	env := "MC_STORE_TEST_TIER_DIR=" + t.TempDir()
+	child, _ := startChildNode(t, c.addr, env)
+	waitFor(t, "the child's tier to attach", 10*time.Second, func() bool { ts := c.m.Tiers(); return len(ts) == 1 && ts[0].Online })
+	cl := c.client(0)
+	vals := map[string][]byte{}
+	var keys []string
+	for i := range 3 {
+		k := fmt.Sprintf("s%d", i)
+		keys = append(keys, k)
+		vals[k] = value(6<<20+i*4096, byte(60+i))
+	}
+	offloadAll(t, c, cl, vals)
+	var stop atomic.Bool
+	var served, failed atomic.Int64
+	var wg sync.WaitGroup
+	readers := make([]*store.Client, 2)
+	for g := range readers {
+		readers[g] = c.client(0)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; !stop.Load(); i++ {
+				k := keys[i%len(keys)]
+				got, err := readers[g].Get(context.Background(), k)
+				switch {
+				case err == nil && !bytes.Equal(got, vals[k]):
+					t.Errorf("get %s while its node was killed: wrong bytes", k)
+				case err == nil:
+					served.Add(1)
+				default:
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	waitFor(t, "the readers to be served", 20*time.Second, func() bool { return served.Load() >= 6 })
+	child.Process.Kill()
+	child.Wait()
+	time.Sleep(300 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	var moves uint64
+	for _, r := range readers {
+		m, _ := store.StreamCounts(r)
+		moves += m
+	}
+	t.Logf("%d gets served exact, %d failed; %d chunks moved while the node read", served.Load(), failed.Load(), moves)
+	if failed.Load() == 0 || moves == 0 {
+		t.Fatalf("%d gets failed with the node dead, %d chunks streamed: the test shows nothing", failed.Load(), moves)
+	}
+}
