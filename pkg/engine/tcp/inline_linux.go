@@ -65,7 +65,7 @@ type inlineLoop struct {
 	backoff time.Duration
 	// calls counts the loop's reads and accepts (tests; the loop's own,
 	// read after it has stopped).
-	calls struct{ reads, accepts, polls int }
+	calls struct{ reads, accepts int }
 
 	mu      sync.Mutex // ep against a late re-arm of the listener
 	stopped bool
@@ -197,7 +197,6 @@ func (l *inlineLoop) run() {
 func (l *inlineLoop) poll() {
 	accepted := false
 	for {
-		l.calls.polls++
 		n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&l.events[0])),
 			maxEvents, 0, 0, 0)
 		if e == unix.EINTR {
@@ -206,7 +205,6 @@ func (l *inlineLoop) poll() {
 		if e != 0 || n == 0 {
 			return
 		}
-		listener := false
 		for _, ev := range l.events[:n] {
 			fd := int(ev.Fd)
 			if fd == l.lfd {
@@ -214,7 +212,7 @@ func (l *inlineLoop) poll() {
 				// until the queue is empty; the first time, one (the
 				// set is level-triggered: any left are reported again).
 				l.acceptSome(accepted)
-				accepted, listener = true, true
+				accepted = true
 				continue
 			}
 			if _, ok := l.waiting[fd]; !ok {
@@ -224,17 +222,9 @@ func (l *inlineLoop) poll() {
 				l.waiting[fd] = time.Now()
 			}
 		}
-		if n < maxEvents && !listener {
-			// Everything reported was handled, and what happens from
-			// now on tells Go's poller anew (every event in the set
-			// re-arms ep's edge-triggered registration): no round
-			// that would find nothing (an epoll_wait per peer close of
-			// Mooncake's connection-per-request client).
-			return
-		}
-		// Round again: the set may have more than one round's events,
-		// and a listener may have connections left in its queue, which
-		// tell Go's poller nothing new (it is edge-triggered on ep).
+		// Round again until the set has nothing ready: a listener left
+		// with connections after maxAccepts is still ready, and Go's
+		// poller (edge-triggered on ep) wakes the loop only on news.
 	}
 }
 
