@@ -63,9 +63,6 @@ type inlineLoop struct {
 	// partial: waiting connections in the middle of a WRITE's payload.
 	partial map[int]partialWrite
 	backoff time.Duration
-	// calls counts the loop's reads and accepts (tests; the loop's own,
-	// read after it has stopped).
-	calls struct{ reads, accepts int }
 
 	mu      sync.Mutex // ep against a late re-arm of the listener
 	stopped bool
@@ -195,7 +192,6 @@ func (l *inlineLoop) run() {
 
 // poll handles everything ready in the set, until nothing is.
 func (l *inlineLoop) poll() {
-	accepted := false
 	for {
 		n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(l.ep), uintptr(unsafe.Pointer(&l.events[0])),
 			maxEvents, 0, 0, 0)
@@ -208,11 +204,7 @@ func (l *inlineLoop) poll() {
 		for _, ev := range l.events[:n] {
 			fd := int(ev.Fd)
 			if fd == l.lfd {
-				// Ready again in the same wake-up: a burst, so accept
-				// until the queue is empty; the first time, one (the
-				// set is level-triggered: any left are reported again).
-				l.acceptSome(accepted)
-				accepted = true
+				l.acceptSome()
 				continue
 			}
 			if _, ok := l.waiting[fd]; !ok {
@@ -228,20 +220,11 @@ func (l *inlineLoop) poll() {
 	}
 }
 
-// acceptSome accepts one connection, or up to maxAccepts when burst.
-// Accepting until EAGAIN every time cost Mooncake's connection-per-request
-// client an accept4 that failed per request (issue 39).
-func (l *inlineLoop) acceptSome(burst bool) {
-	limit := 1
-	if burst {
-		limit = maxAccepts
-	}
-	for range limit {
-		l.calls.accepts++
+func (l *inlineLoop) acceptSome() {
+	for range maxAccepts {
 		r, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, uintptr(l.lfd), 0, 0, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
 		switch e {
 		case 0:
-			l.backoff = 0
 		case unix.EAGAIN:
 			l.backoff = 0
 			return
@@ -300,36 +283,34 @@ func (l *inlineLoop) dropIdle() {
 	}
 }
 
-// serve reads from fd and serves what came when it is one whole request.
-// It returns true when fd should wait in the set for more; on false fd is
-// closed or handed over. After a request it does not read again: a caller
-// sends its next request once it has the reply, so that read found nothing
-// (a read(2) per request), and the set is level-triggered, so bytes that
-// did come are reported by the loop's next epoll_wait.
+// serve reads from fd and serves what came while it is one whole request
+// at a time. It returns true when fd should wait in the set for more; on
+// false fd is closed or handed over.
 func (l *inlineLoop) serve(fd int) bool {
-	if p, ok := l.partial[fd]; ok {
-		return l.more(fd, p)
+	for {
+		if p, ok := l.partial[fd]; ok {
+			if !l.more(fd, p) {
+				return false
+			}
+			if _, ok := l.partial[fd]; ok {
+				return true // the rest has not come yet
+			}
+			continue
+		}
+		n, err := rawRead(fd, l.buf)
+		switch {
+		case err == unix.EAGAIN:
+			return true
+		case n == 0 && err == nil, err != nil:
+			// The peer closed (or reset) between requests: done.
+			l.forget(fd)
+			rawClose(fd)
+			return false
+		}
+		if !l.one(fd, l.buf[:n]) {
+			return false
+		}
 	}
-	l.calls.reads++
-	n, err := rawRead(fd, l.buf)
-	switch {
-	case err == unix.EAGAIN:
-		return true
-	case n == 0 && err == nil, err != nil:
-		// The peer closed (or reset) between requests: done.
-		l.forget(fd)
-		rawClose(fd)
-		return false
-	}
-	if !l.one(fd, l.buf[:n]) {
-		return false
-	}
-	if p, ok := l.partial[fd]; ok {
-		// Mooncake's client writes a WRITE's payload right after its
-		// header: often here by now.
-		return l.more(fd, p)
-	}
-	return true
 }
 
 // one serves data when it is exactly one request (and its payload);
@@ -395,7 +376,6 @@ type partialWrite struct {
 // memory, and acknowledges it once whole. It returns false when fd is
 // closed or handed over.
 func (l *inlineLoop) more(fd int, p partialWrite) bool {
-	l.calls.reads++
 	n, err := rawRead(fd, p.mem[p.got:])
 	switch {
 	case err == unix.EAGAIN:

@@ -436,33 +436,3 @@ func TestInlineSplitWrite(t *testing.T) {
 	s.Close()
 	g.check(t)
 }
-
-// Mooncake's default client makes a connection per request: connect,
-// header, reply, close. The loop serves each with one accept4 and two
-// reads (the request, then the peer's close): it does not read again
-// after a reply nor accept until EAGAIN when one connection came (issue
-// 39: each syscall is microseconds on a VM; the loop made 2 accepts and
-// 3 reads per request).
-func TestInlineOneShotSyscalls(t *testing.T) {
-	const n = 200
-	g := newGuarded(0x10000, 4096, 64)
-	ln, err := Listen(t.Context(), "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewServer(ln, g, ServerOptions{EventLoops: 1})
-	defer s.Close()
-	for i := range n {
-		c := dial(t, s)
-		if st, data := request(t, c, Header{Addr: 0x10000, Size: 4096}, nil); st != StatusOK || len(data) != 4096 {
-			t.Fatalf("request %d: status %x, %d bytes", i, st, len(data))
-		}
-		c.Close()
-	}
-	s.Close() // the loop has stopped: its counts are ours to read
-	got := s.extra.(inlineLoops)[0].calls
-	if got.accepts > n+n/20 || got.reads > 2*n+n/20 {
-		t.Fatalf("%d one-shot requests: %d accept4 and %d read calls; want about %d and %d", n, got.accepts, got.reads, n, 2*n)
-	}
-	g.check(t)
-}
