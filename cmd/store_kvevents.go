@@ -28,7 +28,7 @@ func (o *kvEventsOptions) addFlags(f *pflag.FlagSet) {
 	f.BoolVar(&o.EmitObjectKey, "kv-events-emit-object-key", true, "put the object key on KV events, and send events of keys that are no decimal or 0x hash")
 	f.BoolVar(&o.EmitLegacy, "kv-events-emit-legacy-compat", true, "add vLLM/SGLang aliases to KV events (type, block_hashes, parent_block_hash)")
 	f.IntVar(&o.QueueCapacity, "kv-events-queue-capacity", kvevents.DefaultQueueCapacity, "KV events queued before the oldest are dropped (0: unbounded, as mooncake_master)")
-	f.DurationVar(&o.Pace, "kv-events-pace", kvevents.DefaultPaceInterval, "under a steady stream of events, send KV events at most once per this interval, all queued ones together (up to 64 to a message); sparse events go at once (0: send every time events are queued, as mooncake_master)")
+	msDurationVar(f, &o.Pace, "kv-events-pace", kvevents.DefaultPaceInterval, "under a steady stream of events, send KV events at most once per this interval, all queued ones together (up to 64 to a message); sparse events go at once (0: send every time events are queued, as mooncake_master)")
 }
 
 // config checks the flags; nil when events are off.
