@@ -141,7 +141,7 @@ func (m *Master) makeRoom(ctx context.Context, client store.UUID, host string, i
 	var largest uint64
 	short := func() bool {
 		for i, r := range out {
-			if store.CodeOf(r.Err) != store.NoAvailableHandle {
+			if !wantsRoom(r.Err) {
 				continue
 			}
 			if largest == 0 {
