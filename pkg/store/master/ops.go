@@ -467,8 +467,10 @@ func (m *Master) revoke(client store.UUID, key string) error {
 	}
 	switch {
 	case o.upsert != nil:
+		before := m.charge(o)
 		m.space.free(o.upsert.refs, o.upsert.size)
 		o.upsert, o.putStart = nil, 0
+		m.recharge(o, before)
 		sh.unlinkPending(o)
 		m.emit(Change{Op: OpRevoke, Key: key})
 		return nil

@@ -126,6 +126,32 @@ func TestTenantQuotaRefusalNotPlacedByMakeRoom(t *testing.T) {
 	mustInvariants(t, m)
 }
 
+// TestTenantUpsertRevokeGivesChargeBack: a resizing upsert revoked keeps
+// the old version, and its tenant is charged the old version only (the
+// revoke left the new replicas' bytes in the ledger: a tenant then
+// refused puts it had room for).
+func TestTenantUpsertRevokeGivesChargeBack(t *testing.T) {
+	m := tenantMaster(t, Config{}, map[string]uint64{"a": 3 * MiB})
+	mount(t, m, "node", "seg", "127.0.0.1", 0, 16*MiB)
+	k := store.ScopeKey("a", "k")
+	put(t, m, "w", k, MiB)
+	if r := m.BatchUpsertStart(uuidOf("w"), "", []PutItem{{k, 2 * MiB}}, one())[0]; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if c := m.ChargedBytes("a"); c != 3*MiB {
+		t.Fatalf("tenant a charged %d during the resize, want 3 MiB (old and new)", c)
+	}
+	if err := m.BatchUpsertRevoke(uuidOf("w"), []string{k})[0]; err != nil {
+		t.Fatal(err)
+	}
+	if c := m.ChargedBytes("a"); c != MiB {
+		t.Fatalf("tenant a charged %d after the resize was revoked, want 1 MiB (the old version)", c)
+	}
+	mustInvariants(t, m)
+	// The quota's other 2 MiB are usable again.
+	put(t, m, "w", store.ScopeKey("a", "k2"), 2*MiB)
+}
+
 // TestTenantLedgerStorm: concurrent puts, upserts, removes, evictions (a
 // small store) and a lost segment by two tenants; the ledger then equals a
 // recount of the objects (checkInvariants) and no quota was overrun.
