@@ -706,6 +706,29 @@ func (m *Master) admitPuts(items []PutItem, cfg store.ReplicateConfig, out []Rep
 	}
 }
 
+// reservePromotion reserves the quota o's promotion from disk into
+// memory needs (one replica of its size); false when its tenant has no
+// room (or no policy). Without multi-tenant mode it always may.
+func (m *Master) reservePromotion(o *Object) (uint64, bool) {
+	if m.tenants == nil {
+		return 0, true
+	}
+	tenant, _ := store.SplitKey(o.key)
+	if _, ok := m.tenants.admit(tenant, o.size, m.space.capacity.Load()); !ok {
+		return 0, false
+	}
+	return o.size, true
+}
+
+// unreservePromotion gives back a promotion's reservation (bytes).
+func (m *Master) unreservePromotion(key string, bytes uint64) {
+	if m.tenants == nil || bytes == 0 {
+		return
+	}
+	tenant, _ := store.SplitKey(key)
+	m.tenants.unreserve(tenant, bytes)
+}
+
 // quotaRefusal marks admitPuts' NO_AVAILABLE_HANDLE refusal: the item
 // has no quota reserved, and only the tenant's own objects leaving make
 // room for it. The store's eviction for room retries the placement of
