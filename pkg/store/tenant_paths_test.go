@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -96,4 +98,52 @@ func TestTenantsKeptByDiskTierAndDrain(t *testing.T) {
 		}
 		ledger(t, c.m)
 	})
+}
+
+// TestTenantPromotionWithinQuota: a read that would promote a disk
+// object back into memory past its tenant's quota is staged instead
+// (Mooncake refuses such a promotion), and promotes once the tenant has
+// room again.
+func TestTenantPromotionWithinQuota(t *testing.T) {
+	ctx := context.Background()
+	pol := filepath.Join(t.TempDir(), "tenants.yaml")
+	if err := os.WriteFile(pol, []byte("version: 1\ntenants:\n  - name: a\n    quota: 2MB\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := startMaster(t, master.Config{KVLeaseTTL: 200 * time.Millisecond, Tenants: master.TenantConfig{Enabled: true, ConnectorURI: pol}})
+	c.tierNode(16<<20, t.TempDir(), 64<<20)
+	a := c.client(0, withTenant("a", false, c.addr))
+	vk := value(1<<20, 7)
+	putRetry(t, a, "k", vk)
+	putRetry(t, a, "f1", value(1<<20, 8))
+	time.Sleep(300 * time.Millisecond) // past the lease TTL: k may go
+	c.m.Evict(1 << 20)
+	waitFor(t, "k offloaded", 20*time.Second, func() bool { return c.m.TierTotals().Offloads == 1 })
+	if !diskOnly(t, a, "k") {
+		t.Fatal("k should live on disk only")
+	}
+	putRetry(t, a, "f2", value(1<<20, 9)) // a's whole 2 MiB in memory
+	check := func(wantCharged uint64, wantPromotions uint64) {
+		t.Helper()
+		for range 2 {
+			got, err := a.Get(ctx, "k")
+			if err != nil || !bytes.Equal(got, vk) {
+				t.Fatalf("get k from disk: %d bytes, %v", len(got), err)
+			}
+		}
+		if got := c.m.ChargedBytes("a"); got != wantCharged {
+			t.Fatalf("tenant a (quota 2 MiB) charged %d after reads of its disk object, want %d", got, wantCharged)
+		}
+		if got, want := c.m.ChargedBytes("a"), c.m.TenantRecount("a"); got != want {
+			t.Fatalf("tenant a: ledger %d, recount %d", got, want)
+		}
+		if p := c.m.TierTotals().Promotions; p != wantPromotions {
+			t.Fatalf("%d promotions, want %d", p, wantPromotions)
+		}
+	}
+	check(2<<20, 0)
+	if err := a.Remove(ctx, "f2", true); err != nil {
+		t.Fatal(err)
+	}
+	check(2<<20, 1)
 }

@@ -141,7 +141,7 @@ func (m *Master) makeRoom(ctx context.Context, client store.UUID, host string, i
 	var largest uint64
 	short := func() bool {
 		for i, r := range out {
-			if store.CodeOf(r.Err) != store.NoAvailableHandle {
+			if !wantsRoom(r.Err) {
 				continue
 			}
 			if largest == 0 {
@@ -467,8 +467,10 @@ func (m *Master) revoke(client store.UUID, key string) error {
 	}
 	switch {
 	case o.upsert != nil:
+		before := m.charge(o)
 		m.space.free(o.upsert.refs, o.upsert.size)
 		o.upsert, o.putStart = nil, 0
+		m.recharge(o, before)
 		sh.unlinkPending(o)
 		m.emit(Change{Op: OpRevoke, Key: key})
 		return nil

@@ -35,6 +35,17 @@ const (
 	hardPinWeight = 64
 )
 
+// wantsRoom reports whether an item that failed with err lacks only
+// room, which evicting may make: NO_AVAILABLE_HANDLE, but not a
+// refusal that no eviction for room changes (the watermark's, which is
+// about what a round would take after; a tenant's quota, which only
+// its own objects leaving meets, and whose item holds no reservation).
+func wantsRoom(err error) bool {
+	var wm *watermarkRefusal
+	var qr *quotaRefusal
+	return err != nil && store.CodeOf(err) == store.NoAvailableHandle && !errors.As(err, &wm) && !errors.As(err, &qr)
+}
+
 // evictForPuts retries, after evicting, the items of a batch that failed
 // for want of space, and returns what it found in the way. With
 // freshSpared it evicts no object put within the last lease TTL; with
@@ -44,8 +55,7 @@ func (m *Master) evictForPuts(client store.UUID, host string, items []PutItem, c
 	hopeless := make([]bool, len(out)) // eviction cannot make room: failed, not retried
 	short := func() (idx []int, need uint64) {
 		for i, r := range out {
-			var wm *watermarkRefusal
-			if r.Err == nil || store.CodeOf(r.Err) != store.NoAvailableHandle || hopeless[i] || errors.As(r.Err, &wm) {
+			if !wantsRoom(r.Err) || hopeless[i] {
 				continue
 			}
 			if largest == 0 {

@@ -686,7 +686,10 @@ func (m *Master) admitPuts(items []PutItem, cfg store.ReplicateConfig, out []Rep
 				// any put whose room is being offloaded, it does not
 				// wait for them (NO_AVAILABLE_HANDLE, retry), and
 				// evicts no more meanwhile.
-				out[i].Err = store.Errorf(store.NoAvailableHandle, "tenant %q: %d more bytes would exceed its quota until its own objects being offloaded to disk or written land (%s started by this put); retry", tenant, need, fmtBytes(offloading))
+				// A quotaRefusal: the store's eviction for room
+				// (makeRoom) leaves it alone, as room is not what
+				// it lacks.
+				out[i].Err = &quotaRefusal{store.Errorf(store.NoAvailableHandle, "tenant %q: %d more bytes would exceed its quota until its own objects being offloaded to disk or written land (%s started by this put); retry", tenant, need, fmtBytes(offloading))}
 			} else if m.tenants.registered(tenant) {
 				out[i].Err = store.Errorf(store.TenantQuotaExceeded, "tenant %q: %d more bytes would exceed its quota, and none of its own objects could be evicted for them", tenant, need)
 			} else {
@@ -702,6 +705,40 @@ func (m *Master) admitPuts(items []PutItem, cfg store.ReplicateConfig, out []Rep
 		}
 	}
 }
+
+// reservePromotion reserves the quota o's promotion from disk into
+// memory needs (one replica of its size); false when its tenant has no
+// room (or no policy). Without multi-tenant mode it always may.
+func (m *Master) reservePromotion(o *Object) (uint64, bool) {
+	if m.tenants == nil {
+		return 0, true
+	}
+	tenant, _ := store.SplitKey(o.key)
+	if _, ok := m.tenants.admit(tenant, o.size, m.space.capacity.Load()); !ok {
+		return 0, false
+	}
+	return o.size, true
+}
+
+// unreservePromotion gives back a promotion's reservation (bytes).
+func (m *Master) unreservePromotion(key string, bytes uint64) {
+	if m.tenants == nil || bytes == 0 {
+		return
+	}
+	tenant, _ := store.SplitKey(key)
+	m.tenants.unreserve(tenant, bytes)
+}
+
+// quotaRefusal marks admitPuts' NO_AVAILABLE_HANDLE refusal: the item
+// has no quota reserved, and only the tenant's own objects leaving make
+// room for it. The store's eviction for room retries the placement of
+// NO_AVAILABLE_HANDLE items (evictForPuts), and placing this one would
+// charge the tenant past its quota, so it leaves quota refusals alone
+// (as it does watermark refusals).
+type quotaRefusal struct{ err error }
+
+func (q *quotaRefusal) Error() string { return q.err.Error() }
+func (q *quotaRefusal) Unwrap() error { return q.err }
 
 // tenantBusy reports whether some object of tenant is being offloaded to
 // disk or written: such objects are in no eviction list meanwhile, and

@@ -95,6 +95,63 @@ func TestTenantQuotaEvictsOwnFirst(t *testing.T) {
 	}
 }
 
+// TestTenantQuotaRefusalNotPlacedByMakeRoom: a put refused by its
+// tenant's quota while the tenant has a put in progress is answered
+// NO_AVAILABLE_HANDLE (retry once it lands), and stays refused: the
+// store's own eviction-for-room step, which retries NO_AVAILABLE_HANDLE
+// items, must not place it past the quota (it did: the storm's overrun).
+func TestTenantQuotaRefusalNotPlacedByMakeRoom(t *testing.T) {
+	m := tenantMaster(t, Config{}, map[string]uint64{"a": 2 * MiB})
+	mount(t, m, "node", "seg", "127.0.0.1", 0, 16*MiB)
+	sk := func(k string) string { return store.ScopeKey("a", k) }
+	// a's whole quota in a put still being written: nothing of a's to
+	// evict, and the store has 14 MiB free.
+	putStart(t, m, "w1", sk("writing"), 2*MiB)
+	r := m.BatchPutStart(uuidOf("w2"), "", []PutItem{{sk("more"), MiB}}, one())[0]
+	if r.Err == nil {
+		t.Errorf("put of 1 MiB over tenant a's 2 MiB quota (2 MiB being written) placed at %v", r.Replicas)
+	}
+	wantCode(t, "put over quota while the tenant's own put is in progress", r.Err, store.NoAvailableHandle)
+	if c := m.ChargedBytes("a"); c != 2*MiB {
+		t.Fatalf("tenant a charged %d, want its 2 MiB quota at most", c)
+	}
+	// Once the put in progress is gone, a put within the quota is placed.
+	if err := m.BatchPutRevoke(uuidOf("w1"), []string{sk("writing")})[0]; err != nil {
+		t.Fatal(err)
+	}
+	put(t, m, "w2", sk("more"), MiB)
+	if c := m.ChargedBytes("a"); c != MiB {
+		t.Fatalf("tenant a charged %d, want 1 MiB", c)
+	}
+	mustInvariants(t, m)
+}
+
+// TestTenantUpsertRevokeGivesChargeBack: a resizing upsert revoked keeps
+// the old version, and its tenant is charged the old version only (the
+// revoke left the new replicas' bytes in the ledger: a tenant then
+// refused puts it had room for).
+func TestTenantUpsertRevokeGivesChargeBack(t *testing.T) {
+	m := tenantMaster(t, Config{}, map[string]uint64{"a": 3 * MiB})
+	mount(t, m, "node", "seg", "127.0.0.1", 0, 16*MiB)
+	k := store.ScopeKey("a", "k")
+	put(t, m, "w", k, MiB)
+	if r := m.BatchUpsertStart(uuidOf("w"), "", []PutItem{{k, 2 * MiB}}, one())[0]; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if c := m.ChargedBytes("a"); c != 3*MiB {
+		t.Fatalf("tenant a charged %d during the resize, want 3 MiB (old and new)", c)
+	}
+	if err := m.BatchUpsertRevoke(uuidOf("w"), []string{k})[0]; err != nil {
+		t.Fatal(err)
+	}
+	if c := m.ChargedBytes("a"); c != MiB {
+		t.Fatalf("tenant a charged %d after the resize was revoked, want 1 MiB (the old version)", c)
+	}
+	mustInvariants(t, m)
+	// The quota's other 2 MiB are usable again.
+	put(t, m, "w", store.ScopeKey("a", "k2"), 2*MiB)
+}
+
 // TestTenantLedgerStorm: concurrent puts, upserts, removes, evictions (a
 // small store) and a lost segment by two tenants; the ledger then equals a
 // recount of the objects (checkInvariants) and no quota was overrun.

@@ -135,7 +135,10 @@ type tierOp struct {
 	// STAGE: into the node's staging pool, which answered where
 	// (stageAddr) and by which id to release it (staged; gen: the
 	// attachment it was staged under).
-	promote   bool
+	promote bool
+	// quota is the tenant quota a promotion reserved (0: none), given
+	// back when it lands (charged then) or fails.
+	quota     uint64
 	stageAddr uint64
 	staged    uint64
 	stageGen  uint64
@@ -568,9 +571,15 @@ func (m *Master) loadLocked(o *Object, onlyPromote bool, deadline time.Time) (*t
 		obj: o, size: o.size, done: make(chan struct{})}
 	var addr uint64
 	if m.promoteDue(o) {
-		// Promotion takes free room only: a read never evicts.
-		if ref, err := m.space.placeOn(client, segID, o.size); err == nil {
-			op.promote, op.refs, addr = true, []replicaRef{ref}, ref.addr
+		// Promotion takes free room only: a read never evicts. Nor does
+		// it take its tenant over its quota (Mooncake refuses such a
+		// promotion): the read is staged instead.
+		if q, ok := m.reservePromotion(o); ok {
+			if ref, err := m.space.placeOn(client, segID, o.size); err == nil {
+				op.promote, op.refs, addr, op.quota = true, []replicaRef{ref}, ref.addr, q
+			} else {
+				m.unreservePromotion(o.key, q)
+			}
 		}
 	}
 	if onlyPromote && !op.promote {
@@ -610,6 +619,7 @@ func (m *Master) loadBound(deadline time.Time) time.Duration {
 func (m *Master) freeLoadTarget(n *tierNode, op *tierOp) {
 	if op.promote {
 		m.space.free(op.refs, op.size)
+		m.unreservePromotion(op.key, op.quota)
 		return
 	}
 	n.releaseStaged(op.stageGen, op.staged)
@@ -668,6 +678,7 @@ func (m *Master) loadDone(n *tierNode, op *tierOp, err error) {
 		before := m.charge(o)
 		o.replicas = append(o.replicas, op.refs...)
 		m.recharge(o, before)
+		m.unreservePromotion(op.key, op.quota)
 		o.tier.reads = 0
 		o.tier.promoted = true
 		sh.track(o, 0)
