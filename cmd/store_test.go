@@ -1084,9 +1084,9 @@ func TestStoreRmJSONSaysWhichWent(t *testing.T) {
 func TestServeStoreWarnsInertFlags(t *testing.T) {
 	isolateEnv(t)
 	_, _, out, _ := startServeStore(t, "--segment-size", "0", "--kv_events_bind_endpoint", "tcp://127.0.0.1:5557",
-		"--kv-events-backend-id", "b", "--etcd-endpoints", "127.0.0.1:2379")
+		"--kv-events-backend-id", "b", "--kv-events-pace", "2ms", "--etcd-endpoints", "127.0.0.1:2379")
 	for _, want := range []string{
-		"--kv-events-bind-endpoint, --kv-events-backend-id given without --enable-kv-events: ignored, no KV events are published",
+		"--kv-events-bind-endpoint, --kv-events-backend-id, --kv-events-pace given without --enable-kv-events: ignored, no KV events are published",
 		"--etcd-endpoints given without --enable-ha: ignored",
 	} {
 		if !strings.Contains(out.String(), want) {
