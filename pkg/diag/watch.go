@@ -79,6 +79,7 @@ func Watch(ctx context.Context, cfg WatchConfig) (snaps []*Snapshot, logs *LogSu
 	}
 	snaps = []*Snapshot{first}
 	onSample(first, first, first, 0, 0)
+	end := time.Now().Add(cfg.Duration)
 	deadline := time.NewTimer(cfg.Duration)
 	defer deadline.Stop()
 	tick := time.NewTicker(cfg.Interval)
@@ -92,6 +93,12 @@ loop:
 		case <-deadline.C:
 			break loop
 		case <-tick.C:
+			// A slow sample leaves a tick and the deadline both ready,
+			// and select picks at random: without this the watch could
+			// go on sampling past its --duration.
+			if !time.Now().Before(end) {
+				break loop
+			}
 		}
 		if err := tl.Poll(); err != nil {
 			notef("%v", err)

@@ -115,6 +115,24 @@ func TestWatchDuration(t *testing.T) {
 	}
 }
 
+// A sample slower than the interval leaves a tick and the deadline both
+// ready; the watch still stops at its duration. Samples take 60 ms, so in
+// 150 ms after the first at most three more start (CI once saw a watch
+// go on past its deadline: select picks a ready case at random).
+func TestWatchStopsAtDurationWhenSamplesAreSlow(t *testing.T) {
+	s := fakeRDMA(t, "growth")
+	t.Setenv("FAKE_RDMA_SLEEP", "0.06")
+	for range 6 {
+		snaps, _, err := Watch(context.Background(), WatchConfig{Interval: 5 * time.Millisecond, Duration: 150 * time.Millisecond, Sampler: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(snaps) > 4 {
+			t.Fatalf("%d snapshots of 60 ms each in a 150 ms watch, want at most 4: it sampled past its duration", len(snaps))
+		}
+	}
+}
+
 // Failures before the first sample void the watch (ErrUnreadable); a
 // sample that fails later is noted and the watch goes on.
 func TestWatchFailures(t *testing.T) {

@@ -8,6 +8,8 @@
 #              mlx5_0..1 (the call count is kept in FAKE_RDMA_STATE);
 #              `-j resource show qp` lists three QPs on mlx5_0
 #   empty      an empty JSON array (no devices)
+# FAKE_RDMA_SLEEP, when set, is how long each call takes first (seconds).
+[ -n "$FAKE_RDMA_SLEEP" ] && sleep "$FAKE_RDMA_SLEEP"
 case "$FAKE_RDMA_MODE" in
 nonetlink)
 	echo "Failed to open NETLINK_RDMA socket" >&2
