@@ -169,19 +169,26 @@ func (sw *sweep) take(o *Object) bool {
 // second pass only when that was not enough and they may be evicted.
 // Hard-pinned objects never go. It returns the bytes freed.
 func (m *Master) EvictIfNeeded() uint64 {
-	capacity := m.space.capacity.Load()
-	// Replicas being offloaded are as good as free: counting them again
-	// would offload more every round until the first writes land.
-	used := m.space.used.Load() - uint64(max(m.tiers.inflight.Load(), 0))
-	if capacity == 0 || !m.evicting() {
-		return 0
-	}
-	ratio := float64(used) / float64(capacity)
-	if ratio < m.cfg.HighWatermark {
+	ratio, capacity := m.usage()
+	if capacity == 0 || ratio < m.cfg.HighWatermark {
 		return 0
 	}
 	target := uint64(max(m.cfg.EvictionRatio, ratio-m.cfg.HighWatermark+m.cfg.EvictionRatio) * float64(capacity))
 	return m.Evict(target)
+}
+
+// usage is the share of the capacity in use, as the watermark sees it,
+// and the capacity; capacity 0 when there is none or eviction is off.
+func (m *Master) usage() (ratio float64, capacity uint64) {
+	capacity = m.space.capacity.Load()
+	if capacity == 0 || !m.evicting() {
+		return 0, 0
+	}
+	// Replicas being offloaded are as good as free: counting them again
+	// would offload more every round until the first writes land.
+	used := m.space.used.Load()
+	used -= min(used, uint64(max(m.tiers.inflight.Load(), 0)))
+	return float64(used) / float64(capacity), capacity
 }
 
 // Evict frees at least target bytes of evictable objects when it can, and

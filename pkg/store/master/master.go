@@ -777,13 +777,8 @@ func (m *Master) evictionLoop() {
 // overHighWatermark reports whether usage (less replicas being offloaded)
 // is at or above the high watermark, with eviction on.
 func (m *Master) overHighWatermark() bool {
-	capacity := m.space.capacity.Load()
-	if capacity == 0 || !m.evicting() {
-		return false
-	}
-	used := m.space.used.Load()
-	used -= min(used, uint64(max(m.tiers.inflight.Load(), 0)))
-	return float64(used)/float64(capacity) >= m.cfg.HighWatermark
+	ratio, capacity := m.usage()
+	return capacity > 0 && ratio >= m.cfg.HighWatermark
 }
 
 // noteUsage wakes an idle watermark loop when usage has reached the high
