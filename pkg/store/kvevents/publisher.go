@@ -314,8 +314,23 @@ func (p *Publisher) run() {
 		case <-p.kick:
 		default:
 		}
-		p.drain(batch)
+		p.send(batch)
 	}
+}
+
+// send is one paced send: the queued events, MaxBatch to a message, up
+// to the first message that is not full. Events queued after that kicked
+// the loop and wait for a send (and a token) of their own: taking them
+// here too would leave their kick to spend a token on an empty queue, and
+// the next events would go at once, unpaced.
+func (p *Publisher) send(batch []pending) {
+	for batch = p.take(batch[:0]); len(batch) > 0; batch = p.take(batch[:0]) {
+		p.publish(batch)
+		if len(batch) < MaxBatch {
+			break
+		}
+	}
+	p.sock.flush()
 }
 
 // drain publishes every queued event, MaxBatch to a message, and hands
