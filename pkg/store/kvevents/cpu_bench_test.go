@@ -90,3 +90,105 @@ func BenchmarkEventCPU(b *testing.B) {
 	s.Close()
 	<-done
 }
+
+// BenchmarkEventCPUSteady: what events cost a store at its own rate
+// rather than flat out (BenchmarkEventCPU): 4 callers each queue 32
+// stored events (a batched put's) every 4 ms, 32,000 events/s, and one
+// subscriber reads every message whole. At that rate the publisher sends
+// once per pace interval, and what a send costs besides its bytes (the
+// wake-ups of the publisher, of the subscriber's writer and of the
+// subscriber, a context switch each on a busy machine) is most of what
+// events cost. "off" runs the same callers with a no-op in place of
+// Stored: on minus off is the events' CPU per event; csw/event counts
+// the process's context switches (getrusage, voluntary and not).
+func BenchmarkEventCPUSteady(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := "off"
+		if on {
+			name = "on"
+		}
+		b.Run(name, func(b *testing.B) { benchSteady(b, on) })
+	}
+}
+
+func benchSteady(b *testing.B, on bool) {
+	stored := func(string, string) {}
+	var p *Publisher
+	var msgs atomic.Uint64
+	done := make(chan struct{})
+	if on {
+		var err error
+		p, err = New(Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "bench"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer p.Close()
+		s, err := Subscribe(context.Background(), p.Endpoint())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer func() { s.Close(); <-done }()
+		for p.Stats().Subscribers == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		go func() {
+			defer close(done)
+			for {
+				if _, _, err := s.NextRaw(); err != nil {
+					return
+				}
+				msgs.Add(1)
+			}
+		}()
+		stored = p.Stored
+	}
+	const callers, batch, every = 4, 32, 4 * time.Millisecond
+	keys := make([]string, 1<<16)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("0x%x", 1<<40+i)
+	}
+	usage := func() (time.Duration, int64) {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Nvcsw + ru.Nivcsw
+	}
+	b.ResetTimer()
+	cpu0, csw0 := usage()
+	var wg sync.WaitGroup
+	per := (b.N + callers - 1) / callers
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next := time.Now().Add(time.Duration(c) * every / callers)
+			for i := 0; i < per; {
+				time.Sleep(time.Until(next))
+				next = next.Add(every)
+				for j := 0; j < batch && i < per; j++ {
+					stored(keys[(c*per+i)%len(keys)], MediumCPU)
+					i++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	n := per * callers
+	for on {
+		st := p.Stats()
+		if st.PublishedEvents == uint64(n) && msgs.Load()+st.SubscriberDrops == st.PublishedBatches {
+			break
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	cpu1, csw1 := usage()
+	b.StopTimer()
+	b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/float64(n), "cpu_ns/event")
+	b.ReportMetric(float64(csw1-csw0)/float64(n), "csw/event")
+	if on {
+		st := p.Stats()
+		b.ReportMetric(float64(st.PublishedEvents)/float64(max(st.PublishedBatches, 1)), "events/msg")
+		b.ReportMetric(float64(st.SubscriberDrops+st.DroppedEvents), "dropped")
+	}
+}

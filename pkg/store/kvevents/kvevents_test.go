@@ -555,19 +555,46 @@ func TestPacer(t *testing.T) {
 	pc := newPacer(10*time.Millisecond, 2, t0)
 	at := func(d time.Duration, want time.Duration) {
 		t.Helper()
-		if got := pc.take(t0.Add(d)); got != want {
-			t.Fatalf("take at +%v: wait %v, want %v", d, got, want)
+		got := pc.wait(t0.Add(d))
+		if got != want {
+			t.Fatalf("wait at +%v: %v, want %v", d, got, want)
+		}
+		if got == 0 {
+			pc.spend(t0.Add(d))
 		}
 	}
 	at(0, 0)
 	at(0, 0)
 	at(0, 10*time.Millisecond)
-	at(10*time.Millisecond, 10*time.Millisecond) // after that wait
-	at(20*time.Millisecond, 10*time.Millisecond)
+	at(10*time.Millisecond, 0) // after that wait
+	at(15*time.Millisecond, 5*time.Millisecond)
+	at(20*time.Millisecond, 0)
 	at(time.Second, 0) // a long pause refills the burst, no more
 	at(time.Second, 0)
 	at(time.Second, 10*time.Millisecond)
-	if w := newPacer(-1, 2, t0).take(t0); w != 0 {
-		t.Fatalf("unpaced take: wait %v, want 0", w)
+	if w := newPacer(-1, 2, t0).wait(t0); w != 0 {
+		t.Fatalf("unpaced wait: %v, want 0", w)
+	}
+}
+
+// Under a steady stream of events the publisher sleeps for its next
+// send's token, not for the events: a put's kick then finds nobody
+// waiting for it and wakes nobody (each wake-up a futex call in the put
+// path and a context switch). Events every millisecond and a send per
+// 20 ms: the publisher waits for events about never, not once per send.
+func TestSteadyStreamDoesNotWakePublisher(t *testing.T) {
+	p := newTestPublisher(t, Config{PaceInterval: 20 * time.Millisecond, PaceBurst: 1})
+	go p.run()
+	start := time.Now()
+	for i := 0; time.Since(start) < 400*time.Millisecond; i++ {
+		p.Stored(fmt.Sprint(i), MediumCPU)
+		time.Sleep(time.Millisecond)
+	}
+	sends := p.Stats().PublishedBatches
+	if sends < 8 {
+		t.Fatalf("%d sends in 400 ms at one per 20 ms: want the stream paced, not stalled", sends)
+	}
+	if parks := p.parks.Load(); parks > 3 {
+		t.Errorf("the publisher waited for events %d times in %d sends: want it woken by its timer, not by the puts", parks, sends)
 	}
 }

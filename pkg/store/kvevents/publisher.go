@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -145,6 +146,9 @@ type Publisher struct {
 	nextSeq     atomic.Uint64
 
 	batches, events, dropped, skipped atomic.Uint64
+	// parks counts the times the publisher waited for events with
+	// none queued: the wake-ups a put's kick paid for (tests).
+	parks atomic.Uint64
 }
 
 // New binds cfg.Endpoint and starts the publisher goroutine.
@@ -288,15 +292,14 @@ func (p *Publisher) run() {
 	pace := newPacer(p.cfg.PaceInterval, p.cfg.PaceBurst, time.Now())
 	var wait *time.Timer
 	for {
-		select {
-		case <-p.kick:
-		case <-p.stop:
-			p.drain(batch)
-			return
-		}
-		if d := pace.take(time.Now()); d > 0 {
-			// Events queued meanwhile wait for this send: enqueue's
-			// kick finds the channel full and wakes nobody.
+		// The send's token first, then its events: under a steady
+		// stream the token comes last, and while the publisher sleeps
+		// for it the puts' kicks fill a channel nobody waits on, which
+		// wakes nobody. (Waiting for the events first had every send
+		// woken by a put, a futex wake-up in the put path, and then
+		// sleep again for its token.) An event still waits at most
+		// the interval: the token's time does not depend on the order.
+		if d := pace.wait(time.Now()); d > 0 {
 			if wait == nil {
 				wait = time.NewTimer(d)
 			} else {
@@ -309,11 +312,19 @@ func (p *Publisher) run() {
 				return
 			}
 		}
-		// A kick from here on is for events this drain may not see.
 		select {
 		case <-p.kick:
 		default:
+			p.parks.Add(1)
+			select {
+			case <-p.kick:
+			case <-p.stop:
+				p.drain(batch)
+				return
+			}
 		}
+		// A kick from here on is for events this send may not see.
+		pace.spend(time.Now())
 		p.send(batch)
 	}
 }
@@ -360,19 +371,28 @@ func newPacer(interval time.Duration, burst int, now time.Time) *pacer {
 	return &pacer{interval: interval, burst: float64(burst), tokens: float64(burst), last: now}
 }
 
-// take spends a send's token: how long to wait first (0: send now).
-// The token is the caller's from then on.
-func (pc *pacer) take(now time.Time) time.Duration {
+// wait is how long until a send's token (0: one is there now).
+func (pc *pacer) wait(now time.Time) time.Duration {
 	if pc.interval <= 0 {
 		return 0
 	}
 	pc.tokens = min(pc.burst, pc.tokens+float64(now.Sub(pc.last))/float64(pc.interval))
 	pc.last = now
-	pc.tokens--
-	if pc.tokens >= 0 {
+	if pc.tokens >= 1 {
 		return 0
 	}
-	return time.Duration(-pc.tokens * float64(pc.interval))
+	// rounded up: a timer that fires a little early finds its token
+	return time.Duration(math.Ceil((1 - pc.tokens) * float64(pc.interval)))
+}
+
+// spend takes a send's token (wait said there is one).
+func (pc *pacer) spend(now time.Time) {
+	if pc.interval <= 0 {
+		return
+	}
+	pc.tokens = min(pc.burst, pc.tokens+float64(now.Sub(pc.last))/float64(pc.interval))
+	pc.last = now
+	pc.tokens = max(pc.tokens-1, 0)
 }
 
 // publish encodes batch into a message and hands it to the socket.
