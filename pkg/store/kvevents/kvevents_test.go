@@ -347,6 +347,79 @@ func TestStalledSubscriber(t *testing.T) {
 	}
 }
 
+// A send to a subscriber whose writer has nothing left to write is
+// written by the publisher itself: waking the writer goroutine for it
+// cost a wake-up (often a thread's) per send.
+func TestIdleSubscriberWrittenDirectly(t *testing.T) {
+	p := newTestPublisher(t, Config{PaceInterval: -1})
+	go p.run()
+	s, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	for i := 1; i <= 20; i++ {
+		p.Stored(fmt.Sprint(i), MediumCPU)
+		b, err := s.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Seq != uint64(i) || len(b.Events) != 1 || b.Events[0].ObjectKey != fmt.Sprint(i) {
+			t.Fatalf("message %d: %d events, want message %d with key %d", b.Seq, len(b.Events), i, i)
+		}
+	}
+	if n := p.sock.handed.Load(); n != 0 {
+		t.Errorf("%d of 20 messages went through the subscriber's writer: want the publisher to write to an idle subscriber itself", n)
+	}
+}
+
+// A subscriber that stops reading until its socket's buffers are full,
+// then reads again: the publisher's own write takes what fits, ending
+// within a message, and the subscriber's writer sends the rest; every
+// message arrives whole and in order.
+func TestDirectWriteSplitsMessage(t *testing.T) {
+	p := newTestPublisher(t, Config{PaceInterval: -1})
+	go p.run()
+	s, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	const n = 4000
+	key := strings.Repeat("k", 3000)
+	for i := range n {
+		p.Stored(fmt.Sprint(key, i), MediumCPU)
+		if i%50 == 0 {
+			time.Sleep(time.Millisecond) // many sends, some finding the buffer full
+		}
+	}
+	waitFor(t, "the queue sent", func() bool { return p.Stats().PublishedEvents == n })
+	next := 0
+	for seq := uint64(1); next < n; seq++ {
+		b, err := s.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Seq != seq {
+			t.Fatalf("message %d after %d", b.Seq, seq-1)
+		}
+		for _, e := range b.Events {
+			if want := fmt.Sprint(key, next); e.ObjectKey != want || e.ID != uint64(next+1) {
+				t.Fatalf("message %d: event %d key ...%s, want ...%d", b.Seq, e.ID, e.ObjectKey[len(key):], next)
+			}
+			next++
+		}
+	}
+	if st := p.Stats(); st.SubscriberDrops != 0 {
+		t.Errorf("%d messages dropped for a subscriber 12 MB behind, want none (its queue holds 10000)", st.SubscriberDrops)
+	}
+	if p.sock.split.Load() == 0 {
+		t.Error("no direct write ended within a message: the test did not fill the socket's buffers")
+	}
+}
+
 func TestEndpointErrors(t *testing.T) {
 	for _, ep := range []string{"127.0.0.1:5557", "tcp://127.0.0.1", "udp://1.2.3.4:5", "tcp://h:notaport", "ipc://"} {
 		if _, err := New(Config{Endpoint: ep, BackendID: "b"}); err == nil || !strings.Contains(err.Error(), "endpoint") {

@@ -10,7 +10,10 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // pubSocket is the PUB side: it accepts subscribers and hands each
@@ -35,12 +38,18 @@ type pubSocket struct {
 	free [maxClass - minClass + 1]chan *message
 	// made counts the messages made rather than taken from free.
 	made atomic.Uint64
+	// handed counts the messages queued for subscribers' writers, and
+	// split the direct writes that wrote part of a message (tests).
+	handed, split atomic.Uint64
 	// out holds the messages of one drain of the publisher's queue
-	// (queue) until flush hands them to the subscribers together: the
-	// subscriber's writer wakes once for them and writes them in one
-	// writev, and the subscriber wakes once to read them. Publisher
-	// goroutine only.
+	// (queue) until flush hands them to the subscribers together, in
+	// one writev to each (the publisher's own when the subscriber's
+	// writer is idle, else its writer's), and the subscriber wakes once
+	// to read them. Publisher goroutine only.
 	out []*message
+	// targets and wires are flush's (publisher goroutine only).
+	targets []*subscriberConn
+	wires   [][]byte
 }
 
 // message is one framed message, shared by the subscribers it is queued
@@ -76,6 +85,13 @@ type subscriberConn struct {
 	topics    [][]byte // guarded by pubSocket.mu
 	gone      chan struct{}
 	once      sync.Once
+	// raw is the connection's descriptor for flush's direct writes
+	// (nil: every message goes through the writer).
+	raw syscall.RawConn
+	// skip is how much of the first message queued after a direct
+	// write that wrote part of it the writer leaves out: set by flush
+	// before it queues that message, read by the writer after.
+	skip int
 }
 
 func newPubSocket(ln net.Listener, hwm int, log *slog.Logger) *pubSocket {
@@ -120,6 +136,11 @@ func (s *pubSocket) serve(c net.Conn) {
 		return
 	}
 	sc := &subscriberConn{c: c, q: make(chan *message, s.hwm), gone: make(chan struct{})}
+	if r, ok := c.(syscall.Conn); ok {
+		if raw, err := r.SyscallConn(); err == nil {
+			sc.raw = raw
+		}
+	}
 	s.mu.Lock()
 	select {
 	case <-s.done:
@@ -198,6 +219,8 @@ func (s *pubSocket) write(sc *subscriberConn) {
 		case <-sc.gone:
 			return
 		}
+		skip := sc.skip // flush wrote this much of m itself
+		sc.skip = 0
 	more:
 		for len(ms) < maxWritev {
 			select {
@@ -209,11 +232,15 @@ func (s *pubSocket) write(sc *subscriberConn) {
 		}
 		var err error
 		if len(ms) == 1 {
-			_, err = sc.c.Write(ms[0].wire)
+			_, err = sc.c.Write(ms[0].wire[skip:])
 		} else {
 			bufs = bufs[:0]
-			for _, m := range ms {
-				bufs = append(bufs, m.wire)
+			for i, m := range ms {
+				if i == 0 {
+					bufs = append(bufs, m.wire[skip:])
+				} else {
+					bufs = append(bufs, m.wire)
+				}
 			}
 			v = bufs // WriteTo consumes v
 			_, err = v.WriteTo(sc.c)
@@ -300,9 +327,14 @@ func (s *pubSocket) queue(m *message, seq uint64) {
 	}
 }
 
-// flush queues the messages queue framed for every matching subscriber,
-// in order; a full queue drops a message for that subscriber alone.
-// Publisher goroutine only.
+// flush hands the messages queue framed to every matching subscriber,
+// in order. To a subscriber whose writer has nothing left to write it
+// writes them itself, in one writev that does not wait (the socket's
+// buffer takes a pace interval's messages): handing them to the writer
+// would wake it, a goroutine and often a thread, once per send. What
+// that write leaves, and everything for a subscriber still writing,
+// goes to the subscriber's queue; a full queue drops a message for that
+// subscriber alone. Publisher goroutine only.
 func (s *pubSocket) flush() {
 	if len(s.out) == 0 {
 		return
@@ -312,14 +344,33 @@ func (s *pubSocket) flush() {
 	}
 	s.mu.Lock()
 	for sc := range s.subs {
-		if !matches(sc.topics, nil) {
-			continue
+		if matches(sc.topics, nil) {
+			s.targets = append(s.targets, sc)
 		}
-		for _, m := range s.out {
+	}
+	s.mu.Unlock()
+	for i, sc := range s.targets {
+		s.targets[i] = nil
+		rest, skip := s.out, 0
+		if sc.raw != nil && sc.unwritten.Load() == 0 {
+			var err error
+			if rest, skip, err = s.writeNow(sc); err != nil {
+				s.drop(sc)
+				continue
+			}
+			if len(rest) == 0 {
+				continue
+			}
+		}
+		for j, m := range rest {
 			m.refs.Add(1)
 			sc.unwritten.Add(1)
+			if j == 0 && skip > 0 {
+				sc.skip = skip // the writer is idle: set before it can take m
+			}
 			select {
 			case sc.q <- m:
+				s.handed.Add(1)
 			default:
 				sc.unwritten.Add(-1)
 				m.refs.Add(-1)
@@ -327,12 +378,48 @@ func (s *pubSocket) flush() {
 			}
 		}
 	}
-	s.mu.Unlock()
+	s.targets = s.targets[:0]
 	for i, m := range s.out {
 		s.release(m)
 		s.out[i] = nil
 	}
 	s.out = s.out[:0]
+}
+
+// writeNow writes s.out to sc, whose writer is idle, in one writev that
+// does not wait for room: the messages it did not write whole, and how
+// much of the first of those it wrote.
+func (s *pubSocket) writeNow(sc *subscriberConn) (rest []*message, skip int, err error) {
+	s.wires = s.wires[:0]
+	for _, m := range s.out {
+		s.wires = append(s.wires, m.wire)
+	}
+	var n int
+	var werr error
+	if err := sc.raw.Write(func(fd uintptr) bool {
+		n, werr = unix.Writev(int(fd), s.wires)
+		return true // one try: what is left goes to the writer
+	}); err != nil {
+		return nil, 0, err
+	}
+	for i := range s.wires {
+		s.wires[i] = nil
+	}
+	if werr != nil {
+		if werr == unix.EAGAIN || werr == unix.EINTR {
+			return s.out, 0, nil
+		}
+		return nil, 0, werr
+	}
+	rest = s.out
+	for len(rest) > 0 && n >= len(rest[0].wire) {
+		n -= len(rest[0].wire)
+		rest = rest[1:]
+	}
+	if n > 0 {
+		s.split.Add(1)
+	}
+	return rest, n, nil
 }
 
 // matches: a subscription is a prefix of the topic.
