@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -191,4 +192,85 @@ func benchSteady(b *testing.B, on bool) {
 		b.ReportMetric(float64(st.PublishedEvents)/float64(max(st.PublishedBatches, 1)), "events/msg")
 		b.ReportMetric(float64(st.SubscriberDrops+st.DroppedEvents), "dropped")
 	}
+}
+
+// BenchmarkEventWait: how long an event waits from Stored to a
+// subscriber's read under BenchmarkEventCPUSteady's stream (32,000
+// events/s in batches of 32), per pace interval: each key is the time it
+// was queued, read back from the event's seq_hashes. The mean is about
+// half the interval, the most about the interval (plus the machine's
+// scheduling delays).
+func BenchmarkEventWait(b *testing.B) {
+	for _, pace := range []time.Duration{-1, 5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond} {
+		b.Run(fmt.Sprintf("pace=%v", pace), func(b *testing.B) { benchWait(b, pace) })
+	}
+}
+
+func benchWait(b *testing.B, pace time.Duration) {
+	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "bench", PaceInterval: pace})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	s, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	for p.Stats().Subscribers == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	const callers, batch, every = 4, 32, 4 * time.Millisecond
+	base := time.Now()
+	per := (b.N + callers - 1) / callers
+	n := per * callers
+	waits := make([]time.Duration, 0, n)
+	done := make(chan error, 1)
+	go func() {
+		for len(waits) < n {
+			m, err := s.Next()
+			if err != nil {
+				done <- err
+				return
+			}
+			now := time.Since(base)
+			for _, e := range m.Events {
+				waits = append(waits, now-time.Duration(e.SeqHashes[0]))
+			}
+		}
+		done <- nil
+	}()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next := time.Now().Add(time.Duration(c) * every / callers)
+			for i := 0; i < per; {
+				time.Sleep(time.Until(next))
+				next = next.Add(every)
+				for j := 0; j < batch && i < per; j++ {
+					p.Stored(fmt.Sprintf("0x%x", int64(time.Since(base))), MediumCPU)
+					i++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	slices.Sort(waits)
+	var sum time.Duration
+	for _, w := range waits {
+		sum += w
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	b.ReportMetric(ms(sum/time.Duration(len(waits))), "mean_wait_ms")
+	b.ReportMetric(ms(waits[len(waits)*99/100]), "p99_wait_ms")
+	b.ReportMetric(ms(waits[len(waits)-1]), "max_wait_ms")
+	st := p.Stats()
+	b.ReportMetric(float64(st.PublishedEvents)/float64(max(st.PublishedBatches, 1)), "events/msg")
 }
