@@ -674,7 +674,9 @@ func TestSteadyStreamDoesNotWakePublisher(t *testing.T) {
 	if sends < 8 {
 		t.Fatalf("%d sends in 400 ms at one per 20 ms: want the stream paced, not stalled", sends)
 	}
-	if parks := p.parks.Load(); parks > 3 {
+	// (a stream stalled for an interval, on a loaded machine, parks it
+	// once; before, every send did)
+	if parks := p.parks.Load(); parks > 2+sends/4 {
 		t.Errorf("the publisher waited for events %d times in %d sends: want it woken by its timer, not by the puts", parks, sends)
 	}
 }
