@@ -154,6 +154,12 @@ func (c *Client) stageDiskOnce(ctx context.Context, asked time.Time, keys []stri
 	if len(byNode) == 0 {
 		return nil
 	}
+	if len(byNode) == 1 {
+		// One node (a lone get): asked from this goroutine.
+		for svc, idx := range byNode {
+			return c.stageOn(ctx, asked, svc, keys, reps, dst, errs, idx)
+		}
+	}
 	var mu sync.Mutex
 	var retry []int
 	var wg sync.WaitGroup
