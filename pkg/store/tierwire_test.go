@@ -86,6 +86,7 @@ type fakeTierRead struct {
 	served atomic.Int64  // requests answered on the wire
 	grpc   atomic.Int64  // through gRPC
 	hang   chan struct{} // closed when the test ends
+	active atomic.Int64  // wire connections being served
 
 	mu    sync.Mutex
 	conns []net.Conn // the wire's, for drop
@@ -122,6 +123,8 @@ func (f *fakeTierRead) BatchGetStaged(_ context.Context, r *pb.BatchGetStagedReq
 }
 
 func (f *fakeTierRead) serveConn(_ context.Context, c net.Conn) {
+	f.active.Add(1)
+	defer f.active.Add(-1)
 	f.mu.Lock()
 	f.conns = append(f.conns, c)
 	f.mu.Unlock()
@@ -284,5 +287,28 @@ func TestTierWireFailures(t *testing.T) {
 	}
 	if errors.Is(err, errNoTierWire) || tc.wire.isLegacy(addr) {
 		t.Fatal("a node gone was taken for one without the wire")
+	}
+}
+
+// The service's Stop ends the wire's connections, idle or not, and
+// their goroutines with them.
+func TestTierWireStopClosesConnections(t *testing.T) {
+	f := &fakeTierRead{}
+	addr, stop := startFakeTierRead(t, f, true)
+	var tc tierConns
+	defer tc.close()
+	if _, err := askFake(t, &tc, addr, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if f.active.Load() != 1 {
+		t.Fatalf("%d wire connections served, want 1", f.active.Load())
+	}
+	stop()
+	deadline := time.Now().Add(2 * time.Second)
+	for f.active.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a wire connection still served 2 s after Stop")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
