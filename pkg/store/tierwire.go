@@ -121,18 +121,24 @@ func newTierMux(ln net.Listener, serve func(ctx context.Context, c net.Conn)) *t
 }
 
 func (m *tierMux) run() {
+	var backoff time.Duration
 	for {
 		c, err := m.ln.Accept()
 		if err != nil {
-			if m.ctx.Err() == nil {
-				var ne net.Error
-				if errors.As(err, &ne) && ne.Timeout() {
-					continue
-				}
+			if m.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				m.Close()
+				return
 			}
-			return
+			// Out of descriptors and the like: accept again after a
+			// pause, as net/http and gRPC's own Serve do.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(backoff):
+			case <-m.ctx.Done():
+			}
+			continue
 		}
+		backoff = 0
 		if !m.track(c) {
 			c.Close()
 			return
