@@ -42,6 +42,8 @@ type tierConns struct {
 	conns   map[string]*grpc.ClientConn
 	pending map[string][]uint64
 	timers  map[string]*time.Timer
+	// wire is the staged reads' own connections (tierwire.go).
+	wire tierWireConns
 }
 
 // releaseDelay is how long a finished staged read waits for the reader's
@@ -83,6 +85,7 @@ func (t *tierConns) get(addr string) (pb.TierReadClient, error) {
 }
 
 func (t *tierConns) close() {
+	t.wire.close()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for k, cc := range t.conns {
@@ -154,6 +157,12 @@ func (c *Client) stageDiskOnce(ctx context.Context, asked time.Time, keys []stri
 	if len(byNode) == 0 {
 		return nil
 	}
+	if len(byNode) == 1 {
+		// One node (a lone get): asked from this goroutine.
+		for svc, idx := range byNode {
+			return c.stageOn(ctx, asked, svc, keys, reps, dst, errs, idx)
+		}
+	}
 	var mu sync.Mutex
 	var retry []int
 	var wg sync.WaitGroup
@@ -217,10 +226,10 @@ func (c *Client) stageOn(ctx context.Context, asked time.Time, svc string, keys 
 		if status.Code(err) == codes.Unimplemented {
 			// A node of a build before the stream: read whole, as it can.
 			moved = nil
-			resp, err = cl.BatchGetStaged(cctx, req)
+			resp, err = c.tiers.batchGetStaged(cctx, svc, cl, req)
 		}
 	} else {
-		resp, err = cl.BatchGetStaged(cctx, req)
+		resp, err = c.tiers.batchGetStaged(cctx, svc, cl, req)
 	}
 	if err != nil {
 		code := RPCFail

@@ -46,6 +46,10 @@ func DialTierRead(t interface{ Cleanup(func()) }, addr string) storepb.TierReadC
 	return cl
 }
 
+// TierWireExchanges is c's staged reads answered on the nodes' own wire
+// (tierwire.go), not through gRPC.
+func TierWireExchanges(c *Client) uint64 { return c.tiers.wire.exchanges.Load() }
+
 // SetStreamMin sets the record size above which staged reads stream.
 func SetStreamMin(n uint64) { streamMin = n }
 

@@ -429,6 +429,10 @@ func TestStagingDirectSkipsMaster(t *testing.T) {
 	if st.DirectBatches != 2 {
 		t.Fatalf("%d batches asked of the node directly, want 2 (one per batch get of 3 keys)", st.DirectBatches)
 	}
+	// Asked on the staged read's own wire, not through gRPC.
+	if n := store.TierWireExchanges(cl); n != 2 {
+		t.Fatalf("%d staged reads answered on the node's wire, want 2", n)
+	}
 	waitFor(t, "the reads handed back to the node", 5*time.Second, func() bool {
 		s := tn.Stats()
 		return s.StagingReleased == 6 && s.StagingUsed == 0

@@ -237,8 +237,12 @@ func (n *TierNode) Attach(c *Client) error {
 	}
 	n.pool, n.svcAddr = pool, lis.Addr().String()
 	n.svc = grpc.NewServer(grpc.MaxRecvMsgSize(MaxMsgSize), grpc.MaxSendMsgSize(MaxMsgSize))
-	pb.RegisterTierReadServer(n.svc, &tierReadServer{n: n})
-	go func() { _ = n.svc.Serve(lis) }()
+	trs := &tierReadServer{n: n}
+	pb.RegisterTierReadServer(n.svc, trs)
+	// The service's listener also serves the staged read's own wire
+	// (tierwire.go); gRPC's Stop closes it with its connections.
+	mux := newTierMux(lis, trs.serveConn)
+	go func() { _ = n.svc.Serve(mux) }()
 	n.c = c
 	go n.run()
 	go n.expireLoop()

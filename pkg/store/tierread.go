@@ -72,35 +72,44 @@ func (n *TierNode) stageRecords(ctx context.Context, keys []string, versions, si
 	if w != nil {
 		w.taken(addrs)
 	}
-	var wg sync.WaitGroup
-	for i, key := range keys {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			b := within(mem, addrs[i], sizes[i])
-			var progress func(uint64)
-			if w != nil {
-				progress = func(k uint64) { w.progress(i, k) }
-			}
-			rec, err := n.t.ReadProgress(ctx, key, versions[i], b, progress)
-			switch {
-			case errors.Is(err, tier.ErrNotFound):
-				err = Errorf(ObjectNotFound, "key %q version %d is not on the disk of this node (tier %s): %v", key, versions[i], n.t.ID(), err)
-			case err != nil:
-				// The tier dropped the record: the master learns it as
-				// the master path's load failure would tell it.
-				n.reportUnreadable(key, versions[i], sizes[i])
-				err = Errorf(InvalidReplica, "key %q: its disk copy on this node (tier %s) could not be read: %v", key, n.t.ID(), err)
-			case rec.Size != sizes[i]:
-				err = Errorf(ObjectNotFound, "key %q version %d: the record on disk has %d bytes, not %d", key, versions[i], rec.Size, sizes[i])
-			}
-			if err != nil {
-				n.failures.Add(1)
-				codes[i], msgs[i] = int32(CodeOf(err)), err.Error()
-			}
-		}()
+	read := func(i int, key string) {
+		b := within(mem, addrs[i], sizes[i])
+		var progress func(uint64)
+		if w != nil {
+			progress = func(k uint64) { w.progress(i, k) }
+		}
+		rec, err := n.t.ReadProgress(ctx, key, versions[i], b, progress)
+		switch {
+		case errors.Is(err, tier.ErrNotFound):
+			err = Errorf(ObjectNotFound, "key %q version %d is not on the disk of this node (tier %s): %v", key, versions[i], n.t.ID(), err)
+		case err != nil:
+			// The tier dropped the record: the master learns it as
+			// the master path's load failure would tell it.
+			n.reportUnreadable(key, versions[i], sizes[i])
+			err = Errorf(InvalidReplica, "key %q: its disk copy on this node (tier %s) could not be read: %v", key, n.t.ID(), err)
+		case rec.Size != sizes[i]:
+			err = Errorf(ObjectNotFound, "key %q version %d: the record on disk has %d bytes, not %d", key, versions[i], rec.Size, sizes[i])
+		}
+		if err != nil {
+			n.failures.Add(1)
+			codes[i], msgs[i] = int32(CodeOf(err)), err.Error()
+		}
 	}
-	wg.Wait()
+	// A lone key is read in this goroutine: a goroutine of its own
+	// would only add a hand-off each way to every one-key read.
+	if len(keys) == 1 {
+		read(0, keys[0])
+	} else {
+		var wg sync.WaitGroup
+		for i, key := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				read(i, key)
+			}()
+		}
+		wg.Wait()
+	}
 	var bad []uint64
 	badSizes := []uint64{}
 	for i := range keys {
