@@ -157,24 +157,8 @@ func benchSteady(b *testing.B, on bool) {
 	}
 	b.ResetTimer()
 	cpu0, csw0 := usage()
-	var wg sync.WaitGroup
 	per := (b.N + callers - 1) / callers
-	for c := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			next := time.Now().Add(time.Duration(c) * every / callers)
-			for i := 0; i < per; {
-				time.Sleep(time.Until(next))
-				next = next.Add(every)
-				for j := 0; j < batch && i < per; j++ {
-					stored(keys[(c*per+i)%len(keys)], MediumCPU)
-					i++
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	paceCallers(callers, per, batch, every, func(c, i int) { stored(keys[(c*per+i)%len(keys)], MediumCPU) })
 	n := per * callers
 	for on {
 		st := p.Stats()
@@ -241,23 +225,9 @@ func benchWait(b *testing.B, pace time.Duration) {
 		done <- nil
 	}()
 	b.ResetTimer()
-	var wg sync.WaitGroup
-	for c := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			next := time.Now().Add(time.Duration(c) * every / callers)
-			for i := 0; i < per; {
-				time.Sleep(time.Until(next))
-				next = next.Add(every)
-				for j := 0; j < batch && i < per; j++ {
-					p.Stored(fmt.Sprintf("0x%x", int64(time.Since(base))), MediumCPU)
-					i++
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	paceCallers(callers, per, batch, every, func(int, int) {
+		p.Stored(fmt.Sprintf("0x%x", int64(time.Since(base))), MediumCPU)
+	})
 	if err := <-done; err != nil {
 		b.Fatal(err)
 	}
@@ -273,4 +243,27 @@ func benchWait(b *testing.B, pace time.Duration) {
 	b.ReportMetric(ms(waits[len(waits)-1]), "max_wait_ms")
 	st := p.Stats()
 	b.ReportMetric(float64(st.PublishedEvents)/float64(max(st.PublishedBatches, 1)), "events/msg")
+}
+
+// paceCallers runs callers goroutines, each calling fn(caller, i) for i
+// from 0 to per, batch calls every interval, the callers spread over it
+// (a store's batched puts); it returns when all are done.
+func paceCallers(callers, per, batch int, every time.Duration, fn func(c, i int)) {
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next := time.Now().Add(time.Duration(c) * every / time.Duration(callers))
+			for i := 0; i < per; {
+				time.Sleep(time.Until(next))
+				next = next.Add(every)
+				for j := 0; j < batch && i < per; j++ {
+					fn(c, i)
+					i++
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

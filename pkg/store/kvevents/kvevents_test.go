@@ -135,6 +135,19 @@ func waitFor(t *testing.T, what string, f func() bool) {
 	}
 }
 
+// subscribeOne subscribes to p, its only subscriber, and waits until p
+// counts it; the subscription is closed at the test's end.
+func subscribeOne(t *testing.T, p *Publisher) *Subscriber {
+	t.Helper()
+	s, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	return s
+}
+
 // pyField is one [name, python type, value] of an event as sub.py saw it.
 type pyMsg struct {
 	Ready   bool                  `json:"ready"`
@@ -237,12 +250,7 @@ func TestPythonConsumer(t *testing.T) {
 // sequence number per event, as Mooncake's does.
 func TestQueueFullDropsOldestAndSkipsSequence(t *testing.T) {
 	p := newTestPublisher(t, Config{QueueCapacity: 3})
-	s, err := Subscribe(context.Background(), p.Endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	s := subscribeOne(t, p)
 	for i := 1; i <= 5; i++ { // the publisher goroutine is not running yet
 		p.Stored(fmt.Sprint(i), MediumCPU)
 	}
@@ -268,12 +276,7 @@ func TestQueueFullDropsOldestAndSkipsSequence(t *testing.T) {
 // type, block_hashes and parent_block_hash.
 func TestNoObjectKeyNoLegacy(t *testing.T) {
 	p := newTestPublisher(t, Config{NoObjectKey: true, NoLegacyFields: true})
-	s, err := Subscribe(context.Background(), p.Endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	s := subscribeOne(t, p)
 	p.Stored("plain", MediumDisk)
 	p.Stored("0x10", MediumDisk)
 	go p.run()
@@ -353,12 +356,7 @@ func TestStalledSubscriber(t *testing.T) {
 func TestIdleSubscriberWrittenDirectly(t *testing.T) {
 	p := newTestPublisher(t, Config{PaceInterval: -1})
 	go p.run()
-	s, err := Subscribe(context.Background(), p.Endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	s := subscribeOne(t, p)
 	for i := 1; i <= 20; i++ {
 		p.Stored(fmt.Sprint(i), MediumCPU)
 		b, err := s.Next()
@@ -381,12 +379,7 @@ func TestIdleSubscriberWrittenDirectly(t *testing.T) {
 func TestDirectWriteSplitsMessage(t *testing.T) {
 	p := newTestPublisher(t, Config{PaceInterval: -1})
 	go p.run()
-	s, err := Subscribe(context.Background(), p.Endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	s := subscribeOne(t, p)
 	// 4000 events of 3 KB, and 1000 more at a time (up to 20000) until
 	// a direct write has ended within a message: the socket's buffers
 	// full (12 MB does it here; a kernel's buffers may be larger)
@@ -572,12 +565,7 @@ func TestMessageBufferSizes(t *testing.T) {
 func TestPacedSends(t *testing.T) {
 	p := newTestPublisher(t, Config{PaceInterval: time.Second, PaceBurst: 2})
 	go p.run()
-	s, err := Subscribe(context.Background(), p.Endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	s := subscribeOne(t, p)
 	next := func() (uint64, []string) {
 		t.Helper()
 		b, err := s.Next()
