@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -26,6 +27,24 @@ import (
 
 func freePort(t *testing.T) int {
 	t.Helper()
+	// Below the kernel's ephemeral range: a port taken from it and let go
+	// is soon some other test's outgoing connection's (CI saw "address
+	// already in use" when mc bound the port it was given).
+	lo := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 12000 {
+				lo = n
+			}
+		}
+	}
+	for range 100 {
+		port := 10000 + rand.IntN(lo-10000)
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+			l.Close()
+			return port
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
