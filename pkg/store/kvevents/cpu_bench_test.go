@@ -21,18 +21,7 @@ import (
 // CPU it costs, so this is the figure to compare changes of the event
 // path by.
 func BenchmarkEventCPU(b *testing.B) {
-	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer p.Close()
-	s, err := Subscribe(context.Background(), p.Endpoint())
-	if err != nil {
-		b.Fatal(err)
-	}
-	for p.Stats().Subscribers == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	p, s := benchSubscribed(b, Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "bench"})
 	var msgs atomic.Uint64
 	done := make(chan struct{})
 	go func() {
@@ -118,20 +107,9 @@ func benchSteady(b *testing.B, on bool) {
 	var msgs atomic.Uint64
 	done := make(chan struct{})
 	if on {
-		var err error
-		p, err = New(Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "bench"})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer p.Close()
-		s, err := Subscribe(context.Background(), p.Endpoint())
-		if err != nil {
-			b.Fatal(err)
-		}
+		var s *Subscriber
+		p, s = benchSubscribed(b, Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "bench"})
 		defer func() { s.Close(); <-done }()
-		for p.Stats().Subscribers == 0 {
-			time.Sleep(5 * time.Millisecond)
-		}
 		go func() {
 			defer close(done)
 			for {
@@ -191,19 +169,8 @@ func BenchmarkEventWait(b *testing.B) {
 }
 
 func benchWait(b *testing.B, pace time.Duration) {
-	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "bench", PaceInterval: pace})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer p.Close()
-	s, err := Subscribe(context.Background(), p.Endpoint())
-	if err != nil {
-		b.Fatal(err)
-	}
+	p, s := benchSubscribed(b, Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "bench", PaceInterval: pace})
 	defer s.Close()
-	for p.Stats().Subscribers == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
 	const callers, batch, every = 4, 32, 4 * time.Millisecond
 	base := time.Now()
 	per := (b.N + callers - 1) / callers
@@ -266,4 +233,23 @@ func paceCallers(callers, per, batch int, every time.Duration, fn func(c, i int)
 		}()
 	}
 	wg.Wait()
+}
+
+// benchSubscribed starts a publisher of cfg with one subscriber and waits
+// until the publisher counts it; the publisher is closed at the end.
+func benchSubscribed(b *testing.B, cfg Config) (*Publisher, *Subscriber) {
+	b.Helper()
+	p, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { p.Close() })
+	s, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for p.Stats().Subscribers == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return p, s
 }

@@ -136,18 +136,7 @@ func TestFollowNotAPublisher(t *testing.T) {
 // "delivered" is the share that reached the subscriber (the rest were
 // dropped for it falling 10000 messages behind).
 func BenchmarkPublisher(b *testing.B) {
-	p, err := New(Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "bench", QueueCapacity: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer p.Close()
-	s, err := Subscribe(context.Background(), p.Endpoint())
-	if err != nil {
-		b.Fatal(err)
-	}
-	for p.Stats().Subscribers == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	p, s := benchSubscribed(b, Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "bench", QueueCapacity: -1})
 	var n, last atomic.Int64
 	done := make(chan struct{})
 	go func() {
