@@ -295,7 +295,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 				"ha-backend-connstring", "etcd-endpoints", "ha-lease-ttl", "ha-snapshot-interval", "ha-snapshot-records")
 			warnInert(cmd.Flags(), o.KVEvents.Enable, "enable-kv-events", "no KV events are published",
 				"kv-events-endpoint", "kv-events-bind-endpoint", "kv-events-backend-id", "kv-events-queue-capacity",
-				"kv-events-emit-object-key", "kv-events-emit-legacy-compat", "kv-events-pace")
+				"kv-events-emit-object-key", "kv-events-emit-legacy-compat", "kv-events-pace", "kv-events-max-batch")
 			// Several nodes run on one host: only a master takes the
 			// default admin port, a node serves one when asked to.
 			o.NodeAdmin = cmd.Flags().Changed("metrics-port")

@@ -18,6 +18,7 @@ type kvEventsOptions struct {
 	EmitLegacy    bool
 	QueueCapacity int
 	Pace          time.Duration
+	MaxBatch      int
 }
 
 func (o *kvEventsOptions) addFlags(f *pflag.FlagSet) {
@@ -28,7 +29,8 @@ func (o *kvEventsOptions) addFlags(f *pflag.FlagSet) {
 	f.BoolVar(&o.EmitObjectKey, "kv-events-emit-object-key", true, "put the object key on KV events, and send events of keys that are no decimal or 0x hash")
 	f.BoolVar(&o.EmitLegacy, "kv-events-emit-legacy-compat", true, "add vLLM/SGLang aliases to KV events (type, block_hashes, parent_block_hash)")
 	f.IntVar(&o.QueueCapacity, "kv-events-queue-capacity", kvevents.DefaultQueueCapacity, "KV events queued before the oldest are dropped (0: unbounded, as mooncake_master)")
-	msDurationVar(f, &o.Pace, "kv-events-pace", kvevents.DefaultPaceInterval, "under a steady stream of events, send KV events at most once per this interval, all queued ones together (up to 64 to a message); sparse events go at once (0: send every time events are queued, as mooncake_master)")
+	f.IntVar(&o.MaxBatch, "kv-events-max-batch", kvevents.DefaultMaxBatch, "most KV events one message carries (64: mooncake_master's messages; fewer, larger messages cost the publisher and every subscriber less)")
+	msDurationVar(f, &o.Pace, "kv-events-pace", kvevents.DefaultPaceInterval, "under a steady stream of events, send KV events at most once per this interval, all queued ones together (up to --kv-events-max-batch to a message); sparse events go at once (0: send every time events are queued, as mooncake_master)")
 }
 
 // config checks the flags; nil when events are off.
@@ -50,6 +52,8 @@ func (o kvEventsOptions) config(nodeOf string) (*kvevents.Config, error) {
 		return nil, usagef("--enable-kv-events needs --kv-events-backend-id: every event names its cache owner (mooncake_master publishes nothing without it)")
 	case o.QueueCapacity < 0:
 		return nil, usagef("invalid --kv-events-queue-capacity %d: want 0 (unbounded) or more", o.QueueCapacity)
+	case o.MaxBatch < 1 || o.MaxBatch > kvevents.MaxMaxBatch:
+		return nil, usagef("invalid --kv-events-max-batch %d: want 1 to %d events to a message", o.MaxBatch, kvevents.MaxMaxBatch)
 	case o.Pace < 0 || o.Pace > time.Second:
 		return nil, usagef("invalid --kv-events-pace %v: want 0 (no pacing) to 1s", o.Pace)
 	}
@@ -64,5 +68,6 @@ func (o kvEventsOptions) config(nodeOf string) (*kvevents.Config, error) {
 	return &kvevents.Config{
 		Endpoint: o.Endpoint, BackendID: o.BackendID, QueueCapacity: q,
 		NoObjectKey: !o.EmitObjectKey, NoLegacyFields: !o.EmitLegacy, PaceInterval: pace,
+		MaxBatch: o.MaxBatch,
 	}, nil
 }

@@ -8,7 +8,7 @@ import (
 )
 
 func TestKVEventsFlagsRefused(t *testing.T) {
-	ok := kvEventsOptions{Enable: true, Endpoint: "tcp://127.0.0.1:5557", BackendID: "pool", QueueCapacity: 10, EmitObjectKey: true, EmitLegacy: true, Pace: 5 * time.Millisecond}
+	ok := kvEventsOptions{Enable: true, Endpoint: "tcp://127.0.0.1:5557", BackendID: "pool", QueueCapacity: 10, EmitObjectKey: true, EmitLegacy: true, Pace: 5 * time.Millisecond, MaxBatch: 64}
 	for _, c := range []struct {
 		edit func(*kvEventsOptions)
 		node string
@@ -21,6 +21,8 @@ func TestKVEventsFlagsRefused(t *testing.T) {
 		{func(o *kvEventsOptions) { o.QueueCapacity = -1 }, "", "--kv-events-queue-capacity"},
 		{func(o *kvEventsOptions) { o.Pace = -time.Millisecond }, "", "invalid --kv-events-pace -1ms"},
 		{func(o *kvEventsOptions) { o.Pace = 2 * time.Second }, "", "invalid --kv-events-pace 2s"},
+		{func(o *kvEventsOptions) { o.MaxBatch = 0 }, "", "invalid --kv-events-max-batch 0"},
+		{func(o *kvEventsOptions) { o.MaxBatch = 5000 }, "", "invalid --kv-events-max-batch 5000"},
 		{func(*kvEventsOptions) {}, "10.0.0.1:50051", "--master makes this process a node"},
 	} {
 		o := ok
@@ -31,7 +33,7 @@ func TestKVEventsFlagsRefused(t *testing.T) {
 		}
 	}
 	cfg, err := ok.config("")
-	if err != nil || cfg.BackendID != "pool" || cfg.QueueCapacity != 10 || cfg.NoObjectKey || cfg.NoLegacyFields || cfg.PaceInterval != 5*time.Millisecond {
+	if err != nil || cfg.BackendID != "pool" || cfg.QueueCapacity != 10 || cfg.NoObjectKey || cfg.NoLegacyFields || cfg.PaceInterval != 5*time.Millisecond || cfg.MaxBatch != 64 {
 		t.Errorf("config %+v, %v", cfg, err)
 	}
 	ok.Pace = 0 // mooncake_master's: every send at once

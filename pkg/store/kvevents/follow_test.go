@@ -56,7 +56,7 @@ func freeEndpoint(t *testing.T) string {
 }
 
 // publishNow sends what is queued, as the publisher goroutine would.
-func publishNow(p *Publisher) { p.drain(make([]pending, 0, MaxBatch)) }
+func publishNow(p *Publisher) { p.drain(make([]pending, 0, p.cfg.MaxBatch)) }
 
 // Follow waits for a publisher that is not there yet (saying so once),
 // counts the events lost to a full queue (sequence skips) and to a

@@ -38,7 +38,7 @@ func goldenEvents(p *Publisher, fill bool) {
 	p.Stored(strings.Repeat("k", 40), MediumCPU)
 	p.Stored(strings.Repeat("long-key-", 30), MediumDisk)
 	p.Stored("", MediumCPU) // no key: never sent
-	for i := range MaxBatch {
+	for i := range MooncakeMaxBatch {
 		if fill {
 			p.Stored(fmt.Sprint(1000+i), MediumCPU)
 		}
@@ -68,7 +68,9 @@ func TestGoldenWire(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := c.cfg
-			cfg.now, cfg.BackendID = clock, "pool-a"
+			// mooncake_master's batching: the fill's events end one
+			// message and begin the next, as its kMaxBatchSize splits them.
+			cfg.now, cfg.BackendID, cfg.MaxBatch = clock, "pool-a", MooncakeMaxBatch
 			p := newTestPublisher(t, cfg)
 			conn, r := rawSubscriber(t, p)
 			if c.name == "short-frame" {

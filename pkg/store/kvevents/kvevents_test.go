@@ -308,7 +308,7 @@ func TestStalledSubscriber(t *testing.T) {
 	// subscriber has at most one batch of events out, even when a slow
 	// host makes every event its own message, so only the stalled one
 	// can overflow (24 MB of keys against its queue and socket buffers).
-	p := newTestPublisher(t, Config{SendHWM: MaxBatch})
+	p := newTestPublisher(t, Config{SendHWM: MooncakeMaxBatch, MaxBatch: MooncakeMaxBatch})
 	go p.run()
 	stalled, err := Subscribe(context.Background(), p.Endpoint())
 	if err != nil {
@@ -339,7 +339,7 @@ func TestStalledSubscriber(t *testing.T) {
 		if d := time.Since(start); d > time.Second {
 			t.Fatalf("queueing an event took %s", d)
 		}
-		if i%MaxBatch == MaxBatch-1 || i == n-1 {
+		if i%MooncakeMaxBatch == MooncakeMaxBatch-1 || i == n-1 {
 			// lock step with the reading subscriber: it never falls
 			// behind, so any drop is the stalled one's
 			waitFor(t, "the reading subscriber", func() bool { return received.Load() == int64(i+1) })
@@ -448,7 +448,7 @@ func TestEndpointErrors(t *testing.T) {
 func TestMessageBuffersReused(t *testing.T) {
 	p := newTestPublisher(t, Config{QueueCapacity: -1})
 	go p.run()
-	const n, n2 = 40000, 100 * MaxBatch // events of each phase
+	const n, n2 = 40000, 100 * DefaultMaxBatch // events of each phase
 	var subs [2]*Subscriber
 	for i := range subs {
 		s, err := Subscribe(context.Background(), p.Endpoint())
@@ -507,7 +507,7 @@ func TestMessageBuffersReused(t *testing.T) {
 	made, sent := p.sock.made.Load(), p.Stats().PublishedBatches
 	for i := n; i < n+n2; i++ {
 		p.Stored(fmt.Sprintf("key-%07d", i), MediumCPU)
-		if i%MaxBatch == MaxBatch-1 {
+		if i%DefaultMaxBatch == DefaultMaxBatch-1 {
 			waitFor(t, "both subscribers", caughtUp(i+1))
 		}
 	}
@@ -559,11 +559,12 @@ func TestMessageBufferSizes(t *testing.T) {
 
 // The publisher's sends are paced: the first PaceBurst go out as soon as
 // their events are queued; after those, events queued while it waits for
-// the next interval go out together, 64 to a message, with the sequence
+// the next interval go out together, MaxBatch to a message (here
+// mooncake_master's 64), with the sequence
 // numbers and event ids they would have had; Close sends what waits
 // without waiting for the interval.
 func TestPacedSends(t *testing.T) {
-	p := newTestPublisher(t, Config{PaceInterval: time.Second, PaceBurst: 2})
+	p := newTestPublisher(t, Config{PaceInterval: time.Second, PaceBurst: 2, MaxBatch: MooncakeMaxBatch})
 	go p.run()
 	s := subscribeOne(t, p)
 	next := func() (uint64, []string) {
@@ -588,7 +589,7 @@ func TestPacedSends(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	for i := 3; i <= 12+2*MaxBatch; i++ {
+	for i := 3; i <= 12+2*MooncakeMaxBatch; i++ {
 		p.Stored(fmt.Sprint(i), MediumCPU)
 		if i <= 12 {
 			time.Sleep(2 * time.Millisecond) // the publisher is woken for each
@@ -666,5 +667,89 @@ func TestSteadyStreamDoesNotWakePublisher(t *testing.T) {
 	// once; before, every send did)
 	if parks := p.parks.Load(); parks > 2+sends/4 {
 		t.Errorf("the publisher waited for events %d times in %d sends: want it woken by its timer, not by the puts", parks, sends)
+	}
+}
+
+// Messages carry up to MaxBatch events: DefaultMaxBatch unless set,
+// mooncake_master's 64 when asked, and no more than MaxMaxBatch.
+func TestMaxBatch(t *testing.T) {
+	for _, c := range []struct {
+		max  int
+		want []int
+	}{
+		{0, []int{256, 44}},
+		{MooncakeMaxBatch, []int{64, 64, 64, 64, 44}},
+		{1, nil}, // every event its own message
+	} {
+		p := newTestPublisher(t, Config{MaxBatch: c.max})
+		s, err := Subscribe(context.Background(), p.Endpoint())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+		for i := range 300 {
+			p.Stored(fmt.Sprint(i), MediumCPU)
+		}
+		publishNow(p)
+		go p.run() // for Close
+		want := c.want
+		if want == nil {
+			for range 300 {
+				want = append(want, 1)
+			}
+		}
+		for i, n := range want {
+			b, err := s.Next()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(b.Events) != n || b.Seq != uint64(i+1) {
+				t.Fatalf("max %d: message %d has %d events (seq %d), want %d", c.max, i+1, len(b.Events), b.Seq, n)
+			}
+		}
+	}
+	for _, bad := range []int{-1, MaxMaxBatch + 1} {
+		if _, err := open(Config{Endpoint: "tcp://127.0.0.1:0", BackendID: "a", MaxBatch: bad}); err == nil || !strings.Contains(err.Error(), "events to a message") {
+			t.Errorf("MaxBatch %d: err %v, want it refused", bad, err)
+		}
+	}
+}
+
+// A subscriber that never reads holds at most SendHWM*MooncakeMaxBatch
+// events in its queue, not SendHWM messages of MaxBatch events each: the
+// memory a stalled subscriber pins stays what mooncake_master's 64-event
+// messages would.
+func TestStalledSubscriberEventBound(t *testing.T) {
+	p := newTestPublisher(t, Config{SendHWM: 4, MaxBatch: 2 * MooncakeMaxBatch})
+	stalled, err := Subscribe(context.Background(), p.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.Close()
+	waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
+	key := strings.Repeat("k", 4000)
+	for i := range 60 { // 60 messages of 512 KB: far more than the socket buffers take
+		for j := range 2 * MooncakeMaxBatch {
+			p.Stored(fmt.Sprint(key, i, "-", j), MediumCPU)
+		}
+		publishNow(p)
+	}
+	go p.run() // for Close
+	p.sock.mu.Lock()
+	var scs []*subscriberConn
+	for sc := range p.sock.subs {
+		scs = append(scs, sc)
+	}
+	p.sock.mu.Unlock()
+	if len(scs) != 1 {
+		t.Fatalf("%d subscribers", len(scs))
+	}
+	sc := scs[0]
+	if n, ev := sc.unwritten.Load(), sc.events.Load(); n > 2 || ev > 4*MooncakeMaxBatch {
+		t.Errorf("the stalled subscriber has %d messages (%d events) queued: want at most 2 (%d events)", n, ev, 4*MooncakeMaxBatch)
+	}
+	if p.Stats().SubscriberDrops == 0 {
+		t.Error("no message dropped for the stalled subscriber")
 	}
 }

@@ -38,8 +38,13 @@ const (
 	// DefaultSendHWM is the messages queued for one subscriber before
 	// further ones are dropped for it (Mooncake's kZmqSendHwm).
 	DefaultSendHWM = 10000
-	// MaxBatch is the most events one message carries.
-	MaxBatch = 64
+	// MooncakeMaxBatch is the most events one of mooncake_master's
+	// messages carries (its kMaxBatchSize).
+	MooncakeMaxBatch = 64
+	// DefaultMaxBatch is the most events one message carries by default
+	// (Config.MaxBatch), and MaxMaxBatch the most it may be set to.
+	DefaultMaxBatch = 256
+	MaxMaxBatch     = 4096
 	// DefaultPaceInterval and DefaultPaceBurst pace the publisher's
 	// sends under a steady stream of events (Config.PaceInterval).
 	DefaultPaceInterval = 5 * time.Millisecond
@@ -70,12 +75,22 @@ type Config struct {
 	// NoObjectKey leaves out object_key, and with it every event whose
 	// key is no hash (Mooncake's kv_events_emit_object_key=false).
 	NoObjectKey bool
-	// SendHWM bounds each subscriber's queue (default DefaultSendHWM).
+	// SendHWM bounds each subscriber's queue (default DefaultSendHWM):
+	// at most SendHWM messages, and at most SendHWM*MooncakeMaxBatch
+	// events (the most mooncake_master's would keep) unless one message
+	// alone is more.
 	SendHWM int
+	// MaxBatch is the most events one message carries (default
+	// DefaultMaxBatch, at most MaxMaxBatch; MooncakeMaxBatch sends
+	// mooncake_master's messages). Consumers decode batches of any
+	// size; what a message costs them, and the publisher, is mostly per
+	// message (a wake-up, a receive, a write), so under a steady stream
+	// four times Mooncake's batch takes a quarter of the messages.
+	MaxBatch int
 	// PaceInterval and PaceBurst bound how often the publisher sends:
 	// PaceBurst sends go out as soon as their events are queued, and
 	// after those one per PaceInterval (a token bucket), each send
-	// taking every event queued by then, 64 to a message, in one write
+	// taking every event queued by then, MaxBatch to a message, in one write
 	// to each subscriber. Events that come now and then (fewer than one
 	// send per interval) go out at once, as mooncake_master's do; under
 	// a steady stream (a store's batched puts end hundreds of times a
@@ -131,6 +146,7 @@ type Publisher struct {
 	log   *slog.Logger
 	sock  *pubSocket
 	coder *eventCoder // run goroutine
+	items []encoded   // publish's, run goroutine
 
 	mu      sync.Mutex
 	term    uint64    // NewTerm calls so far (mu)
@@ -177,6 +193,12 @@ func open(cfg Config) (*Publisher, error) {
 	if cfg.SendHWM <= 0 {
 		cfg.SendHWM = DefaultSendHWM
 	}
+	switch {
+	case cfg.MaxBatch == 0:
+		cfg.MaxBatch = DefaultMaxBatch
+	case cfg.MaxBatch < 0 || cfg.MaxBatch > MaxMaxBatch:
+		return nil, fmt.Errorf("kv events: %d events to a message: want 1 to %d", cfg.MaxBatch, MaxMaxBatch)
+	}
 	if cfg.PaceInterval == 0 {
 		cfg.PaceInterval = DefaultPaceInterval
 	}
@@ -202,13 +224,14 @@ func newPublisher(cfg Config, ln net.Listener) *Publisher {
 		cfg: cfg, log: cfg.Logger,
 		coder: newEventCoder(cfg.BackendID, !cfg.NoLegacyFields, !cfg.NoObjectKey),
 		queue: make([]pending, minRing),
+		items: make([]encoded, 0, cfg.MaxBatch),
 		kick:  make(chan struct{}, 1),
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
 	}
 	p.nextEventID.Store(1)
 	p.nextSeq.Store(1)
-	p.sock = newPubSocket(ln, cfg.SendHWM, cfg.Logger)
+	p.sock = newPubSocket(ln, cfg.SendHWM, cfg.SendHWM*MooncakeMaxBatch, cfg.Logger)
 	return p
 }
 
@@ -271,7 +294,7 @@ func (p *Publisher) enqueue(e pending) {
 func (p *Publisher) take(buf []pending) []pending {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for p.n > 0 && len(buf) < MaxBatch {
+	for p.n > 0 && len(buf) < p.cfg.MaxBatch {
 		if len(buf) > 0 && p.queue[p.head].term != buf[0].term {
 			break // one message, one term's sequence
 		}
@@ -288,7 +311,7 @@ func (p *Publisher) take(buf []pending) []pending {
 
 func (p *Publisher) run() {
 	defer close(p.done)
-	batch := make([]pending, 0, MaxBatch)
+	batch := make([]pending, 0, p.cfg.MaxBatch)
 	pace := newPacer(p.cfg.PaceInterval, p.cfg.PaceBurst, time.Now())
 	var wait *time.Timer
 	for {
@@ -337,7 +360,7 @@ func (p *Publisher) run() {
 func (p *Publisher) send(batch []pending) {
 	for batch = p.take(batch[:0]); len(batch) > 0; batch = p.take(batch[:0]) {
 		p.publish(batch)
-		if len(batch) < MaxBatch {
+		if len(batch) < p.cfg.MaxBatch {
 			break
 		}
 	}
@@ -351,7 +374,7 @@ func (p *Publisher) send(batch []pending) {
 func (p *Publisher) drain(batch []pending) {
 	for batch = p.take(batch[:0]); len(batch) > 0; batch = p.take(batch[:0]) {
 		p.publish(batch)
-		if len(batch) < MaxBatch {
+		if len(batch) < p.cfg.MaxBatch {
 			p.sock.flush()
 		}
 	}
@@ -396,20 +419,23 @@ func (pc *pacer) spend(now time.Time) {
 }
 
 // publish encodes batch into a message and hands it to the socket.
+// encoded is an event of the message publish makes: its key's hash,
+// event id and tenant.
+type encoded struct {
+	pending
+	hash   uint64
+	hashed bool
+	id     uint64
+	tenant string
+}
+
 func (p *Publisher) publish(batch []pending) {
-	type enc struct {
-		pending
-		hash   uint64
-		hashed bool
-		id     uint64
-		tenant string
-	}
 	if t := batch[0].term; t != p.sent {
 		p.sent = t
 		p.nextSeq.Store(1)
 		p.nextEventID.Store(1)
 	}
-	var items [MaxBatch]enc
+	items := p.items[:cap(p.items)]
 	n := 0
 	size := 1 + 9 + 3 + 1 // [ts, [events], dp_rank]
 	for _, e := range batch {
@@ -427,7 +453,7 @@ func (p *Publisher) publish(batch []pending) {
 				continue
 			}
 		}
-		items[n] = enc{pending: e, hash: h, hashed: ok, id: p.nextEventID.Add(1) - 1, tenant: tenant}
+		items[n] = encoded{pending: e, hash: h, hashed: ok, id: p.nextEventID.Add(1) - 1, tenant: tenant}
 		n++
 		size += p.coder.maxEventSize(tenant, e.key, e.medium)
 	}
@@ -440,11 +466,14 @@ func (p *Publisher) publish(batch []pending) {
 	b = appendInt(b, ts)
 	b = appendArrayHeader(b, n)
 	p.coder.startBatch(ts)
-	for _, it := range items[:n] {
+	for i := range items[:n] {
+		it := &items[i]
 		b = p.coder.appendEvent(b, it.id, !it.removed, it.tenant, it.key, it.medium, it.hash, it.hashed)
+		items[i] = encoded{}
 	}
 	m.buf = appendUint(b, 0) // batch dp_rank: a pool has no DP context
 	seq := p.nextSeq.Add(1) - 1
+	m.events = int64(n)
 	p.sock.queue(m, seq)
 	p.batches.Add(1)
 	p.events.Add(uint64(n))

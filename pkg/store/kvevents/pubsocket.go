@@ -20,14 +20,19 @@ import (
 // message to every subscriber whose subscriptions match its topic (the
 // first frame), through that subscriber's own bounded queue.
 type pubSocket struct {
-	ln    net.Listener
-	hwm   int
-	log   *slog.Logger
-	mu    sync.Mutex
-	subs  map[*subscriberConn]struct{}
-	drops atomic.Uint64
-	wg    sync.WaitGroup
-	done  chan struct{}
+	ln  net.Listener
+	hwm int
+	// eventHWM bounds the events queued for one subscriber, as hwm its
+	// messages: with messages of up to MaxBatch events, hwm messages
+	// alone could keep several times the events (and bytes) that
+	// mooncake_master's 64-event messages would.
+	eventHWM int64
+	log      *slog.Logger
+	mu       sync.Mutex
+	subs     map[*subscriberConn]struct{}
+	drops    atomic.Uint64
+	wg       sync.WaitGroup
+	done     chan struct{}
 	// free holds messages every subscriber has written, for the next
 	// ones, by buffer size (powers of two, minClass to maxClass): a
 	// message's buffer is reused rather than allocated, copied into and
@@ -56,9 +61,10 @@ type pubSocket struct {
 // for; the last to write it (or the publisher, when none took it)
 // returns it to the free list.
 type message struct {
-	buf  []byte // framing room, then the payload (newMessage, frameMessage)
-	wire []byte // the framed message, in buf
-	refs atomic.Int32
+	buf    []byte // framing room, then the payload (newMessage, frameMessage)
+	wire   []byte // the framed message, in buf
+	events int64  // it carries (eventHWM)
+	refs   atomic.Int32
 }
 
 // Message buffers: their sizes (1 KiB to 256 KiB; a message larger
@@ -82,9 +88,11 @@ type subscriberConn struct {
 	// unwritten counts the messages queued for it and not yet written
 	// (in q or being written): what linger waits for.
 	unwritten atomic.Int64
-	topics    [][]byte // guarded by pubSocket.mu
-	gone      chan struct{}
-	once      sync.Once
+	// events counts the events of those messages.
+	events atomic.Int64
+	topics [][]byte // guarded by pubSocket.mu
+	gone   chan struct{}
+	once   sync.Once
 	// raw is the connection's descriptor for flush's direct writes
 	// (nil: every message goes through the writer).
 	raw syscall.RawConn
@@ -94,8 +102,8 @@ type subscriberConn struct {
 	skip int
 }
 
-func newPubSocket(ln net.Listener, hwm int, log *slog.Logger) *pubSocket {
-	s := &pubSocket{ln: ln, hwm: hwm, log: log, subs: make(map[*subscriberConn]struct{}), done: make(chan struct{})}
+func newPubSocket(ln net.Listener, hwm, eventHWM int, log *slog.Logger) *pubSocket {
+	s := &pubSocket{ln: ln, hwm: hwm, eventHWM: int64(eventHWM), log: log, subs: make(map[*subscriberConn]struct{}), done: make(chan struct{})}
 	s.initFree()
 	s.wg.Add(1)
 	go s.accept()
@@ -245,10 +253,13 @@ func (s *pubSocket) write(sc *subscriberConn) {
 			v = bufs // WriteTo consumes v
 			_, err = v.WriteTo(sc.c)
 		}
+		var events int64
 		for i, m := range ms {
+			events += m.events
 			s.release(m)
 			ms[i] = nil
 		}
+		sc.events.Add(-events)
 		sc.unwritten.Add(-int64(len(ms)))
 		if err != nil {
 			s.drop(sc)
@@ -363,8 +374,13 @@ func (s *pubSocket) flush() {
 			}
 		}
 		for j, m := range rest {
+			if q := sc.events.Load(); q > 0 && q+m.events > s.eventHWM {
+				s.drops.Add(1) // its queue holds as many events as it may
+				continue
+			}
 			m.refs.Add(1)
 			sc.unwritten.Add(1)
+			sc.events.Add(m.events)
 			if j == 0 && skip > 0 {
 				sc.skip = skip // the writer is idle: set before it can take m
 			}
@@ -373,6 +389,7 @@ func (s *pubSocket) flush() {
 				s.handed.Add(1)
 			default:
 				sc.unwritten.Add(-1)
+				sc.events.Add(-m.events)
 				m.refs.Add(-1)
 				s.drops.Add(1)
 			}
