@@ -174,7 +174,7 @@ func New(cfg Config) (*Publisher, error) {
 		return nil, err
 	}
 	go p.run()
-	p.log.Info(fmt.Sprintf("kv events publisher on %s (backend_id %s, queue %d)", p.Endpoint(), p.cfg.BackendID, p.cfg.QueueCapacity))
+	p.log.Info(fmt.Sprintf("kv events publisher on %s (backend_id %s, queue %d, up to %d events to a message)", p.Endpoint(), p.cfg.BackendID, p.cfg.QueueCapacity, p.cfg.MaxBatch))
 	return p, nil
 }
 
