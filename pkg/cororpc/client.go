@@ -110,6 +110,17 @@ func Dial(ctx context.Context, addr string, opts *Options) (*Client, error) {
 // Addr is the server address the client calls.
 func (c *Client) Addr() string { return c.addr }
 
+// Connected reports whether the client has a connection open that has
+// not broken: a call made now goes out on it without a dial. A client
+// whose peer closed the connection learns it as soon as its reader
+// does, without a call.
+func (c *Client) Connected() bool {
+	c.mu.Lock()
+	cn := c.conn
+	c.mu.Unlock()
+	return cn != nil && !cn.broken()
+}
+
 // Call sends body to function fnID and returns the response body. An error
 // response from the server is an *RPCError; a broken connection fails the
 // call with an error wrapping ErrConnectionLost (never retried); a call whose

@@ -75,6 +75,16 @@ type ServerOptions struct {
 	// client) may be inline: the connection reads nothing while one
 	// runs.
 	Inline func(functionID uint32) bool
+	// CancelOnHangup, when set and true for a call's function, ends the
+	// call's context also when its client hangs up (the connection's
+	// read loop sees it close) while the call runs, as a gRPC stream's
+	// context ends with its caller: a handler that waits (a put start
+	// waiting for read leases) can then give back what its caller will
+	// never learn it got. Other calls' contexts end only with the server
+	// (coro_rpc runs them to the end; their answers go nowhere). Only
+	// calls not run inline see it: an inline call's connection reads
+	// nothing while it runs.
+	CancelOnHangup func(functionID uint32) bool
 	// Recycle, when set, is handed each body a handler returned once the
 	// server is done with it (written, or dropped with the connection),
 	// so that handlers can encode answers into reused buffers. Set it
@@ -219,6 +229,7 @@ func (s *Server) track(nc net.Conn) (*serverConn, error) {
 		return nil, ErrClosed
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
+	hup, hupEnd := context.WithCancel(ctx)
 	raw := newRawIO(nc)
 	var r io.Reader = nc
 	if raw != nil {
@@ -231,6 +242,8 @@ func (s *Server) track(nc net.Conn) (*serverConn, error) {
 		br:       bufio.NewReaderSize(r, 32<<10),
 		ctx:      ctx,
 		cancel:   cancel,
+		hup:      hup,
+		hupEnd:   hupEnd,
 		inflight: make(chan struct{}, s.opts.MaxInFlight),
 	}
 	s.conns[sc] = struct{}{}
@@ -300,6 +313,8 @@ type serverConn struct {
 	br       *bufio.Reader
 	ctx      context.Context // parent of its handlers' contexts
 	cancel   context.CancelFunc
+	hup      context.Context // ctx, also ended when the read loop ends (CancelOnHangup's calls)
+	hupEnd   context.CancelFunc
 	inflight chan struct{} // semaphore of running handlers
 	running  sync.WaitGroup
 	stopping atomic.Bool // reads are being interrupted on purpose
@@ -326,6 +341,11 @@ func (sc *serverConn) setReadDeadline(t time.Time) {
 func (sc *serverConn) serve() error {
 	s := sc.s
 	err := sc.readLoop()
+	if !sc.stopping.Load() {
+		// The client left (or broke the stream); a graceful shutdown
+		// lets the calls under way finish.
+		sc.hupEnd()
+	}
 	if err != nil {
 		// A client that sends garbage is broken; stop working for it,
 		// though the answers of calls already running still go out.
@@ -437,10 +457,14 @@ func (sc *serverConn) handleFrame(hb []byte) error {
 	sc.running.Add(1)
 	req := &Request{Header: h, Body: body, Attachment: attach, RemoteAddr: sc.nc.RemoteAddr()}
 	if len(sc.inflight) == 1 && sc.br.Buffered() == 0 && s.opts.Inline != nil && s.opts.Inline(h.FunctionID) {
-		sc.run(reg, req, release)
+		sc.run(sc.ctx, reg, req, release)
 		return nil
 	}
-	go sc.run(reg, req, release)
+	ctx := sc.ctx
+	if s.opts.CancelOnHangup != nil && s.opts.CancelOnHangup(h.FunctionID) {
+		ctx = sc.hup
+	}
+	go sc.run(ctx, reg, req, release)
 	return nil
 }
 
@@ -472,13 +496,13 @@ func (sc *serverConn) admit(n int64) (int64, error) {
 // to the system for.
 const freeOSMemoryAbove = 8 << 20
 
-func (sc *serverConn) run(reg registered, req *Request, release func()) {
+func (sc *serverConn) run(ctx context.Context, reg registered, req *Request, release func()) {
 	defer func() {
 		release()
 		<-sc.inflight
 		sc.running.Done()
 	}()
-	body, err := sc.call(reg, req)
+	body, err := sc.call(ctx, reg, req)
 	switch {
 	case err != nil:
 		code, msg := ErrcRPCThrowException, err.Error()
@@ -502,14 +526,14 @@ func (sc *serverConn) run(reg registered, req *Request, release func()) {
 
 // call runs the handler, turning a panic into an error response as
 // coro_rpc turns an exception into one.
-func (sc *serverConn) call(reg registered, req *Request) (body []byte, err error) {
+func (sc *serverConn) call(ctx context.Context, reg registered, req *Request) (body []byte, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			sc.s.log.Error("coro_rpc: handler panicked", "function", reg.name, "peer", req.RemoteAddr, "panic", r)
 			body, err = nil, fmt.Errorf("%s panicked: %v", reg.name, r)
 		}
 	}()
-	return reg.h(sc.ctx, req)
+	return reg.h(ctx, req)
 }
 
 func (sc *serverConn) writeError(req RequestHeader, code Errc, msg string) {

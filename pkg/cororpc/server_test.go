@@ -709,3 +709,68 @@ func TestServeConnReadAheadAndLargeAnswer(t *testing.T) {
 		t.Fatal("ServeConn did not return after Close")
 	}
 }
+
+// A call of a CancelOnHangup function sees its context end when its
+// client hangs up; another function's call runs on (coro_rpc's way).
+func TestServerCancelOnHangup(t *testing.T) {
+	s := NewServer(&ServerOptions{CancelOnHangup: func(id uint32) bool { return id == FunctionID("t::hup") }})
+	ended := make(chan string, 2)
+	wait := func(name string) Handler {
+		return func(ctx context.Context, _ *Request) ([]byte, error) {
+			select {
+			case <-ctx.Done():
+				ended <- name
+			case <-time.After(time.Second):
+				ended <- name + " ran on"
+			}
+			return nil, nil
+		}
+	}
+	hup := mustRegister(t, s, "t::hup", wait("hup"))
+	plain := mustRegister(t, s, "t::plain", wait("plain"))
+	addr := startServer(t, s)
+	for _, tc := range []struct {
+		fn   uint32
+		want string
+	}{{hup, "hup"}, {plain, "plain ran on"}} {
+		c := rawDial(t, addr)
+		sendReq(t, c, 1, tc.fn, []byte("x"))
+		time.Sleep(50 * time.Millisecond)
+		c.Close()
+		select {
+		case got := <-ended:
+			if got != tc.want {
+				t.Fatalf("client hung up under a call: %q, want %q", got, tc.want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("handler never returned")
+		}
+	}
+}
+
+// Connected follows the connection: false before the first call, true
+// after it, false once the server closed it, with no call in between.
+func TestClientConnected(t *testing.T) {
+	s := NewServer(nil)
+	fn := mustRegister(t, s, "t::echo", func(_ context.Context, r *Request) ([]byte, error) { return r.Body, nil })
+	addr := startServer(t, s)
+	c := NewClient(addr, nil)
+	defer c.Close()
+	if c.Connected() {
+		t.Fatal("Connected before any call")
+	}
+	if _, err := c.Call(context.Background(), fn, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Connected() {
+		t.Fatal("not Connected after a call")
+	}
+	s.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Connected() {
+		if time.Now().After(deadline) {
+			t.Fatal("still Connected 5 s after the server closed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -60,3 +60,10 @@ func StreamCounts(c *Client) (moves, keys uint64) { return c.streamMoves.Load(),
 // SetNoStagedStream makes nodes refuse BatchGetStagedStream as a build
 // before it would (Unimplemented).
 func SetNoStagedStream(on bool) { noStagedStream = on }
+
+// SessionCalls counts c's data-path calls answered over the master's
+// coro_rpc side and over gRPC Session streams.
+func SessionCalls(c *Client) (coro, stream uint64) {
+	w := c.w.(*grpcWire)
+	return w.ses.coroCalls.Load(), w.ses.streamCalls.Load()
+}

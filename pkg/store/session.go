@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -22,10 +23,18 @@ const maxIdleSessions = 64
 // the unary client's signatures, so a call site does not care which form
 // carries it, and calls fail the way unary calls would (gRPC status
 // errors, the caller's deadline and cancellation honoured).
+//
+// When the master serves them on its coro_rpc side (coro_session.go),
+// the calls go there instead, and over the streams only when it does not
+// or cannot be reached that way.
 type sessions struct {
 	rpc  pb.MasterClient
+	coro *coroSessions // nil: streams only
 	mu   sync.Mutex
 	idle []*session
+
+	// calls answered over coro_rpc and over streams (tests look)
+	coroCalls, streamCalls atomic.Uint64
 }
 
 type session struct {
@@ -77,8 +86,12 @@ func (p *sessions) put(s *session) {
 	}
 }
 
-// closeAll ends the idle streams (the client is closing).
+// closeAll ends the idle streams and connections (the client is
+// closing).
 func (p *sessions) closeAll() {
+	if p.coro != nil {
+		p.coro.closeAll()
+	}
 	p.mu.Lock()
 	idle := p.idle
 	p.idle = nil
@@ -100,6 +113,19 @@ func ctxStatus(ctx context.Context) error {
 // new stream; a failure after it was sent is the caller's to judge, as
 // with a unary call.
 func (p *sessions) do(ctx context.Context, req *pb.SessionRequest) (*pb.SessionResponse, error) {
+	if p.coro != nil {
+		resp, err := p.coro.do(ctx, req)
+		if !errors.Is(err, errNotHere) {
+			p.coroCalls.Add(1)
+			return resp, err
+		}
+	}
+	p.streamCalls.Add(1)
+	return p.doStream(ctx, req)
+}
+
+// doStream is do on a Session stream.
+func (p *sessions) doStream(ctx context.Context, req *pb.SessionRequest) (*pb.SessionResponse, error) {
 	for {
 		s, fresh := p.get(), false
 		if s == nil {

@@ -81,7 +81,7 @@ func dialGRPC(ctx context.Context, cfg wireConfig, etcdEndpoints []string, log *
 		return nil, fmt.Errorf("master %s: %w", cfg.master, err)
 	}
 	w.rpc = pb.NewMasterClient(w.conn)
-	w.ses = &sessions{rpc: w.rpc}
+	w.ses = &sessions{rpc: w.rpc, coro: newCoroSessions(w.leader, log)}
 	if w.leaderR != nil {
 		w.wg.Add(1)
 		go w.followView()

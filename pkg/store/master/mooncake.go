@@ -42,10 +42,20 @@ func NewMooncakeServer(m *Master, gate MooncakeGate, log *slog.Logger) *cororpc.
 		cororpc.FunctionID(mooncake.Service + "::GetReplicaList"):      true,
 		cororpc.FunctionID(mooncake.Service + "::BatchGetReplicaList"): true,
 	}
+	// mc's own client's Session calls, registered by the gRPC server
+	// that serves the port (ServeShared), by the same rules.
+	for id := range sessionInline(m.cfg.Sync != nil) {
+		inline[id] = true
+	}
+	for id := range sessionGets {
+		gets[id] = true
+	}
+	hangup := sessionIDs()
 	srv := cororpc.NewServer(&cororpc.ServerOptions{
 		MaxMessageLen: uint32(store.MaxMsgSize), Logger: log, Recycle: recycleBody,
 		Budget: m.budget, ReadTimeout: m.cfg.RequestReadTimeout,
-		Inline: func(id uint32) bool { return inline[id] && !(gets[id] && m.tiers.online.Load() > 0) },
+		Inline:         func(id uint32) bool { return inline[id] && !(gets[id] && m.tiers.online.Load() > 0) },
+		CancelOnHangup: func(id uint32) bool { return hangup[id] },
 	})
 	hs := ms.handlers()
 	for name, answer := range unsupportedCalls {

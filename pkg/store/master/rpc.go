@@ -27,6 +27,16 @@ type GRPCServer struct {
 	mu     sync.Mutex
 	moon   *cororpc.Server // ServeShared's coro_rpc side
 	shared net.Listener
+
+	noCoroSession bool // WithoutCoroSession
+}
+
+// WithoutCoroSession makes ServeShared leave mc's Session calls off the
+// coro_rpc side, as a master from before them did: mc's clients then
+// carry them on gRPC Session streams (tests of that fallback).
+func (s *GRPCServer) WithoutCoroSession() *GRPCServer {
+	s.noCoroSession = true
+	return s
 }
 
 // NewGRPCServer returns a gRPC server serving m's RPC API, with the

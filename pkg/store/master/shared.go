@@ -22,9 +22,18 @@ const sniffTimeout = 10 * time.Second
 // would give mooncake_master. The first byte of a connection tells them
 // apart: coro_rpc's magic 0x15, against the 'P' that opens HTTP/2's
 // client preface. It returns when lis fails or the server shuts down.
+//
+// mc's own client's Session calls are served on the coro_rpc side too
+// (session_coro.go), through this server's gate.
 func (s *GRPCServer) ServeShared(lis net.Listener, moon *cororpc.Server) error {
 	if moon == nil {
 		return s.Serve(lis)
+	}
+	if !s.noCoroSession {
+		if err := s.registerSession(moon); err != nil {
+			lis.Close()
+			return err
+		}
 	}
 	gl := &connListener{addr: lis.Addr(), conns: make(chan net.Conn), done: make(chan struct{})}
 	s.mu.Lock()
