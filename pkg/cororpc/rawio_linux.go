@@ -4,6 +4,7 @@ package cororpc
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -167,4 +168,29 @@ func sysWritev(fd int, bufs [][]byte) (int, error) {
 		return 0, e
 	}
 	return int(r), nil
+}
+
+// hungUp reports whether the peer closed (or reset) the connection, with
+// one non-blocking peek at the socket: bytes waiting, or none yet, say it
+// is still there. Bytes read ahead (pre) are bytes waiting.
+func (r *rawIO) hungUp() bool {
+	if r.pre != nil && r.pre.Buffered() > 0 {
+		return false
+	}
+	var gone bool
+	var b [1]byte
+	err := r.rc.Read(func(fd uintptr) bool {
+		for {
+			n, _, e := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+			switch {
+			case e == syscall.EINTR:
+				continue
+			case e == syscall.EAGAIN:
+			case e != nil || n == 0:
+				gone = true
+			}
+			return true
+		}
+	})
+	return gone || err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
 }

@@ -17,3 +17,5 @@ func newRawIO(net.Conn) *rawIO { return nil }
 func (*rawIO) Read([]byte) (int, error) { return 0, errNoRawIO }
 
 func (*rawIO) writev(...[]byte) (int, error) { return 0, errNoRawIO }
+
+func (*rawIO) hungUp() bool { return false }

@@ -82,8 +82,11 @@ type ServerOptions struct {
 	// waiting for read leases) can then give back what its caller will
 	// never learn it got. Other calls' contexts end only with the server
 	// (coro_rpc runs them to the end; their answers go nowhere). Only
-	// calls not run inline see it: an inline call's connection reads
-	// nothing while it runs.
+	// calls not run inline see it at once; an inline call's connection
+	// reads nothing while it runs, so its context finds out when asked:
+	// Err looks at the socket (one non-blocking peek), and Done starts
+	// watching it (a read on a goroutine, stopped when the call ends) for
+	// a handler about to wait.
 	CancelOnHangup func(functionID uint32) bool
 	// Recycle, when set, is handed each body a handler returned once the
 	// server is done with it (written, or dropped with the connection),
@@ -246,6 +249,7 @@ func (s *Server) track(nc net.Conn) (*serverConn, error) {
 		hupEnd:   hupEnd,
 		inflight: make(chan struct{}, s.opts.MaxInFlight),
 	}
+	sc.inline = &inlineCtx{Context: hup, sc: sc}
 	s.conns[sc] = struct{}{}
 	s.connWG.Add(1)
 	return sc, nil
@@ -307,17 +311,22 @@ func (s *Server) beginClose() {
 
 // serverConn is one client connection.
 type serverConn struct {
-	s        *Server
-	nc       net.Conn
-	raw      *rawIO // nc's socket read and written without entering syscalls (rawio_linux.go), or nil
-	br       *bufio.Reader
-	ctx      context.Context // parent of its handlers' contexts
-	cancel   context.CancelFunc
-	hup      context.Context // ctx, also ended when the read loop ends (CancelOnHangup's calls)
-	hupEnd   context.CancelFunc
-	inflight chan struct{} // semaphore of running handlers
-	running  sync.WaitGroup
-	stopping atomic.Bool // reads are being interrupted on purpose
+	s      *Server
+	nc     net.Conn
+	raw    *rawIO // nc's socket read and written without entering syscalls (rawio_linux.go), or nil
+	br     *bufio.Reader
+	ctx    context.Context // parent of its handlers' contexts
+	cancel context.CancelFunc
+	hup    context.Context // ctx, also ended when the read loop ends (CancelOnHangup's calls)
+	hupEnd context.CancelFunc
+	inline *inlineCtx // the context of CancelOnHangup's inline calls
+
+	watchMu   sync.Mutex
+	inlineRun bool          // an inline call of inline's is running
+	watchDone chan struct{} // closed when the watching read returned; nil: not watching
+	inflight  chan struct{} // semaphore of running handlers
+	running   sync.WaitGroup
+	stopping  atomic.Bool // reads are being interrupted on purpose
 
 	wmu    sync.Mutex
 	hdr    []byte
@@ -456,16 +465,91 @@ func (sc *serverConn) handleFrame(hb []byte) error {
 	}
 	sc.running.Add(1)
 	req := &Request{Header: h, Body: body, Attachment: attach, RemoteAddr: sc.nc.RemoteAddr()}
+	hangup := s.opts.CancelOnHangup != nil && s.opts.CancelOnHangup(h.FunctionID)
 	if len(sc.inflight) == 1 && sc.br.Buffered() == 0 && s.opts.Inline != nil && s.opts.Inline(h.FunctionID) {
-		sc.run(sc.ctx, reg, req, release)
+		if !hangup {
+			sc.run(sc.ctx, reg, req, release)
+			return nil
+		}
+		sc.watchMu.Lock()
+		sc.inlineRun = true
+		sc.watchMu.Unlock()
+		sc.run(sc.inline, reg, req, release)
+		sc.watchMu.Lock()
+		sc.inlineRun = false
+		done := sc.watchDone
+		sc.watchDone = nil
+		sc.watchMu.Unlock()
+		if done != nil {
+			// Take the reader back (the read loop resets the
+			// deadline).
+			_ = sc.nc.SetReadDeadline(longAgo)
+			<-done
+		}
 		return nil
 	}
 	ctx := sc.ctx
-	if s.opts.CancelOnHangup != nil && s.opts.CancelOnHangup(h.FunctionID) {
+	if hangup {
 		ctx = sc.hup
 	}
 	go sc.run(ctx, reg, req, release)
 	return nil
+}
+
+// inlineCtx is the context of an inline call of a CancelOnHangup
+// function: sc.hup, which also ends when a look at the socket (Err) or a
+// read started for a handler about to wait (Done) finds the client gone.
+type inlineCtx struct {
+	context.Context
+	sc *serverConn
+}
+
+func (c *inlineCtx) Done() <-chan struct{} {
+	c.sc.watch()
+	return c.Context.Done()
+}
+
+func (c *inlineCtx) Err() error {
+	if err := c.Context.Err(); err != nil {
+		return err
+	}
+	if c.sc.hungUp() {
+		c.sc.hupEnd()
+	}
+	return c.Context.Err()
+}
+
+// hungUp looks whether the client of the inline call under way left (a
+// watching read, if one runs, tells by ending hup instead).
+func (sc *serverConn) hungUp() bool {
+	sc.watchMu.Lock()
+	defer sc.watchMu.Unlock()
+	if !sc.inlineRun || sc.watchDone != nil || sc.raw == nil {
+		return false
+	}
+	return sc.raw.hungUp()
+}
+
+// watch starts a read that ends hup when the client of the inline call
+// under way hangs up; the call's end stops it (handleFrame).
+func (sc *serverConn) watch() {
+	sc.watchMu.Lock()
+	defer sc.watchMu.Unlock()
+	if !sc.inlineRun || sc.watchDone != nil {
+		return
+	}
+	sc.setReadDeadline(time.Time{})
+	done := make(chan struct{})
+	sc.watchDone = done
+	go func() {
+		defer close(done)
+		// Bytes (a next request) stay buffered for the read loop; an
+		// error other than the deadline that stops this read is the
+		// client gone.
+		if _, err := sc.br.Peek(1); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			sc.hupEnd()
+		}
+	}()
 }
 
 // FreeFrame is the payload size below which a frame is not charged to

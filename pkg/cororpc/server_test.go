@@ -711,9 +711,15 @@ func TestServeConnReadAheadAndLargeAnswer(t *testing.T) {
 }
 
 // A call of a CancelOnHangup function sees its context end when its
-// client hangs up; another function's call runs on (coro_rpc's way).
+// client hangs up, run inline or not (inline: when its handler waits on
+// Done, or asks Err); another function's call runs on (coro_rpc's way).
 func TestServerCancelOnHangup(t *testing.T) {
-	s := NewServer(&ServerOptions{CancelOnHangup: func(id uint32) bool { return id == FunctionID("t::hup") }})
+	hangup := map[uint32]bool{FunctionID("t::hup"): true, FunctionID("t::inline-done"): true, FunctionID("t::inline-err"): true}
+	inline := map[uint32]bool{FunctionID("t::inline-done"): true, FunctionID("t::inline-err"): true, FunctionID("t::inline-plain"): true}
+	s := NewServer(&ServerOptions{
+		CancelOnHangup: func(id uint32) bool { return hangup[id] },
+		Inline:         func(id uint32) bool { return inline[id] },
+	})
 	ended := make(chan string, 2)
 	wait := func(name string) Handler {
 		return func(ctx context.Context, _ *Request) ([]byte, error) {
@@ -726,13 +732,28 @@ func TestServerCancelOnHangup(t *testing.T) {
 			return nil, nil
 		}
 	}
+	poll := func(name string) Handler {
+		return func(ctx context.Context, _ *Request) ([]byte, error) {
+			for t0 := time.Now(); time.Since(t0) < time.Second; time.Sleep(time.Millisecond) {
+				if ctx.Err() != nil {
+					ended <- name
+					return nil, nil
+				}
+			}
+			ended <- name + " ran on"
+			return nil, nil
+		}
+	}
 	hup := mustRegister(t, s, "t::hup", wait("hup"))
 	plain := mustRegister(t, s, "t::plain", wait("plain"))
+	inDone := mustRegister(t, s, "t::inline-done", wait("inline-done"))
+	inErr := mustRegister(t, s, "t::inline-err", poll("inline-err"))
+	inPlain := mustRegister(t, s, "t::inline-plain", poll("inline-plain"))
 	addr := startServer(t, s)
 	for _, tc := range []struct {
 		fn   uint32
 		want string
-	}{{hup, "hup"}, {plain, "plain ran on"}} {
+	}{{hup, "hup"}, {plain, "plain ran on"}, {inDone, "inline-done"}, {inErr, "inline-err"}, {inPlain, "inline-plain ran on"}} {
 		c := rawDial(t, addr)
 		sendReq(t, c, 1, tc.fn, []byte("x"))
 		time.Sleep(50 * time.Millisecond)
@@ -745,6 +766,22 @@ func TestServerCancelOnHangup(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("handler never returned")
 		}
+	}
+	// An inline call that watched its connection gives the reader back:
+	// the connection serves the next call.
+	c := rawDial(t, addr)
+	sendReq(t, c, 1, inDone, []byte("x"))
+	if got := <-ended; got != "inline-done ran on" {
+		t.Fatalf("inline call of a client that stayed: %q", got)
+	}
+	if h, _ := recvResp(t, c); h.Seq != 1 || h.ErrCode != 0 {
+		t.Fatalf("answer %+v", h)
+	}
+	sendReq(t, c, 2, inErr, []byte("x"))
+	time.Sleep(50 * time.Millisecond)
+	c.Close()
+	if got := <-ended; got != "inline-err" {
+		t.Fatalf("second call on the connection, client gone: %q", got)
 	}
 }
 

@@ -32,7 +32,7 @@ func startMasterWithGate(t *testing.T, gate grpc.UnaryServerInterceptor) *cluste
 		t.Fatal(err)
 	}
 	srv := master.NewGRPCServer(m, gate)
-	go srv.Serve(lis)
+	go srv.ServeShared(lis, master.NewMooncakeServer(m, nil, nil))
 	c := &cluster{t: t, m: m, addr: lis.Addr().String(), stop: func() { srv.Stop(); m.Close() }}
 	t.Cleanup(c.stop)
 	return c

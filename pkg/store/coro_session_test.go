@@ -222,3 +222,29 @@ func TestCoroSessionCallerCancels(t *testing.T) {
 		t.Fatalf("%d calls over coro_rpc, %d over streams", coro, stream)
 	}
 }
+
+// A put start waiting on the master for a read lease to end (run by the
+// connection's read loop) stops waiting when its caller gives up: the
+// wait is not counted as served once the lease ends.
+func TestCoroSessionCancelEndsLeaseWait(t *testing.T) {
+	const ttl = 1500 * time.Millisecond
+	c := startMaster(t, master.Config{KVLeaseTTL: ttl, HighWatermark: 1})
+	c.client(4 << 20)
+	cl := c.client(0)
+	leased := fillAndLease(t, cl, 15, ttl)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	if err := cl.Put(ctx, "new", value(300<<10, 99)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("put cancelled while waiting for a lease: %v, want context.Canceled", err)
+	}
+	time.Sleep(time.Until(leased.Add(ttl + 500*time.Millisecond)))
+	if n := gauge(t, c.m, "mc_store_put_lease_waits_total"); n != 0 {
+		t.Fatalf("%v lease waits served after the caller gave up (want the wait ended with it)", n)
+	}
+	if coro, stream := store.SessionCalls(cl); stream != 0 || coro == 0 {
+		t.Fatalf("%d calls over coro_rpc, %d over streams", coro, stream)
+	}
+	if err := cl.Put(context.Background(), "after", value(4096, 1)); err != nil {
+		t.Fatalf("put after the cancelled one: %v", err)
+	}
+}

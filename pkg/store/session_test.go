@@ -39,7 +39,7 @@ func startGatedMaster(t *testing.T, hold *atomic.Bool) (*cluster, *master.GRPCSe
 		return h(ctx, req)
 	}
 	srv := master.NewGRPCServer(m, gate)
-	go srv.Serve(lis)
+	go srv.ServeShared(lis, master.NewMooncakeServer(m, nil, nil))
 	c := &cluster{t: t, m: m, addr: lis.Addr().String(), stop: func() { srv.Stop(); m.Close() }}
 	t.Cleanup(c.stop)
 	return c, srv

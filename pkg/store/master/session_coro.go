@@ -20,9 +20,11 @@ import (
 
 // sessionInline are the Session functions a connection's read loop may
 // run itself (cororpc.ServerOptions.Inline), by the rule of Mooncake's
-// calls (inlineCalls): reads, and without HA the writes that take only
-// the master's locks. A put start may wait for read leases (its
-// LeaseWaitMs), so it never is.
+// calls (inlineCalls): reads, and without HA the writes. A put start may
+// wait for read leases (its LeaseWaitMs); mc's client makes one call at
+// a time per connection, so the loop has nothing else to read meanwhile,
+// and the call's context still ends when the client hangs up (its Done
+// and Err look at the connection: cororpc's CancelOnHangup).
 func sessionInline(ha bool) map[uint32]bool {
 	out := map[uint32]bool{
 		cororpc.FunctionID(store.CoroSessionHello): true,
@@ -30,7 +32,6 @@ func sessionInline(ha bool) map[uint32]bool {
 	for _, name := range store.CoroSessionCalls() {
 		k := strings.TrimPrefix(name, "mc::Session::")
 		switch k {
-		case "PutStart":
 		case "GetReplicaList", "ExistKey":
 			out[cororpc.FunctionID(name)] = true
 		default:
