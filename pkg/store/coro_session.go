@@ -78,6 +78,11 @@ func CoroSessionCall(req *pb.SessionRequest) string {
 // could not be reached go over gRPC before it is dialled again.
 const coroDownFor = time.Second
 
+// coroRecheck is how long calls to a master address whose master did not
+// serve them go over gRPC before it is asked again (it may have been
+// upgraded in place, or the hello may have met a restart).
+var coroRecheck = time.Minute
+
 // coroSessions carries Session calls over pooled coro_rpc connections to
 // the master's current address, one call at a time per connection, and
 // says when a call should go over gRPC instead (a master that does not
@@ -90,7 +95,7 @@ type coroSessions struct {
 	closed   bool
 	idle     []*coroConn
 	known    map[string]bool      // addresses that answered the hello
-	grpcOnly map[string]bool      // addresses whose master does not serve the calls
+	grpcOnly map[string]bool      // addresses whose master did not serve the calls (logged once)
 	down     map[string]time.Time // addresses not to dial before then
 }
 
@@ -112,7 +117,7 @@ var errNotHere = errors.New("not sent over coro_rpc")
 func (p *coroSessions) get(addr string) (c *coroConn, fresh bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || p.grpcOnly[addr] || time.Now().Before(p.down[addr]) {
+	if p.closed || time.Now().Before(p.down[addr]) {
 		return nil, false, errNotHere
 	}
 	for len(p.idle) > 0 {
@@ -181,8 +186,14 @@ func (p *coroSessions) hello(ctx context.Context, c *coroConn) error {
 		errors.Is(err, cororpc.ErrConnectionLost):
 		// An mc master from before these calls, mooncake_master, or a
 		// listener that speaks gRPC only (it drops the connection).
-		p.mark(c.addr, func() { p.grpcOnly[c.addr] = true })
-		p.log.Info(fmt.Sprintf("master %s does not serve mc's calls on coro_rpc (%v); its data path calls go on gRPC Session streams", c.addr, err))
+		logged := false
+		p.mark(c.addr, func() {
+			logged, p.grpcOnly[c.addr] = p.grpcOnly[c.addr], true
+			p.down[c.addr] = time.Now().Add(coroRecheck)
+		})
+		if !logged {
+			p.log.Info(fmt.Sprintf("master %s does not serve mc's calls on coro_rpc (%v); its data path calls go on gRPC Session streams (asked again every %v)", c.addr, err, coroRecheck))
+		}
 	default:
 		p.mark(c.addr, func() { p.down[c.addr] = time.Now().Add(coroDownFor) })
 	}
@@ -246,7 +257,10 @@ func (p *coroSessions) failed(ctx context.Context, c *coroConn, err error) error
 		if re.Code == cororpc.ErrcFunctionNotRegistered {
 			// Another master answers at this address now.
 			c.cl.Close()
-			p.mark(c.addr, func() { p.grpcOnly[c.addr] = true })
+			p.mark(c.addr, func() {
+				delete(p.known, c.addr)
+				p.down[c.addr] = time.Now().Add(coroRecheck)
+			})
 			return errNotHere
 		}
 		// The framing is intact: the connection serves the next call.

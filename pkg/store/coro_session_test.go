@@ -248,3 +248,40 @@ func TestCoroSessionCancelEndsLeaseWait(t *testing.T) {
 		t.Fatalf("put after the cancelled one: %v", err)
 	}
 }
+
+// A master address found not to serve the coro_rpc calls is asked again
+// later: a master upgraded in place (or a hello that met a restart) does
+// not leave the client on gRPC streams for good.
+func TestCoroSessionAsksAgainAfterUpgrade(t *testing.T) {
+	defer store.SetCoroRecheck(store.SetCoroRecheck(50 * time.Millisecond))
+	old, _ := startSharedMaster(t, master.Config{}, nil, true, false)
+	old.client(16 << 20)
+	cl := old.client(0)
+	ctx := context.Background()
+	if err := cl.Put(ctx, "k", value(3000, 8)); err != nil {
+		t.Fatal(err)
+	}
+	if coro, _ := store.SessionCalls(cl); coro != 0 {
+		t.Fatalf("%d calls over coro_rpc to a master without them", coro)
+	}
+	old.stop()
+	time.Sleep(200 * time.Millisecond) // past the recheck; the old connections learn of the close
+	upgraded := startMasterOn(t, old.addr, master.Config{})
+	upgraded.client(16 << 20)
+	// gRPC's connection may still be backing off from the refused dials
+	// while the master was down: keep asking until a put lands.
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; ; i++ {
+		err := cl.Put(ctx, fmt.Sprint("k2-", i), value(3000, 9))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("put on the upgraded master: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if coro, _ := store.SessionCalls(cl); coro == 0 {
+		t.Fatal("no call over coro_rpc after the master at the same address was upgraded")
+	}
+}

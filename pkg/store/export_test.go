@@ -67,3 +67,12 @@ func SessionCalls(c *Client) (coro, stream uint64) {
 	w := c.w.(*grpcWire)
 	return w.ses.coroCalls.Load(), w.ses.streamCalls.Load()
 }
+
+// SetCoroRecheck sets how long a master address that did not serve mc's
+// coro_rpc calls is left on gRPC before it is asked again; it returns
+// the old value.
+func SetCoroRecheck(d time.Duration) time.Duration {
+	old := coroRecheck
+	coroRecheck = d
+	return old
+}
