@@ -32,29 +32,11 @@ func NewMooncakeServer(m *Master, gate MooncakeGate, log *slog.Logger) *cororpc.
 	ms := &mooncakeServer{m: m, gate: gate, log: log, rpc: &rpcServer{m: m}}
 	// Every answer is encoded into a pooled buffer (wrap), returned to
 	// the pool once written.
-	inline := make(map[uint32]bool)
-	for name := range inlineCalls(m.cfg.Sync != nil) {
-		inline[cororpc.FunctionID(mooncake.Service+"::"+name)] = true
-	}
-	// A get may wait for a disk load or staging room (seconds) once a
-	// node has a disk tier: then it gets a goroutine of its own.
-	gets := map[uint32]bool{
-		cororpc.FunctionID(mooncake.Service + "::GetReplicaList"):      true,
-		cororpc.FunctionID(mooncake.Service + "::BatchGetReplicaList"): true,
-	}
-	// mc's own client's Session calls, registered by the gRPC server
-	// that serves the port (ServeShared), by the same rules.
-	for id := range sessionInline(m.cfg.Sync != nil) {
-		inline[id] = true
-	}
-	for id := range sessionGets {
-		gets[id] = true
-	}
 	hangup := sessionIDs()
 	srv := cororpc.NewServer(&cororpc.ServerOptions{
 		MaxMessageLen: uint32(store.MaxMsgSize), Logger: log, Recycle: recycleBody,
 		Budget: m.budget, ReadTimeout: m.cfg.RequestReadTimeout,
-		Inline:         func(id uint32) bool { return inline[id] && !(gets[id] && m.tiers.online.Load() > 0) },
+		Inline:         inlineRule(m),
 		CancelOnHangup: func(id uint32) bool { return hangup[id] },
 	})
 	hs := ms.handlers()
@@ -69,6 +51,32 @@ func NewMooncakeServer(m *Master, gate MooncakeGate, log *slog.Logger) *cororpc.
 		}
 	}
 	return srv
+}
+
+// inlineRule says which calls a connection's read loop runs itself when
+// its client makes one call at a time: Mooncake's (inlineCalls) and mc's
+// own client's Session calls (sessionInline, registered by the gRPC
+// server that serves the port, ServeShared).
+//
+// Mooncake's gets may wait for a disk load or staging room (seconds)
+// once a node has a disk tier: then each gets a goroutine of its own,
+// for Mooncake's client multiplexes its threads' calls on one connection,
+// and a get waiting in the read loop would hold up the others' calls.
+// mc's client sends one call at a time per connection, so its gets stay
+// inline (as its put starts, which may wait for read leases).
+func inlineRule(m *Master) func(uint32) bool {
+	inline := make(map[uint32]bool)
+	for name := range inlineCalls(m.cfg.Sync != nil) {
+		inline[cororpc.FunctionID(mooncake.Service+"::"+name)] = true
+	}
+	gets := map[uint32]bool{
+		cororpc.FunctionID(mooncake.Service + "::GetReplicaList"):      true,
+		cororpc.FunctionID(mooncake.Service + "::BatchGetReplicaList"): true,
+	}
+	for id := range sessionInline(m.cfg.Sync != nil) {
+		inline[id] = true
+	}
+	return func(id uint32) bool { return inline[id] && !(gets[id] && m.tiers.online.Load() > 0) }
 }
 
 // inlineCalls are the calls a connection's read loop may run itself when

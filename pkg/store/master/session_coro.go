@@ -21,8 +21,9 @@ import (
 // sessionInline are the Session functions a connection's read loop may
 // run itself (cororpc.ServerOptions.Inline), by the rule of Mooncake's
 // calls (inlineCalls): reads, and without HA the writes. A put start may
-// wait for read leases (its LeaseWaitMs); mc's client makes one call at
-// a time per connection, so the loop has nothing else to read meanwhile,
+// wait for read leases (its LeaseWaitMs), a get for a disk load once a
+// node has a disk tier (a promotion); mc's client makes one call at a
+// time per connection, so the loop has nothing else to read meanwhile,
 // and the call's context still ends when the client hangs up (its Done
 // and Err look at the connection: cororpc's CancelOnHangup).
 func sessionInline(ha bool) map[uint32]bool {
@@ -42,10 +43,6 @@ func sessionInline(ha bool) map[uint32]bool {
 	}
 	return out
 }
-
-// sessionGets are the Session functions that may wait for a disk load
-// once a node has a disk tier (then not inline).
-var sessionGets = map[uint32]bool{cororpc.FunctionID("mc::Session::GetReplicaList"): true}
 
 // sessionIDs are the ids of every Session function: their calls' contexts
 // end when the client hangs up, as a stream's do when it is cancelled.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/cororpc"
 	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/mooncake"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
 
@@ -118,4 +119,31 @@ func FuzzCoroSession(f *testing.F) {
 			}
 		}
 	})
+}
+
+// mc's client's gets run in the connection's read loop even while a node
+// has a disk tier (it sends one call at a time per connection, so a get
+// waiting for a load holds up nothing else); Mooncake's gets then get a
+// goroutine of their own, as its client multiplexes a connection.
+func TestSessionGetsInlineWithDiskTier(t *testing.T) {
+	for _, ha := range []bool{false, true} {
+		m, err := New(Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ha {
+			m.cfg.Sync = func() error { return nil }
+		}
+		rule := inlineRule(m)
+		mcGet := cororpc.FunctionID("mc::Session::GetReplicaList")
+		mooncakeGet := cororpc.FunctionID(mooncake.Service + "::GetReplicaList")
+		if !rule(mcGet) || !rule(mooncakeGet) {
+			t.Fatalf("ha %v, no disk tier: mc's get inline %v, Mooncake's %v; want both", ha, rule(mcGet), rule(mooncakeGet))
+		}
+		m.tiers.online.Store(1)
+		if !rule(mcGet) || rule(mooncakeGet) {
+			t.Errorf("ha %v, a disk tier online: mc's get inline %v, Mooncake's %v; want mc's only", ha, rule(mcGet), rule(mooncakeGet))
+		}
+		m.Close()
+	}
 }
