@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,15 +22,7 @@ import (
 // listener that speaks gRPC alone.
 func startSharedMaster(t *testing.T, cfg master.Config, gate grpc.UnaryServerInterceptor, noCoro, grpcOnly bool) (*cluster, *master.GRPCServer) {
 	t.Helper()
-	m, err := master.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, lis := listeningMaster(t, "127.0.0.1:0", cfg)
 	srv := master.NewGRPCServer(m, gate)
 	if noCoro {
 		srv.WithoutCoroSession()

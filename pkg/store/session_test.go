@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,15 +22,7 @@ import (
 // (a slow master, seen from a client).
 func startGatedMaster(t *testing.T, hold *atomic.Bool) (*cluster, *master.GRPCServer) {
 	t.Helper()
-	m, err := master.New(master.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, lis := listeningMaster(t, "127.0.0.1:0", master.Config{})
 	gate := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		for hold.Load() && ctx.Err() == nil {
 			time.Sleep(time.Millisecond)

@@ -33,15 +33,7 @@ func startMaster(t testing.TB, cfg master.Config) *cluster {
 
 func startMasterOn(t testing.TB, addr string, cfg master.Config) *cluster {
 	t.Helper()
-	m, err := master.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, lis := listeningMaster(t, addr, cfg)
 	srv := master.Serve(m, lis)
 	c := &cluster{t: t, m: m, addr: lis.Addr().String()}
 	var once sync.Once
@@ -53,6 +45,23 @@ func startMasterOn(t testing.TB, addr string, cfg master.Config) *cluster {
 	}
 	t.Cleanup(c.stop)
 	return c
+}
+
+// listeningMaster is a started master of cfg and a listener on addr for
+// it to be served on.
+func listeningMaster(t testing.TB, addr string, cfg master.Config) (*master.Master, net.Listener) {
+	t.Helper()
+	m, err := master.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		m.Close()
+		t.Fatal(err)
+	}
+	return m, lis
 }
 
 func engineConfig() engine.Config {
