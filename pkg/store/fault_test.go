@@ -160,6 +160,9 @@ func TestNodeStoppedFailsTransfersAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { child.Process.Signal(syscall.SIGCONT) })
+	// kill(2) returns before the child stops: a request that reached it
+	// first would be served (a get in 28 ms on a loaded CI machine).
+	waitStopped(t, child.Process.Pid)
 	type result struct {
 		what string
 		err  error
@@ -620,5 +623,26 @@ func TestCloseWhileCallsInFlight(t *testing.T) {
 	wg.Wait()
 	if refused.Load() != 6 {
 		t.Fatalf("%d of 6 callers saw the client closed", refused.Load())
+	}
+}
+
+// waitStopped waits until process pid is stopped (state T in
+// /proc/PID/stat), so that nothing sent to it after is served.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatalf("state of process %d: %v", pid, err)
+		}
+		// pid (comm) state ...: comm may hold spaces, so after the last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d did not stop within 5 s of SIGSTOP", pid)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
