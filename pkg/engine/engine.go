@@ -15,6 +15,19 @@
 // descriptor, and a segment on the same host is mapped and served by
 // memcpy (the shm transport) instead of its descriptor's protocol.
 //
+// A registered buffer's address (with its rkey or memfd region) is what a
+// peer holds to reach it, so the address is the grant's epoch: buffers are
+// placed by package vmem, and Renew revokes every grant of a buffer at once
+// by moving it. Nothing asks the grantor; the check is made where the bytes
+// land (the tcp server's registry lookup, the NIC's rkey and bounds, the shm
+// region's retired header). A same-host peer copies without asking, so
+// UnregisterMemory keeps an order that must not change: out of the registry,
+// region header retired, transfers in flight waited for (ErrBusy revives the
+// buffer), and only then RDMA deregistration, unmap, memfd close and a
+// republished descriptor. The kernel frees the pages when the last peer
+// mapping goes, and a memfd is never reused, so a late peer write lands in
+// pages nobody reads.
+//
 // Main types: Engine, Memory, Segment, Batch, Request, TaskStatus.
 package engine
 

@@ -9,6 +9,23 @@
 // contributing a segment, as Mooncake's client does), Mooncake's error
 // codes (Code, Error), and the types the master hands out (Replica,
 // SegmentInfo, ReplicateConfig). The RPC messages live in storepb.
+//
+// A Client talks to its master through one of two wires (masterWire): mc's
+// gRPC, whose data-path calls go as mc::Session::<kind> frames on the
+// master's coro_rpc side when it serves them (else on gRPC Session streams),
+// or Mooncake's coro_rpc + struct_pack for mooncake:// masters. Everything
+// above the wire (staging memory, transfers, replica order, the ping loop)
+// is one code path, so both wires behave alike. The node side lives here
+// too: a Client given a segment size contributes it, TierNode attaches a
+// disk tier (package tier) and serves staged disk reads from a pool
+// registered with its engine, and the drain loop copies what the master
+// asks.
+//
+// Fencing, the client's part: a master that no longer knows a segment
+// cannot know what it granted in it, so the segment is renewed
+// (engine.Renew) before it is mounted again; a read that outlives its read
+// lease, or the TTL a node gave a staged disk read, fails LEASE_EXPIRED
+// rather than return bytes the range may no longer hold.
 package store
 
 import (

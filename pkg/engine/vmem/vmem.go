@@ -6,10 +6,12 @@
 // across a master restart, a stale descriptor) can write there later. So
 // memory mapped here is placed at a random address, and when it is given
 // up its range is not unmapped but replaced by an inaccessible
-// reservation: the range never names memory again in this process, and a
-// process that starts after this one is unlikely to map its own buffers
-// where this one's were. A late write then finds no registered buffer and
-// fails, instead of landing in memory that now belongs to another object.
+// reservation: the range names no memory again in this process (until
+// MaxReservations later ranges push it out and the kernel may reuse it),
+// and a process that starts after this one is unlikely to map its own
+// buffers where this one's were. A late write then finds no registered
+// buffer and fails, instead of landing in memory that now belongs to
+// another object.
 package vmem
 
 import "sync"

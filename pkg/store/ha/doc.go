@@ -21,7 +21,11 @@
 // lost its view can never append. The RPC layer acknowledges a PutEnd (and
 // a remove, revoke or mount) only after master.Config.Sync reports the
 // batch holding it committed, so while a commit is in flight the next
-// changes queue and go out together (group commit).
+// changes queue and go out together (group commit). A put start's grants
+// are committed the same way before they are answered, and a new leader
+// restores them as pending puts: it must never place an object over a
+// range a writer may still be writing, which is why failover needs no
+// segment renewal.
 //
 // Snapshots. After Config.SnapshotRecords records or Config.SnapshotInterval,
 // the leader writes its committed state as chunks under snapshots/<seq>/,
@@ -35,7 +39,9 @@
 // after it, then tails the log with a watch, applying every batch to a
 // warm copy of the metadata (segments, complete objects and where their
 // replicas are). It serves no data: its RPC port refuses calls and its
-// admin data endpoints answer 503.
+// admin data endpoints answer 503. Nor does it publish KV events: only a
+// leader term's master is given the publisher, so routers hear only of
+// changes a serving leader made.
 //
 // Failover. On winning, a candidate reads the log to its end (the old
 // leader can no longer append: its fence broke when its view went), then
