@@ -177,7 +177,7 @@ bench-mooncake-latency: build
 
 # KV events' cost with real processes (issue 38 item 6): mc bench store
 # puts (4K, batch 32) against mc serve store with events and a receiving
-# subscriber, and without, alternated, six pairs. About 3 minutes.
+# subscriber, and without, alternated, ten pairs (the script's default). About 4 minutes.
 .PHONY: bench-kv-events
 bench-kv-events: build
 	scripts/bench-kv-events.sh bin/mc
