@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/kvcache-ops/mc/pkg/cororpc"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
@@ -32,15 +35,50 @@ const (
 	CoroSessionHello = coroSessionPrefix + "Hello"
 )
 
-// coroSessionKinds are the call kinds' function names after the prefix.
-var coroSessionKinds = []string{"PutStart", "UpsertStart", "PutEnd", "PutRevoke", "UpsertEnd", "UpsertRevoke", "GetReplicaList", "ExistKey", "Remove"}
+// The functions are named after the fields of SessionRequest's call
+// oneof (put_start: mc::Session::PutStart), so a call kind added to the
+// proto is served and sent on the coro_rpc side with no list to keep in
+// step: a kind the master did not register would be answered
+// function-not-registered and send the client's every call to that
+// master over gRPC.
+var (
+	sessionCallOneof = (&pb.SessionRequest{}).ProtoReflect().Descriptor().Oneofs().ByName("call")
+	coroSessionNames = func() map[protoreflect.FieldNumber]string {
+		fs := sessionCallOneof.Fields()
+		out := make(map[protoreflect.FieldNumber]string, fs.Len())
+		for i := range fs.Len() {
+			out[fs.Get(i).Number()] = coroSessionPrefix + camelCase(string(fs.Get(i).Name()))
+		}
+		return out
+	}()
+)
+
+// camelCase turns a proto field name (get_replica_list) into a function
+// name's part (GetReplicaList).
+func camelCase(name string) string {
+	var b strings.Builder
+	up := true
+	for _, r := range name {
+		switch {
+		case r == '_':
+			up = true
+		case up:
+			b.WriteRune(unicode.ToUpper(r))
+			up = false
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
 
 // CoroSessionCalls are the qualified names of the functions carrying
-// Session calls on the master's coro_rpc port.
+// Session calls on the master's coro_rpc port, in the proto's order.
 func CoroSessionCalls() []string {
-	out := make([]string, len(coroSessionKinds))
-	for i, k := range coroSessionKinds {
-		out[i] = coroSessionPrefix + k
+	fs := sessionCallOneof.Fields()
+	out := make([]string, fs.Len())
+	for i := range fs.Len() {
+		out[i] = coroSessionNames[fs.Get(i).Number()]
 	}
 	return out
 }
@@ -48,30 +86,11 @@ func CoroSessionCalls() []string {
 // CoroSessionCall is the function that carries req on the coro_rpc port,
 // "" when req names no call.
 func CoroSessionCall(req *pb.SessionRequest) string {
-	var k string
-	switch req.Call.(type) {
-	case *pb.SessionRequest_PutStart:
-		k = "PutStart"
-	case *pb.SessionRequest_UpsertStart:
-		k = "UpsertStart"
-	case *pb.SessionRequest_PutEnd:
-		k = "PutEnd"
-	case *pb.SessionRequest_PutRevoke:
-		k = "PutRevoke"
-	case *pb.SessionRequest_UpsertEnd:
-		k = "UpsertEnd"
-	case *pb.SessionRequest_UpsertRevoke:
-		k = "UpsertRevoke"
-	case *pb.SessionRequest_GetReplicaList:
-		k = "GetReplicaList"
-	case *pb.SessionRequest_ExistKey:
-		k = "ExistKey"
-	case *pb.SessionRequest_Remove:
-		k = "Remove"
-	default:
+	fd := req.ProtoReflect().WhichOneof(sessionCallOneof)
+	if fd == nil {
 		return ""
 	}
-	return coroSessionPrefix + k
+	return coroSessionNames[fd.Number()]
 }
 
 // coroDownFor is how long calls to a master address whose coro_rpc side

@@ -276,3 +276,39 @@ func TestCoroSessionAsksAgainAfterUpgrade(t *testing.T) {
 		t.Fatal("no call over coro_rpc after the master at the same address was upgraded")
 	}
 }
+
+// The function names are a wire contract between mc's clients and
+// masters of other versions: each call kind keeps its name, and every
+// kind of SessionRequest's call oneof has one.
+func TestCoroSessionCallNames(t *testing.T) {
+	want := map[string]*pb.SessionRequest{
+		"mc::Session::PutStart":       {Call: &pb.SessionRequest_PutStart{PutStart: &pb.BatchPutStartRequest{}}},
+		"mc::Session::PutEnd":         {Call: &pb.SessionRequest_PutEnd{PutEnd: &pb.BatchKeysRequest{}}},
+		"mc::Session::PutRevoke":      {Call: &pb.SessionRequest_PutRevoke{PutRevoke: &pb.BatchKeysRequest{}}},
+		"mc::Session::UpsertStart":    {Call: &pb.SessionRequest_UpsertStart{UpsertStart: &pb.BatchPutStartRequest{}}},
+		"mc::Session::UpsertEnd":      {Call: &pb.SessionRequest_UpsertEnd{UpsertEnd: &pb.BatchKeysRequest{}}},
+		"mc::Session::UpsertRevoke":   {Call: &pb.SessionRequest_UpsertRevoke{UpsertRevoke: &pb.BatchKeysRequest{}}},
+		"mc::Session::GetReplicaList": {Call: &pb.SessionRequest_GetReplicaList{GetReplicaList: &pb.BatchKeysRequest{}}},
+		"mc::Session::ExistKey":       {Call: &pb.SessionRequest_ExistKey{ExistKey: &pb.BatchKeysRequest{}}},
+		"mc::Session::Remove":         {Call: &pb.SessionRequest_Remove{Remove: &pb.BatchRemoveRequest{}}},
+	}
+	calls := store.CoroSessionCalls()
+	if len(calls) != len(want) {
+		t.Errorf("CoroSessionCalls() = %v: %d functions, want %d (a new call kind needs a name here)", calls, len(calls), len(want))
+	}
+	listed := map[string]bool{}
+	for _, c := range calls {
+		listed[c] = true
+	}
+	for name, req := range want {
+		if got := store.CoroSessionCall(req); got != name {
+			t.Errorf("CoroSessionCall(%T) = %q, want %q", req.Call, got, name)
+		}
+		if !listed[name] {
+			t.Errorf("%s missing from CoroSessionCalls() %v", name, calls)
+		}
+	}
+	if got := store.CoroSessionCall(&pb.SessionRequest{}); got != "" {
+		t.Errorf("a request without a call maps to %q, want \"\"", got)
+	}
+}
