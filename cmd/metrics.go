@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
+	"github.com/kvcache-ops/mc/pkg/store/master"
 )
 
 // serveMetrics serves /metrics (Prometheus text) and /health on addr until
@@ -33,7 +34,7 @@ func serveMetrics(ctx context.Context, addr string, cs ...prometheus.Collector) 
 	if err != nil {
 		return "", fmt.Errorf("metrics listener %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := master.NewAdminServer(mux, nil)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			slog.Warn("metrics server stopped", "addr", ln.Addr().String(), "err", err)

@@ -192,9 +192,9 @@ func Start(ctx context.Context, cfg Config) (*Candidate, error) {
 		}
 		c.AdminAddr = alis.Addr().String()
 		c.adminAdvertise = advertiseAdmin(c.cfg.Advertise, c.AdminAddr)
-		c.admin = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.admin = master.NewAdminServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			c.adminH.Load().(http.Handler).ServeHTTP(w, r)
-		}), ReadHeaderTimeout: 5 * time.Second}
+		}), c.log)
 		go c.admin.Serve(alis)
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Metrics are the master's Prometheus metrics under Mooncake's names, in a
@@ -47,6 +48,10 @@ var rpcOps = []string{
 func newMetrics(m *Master) *Metrics {
 	r := prometheus.NewRegistry()
 	x := &Metrics{Registry: r, ops: make(map[string][2]prometheus.Counter), items: make(map[string]prometheus.Counter)}
+	// The process's goroutines, memory and descriptors (go_goroutines,
+	// process_resident_memory_bytes, process_open_fds): what shows a
+	// client holding connections or calls.
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if c, ok := m.cfg.Events.(prometheus.Collector); ok {
 		r.MustRegister(c) // the KV events publisher's counters
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
@@ -204,7 +205,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("admin HTTP listener: %w", err)
 		}
 		s.AdminAddr = lis.Addr().String()
-		s.admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 5 * time.Second}
+		s.admin = master.NewAdminServer(adminHandler, s.log)
 		go s.admin.Serve(lis)
 	}
 	if (s.Master != nil || s.Candidate != nil) && s.AdminAddr != "" && cfg.Master.AdminToken == "" && !IsLoopback(s.AdminAddr) {
@@ -306,6 +307,7 @@ func (s *Server) shutdownMaster() {
 // nodeHandler serves a node's own /metrics and /health.
 func nodeHandler(c *store.Client, t *store.TierNode, masterAddr string) http.Handler {
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	seg, _ := c.Segment()
 	gauge := func(name, help string, f func() float64) {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: prometheus.Labels{"segment": seg.Name}}, f))

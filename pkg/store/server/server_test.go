@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -74,6 +75,35 @@ func TestAdminWarnsWhenOpen(t *testing.T) {
 		s.Close(ctx)
 		if n := strings.Count(logs.String(), "has no token"); (n == 1) != c.warn || n > 1 {
 			t.Fatalf("admin %s token %q: %d warnings, want warn=%v; logs:\n%s", c.admin, c.token, n, c.warn, logs.String())
+		}
+	}
+}
+
+// TestAdminServerBounded: the admin HTTP server Start opens closes idle
+// and slow connections and exports the process's goroutines (before, a
+// kept-alive connection stayed open for as long as its client liked, and
+// /metrics had no go_goroutines to see that with).
+func TestAdminServerBounded(t *testing.T) {
+	ctx := context.Background()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	eng := engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"}
+	s, err := Start(ctx, Config{RPCAddress: "127.0.0.1:0", AdminAddress: "127.0.0.1:0", Logger: quiet, Engine: eng})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	if s.admin.ReadTimeout <= 0 || s.admin.WriteTimeout <= 0 || s.admin.IdleTimeout <= 0 {
+		t.Fatalf("admin server unbounded: read %s, write %s, idle %s", s.admin.ReadTimeout, s.admin.WriteTimeout, s.admin.IdleTimeout)
+	}
+	resp, err := http.Get("http://" + s.AdminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, name := range []string{"go_goroutines ", "process_open_fds "} {
+		if !strings.Contains(string(b), "\n"+name) {
+			t.Errorf("admin /metrics has no %s", name)
 		}
 	}
 }
