@@ -2,7 +2,6 @@ package kvevents
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -90,9 +89,14 @@ type subscriberConn struct {
 	unwritten atomic.Int64
 	// events counts the events of those messages.
 	events atomic.Int64
-	topics [][]byte // guarded by pubSocket.mu
-	gone   chan struct{}
-	once   sync.Once
+	// all counts its subscriptions to the empty topic, less their
+	// cancels (guarded by pubSocket.mu): every message's topic is empty,
+	// so those are the only subscriptions that match. Others are not
+	// kept: a subscriber sending topics by the thousand (64 KiB each)
+	// held that memory in the master for as long as it stayed.
+	all  int
+	gone chan struct{}
+	once sync.Once
 	// raw is the connection's descriptor for flush's direct writes
 	// (nil: every message goes through the writer).
 	raw syscall.RawConn
@@ -199,16 +203,14 @@ func (s *pubSocket) readSubscriptions(sc *subscriberConn, r *bufio.Reader) error
 		default:
 			continue
 		}
+		if len(topic) > 0 {
+			continue // matches no message: every topic is empty
+		}
 		s.mu.Lock()
 		if sub {
-			sc.topics = append(sc.topics, bytes.Clone(topic))
-		} else {
-			for i, t := range sc.topics {
-				if bytes.Equal(t, topic) {
-					sc.topics = append(sc.topics[:i], sc.topics[i+1:]...)
-					break
-				}
-			}
+			sc.all++
+		} else if sc.all > 0 {
+			sc.all--
 		}
 		s.mu.Unlock()
 	}
@@ -355,7 +357,7 @@ func (s *pubSocket) flush() {
 	}
 	s.mu.Lock()
 	for sc := range s.subs {
-		if matches(sc.topics, nil) {
+		if sc.all > 0 {
 			s.targets = append(s.targets, sc)
 		}
 	}
@@ -439,22 +441,12 @@ func (s *pubSocket) writeNow(sc *subscriberConn) (rest []*message, skip int, err
 	return rest, n, nil
 }
 
-// matches: a subscription is a prefix of the topic.
-func matches(topics [][]byte, topic []byte) bool {
-	for _, t := range topics {
-		if bytes.HasPrefix(topic, t) {
-			return true
-		}
-	}
-	return false
-}
-
 // stats counts subscribers that receive messages, and messages dropped
 // for subscribers that fell behind.
 func (s *pubSocket) stats() (subscribed int, drops uint64) {
 	s.mu.Lock()
 	for sc := range s.subs {
-		if matches(sc.topics, nil) {
+		if sc.all > 0 {
 			subscribed++
 		}
 	}
