@@ -147,3 +147,44 @@ func TestSizeAndDurationCommandLines(t *testing.T) {
 		t.Errorf("config file: %q", errs)
 	}
 }
+
+// Every float flag refuses NaN and infinities (strconv accepts them, and
+// a range check "x < 0 || x > 1" lets NaN through: --eviction-ratio NaN
+// started a master), from the command line, the environment or a config
+// file alike, exiting 64 with one line naming the flag.
+func TestFloatFlagsRefuseNaN(t *testing.T) {
+	isolateEnv(t)
+	root := newRootCmd(&printer{})
+	floats := 0
+	walkFlags(root, func(c *cobra.Command, f *pflag.Flag) {
+		if f.Value.Type() != "float64" {
+			return
+		}
+		floats++
+		for _, in := range []string{"NaN", "nan", "Inf", "-inf", "+Infinity"} {
+			if err := f.Value.Set(in); err == nil {
+				t.Errorf("%s --%s %s: accepted", c.CommandPath(), f.Name, in)
+			}
+		}
+		if err := f.Value.Set("0.5"); err != nil {
+			t.Errorf("%s --%s 0.5: %v", c.CommandPath(), f.Name, err)
+		}
+	})
+	if floats < 5 {
+		t.Fatalf("found %d float flags, want the tree's (eviction ratios, get ratio, sim's)", floats)
+	}
+	for _, args := range [][]string{
+		{"serve", "store", "--eviction-ratio", "NaN"},
+		{"serve", "store", "--eviction_high_watermark_ratio", "nan"},
+		{"bench", "store", "--get-ratio", "NaN"},
+	} {
+		_, errs, code := execMC(t, args...)
+		if code != 64 || !strings.Contains(errs, "not a finite number") || strings.Count(errs, "\n") != 1 {
+			t.Errorf("mc %s: exit %d, stderr %q; want 64 and one line: not a finite number", strings.Join(args, " "), code, errs)
+		}
+	}
+	t.Setenv("MC_SERVE_EVICTION_RATIO", "NaN")
+	if _, errs, code := execMC(t, "serve", "store"); code != 64 || !strings.Contains(errs, `invalid value "NaN" for --eviction-ratio from $MC_SERVE_EVICTION_RATIO: not a finite number`) {
+		t.Errorf("MC_SERVE_EVICTION_RATIO=NaN: exit %d, %q", code, errs)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"reflect"
 	"strconv"
@@ -260,6 +261,7 @@ environment variable or in $XDG_CONFIG_HOME/mc/config.yaml.
 	root.InitDefaultCompletionCmd()
 	strictArgs(root)
 	completeEnums(root)
+	finiteFloats(root)
 	root.InitDefaultHelpCmd()
 	strictHelp(root)
 
@@ -452,6 +454,33 @@ func completeEnums(c *cobra.Command) {
 		}
 		_ = c.RegisterFlagCompletionFunc(f.Name, cobra.FixedCompletions(vals, cobra.ShellCompDirectiveNoFileComp))
 	})
+}
+
+// finiteFloats makes every float flag of the tree refuse NaN and ±Inf,
+// which strconv.ParseFloat (and so pflag) accepts and range checks
+// written as "x < 0 || x > 1" let through: --eviction-ratio NaN started
+// a master whose eviction target was NaN. From the command line, an MC_*
+// variable or a config file alike (all set flags through Value.Set).
+func finiteFloats(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		finiteFloats(sub)
+	}
+	c.LocalFlags().VisitAll(func(f *pflag.Flag) {
+		if _, done := f.Value.(finiteFloat); !done && f.Value.Type() == "float64" {
+			f.Value = finiteFloat{f.Value}
+		}
+	})
+}
+
+// finiteFloat is a float64 flag value that refuses NaN and infinities.
+type finiteFloat struct{ pflag.Value }
+
+func (v finiteFloat) Set(s string) error {
+	x, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err == nil && (math.IsNaN(x) || math.IsInf(x, 0)) {
+		return fmt.Errorf("not a finite number")
+	}
+	return v.Value.Set(s)
 }
 
 // flagAliases are other tools' names for mc's flags: mooncake_client's

@@ -215,7 +215,7 @@ func (c *Config) check() error {
 	case c.Batch < 0 || c.Batch > store.MaxBatchSize:
 		return fmt.Errorf("batch %d: want 1 to %d", c.Batch, store.MaxBatchSize)
 	}
-	if c.GetRatio < 0 || c.GetRatio > 1 {
+	if !(c.GetRatio >= 0 && c.GetRatio <= 1) {
 		return fmt.Errorf("get ratio %g: want 0 to 1", c.GetRatio)
 	}
 	if c.Duration <= 0 {
@@ -255,7 +255,7 @@ func (c *Config) check() error {
 		return fmt.Errorf("one comparison per run: against tcp or against the disk, not both")
 	case c.VsTCP && c.Engine.Protocol != engine.ProtocolAuto && c.Engine.Protocol != engine.ProtocolSHM:
 		return fmt.Errorf("a comparison with tcp measures shared memory: the client's protocol is %q, want auto or shm", c.Engine.Protocol)
-	case c.HighWatermark < 0 || c.HighWatermark > 1:
+	case !(c.HighWatermark >= 0 && c.HighWatermark <= 1):
 		return fmt.Errorf("eviction high watermark %g: want a fraction in (0, 1]", c.HighWatermark)
 	case c.Master != "" && c.Admin == "" && !c.AllowEvict:
 		return fmt.Errorf("a store this run did not start: its admin API is needed to size the working set to the room below its eviction watermark (or allow the run to evict the store's other keys)")

@@ -193,9 +193,10 @@ func (c *Config) setDefaults() error {
 		c.Logger = slog.Default()
 	}
 	switch {
-	case c.EvictionRatio < 0 || c.EvictionRatio > 1:
+	// Written so that NaN fails them too.
+	case !(c.EvictionRatio >= 0 && c.EvictionRatio <= 1):
 		return fmt.Errorf("eviction_ratio %g: want a fraction in [0, 1]", c.EvictionRatio)
-	case c.HighWatermark <= 0 || c.HighWatermark > 1:
+	case !(c.HighWatermark > 0 && c.HighWatermark <= 1):
 		return fmt.Errorf("eviction_high_watermark_ratio %g: want a fraction in (0, 1]", c.HighWatermark)
 	case c.PutReleaseTimeout <= c.PutDiscardTimeout:
 		return fmt.Errorf("put_start_release_timeout_sec (%s) must exceed put_start_discard_timeout_sec (%s)", c.PutReleaseTimeout, c.PutDiscardTimeout)

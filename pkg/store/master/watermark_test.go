@@ -2,6 +2,8 @@ package master
 
 import (
 	"fmt"
+	"math"
+	"strings"
 	"testing"
 
 	"github.com/kvcache-ops/mc/pkg/store"
@@ -140,4 +142,19 @@ func TestPutFittingOnlyAfterEvictionSurvivesWatermark(t *testing.T) {
 		t.Errorf("a put no eviction can fit is refused for the watermark: %v", r.Err)
 	}
 	wantPresent(t, m, true, "old")
+}
+
+// TestConfigRefusesNaNRatios: NaN eviction ratios are refused (a range
+// check written "x < 0 || x > 1" let NaN through, and a master with a NaN
+// watermark computed NaN eviction targets).
+func TestConfigRefusesNaNRatios(t *testing.T) {
+	for _, c := range []Config{{EvictionRatio: math.NaN()}, {HighWatermark: math.NaN()}} {
+		m, err := New(c)
+		if err == nil {
+			m.Close()
+			t.Errorf("New(%+v): accepted", c)
+		} else if !strings.Contains(err.Error(), "NaN: want a fraction") {
+			t.Errorf("New with a NaN ratio: %v", err)
+		}
+	}
 }
