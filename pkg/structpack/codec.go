@@ -96,10 +96,10 @@ func AppendMarshalArgs(dst []byte, args []any, opts ...Option) ([]byte, error) {
 // message may or may not embed its type literal and may use any container
 // length width.
 func Unmarshal(data []byte, v any) error {
-	return unmarshalOne(data, v, false)
+	return unmarshalOne(data, v, ArgsDecoder{})
 }
 
-func unmarshalOne(data []byte, v any, borrow bool) error {
+func unmarshalOne(data []byte, v any, o ArgsDecoder) error {
 	rv, err := target(v)
 	if err != nil {
 		return err
@@ -109,13 +109,13 @@ func unmarshalOne(data []byte, v any, borrow bool) error {
 		return err
 	}
 	vals := [1]reflect.Value{rv}
-	return p.decodeWith(data, vals[:], borrow)
+	return p.decodeWith(data, vals[:], o)
 }
 
 // UnmarshalArgs decodes an RPC request body into the arguments ptrs point
 // to, the reverse of MarshalArgs.
 func UnmarshalArgs(data []byte, ptrs ...any) error {
-	return unmarshalArgs(data, false, ptrs)
+	return ArgsDecoder{}.UnmarshalArgs(data, ptrs...)
 }
 
 // UnmarshalArgsBorrow is UnmarshalArgs with every decoded string pointing
@@ -123,10 +123,26 @@ func UnmarshalArgs(data []byte, ptrs ...any) error {
 // hot handler that is done with its arguments before data changes or goes
 // (a batch of keys to look up). A string kept longer must be cloned.
 func UnmarshalArgsBorrow(data []byte, ptrs ...any) error {
-	return unmarshalArgs(data, true, ptrs)
+	return ArgsDecoder{Borrow: true}.UnmarshalArgs(data, ptrs...)
 }
 
-func unmarshalArgs(data []byte, borrow bool, ptrs []any) error {
+// ArgsDecoder decodes RPC arguments as UnmarshalArgs does, with options
+// for a message from a peer that is not trusted.
+type ArgsDecoder struct {
+	// Borrow: decoded strings point into data (UnmarshalArgsBorrow).
+	Borrow bool
+	// MaxElems, when above 0, bounds the elements of all the message's
+	// vectors (but strings and byte vectors) and maps together; a message
+	// with more fails with ErrTooManyElements before they are made.
+	MaxElems int
+}
+
+// UnmarshalArgs decodes data into ptrs (see the package's UnmarshalArgs).
+func (o ArgsDecoder) UnmarshalArgs(data []byte, ptrs ...any) error {
+	return unmarshalArgs(data, o, ptrs)
+}
+
+func unmarshalArgs(data []byte, o ArgsDecoder, ptrs []any) error {
 	if len(ptrs) == 0 {
 		if len(data) != 0 {
 			return &DecodeError{Type: "()", Elem: "()", Reason: strconv.Itoa(len(data)) + " bytes for a call without arguments", Err: ErrMalformed}
@@ -134,7 +150,7 @@ func unmarshalArgs(data []byte, borrow bool, ptrs []any) error {
 		return nil
 	}
 	if len(ptrs) == 1 {
-		return unmarshalOne(data, ptrs[0], borrow)
+		return unmarshalOne(data, ptrs[0], o)
 	}
 	var valsArr [maxCachedArgs]reflect.Value
 	var typesArr [maxCachedArgs]reflect.Type
@@ -154,7 +170,7 @@ func unmarshalArgs(data []byte, borrow bool, ptrs []any) error {
 	if err != nil {
 		return err
 	}
-	return p.decodeWith(data, vals, borrow)
+	return p.decodeWith(data, vals, o)
 }
 
 // Literal returns the struct_pack type literal of t (get_types_literal).
@@ -374,9 +390,9 @@ func (p *rootPlan) header(e *encoder, literal bool) {
 	}
 }
 
-func (p *rootPlan) decodeWith(data []byte, vals []reflect.Value, borrow bool) error {
+func (p *rootPlan) decodeWith(data []byte, vals []reflect.Value, o ArgsDecoder) error {
 	d := decoderPool.Get().(*decoder)
-	*d = decoder{data: data, width: 1, borrow: borrow}
+	*d = decoder{data: data, width: 1, borrow: o.Borrow, maxElems: o.MaxElems}
 	err := p.decodeMessage(d, vals)
 	*d = decoder{}
 	decoderPool.Put(d)

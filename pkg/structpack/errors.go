@@ -14,6 +14,9 @@ var (
 	// discriminator other than 0 or 1, a variant index out of range, a
 	// duplicate map key, bytes after the value, unknown metainfo bits).
 	ErrMalformed = errors.New("malformed message")
+	// ErrTooManyElements: the message's vectors and maps hold more
+	// elements than the decoder was allowed (ArgsDecoder.MaxElems).
+	ErrTooManyElements = errors.New("too many elements")
 )
 
 // DecodeError reports bytes that do not decode as the requested type.
@@ -23,7 +26,7 @@ type DecodeError struct {
 	Elem   string // Go type of the value at Path
 	Offset int    // byte offset into the message
 	Reason string
-	Err    error // ErrTruncated or ErrMalformed
+	Err    error // ErrTruncated, ErrMalformed or ErrTooManyElements
 }
 
 func (e *DecodeError) Error() string {

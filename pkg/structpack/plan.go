@@ -87,6 +87,23 @@ type decoder struct {
 	wi    int // index of width in widths
 	// borrow makes decoded strings point into data (UnmarshalArgsBorrow).
 	borrow bool
+	// maxElems bounds the elements of all vectors (but byte vectors and
+	// strings) and maps of the message together, 0 none; elems counts
+	// them.
+	maxElems, elems int
+}
+
+// elements counts n more elements of a vector or map of type t against
+// maxElems, before they are made. A vector's length is bounded by the
+// bytes left, but an element of a few bytes on the wire (an empty string:
+// its 4-byte length) takes several times that in Go (16 bytes), so a
+// 64 MiB message could make a GiB of them.
+func (d *decoder) elements(t reflect.Type, n int) error {
+	d.elems += n
+	if d.maxElems > 0 && d.elems > d.maxElems {
+		return d.errorf(t, ErrTooManyElements, "%d elements with those before, over the limit of %d", d.elems, d.maxElems)
+	}
+	return nil
 }
 
 func (d *decoder) left() int { return len(d.data) - d.off }
@@ -463,6 +480,9 @@ func (b *builder) sliceNode(t reflect.Type, path string) (*node, error) {
 	}
 	n.dec = func(d *decoder, v reflect.Value) error {
 		cnt, err := d.count(t, elemMin[d.wi])
+		if err == nil {
+			err = d.elements(t, cnt)
+		}
 		if err != nil {
 			return err
 		}
@@ -578,6 +598,9 @@ func (b *builder) mapNode(t reflect.Type, path string) (*node, error) {
 	}
 	n.dec = func(d *decoder, v reflect.Value) error {
 		cnt, err := d.count(t, entryMin[d.wi])
+		if err == nil {
+			err = d.elements(t, cnt)
+		}
 		if err != nil {
 			return err
 		}

@@ -143,14 +143,21 @@ func (s *mooncakeServer) wrap(name string, h mooncakeHandler) cororpc.Handler {
 // (another Mooncake version's types) is answered as coro_rpc answers
 // arguments it cannot deserialize, and logged once per client and call.
 func (s *mooncakeServer) args(name string, req *cororpc.Request, ptrs ...any) error {
-	return s.argsErr(name, req, structpack.UnmarshalArgs(req.Body, ptrs...))
+	return s.argsErr(name, req, structpack.ArgsDecoder{MaxElems: maxArgElems}.UnmarshalArgs(req.Body, ptrs...))
 }
+
+// maxArgElems bounds the elements of a request's vectors together
+// before they are decoded: a batch has at most store.MaxBatchSize keys,
+// each with a few slices, and without a bound a 64 MiB request of 16
+// million empty keys (4 bytes each on the wire, 16 in Go) decoded into a
+// GiB before the batch limit refused it.
+const maxArgElems = 64 * store.MaxBatchSize
 
 // argsBorrow is args with the strings pointing into the request's body
 // (structpack.UnmarshalArgsBorrow): for a handler done with them when it
 // returns.
 func (s *mooncakeServer) argsBorrow(name string, req *cororpc.Request, ptrs ...any) error {
-	return s.argsErr(name, req, structpack.UnmarshalArgsBorrow(req.Body, ptrs...))
+	return s.argsErr(name, req, structpack.ArgsDecoder{Borrow: true, MaxElems: maxArgElems}.UnmarshalArgs(req.Body, ptrs...))
 }
 
 func (s *mooncakeServer) argsErr(name string, req *cororpc.Request, err error) error {

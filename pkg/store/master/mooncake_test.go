@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvcache-ops/mc/pkg/cororpc"
+	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/mooncake"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 	"github.com/kvcache-ops/mc/pkg/structpack"
@@ -269,5 +271,39 @@ func TestMooncakeUnsupportedAndBackgroundCalls(t *testing.T) {
 				t.Fatalf("status of an unknown segment: %+v", st)
 			}
 		}
+	}
+}
+
+// TestMooncakeArgsElementLimit: a request whose vectors hold more
+// elements than any batch may is refused before they are decoded, with
+// invalid arguments naming the limit (before, 60 MB of empty keys decoded
+// into 240 MB each, and six such calls at once took a live master to
+// 2.2 GB, only for the batch limit to refuse them).
+func TestMooncakeArgsElementLimit(t *testing.T) {
+	addr := serveShared(t, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	body, err := structpack.MarshalArgs(make([]string, maxArgElems+1), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	rh, rb := rawCall(t, addr, mooncake.FunctionID("BatchExistKey"), body)
+	runtime.ReadMemStats(&after)
+	if cororpc.Errc(rh.ErrCode) != cororpc.ErrcInvalidRPCArguments || !bytes.Contains(rb, []byte("over the limit of")) {
+		t.Fatalf("BatchExistKey of %d keys: err_code %d, %q", maxArgElems+1, rh.ErrCode, rb)
+	}
+	// The request is copied and read (4 MB each, the server reading in
+	// growing pieces); its 16 MB of keys are never made.
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 5*uint64(len(body)) {
+		t.Errorf("refusing a %d-byte request allocated %d bytes", len(body), grew)
+	}
+	// A batch at the limit still decodes (and is refused by the batch limit).
+	ok, err := structpack.MarshalArgs(make([]string, store.MaxBatchSize), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rh, rb := rawCall(t, addr, mooncake.FunctionID("BatchExistKey"), ok); rh.ErrCode != 0 {
+		t.Fatalf("BatchExistKey of %d keys: err_code %d, %q", store.MaxBatchSize, rh.ErrCode, rb)
 	}
 }
