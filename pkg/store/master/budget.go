@@ -16,8 +16,10 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvcache-ops/mc/pkg/budget"
+	"github.com/kvcache-ops/mc/pkg/store"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
 
@@ -202,6 +204,9 @@ func (g *grpcBudget) verdict(msg any) (int64, error) {
 	case int64:
 		return v, nil
 	case error:
+		if _, ok := status.FromError(v); ok {
+			return 0, v // refused for what it holds (Unmarshal)
+		}
 		return 0, status.Error(codes.ResourceExhausted, v.Error())
 	}
 	return 0, nil
@@ -263,6 +268,21 @@ func (c budgetCodec) Marshal(v any) (mem.BufferSlice, error) { return c.g.proto.
 func (c budgetCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if data.Len() < freeRequest {
 		return c.g.proto.Unmarshal(data, v)
+	}
+	if m, ok := v.(proto.Message); ok {
+		// Count the repeated fields' elements before decoding makes
+		// them (store.CheckElements): the charge is 8 times the bytes,
+		// a message of empty keys decodes into more.
+		var b []byte
+		if len(data) == 1 {
+			b = data[0].ReadOnlyData()
+		} else {
+			b = data.Materialize()
+		}
+		if err := store.CheckElements(b, m.ProtoReflect().Descriptor(), store.MaxRequestElements); err != nil {
+			c.g.verdicts.Store(v, status.Error(codes.InvalidArgument, err.Error()))
+			return nil
+		}
 	}
 	charged, err := c.g.b.TryAcquire(gRPCCharge * int64(data.Len()))
 	if err != nil {

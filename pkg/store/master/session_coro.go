@@ -91,6 +91,9 @@ func (s *rpcServer) coroSession(name string) cororpc.Handler {
 // another function's call.
 func decodeCoroSession(name string, body []byte) (*pb.SessionRequest, *pb.SessionResponse) {
 	r := &pb.SessionRequest{}
+	if err := store.CheckElements(body, r.ProtoReflect().Descriptor(), store.MaxRequestElements); err != nil {
+		return nil, &pb.SessionResponse{StatusCode: uint32(codes.InvalidArgument), StatusMessage: fmt.Sprintf("%s: %v", name, err)}
+	}
 	if err := proto.Unmarshal(body, r); err != nil {
 		return nil, &pb.SessionResponse{StatusCode: uint32(codes.InvalidArgument),
 			StatusMessage: fmt.Sprintf("%s: %s: body of %d bytes is not a SessionRequest: %v", store.InvalidParams, name, len(body), err)}
