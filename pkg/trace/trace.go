@@ -29,6 +29,16 @@ type Request struct {
 // MaxLine bounds one line (a prompt of 1M tokens has ~2k ids).
 const MaxLine = 16 << 20
 
+// MaxTokens bounds a request's input and output lengths, and MaxTimestamp
+// its timestamp (about 35 years in ms): far beyond any model's context
+// and any trace, and low enough that a simulator stepping once per output
+// token, and times in nanoseconds, stay finite (an output_length of 2^63
+// ran mc sim conductor forever).
+const (
+	MaxTokens    = 1 << 24
+	MaxTimestamp = 1 << 40
+)
+
 // line is a Request as it comes off the wire: a field the line does not
 // carry (or carries as null) stays nil, so Read can tell "absent" from
 // zero. Without this, any JSON object (`{"garbage": 1}`, `null`) decoded
@@ -80,8 +90,12 @@ func Read(r io.Reader) ([]Request, error) {
 		switch {
 		case q.Timestamp < 0:
 			return nil, fmt.Errorf("line %d: negative timestamp %d", n, q.Timestamp)
+		case q.Timestamp > MaxTimestamp:
+			return nil, fmt.Errorf("line %d: timestamp %d: more than %d ms", n, q.Timestamp, int64(MaxTimestamp))
 		case q.InputLength < 0 || q.OutputLength < 0:
 			return nil, fmt.Errorf("line %d: negative length (input %d, output %d)", n, q.InputLength, q.OutputLength)
+		case q.InputLength > MaxTokens || q.OutputLength > MaxTokens:
+			return nil, fmt.Errorf("line %d: length above %d tokens (input %d, output %d)", n, MaxTokens, q.InputLength, q.OutputLength)
 		case len(q.HashIDs) == 0 && q.InputLength > 0:
 			return nil, fmt.Errorf("line %d: %d input tokens but no hash_ids", n, q.InputLength)
 		}

@@ -24,6 +24,11 @@ func TestRead(t *testing.T) {
 		{`{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": []}`, "no hash_ids"},
 		{"{\"timestamp\": 1, \"input_length\": 0, \"output_length\": 0, \"hash_ids\": []}\n{oops", "line 2"},
 		{`{"timestamp": 1, "input_length": -3, "output_length": 1, "hash_ids": [1]}`, "negative length"},
+		// Lengths and times a simulator cannot step through (it ran
+		// forever on an output_length of 2^63).
+		{`{"timestamp": 0, "input_length": 1, "output_length": 9223372036854775807, "hash_ids": [1]}`, "line 1: length above 16777216 tokens"},
+		{`{"timestamp": 0, "input_length": 16777217, "output_length": 1, "hash_ids": [1]}`, "length above 16777216 tokens"},
+		{`{"timestamp": 9223372036854775807, "input_length": 1, "output_length": 1, "hash_ids": [1]}`, "timestamp 9223372036854775807: more than"},
 		// A line must carry every field: a missing one is not a zero.
 		{`{"garbage": 1}`, "line 1: missing required field(s) timestamp, input_length, output_length, hash_ids"},
 		{"null", "line 1: missing required field(s) timestamp"},
