@@ -183,6 +183,19 @@ func TestFloatFlagsRefuseNaN(t *testing.T) {
 			t.Errorf("mc %s: exit %d, stderr %q; want 64 and one line: not a finite number", strings.Join(args, " "), code, errs)
 		}
 	}
+	// Out of range is a usage error too (it exited 1).
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "store", "--eviction-ratio", "2"}, "invalid --eviction-ratio 2: want a fraction in [0, 1]"},
+		{[]string{"serve", "store", "--eviction-high-watermark-ratio", "1.5"}, "invalid --eviction-high-watermark-ratio 1.5: want a fraction in (0, 1]"},
+		{[]string{"serve", "store", "--max-regions-per-instance", "-3"}, "invalid --max-regions-per-instance -3"},
+	} {
+		if _, errs, code := execMC(t, c.args...); code != 64 || !strings.Contains(errs, c.want) {
+			t.Errorf("mc %s: exit %d, stderr %q; want 64 and %q", strings.Join(c.args, " "), code, errs, c.want)
+		}
+	}
 	t.Setenv("MC_SERVE_EVICTION_RATIO", "NaN")
 	if _, errs, code := execMC(t, "serve", "store"); code != 64 || !strings.Contains(errs, `invalid value "NaN" for --eviction-ratio from $MC_SERVE_EVICTION_RATIO: not a finite number`) {
 		t.Errorf("MC_SERVE_EVICTION_RATIO=NaN: exit %d, %q", code, errs)

@@ -457,6 +457,12 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	switch {
 	case o.RegionSize <= 0:
 		return cfg, usagef("invalid --region-size %d: want more than 0 bytes", o.RegionSize)
+	case !(o.EvictionRatio >= 0 && o.EvictionRatio <= 1):
+		return cfg, usagef("invalid --eviction-ratio %g: want a fraction in [0, 1]", o.EvictionRatio)
+	case !(o.HighWatermark > 0 && o.HighWatermark <= 1):
+		return cfg, usagef("invalid --eviction-high-watermark-ratio %g: want a fraction in (0, 1]", o.HighWatermark)
+	case o.MaxRegionsPerInstance < 0:
+		return cfg, usagef("invalid --max-regions-per-instance %d: want 0 (unlimited) or more", o.MaxRegionsPerInstance)
 	case o.LeaseTTL <= 0:
 		return cfg, usagef("invalid --default-kv-lease-ttl %s: want more than 0", o.LeaseTTL)
 	case o.ClientTTL <= 0:
