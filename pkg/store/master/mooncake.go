@@ -107,9 +107,10 @@ type mooncakeServer struct {
 	rpc  *rpcServer // durable()
 	// warned remembers (client address, call) pairs already logged for a
 	// request this master cannot decode, so a client of another version
-	// logs once, not once per call.
-	warned sync.Map
-	nextID atomic.Uint64
+	// logs once, not once per call (warnOnce); nwarned counts them.
+	warned  sync.Map
+	nwarned atomic.Int64
+	nextID  atomic.Uint64
 }
 
 type mooncakeHandler func(ctx context.Context, req *cororpc.Request) (any, error)
@@ -176,10 +177,28 @@ func (s *mooncakeServer) argsErr(name string, req *cororpc.Request, err error) e
 	} else {
 		msg += ": " + err.Error()
 	}
-	if _, seen := s.warned.LoadOrStore(hostOf(peer)+"|"+name, true); !seen {
+	if s.warnOnce(hostOf(peer) + "|" + name) {
 		s.log.Warn(msg)
 	}
 	return &cororpc.RPCError{Code: cororpc.ErrcInvalidRPCArguments, Message: msg}
+}
+
+// maxWarned bounds the pairs warned remembers: clients from ever new
+// addresses (an IPv6 prefix holds billions) would grow it for as long as
+// the master runs. Past it, the memory starts over (each pair may be
+// logged once more).
+const maxWarned = 4096
+
+// warnOnce reports whether key is new to warned (log it), remembering it.
+func (s *mooncakeServer) warnOnce(key string) bool {
+	if _, seen := s.warned.LoadOrStore(key, true); seen {
+		return false
+	}
+	if s.nwarned.Add(1) > maxWarned {
+		s.warned.Clear()
+		s.nwarned.Store(0)
+	}
+	return true
 }
 
 // msDuration converts milliseconds from the wire, saturating.
@@ -780,7 +799,7 @@ var unsupportedCalls = map[string]any{
 
 func (s *mooncakeServer) unsupported(name string, answer any) mooncakeHandler {
 	return func(_ context.Context, req *cororpc.Request) (any, error) {
-		if _, seen := s.warned.LoadOrStore("unsupported|"+name, true); !seen {
+		if s.warnOnce("unsupported|" + name) {
 			s.log.Warn(fmt.Sprintf("Mooncake call %s from %s: not supported by mc's master; answered NOT_SUPPORTED", name, addrOf(req)))
 		}
 		switch answer.(type) {

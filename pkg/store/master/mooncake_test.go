@@ -3,6 +3,7 @@ package master
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -339,4 +340,33 @@ func TestSessionElementLimit(t *testing.T) {
 		t.Fatalf("gRPC BatchExistKey of %d keys: %v", len(keys.Keys), err)
 	}
 	roundTrip(t, gc, "after-many-keys")
+}
+
+// TestMooncakeWarnedBounded: the pairs remembered so that an undecodable
+// call is logged once per client and call stay bounded when the calls
+// come from ever new addresses (they grew with every one).
+func TestMooncakeWarnedBounded(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	ms := &mooncakeServer{m: m, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	type uuidV2 struct{ A, B, C uint64 }
+	body, err := structpack.MarshalArgs(uuidV2{1, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id mooncake.UUID
+	for i := range 3 * maxWarned {
+		peer := &net.TCPAddr{IP: net.ParseIP(fmt.Sprintf("2001:db8::%x", i+1)), Port: 5000}
+		if err := ms.args("Ping", &cororpc.Request{Body: body, RemoteAddr: peer}, &id); err == nil {
+			t.Fatal("another version's Ping decoded")
+		}
+	}
+	n := 0
+	ms.warned.Range(func(any, any) bool { n++; return true })
+	if n > maxWarned {
+		t.Fatalf("%d pairs remembered after %d addresses; want at most %d", n, 3*maxWarned, maxWarned)
+	}
+	// Still once per client and call.
+	if !ms.warnOnce("a|Ping") || ms.warnOnce("a|Ping") {
+		t.Fatal("a new pair not logged once")
+	}
 }
