@@ -188,8 +188,8 @@ func TestFloatFlagsRefuseNaN(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"serve", "store", "--eviction-ratio", "2"}, "invalid --eviction-ratio 2: want a fraction in [0, 1]"},
-		{[]string{"serve", "store", "--eviction-high-watermark-ratio", "1.5"}, "invalid --eviction-high-watermark-ratio 1.5: want a fraction in (0, 1]"},
+		{[]string{"serve", "store", "--eviction-ratio", "2"}, "invalid --eviction-ratio (eviction_ratio) 2: want a fraction in [0, 1]"},
+		{[]string{"serve", "store", "--eviction-high-watermark-ratio", "1.5"}, "invalid --eviction-high-watermark-ratio (eviction_high_watermark_ratio) 1.5: want a fraction in (0, 1]"},
 		{[]string{"serve", "store", "--max-regions-per-instance", "-3"}, "invalid --max-regions-per-instance -3"},
 	} {
 		if _, errs, code := execMC(t, c.args...); code != 64 || !strings.Contains(errs, c.want) {

@@ -458,9 +458,9 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	case o.RegionSize <= 0:
 		return cfg, usagef("invalid --region-size %d: want more than 0 bytes", o.RegionSize)
 	case !(o.EvictionRatio >= 0 && o.EvictionRatio <= 1):
-		return cfg, usagef("invalid --eviction-ratio %g: want a fraction in [0, 1]", o.EvictionRatio)
+		return cfg, usagef("invalid --eviction-ratio (eviction_ratio) %g: want a fraction in [0, 1]", o.EvictionRatio)
 	case !(o.HighWatermark > 0 && o.HighWatermark <= 1):
-		return cfg, usagef("invalid --eviction-high-watermark-ratio %g: want a fraction in (0, 1]", o.HighWatermark)
+		return cfg, usagef("invalid --eviction-high-watermark-ratio (eviction_high_watermark_ratio) %g: want a fraction in (0, 1]", o.HighWatermark)
 	case o.MaxRegionsPerInstance < 0:
 		return cfg, usagef("invalid --max-regions-per-instance %d: want 0 (unlimited) or more", o.MaxRegionsPerInstance)
 	case o.LeaseTTL <= 0:
