@@ -14,6 +14,13 @@ import (
 
 func newProvider(t testing.TB, cfg soft.Config) *soft.Provider {
 	t.Helper()
+	if cfg.RetryTimeout == 0 {
+		// Tests of anything but the retry limit: half a second without
+		// progress was reached on a loaded 2-core machine (make test
+		// beside a soak run: a plain write completed "transport retry
+		// counter exceeded"). The retry tests set their own.
+		cfg.RetryTimeout = 10 * time.Second
+	}
 	p, err := soft.New(cfg)
 	if err != nil {
 		t.Fatal(err)
