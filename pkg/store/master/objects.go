@@ -2,6 +2,7 @@ package master
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
@@ -179,7 +180,69 @@ type shard struct {
 	// memHits and memHitBytes count reads served from memory (under mu;
 	// summed by memHitTotals).
 	memHits, memHitBytes uint64
-	_                    [8]byte // keep neighbouring shard locks off one cache line
+	// era and gone: see eraLog.
+	era  *eraLog
+	gone map[string]struct{}
+	_    [8]byte // keep neighbouring shard locks off one cache line
+}
+
+// eraLog is a master's first era, when nodes come back after a restart
+// without HA and report disk records of versions from before it (not
+// ours), which it re-adds when their key has no object. A key removed
+// (or evicted, or put and revoked) on this master before that record's
+// tier attaches makes the record stale, yet neither its version nor the
+// absent object can tell: so the keys that left each shard during the
+// era are kept (shard.gone), and a record from before the master
+// reported after its era is dropped, as what became of its key since is
+// no longer known. The era is 3 x client_ttl (the time a node has to
+// come back), ended early past eraKeys keys or once the master is
+// restored from an op log (HA: every version is then ours).
+type eraLog struct {
+	end atomic.Int64 // unix nanos; 0: over
+	n   atomic.Int64 // keys kept
+	now func() int64
+}
+
+// eraKeys bounds the keys an era keeps (tens of bytes each).
+const eraKeys = 1 << 18
+
+// left records that key left the shard (removed, evicted, revoked, or
+// removed while absent). The caller holds sh.mu.
+func (sh *shard) left(key string) {
+	e := sh.era
+	if e == nil {
+		return
+	}
+	end := e.end.Load()
+	if end != 0 && (e.now() > end || e.n.Add(1) > eraKeys) {
+		e.end.Store(0)
+		end = 0
+	}
+	if end == 0 {
+		sh.gone = nil
+		return
+	}
+	if sh.gone == nil {
+		sh.gone = make(map[string]struct{})
+	}
+	sh.gone[key] = struct{}{}
+}
+
+// earlier reports whether a record of key from before this master,
+// reported at now, may be re-added: the era is not over and key has not
+// left the shard during it. The caller holds sh.mu.
+func (sh *shard) earlier(key string, now int64) bool {
+	e := sh.era
+	if e == nil {
+		return true
+	}
+	if end := e.end.Load(); end == 0 || now > end {
+		e.end.Store(0)
+		sh.gone = nil
+		return false
+	}
+	_, gone := sh.gone[key]
+	return !gone
 }
 
 type hitTotals struct{ hits, bytes uint64 }
@@ -201,6 +264,7 @@ func (m *Master) memHitTotals() hitTotals {
 // frees its replicas.
 func (sh *shard) remove(key string, o *Object) {
 	delete(sh.objects, key)
+	sh.left(key)
 	if sh.ledger != nil {
 		sh.ledger.shift(key, chargeOf(o), 0)
 	}
