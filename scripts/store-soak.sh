@@ -90,6 +90,7 @@ start_node() { # index
 start_client() { # index: a loop restarting the client until the end
 	local i=$1
 	(
+		exec 2>>"$DIR/logs/clientloop$i.log" # bash's "Killed" notes
 		while [ "$(date +%s)" -lt "$END" ]; do
 			left=$((END - $(date +%s)))
 			"$SOAK" --master "$MASTER_ADDR" --id "$i" --journal "$DIR/journals/c$i.journal" \
