@@ -338,6 +338,7 @@ func New(cfg Config) (*Master, error) {
 	m.tenants = tt
 	m.m = newMetrics(m)
 	m.era.now = m.now
+	m.era.seed = maphash.MakeSeed()
 	m.era.end.Store(m.now() + 3*m.cfg.ClientTTL.Nanoseconds())
 	for i := range m.shards {
 		m.shards[i].objects = make(map[string]*Object)

@@ -911,7 +911,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 			// version, or restored every version from its op log.
 			drops = append(drops, &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: r.GetKey(), Version: r.GetVersion()})
 			dropped++
-		case o == nil && !m.tiers.ours(r.GetVersion()) && !sh.earlier(r.GetKey(), now):
+		case o == nil && !m.tiers.ours(r.GetVersion()) && !m.era.earlier(r.GetKey(), now):
 			// From before this master, but its key was removed here
 			// since (a newer object of it gone by now), or its node
 			// came back after the master's first era (eraLog).
