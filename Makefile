@@ -182,6 +182,15 @@ bench-mooncake-latency: build
 bench-kv-events: build
 	scripts/bench-kv-events.sh bin/mc
 
+# The store under chaos, as an SRE's soak test (not part of make test): a
+# master and three nodes as processes (one with a disk tier), clients
+# checking every byte they get, SIGKILLs, SIGSTOPs and killed clients;
+# fails on a wrong or stale byte, a hang, a panic or staging space kept.
+# SOAK_ARGS: --duration SECONDS (180), --no-tier, --ha, --checksums=false ...
+.PHONY: soak
+soak: build
+	scripts/store-soak.sh --mc bin/mc $(SOAK_ARGS)
+
 # mc against the real Mooncake Store (mooncake_master, mooncake_client,
 # the Python client), one line per case; needs MOONCAKE_BUILD as above.
 .PHONY: mooncake-interop

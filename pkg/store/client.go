@@ -85,6 +85,10 @@ type Client struct {
 	stageMu  sync.Mutex
 	stage    *engine.Memory
 	stageAlc *alloc.Allocator
+	// lingering are reads whose callers' deadlines passed while they
+	// were in flight (abandon): their staging ranges stay taken.
+	lingerMu  sync.Mutex
+	lingering []*lingering
 
 	segsMu sync.Mutex
 	segs   map[string]*engine.Segment

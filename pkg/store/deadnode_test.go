@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -118,4 +119,54 @@ func mustSegment(t *testing.T, c *store.Client) string {
 		t.Fatal("client has no segment")
 	}
 	return seg.Name
+}
+
+// A get from a node that stops answering (SIGSTOP) returns at the
+// caller's deadline, not when the master drops the node or the transport
+// times out (the soak test saw 8 s gets take 10.7 s: until client_ttl).
+// The abandoned read's staging range stays taken until the read ends, so
+// gets meanwhile and after get their own bytes.
+func TestGetFromStoppedNodeHonoursDeadline(t *testing.T) {
+	c := startMaster(t, master.Config{ClientTTL: time.Minute, KVLeaseTTL: 100 * time.Millisecond})
+	child, childSeg := startChildNode(t, c.addr)
+	node := c.client(32 << 20) // a live node for the other key
+	cl := c.client(0)
+	ctx := context.Background()
+	stuck, live := value(256<<10, 7), value(256<<10, 8)
+	if err := cl.Put(ctx, "stuck", stuck, store.WithConfig(store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{childSeg}})); err != nil {
+		t.Fatal(err)
+	}
+	if reps, err := cl.Query(ctx, "stuck"); err != nil || len(reps) != 1 || reps[0].Segment != childSeg {
+		t.Fatalf("stuck's replicas %v, %v; want one on the child %s", reps, err, childSeg)
+	}
+	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Process.Signal(syscall.SIGCONT)
+	const deadline = 500 * time.Millisecond
+	gctx, cancel := context.WithTimeout(ctx, deadline)
+	began := time.Now()
+	got, err := cl.Get(gctx, "stuck")
+	took := time.Since(began)
+	cancel()
+	if err == nil {
+		t.Fatalf("get from a stopped node succeeded (%d bytes)", len(got))
+	}
+	if took > deadline+time.Second {
+		t.Fatalf("get from a stopped node took %s with a %s deadline: %v", took.Round(time.Millisecond), deadline, err)
+	}
+	if err := cl.Put(ctx, "live", live, store.WithConfig(store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{mustSegment(t, node)}})); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 { // staging reused meanwhile, never the abandoned range
+		checkGets(t, cl, map[string][]byte{"live": live})
+	}
+	if err := child.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the node to answer again", 20*time.Second, func() bool {
+		got, err := cl.Get(ctx, "stuck")
+		return err == nil && bytes.Equal(got, stuck)
+	})
+	checkGets(t, cl, map[string][]byte{"live": live})
 }

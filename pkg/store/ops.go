@@ -749,8 +749,22 @@ func (c *Client) transferEach(ctx context.Context, reqs []xfer) []error {
 		return failed
 	}
 	if err := b.Wait(ctx); err != nil && ctx.Err() != nil {
-		// The tasks keep running into our memory: wait them out before
-		// the caller reuses it.
+		if c.abandon(ctx, b, ereqs) {
+			// Reads into the client's staging memory, which stays taken
+			// until they end: the caller gets its answer at its deadline
+			// (a stopped node's reads end only when the master drops it,
+			// or at the transport's status timeout).
+			for i, j := range sent {
+				if st, _ := b.TaskStatus(i); st.Status != engine.Completed {
+					x := reqs[j]
+					failed[j] = Errorf(TransferFail, "%s %d bytes at 0x%x on %s (%s): %s", x.op, x.rep.Len, x.rep.Addr, x.rep.Segment, x.rep.Endpoint, deadlineNote(ctx))
+				}
+			}
+			return failed
+		}
+		// Writes: the put is revoked once this returns, and a write
+		// landing after that could reach whatever takes the range next;
+		// and the caller's own memory: it may reuse it. Wait them out.
 		_ = b.Wait(context.Background())
 	}
 	for i, j := range sent {
@@ -793,10 +807,84 @@ func (c *Client) staged(ctx context.Context, n int) (local, error) {
 	return local{addr: m.Addr(), n: uint64(n), buf: m.Bytes()[:n], own: m}, nil
 }
 
+// abandon hands the tasks of b, a batch whose caller's deadline passed,
+// to a goroutine that waits them out and frees it, if every task reads
+// into the client's staging memory: unstage then keeps their ranges until
+// they end. It reports whether it did.
+func (c *Client) abandon(ctx context.Context, b *engine.Batch, reqs []engine.Request) bool {
+	if c.stage == nil {
+		return false
+	}
+	lo, hi := c.stage.Addr(), c.stage.Addr()+uint64(c.stage.Len())
+	for _, r := range reqs {
+		if r.Op != engine.Read || r.Source < lo || r.Source+r.Length > hi {
+			return false
+		}
+	}
+	l := &lingering{reqs: reqs, done: make(chan struct{})}
+	c.lingerMu.Lock()
+	c.lingering = append(c.lingering, l)
+	c.lingerMu.Unlock()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		_ = b.Wait(context.Background())
+		_ = b.Free()
+		c.lingerMu.Lock()
+		c.lingering = slices.DeleteFunc(c.lingering, func(x *lingering) bool { return x == l })
+		c.lingerMu.Unlock()
+		close(l.done)
+	}()
+	return true
+}
+
+// lingering is a batch of reads whose caller gave up: its staging ranges
+// are freed when done is closed.
+type lingering struct {
+	reqs []engine.Request
+	done chan struct{}
+}
+
+// lingerOver returns the done channels of the abandoned reads into
+// [addr, addr+n).
+func (c *Client) lingerOver(addr, n uint64) []chan struct{} {
+	c.lingerMu.Lock()
+	defer c.lingerMu.Unlock()
+	var out []chan struct{}
+	for _, l := range c.lingering {
+		for _, r := range l.reqs {
+			if r.Source < addr+n && addr < r.Source+r.Length {
+				out = append(out, l.done)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func deadlineNote(ctx context.Context) string {
+	if d, ok := ctx.Deadline(); ok {
+		return fmt.Sprintf("still in flight at the caller's deadline (%s ago): %v", time.Since(d).Round(time.Millisecond), ctx.Err())
+	}
+	return fmt.Sprintf("still in flight when the caller gave up: %v", ctx.Err())
+}
+
 func (c *Client) unstage(ctx context.Context, ls []local) {
 	for _, l := range ls {
 		switch {
 		case l.staged:
+			if waits := c.lingerOver(l.addr, l.n); len(waits) > 0 {
+				// Reads the caller gave up on still land there.
+				go func() {
+					for _, w := range waits {
+						<-w
+					}
+					c.stageMu.Lock()
+					_ = c.stageAlc.Free(l.addr, l.n)
+					c.stageMu.Unlock()
+				}()
+				continue
+			}
 			c.stageMu.Lock()
 			_ = c.stageAlc.Free(l.addr, l.n)
 			c.stageMu.Unlock()

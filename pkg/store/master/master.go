@@ -283,6 +283,7 @@ type Master struct {
 	space  space
 	pend   pending
 	tiers  tiers
+	era    eraLog
 	drains drains
 	// takeover holds puts while a new HA leader's segments mount again.
 	takeover takeover
@@ -336,9 +337,13 @@ func New(cfg Config) (*Master, error) {
 	}
 	m.tenants = tt
 	m.m = newMetrics(m)
+	m.era.now = m.now
+	m.era.seed = maphash.MakeSeed()
+	m.era.end.Store(m.now() + 3*m.cfg.ClientTTL.Nanoseconds())
 	for i := range m.shards {
 		m.shards[i].objects = make(map[string]*Object)
 		m.shards[i].ledger = m.tenants
+		m.shards[i].era = &m.era
 		m.shards[i].policy, _ = newShardPolicy(cfg.EvictionPolicy)
 	}
 	m.space.init(&m.cfg)

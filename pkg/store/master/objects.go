@@ -1,7 +1,9 @@
 package master
 
 import (
+	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
@@ -179,7 +181,104 @@ type shard struct {
 	// memHits and memHitBytes count reads served from memory (under mu;
 	// summed by memHitTotals).
 	memHits, memHitBytes uint64
-	_                    [8]byte // keep neighbouring shard locks off one cache line
+	// era is the master's first era (eraLog).
+	era *eraLog
+	_   [8]byte // keep neighbouring shard locks off one cache line
+}
+
+// eraLog is a master's first era, when nodes come back after a restart
+// without HA and report disk records of versions from before it (not
+// ours), which it re-adds when their key has no object. A key removed
+// (or evicted, or put and revoked) on this master before that record's
+// tier attaches makes the record stale, yet neither its version nor the
+// absent object can tell: so the keys that leave the master during the
+// era go into a Bloom filter (1 MiB whatever the count; a false positive
+// only drops a record, a cache miss), and a record from before the
+// master reported after its era is dropped, as what became of its key
+// since is no longer known. The era is 3 x client_ttl (the time a node
+// has to come back), ended early past eraKeys keys or once the master is
+// restored from an op log (HA: every version is then ours).
+type eraLog struct {
+	end  atomic.Int64 // unix nanos; 0: over
+	n    atomic.Int64 // keys added
+	now  func() int64
+	seed maphash.Seed
+	mu   sync.Mutex
+	bits atomic.Pointer[[]uint64] // nil until the first key, and once over
+}
+
+const (
+	// eraKeys ends an era early: past it the filter's false positives
+	// (about 2% at 1Mi keys) would drop too many records.
+	eraKeys  = 1 << 20
+	eraWords = 1 << 17 // 8 Mibit
+	eraProbe = 4
+)
+
+// over reports whether the era has ended by now (ending it if so).
+func (e *eraLog) over(now int64) bool {
+	end := e.end.Load()
+	if end != 0 && now <= end && e.n.Load() <= eraKeys {
+		return false
+	}
+	e.end.Store(0)
+	e.bits.Store(nil)
+	return true
+}
+
+func (e *eraLog) probes(key string) (h1, h2 uint64) {
+	h := maphash.String(e.seed, key)
+	return h & 0xffffffff, h>>32 | 1
+}
+
+// left records that key left the master (removed, evicted, revoked, or
+// removed while absent).
+func (e *eraLog) left(key string) {
+	if e == nil || e.end.Load() == 0 || e.over(e.now()) {
+		return
+	}
+	bp := e.bits.Load()
+	if bp == nil {
+		e.mu.Lock()
+		if bp = e.bits.Load(); bp == nil {
+			b := make([]uint64, eraWords)
+			bp = &b
+			e.bits.Store(bp)
+		}
+		e.mu.Unlock()
+	}
+	e.n.Add(1)
+	bits := *bp
+	h1, h2 := e.probes(key)
+	for i := range uint64(eraProbe) {
+		bit := (h1 + i*h2) % (eraWords * 64)
+		atomic.OrUint64(&bits[bit/64], 1<<(bit%64))
+	}
+}
+
+// earlier reports whether a record of key from before this master,
+// reported at now, may be re-added: the era is not over and key has not
+// left the master during it.
+func (e *eraLog) earlier(key string, now int64) bool {
+	if e == nil {
+		return true
+	}
+	if e.over(now) {
+		return false
+	}
+	bp := e.bits.Load()
+	if bp == nil {
+		return true
+	}
+	bits := *bp
+	h1, h2 := e.probes(key)
+	for i := range uint64(eraProbe) {
+		bit := (h1 + i*h2) % (eraWords * 64)
+		if atomic.LoadUint64(&bits[bit/64])&(1<<(bit%64)) == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 type hitTotals struct{ hits, bytes uint64 }
@@ -201,6 +300,7 @@ func (m *Master) memHitTotals() hitTotals {
 // frees its replicas.
 func (sh *shard) remove(key string, o *Object) {
 	delete(sh.objects, key)
+	sh.era.left(key)
 	if sh.ledger != nil {
 		sh.ledger.shift(key, chargeOf(o), 0)
 	}

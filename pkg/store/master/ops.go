@@ -806,6 +806,9 @@ func (m *Master) remove(key string, force bool, now int64) error {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	o := sh.objects[key]
+	if o == nil {
+		sh.era.left(key) // a record from before this master is not re-added
+	}
 	if err := removable(key, o, force, now); err != nil {
 		return err
 	}

@@ -55,6 +55,7 @@ func (m *Master) Restore(objs []RestoredObject) error {
 	// The op log records every disk replica's version: a node's record
 	// of an object the log does not have is stale (tiers.ours).
 	m.tiers.all.Store(true)
+	m.era.end.Store(0) // every version is ours: no record from before is re-added
 	placeholders := make(map[store.UUID]*segment)
 	var refs []*restoredRef
 	built := make([]*Object, 0, len(objs))

@@ -891,6 +891,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 		}
 	}
 	reported := make(map[string]struct{}, len(h.GetRecords()))
+	now := m.now()
 	var added, kept, dropped int
 	var drops []*pb.TierCommand
 	for _, r := range h.GetRecords() {
@@ -908,6 +909,12 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 		case o == nil && m.tiers.ours(r.GetVersion()) && !m.tiers.takeGivenUp(n.id, r.GetKey(), r.GetVersion()):
 			// Removed (or evicted) since: this master handed out that
 			// version, or restored every version from its op log.
+			drops = append(drops, &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: r.GetKey(), Version: r.GetVersion()})
+			dropped++
+		case o == nil && !m.tiers.ours(r.GetVersion()) && !m.era.earlier(r.GetKey(), now):
+			// From before this master, but its key was removed here
+			// since (a newer object of it gone by now), or its node
+			// came back after the master's first era (eraLog).
 			drops = append(drops, &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: r.GetKey(), Version: r.GetVersion()})
 			dropped++
 		case o == nil:

@@ -1,0 +1,268 @@
+#!/usr/bin/env bash
+# store-soak.sh: a soak test of mc's store as an SRE would run one. A
+# master and three nodes as separate processes (one with a disk tier and
+# a small DRAM segment, so objects go to disk), concurrent clients
+# (scripts/soak, built to bin/mc-soak) putting, upserting, getting and
+# removing values whose bytes encode key and version, while a chaos loop
+# SIGKILLs and restarts the master, SIGKILLs and restarts nodes, SIGSTOPs
+# a node for 2-14 s, and SIGKILLs clients mid-operation.
+#
+# Every get is judged against what was acknowledged before it began
+# (scripts/soak/main.go says how): latest, uncertain (a version whose put
+# failed or was killed, not superseded since), absent, error, or WRONG.
+# Exit status: 0 clean; 1 any WRONG get, a hang (an operation past its
+# deadline by 10 s, or a client process that did not finish), a panic,
+# fatal error or data race in a log; 64 usage.
+#
+# usage: scripts/store-soak.sh [--duration 180] [--no-tier] [--ha]
+#          [--mc bin/mc] [--dir DIR] [--clients 3] [--chaos-every 4]
+#          [--checksums=false] [--keep] [--port-base 24600]
+#          [--lease 2s]  (the masters' --default_kv_lease_ttl: a get's lease
+#          holds off upserts and removals of its key that long)
+# Ports BASE..BASE+200 on 127.0.0.1 (refused when one is taken). make soak runs it (SOAK_ARGS=...).
+set -u
+
+DURATION=180 TIER=1 HA=0 MC=bin/mc DIR="" CLIENTS=3 CHAOS_EVERY=4 CHECKSUMS=true KEEP=0 BASE=24600 LEASE=2s
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--duration) DURATION=$2; shift ;;
+	--no-tier) TIER=0 ;;
+	--ha) HA=1 ;;
+	--mc) MC=$2; shift ;;
+	--dir) DIR=$2; shift ;;
+	--clients) CLIENTS=$2; shift ;;
+	--chaos-every) CHAOS_EVERY=$2; shift ;;
+	--checksums=false) CHECKSUMS=false ;;
+	--keep) KEEP=1 ;;
+	--port-base) BASE=$2; shift ;;
+	--lease) LEASE=$2; shift ;;
+	-h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+	*) echo "store-soak: unknown argument $1 (see --help)" >&2; exit 64 ;;
+	esac
+	shift
+done
+case "$DURATION$CLIENTS$CHAOS_EVERY$BASE" in *[!0-9]*) echo "store-soak: --duration, --clients and --chaos-every take whole numbers" >&2; exit 64 ;; esac
+[ -x "$MC" ] || { echo "store-soak: $MC is not an executable (go build -o bin/mc .)" >&2; exit 64; }
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SOAK=$(dirname "$MC")/mc-soak
+(cd "$ROOT" && go build -o "$OLDPWD/$SOAK" ./scripts/soak) || { echo "store-soak: building scripts/soak failed" >&2; exit 1; }
+[ -n "$DIR" ] || DIR=$(mktemp -d /tmp/store-soak.XXXXXX)
+mkdir -p "$DIR/logs" "$DIR/ssd" "$DIR/journals"
+echo "store-soak: ${DURATION}s, tier=$TIER ha=$HA clients=$CLIENTS checksums=$CHECKSUMS, in $DIR"
+
+RPC=$((BASE + 51)) ADMIN=$((BASE + 3)) ETCD=$((BASE + 79))
+for p in $RPC $((RPC + 1)) $ADMIN $((ADMIN + 10)) $((ADMIN + 100)) $((ADMIN + 101)) $((ADMIN + 102)) $ETCD; do
+	if ss -Htln "sport = :$p" | grep -q .; then echo "store-soak: port $p is taken (another run?); pick --port-base" >&2; exit 64; fi
+done
+MASTER_ADDR=127.0.0.1:$RPC
+[ "$HA" = 1 ] && MASTER_ADDR=etcd://127.0.0.1:$ETCD
+declare -A PID STARTS
+SELF_EXITS=0 KILLS=0 RESTARTS_MASTER=0 RESTARTS_NODE=0 STOPS=0 CLIENT_KILLS=0
+
+start() { # name cmd...: start a process in the background, log to logs/name.log
+	local name=$1; shift
+	"$@" >>"$DIR/logs/$name.log" 2>&1 &
+	PID[$name]=$!
+	STARTS[$name]=$((${STARTS[$name]:-0} + 1))
+	echo "$(date +%T.%3N) start $name pid ${PID[$name]}" >>"$DIR/chaos.log"
+}
+
+start_master() { # index (HA: 0 or 1)
+	local i=$1
+	if [ "$HA" = 1 ]; then
+		start "master$i" "$MC" serve store --segment-size 0 --enable_ha --ha_backend_connstring "etcd://127.0.0.1:$ETCD" \
+			--rpc_address 127.0.0.1 --rpc_port $((RPC + i)) --metrics_port $((ADMIN + 10 * i)) --eviction-high-watermark-ratio 0.8 --default_kv_lease_ttl "$LEASE"
+	else
+		start master0 "$MC" serve store --segment-size 0 --rpc_address 127.0.0.1 --rpc_port $RPC --metrics_port $ADMIN \
+			--metrics-address 127.0.0.1 --eviction-high-watermark-ratio 0.8 --default_kv_lease_ttl "$LEASE"
+	fi
+}
+
+start_node() { # index
+	local i=$1 extra=()
+	if [ "$i" = 1 ] && [ "$TIER" = 1 ]; then
+		extra=(--ssd-dir "$DIR/ssd" --ssd-size 512M --ssd-staging-size 16M)
+	fi
+	start "node$i" "$MC" serve store --master "$MASTER_ADDR" --segment-size 32M --region-size 2M \
+		--local-hostname 127.0.0.1 --bind-address 127.0.0.1 --metrics_port $((ADMIN + 100 + i)) "${extra[@]}"
+}
+
+start_client() { # index: a loop restarting the client until the end
+	local i=$1
+	(
+		exec 2>>"$DIR/logs/clientloop$i.log" # bash's "Killed" notes
+		while [ "$(date +%s)" -lt "$END" ]; do
+			left=$((END - $(date +%s)))
+			"$SOAK" --master "$MASTER_ADDR" --id "$i" --journal "$DIR/journals/c$i.journal" \
+				--duration "${left}s" --checksums="$CHECKSUMS" >>"$DIR/logs/client$i.log" 2>&1 &
+			echo $! >"$DIR/client$i.pid"
+			wait $!
+			rc=$?
+			echo "$(date +%T.%3N) client$i exit $rc" >>"$DIR/chaos.log"
+			[ $rc = 3 ] && echo hang >>"$DIR/client$i.hang"
+		done
+	) &
+	PID[clientloop$i]=$!
+}
+
+sample() { # t: RSS (MB) and open fds of every server process
+	local line="$1" p
+	for n in master0 master1 node0 node1 node2; do
+		p=${PID[$n]:-}
+		[ -n "$p" ] || continue
+		line+=" $n:$(awk '/VmRSS/{printf "%dMB", $2/1024}' /proc/"$p"/status 2>/dev/null || echo -)/$(ls /proc/"$p"/fd 2>/dev/null | wc -l)fd"
+	done
+	echo "$line" >>"$DIR/samples.log"
+}
+
+cleanup() {
+	for n in "${!PID[@]}"; do
+		case $n in clientloop*) kill "${PID[$n]}" 2>/dev/null ;; esac
+	done
+	for i in $(seq 0 $((CLIENTS - 1))); do [ -f "$DIR/client$i.pid" ] && kill -9 "$(cat "$DIR/client$i.pid")" 2>/dev/null; done
+	for n in "${!PID[@]}"; do
+		case $n in clientloop*) ;; *) kill -CONT "${PID[$n]}" 2>/dev/null; kill -TERM "${PID[$n]}" 2>/dev/null ;; esac
+	done
+	sleep 2
+	for n in "${!PID[@]}"; do kill -9 "${PID[$n]}" 2>/dev/null; done
+	wait 2>/dev/null
+}
+trap 'cleanup; exit 130' INT TERM
+
+if [ "$HA" = 1 ]; then
+	start etcd "$MC" serve metadata --listen 127.0.0.1:$ETCD
+	sleep 2
+	start_master 0
+	start_master 1
+else
+	start_master 0
+fi
+sleep 1.5
+for i in 0 1 2; do start_node "$i"; done
+sleep 3
+END=$(($(date +%s) + DURATION))
+for i in $(seq 0 $((CLIENTS - 1))); do start_client "$i"; done
+
+# The chaos loop: one action every CHAOS_EVERY s on average, until 15 s
+# before the end (the clients' last gets then see a settled store).
+T0=$(date +%s)
+sample "t=0"
+next_sample=$((T0 + 10))
+while [ "$(date +%s)" -lt $((END - 15)) ]; do
+	sleep $((CHAOS_EVERY / 2 + RANDOM % (CHAOS_EVERY + 1)))
+	now=$(date +%s)
+	if [ "$now" -ge "$next_sample" ]; then sample "t=$((now - T0))"; next_sample=$((now + 10)); fi
+	[ "$now" -lt $((END - 15)) ] || break
+	# A server that exited by itself (a node whose first mount found no
+	# master exits, as documented) is restarted and counted.
+	for n in master0 master1 node0 node1 node2; do
+		[ -n "${PID[$n]:-}" ] || continue
+		kill -0 "${PID[$n]}" 2>/dev/null && continue
+		wait "${PID[$n]}" 2>/dev/null; rc=$?
+		echo "$(date +%T.%3N) $n exited by itself ($rc): $(tail -1 "$DIR/logs/$n.log")" >>"$DIR/chaos.log"
+		SELF_EXITS=$((SELF_EXITS + 1))
+		case $n in master*) start_master "${n#master}" ;; node*) start_node "${n#node}" ;; esac
+	done
+	r=$((RANDOM % 100))
+	if [ $r -lt 20 ]; then
+		m=master0
+		[ "$HA" = 1 ] && m=master$((RANDOM % 2))
+		kill -9 "${PID[$m]}" 2>/dev/null; wait "${PID[$m]}" 2>/dev/null
+		echo "$(date +%T.%3N) SIGKILL $m" >>"$DIR/chaos.log"; KILLS=$((KILLS + 1))
+		sleep 0.$((RANDOM % 10))
+		start_master "${m#master}"; RESTARTS_MASTER=$((RESTARTS_MASTER + 1))
+	elif [ $r -lt 28 ] && [ "$TIER" = 1 ]; then
+		# A rack losing power: the master and the disk node die together;
+		# the node comes back a few seconds after the master.
+		m=master0
+		[ "$HA" = 1 ] && m=master$((RANDOM % 2))
+		kill -9 "${PID[$m]}" "${PID[node1]}" 2>/dev/null; wait "${PID[$m]}" "${PID[node1]}" 2>/dev/null
+		echo "$(date +%T.%3N) SIGKILL $m and node1" >>"$DIR/chaos.log"; KILLS=$((KILLS + 2))
+		start_master "${m#master}"; RESTARTS_MASTER=$((RESTARTS_MASTER + 1))
+		sleep $((2 + RANDOM % 5))
+		start_node 1; RESTARTS_NODE=$((RESTARTS_NODE + 1))
+	elif [ $r -lt 45 ]; then
+		i=$((RANDOM % 3))
+		kill -9 "${PID[node$i]}" 2>/dev/null; wait "${PID[node$i]}" 2>/dev/null
+		echo "$(date +%T.%3N) SIGKILL node$i" >>"$DIR/chaos.log"; KILLS=$((KILLS + 1))
+		sleep $((RANDOM % 3))
+		start_node "$i"; RESTARTS_NODE=$((RESTARTS_NODE + 1))
+	elif [ $r -lt 65 ]; then
+		i=$((RANDOM % 3)) s=$((2 + RANDOM % 13))
+		kill -STOP "${PID[node$i]}"
+		echo "$(date +%T.%3N) SIGSTOP node$i for ${s}s" >>"$DIR/chaos.log"; STOPS=$((STOPS + 1))
+		sleep "$s"
+		kill -CONT "${PID[node$i]}"
+	else
+		i=$((RANDOM % CLIENTS))
+		sleep 0.$((RANDOM % 10))
+		if [ -f "$DIR/client$i.pid" ] && kill -9 "$(cat "$DIR/client$i.pid")" 2>/dev/null; then
+			echo "$(date +%T.%3N) SIGKILL client$i" >>"$DIR/chaos.log"; CLIENT_KILLS=$((CLIENT_KILLS + 1))
+		fi
+	fi
+done
+
+# The clients stop by themselves at END; one still running 30 s later hangs.
+HUNG=0
+for i in $(seq 0 $((CLIENTS - 1))); do
+	deadline=$((END + 30))
+	while kill -0 "${PID[clientloop$i]}" 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do sleep 1; done
+	if kill -0 "${PID[clientloop$i]}" 2>/dev/null; then
+		echo "store-soak: client $i still running 30 s after the end (hang)"; HUNG=$((HUNG + 1))
+	fi
+	[ -f "$DIR/client$i.hang" ] && HUNG=$((HUNG + $(wc -l <"$DIR/client$i.hang")))
+done
+sample "t=$(($(date +%s) - T0)) end"
+# Staging space: every staged read is handed back, or reclaimed after
+# --ssd-staging-ttl (5 s), once the clients are gone.
+LEAK=""
+if [ "$TIER" = 1 ]; then
+	for port in $ADMIN $((ADMIN + 10)); do
+		[ "$(curl -s -m 2 "http://127.0.0.1:$port/role")" = leader ] || [ "$HA" = 0 ] && break
+	done
+	for _ in $(seq 20); do
+		curl -s -m 2 "http://127.0.0.1:$port/api/v1/tiers" >"$DIR/tiers.json"
+		LEAK=$(grep -oE '"staging_used_bytes": *[1-9][0-9]*' "$DIR/tiers.json")
+		grep -q staging_used_bytes "$DIR/tiers.json" && [ -z "$LEAK" ] && break
+		sleep 1
+	done
+	grep -q staging_used_bytes "$DIR/tiers.json" || LEAK="no tier answered on $port/api/v1/tiers"
+fi
+"$MC" store stat --master "$MASTER_ADDR" --admin "http://127.0.0.1:${port:-$ADMIN}" >"$DIR/stat.txt" 2>&1
+cleanup
+
+cat "$DIR"/journals/*.journal >"$DIR/all.journal"
+echo
+echo "operations (journal results; latest/uncertain/absent are correct answers):"
+awk '$2=="E"{n[$3" "$6]++; t++} $2=="H"{h++}
+	END{printf "  %-8s %-10s %8s\n", "op", "result", "count"; for (k in n) {split(k, a, " "); printf("  %-8s %-10s %8d\n", a[1], a[2], n[k]) | "sort"}; close("sort"); printf "  total %d operations, %d past their deadline\n", t, h+0}' "$DIR/all.journal"
+# Late: answered more than 1 s past the client's 8 s deadline. A get must
+# not be (README: it returns at its caller's deadline); a put or rm may,
+# as documented (a put waits for its transfers, a stopped node's until
+# the master drops it after client_ttl).
+LATE_GETS=$(awk '$2=="E" && $3=="get" && $7+0 > 9000' "$DIR/all.journal" | wc -l)
+LATE_OTHER=$(awk '$2=="E" && $3!="get" && $7+0 > 9000' "$DIR/all.journal" | wc -l)
+echo "late answers (> 9 s for an 8 s deadline): $LATE_GETS gets, $LATE_OTHER puts/removals (allowed); slowest: $(awk '$2=="E" && $7+0 > m[$3] {m[$3] = $7+0} END {for (k in m) printf "%s %d ms, ", k, m[k]}' "$DIR/all.journal")"
+WRONG=$(grep -c ' WRONG ' "$DIR/all.journal")
+HANGOPS=$(grep -c '^[^ ]* H ' "$DIR/all.journal")
+PANICS=$(grep -l -E '^panic:|fatal error:|WARNING: DATA RACE' "$DIR"/logs/*.log 2>/dev/null | tr '\n' ' ')
+echo
+echo "chaos: $KILLS SIGKILLs ($RESTARTS_MASTER of a master, $RESTARTS_NODE of a node), $STOPS SIGSTOPs, $CLIENT_KILLS clients killed; $SELF_EXITS servers exited by themselves and were restarted; ${DURATION}s"
+echo "RSS and open fds per process (first, last sample; samples.log has all):"
+head -1 "$DIR/samples.log" | sed 's/^/  /'
+tail -1 "$DIR/samples.log" | sed 's/^/  /'
+[ "$TIER" = 1 ] && echo "staging pools 20 s after the clients stopped: ${LEAK:-all empty}"
+echo
+rc=0
+if [ "$WRONG" -gt 0 ]; then echo "WRONG gets: $WRONG"; grep ' WRONG ' "$DIR/all.journal" | head -20; rc=1; fi
+if [ "$HANGOPS" -gt 0 ] || [ "$HUNG" -gt 0 ] || [ "$LATE_GETS" -gt 0 ]; then
+	echo "hangs: $HANGOPS operations past their deadline by 10 s, $HUNG clients, $LATE_GETS gets late"
+	grep '^[^ ]* H ' "$DIR/all.journal" | head -5
+	awk '$2=="E" && $3=="get" && $7+0 > 9000' "$DIR/all.journal" | head -5
+	rc=1
+fi
+if [ -n "$LEAK" ]; then echo "staging space not given back: $LEAK"; rc=1; fi
+if [ -n "$PANICS" ]; then echo "panic, fatal error or data race in: $PANICS"; rc=1; fi
+[ $rc = 0 ] && echo "store-soak: PASS (no wrong bytes, no hang, no panic)" || echo "store-soak: FAIL (logs in $DIR)"
+[ $rc = 0 ] && [ "$KEEP" = 0 ] && rm -rf "$DIR"
+exit $rc
