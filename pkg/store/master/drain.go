@@ -127,10 +127,14 @@ type drainJob struct {
 	inst    store.UUID // placement instance of the job's copies
 	queue   []*drainUnit
 	active  map[uint64]*drainUnit
-	noRoom  bool
-	cancel  bool
-	failMsg string
-	kick    chan struct{}
+	// settling counts units whose result was taken off active and not
+	// yet queued again or committed: the job is not idle meanwhile, or
+	// a plan in between would copy their objects a second time.
+	settling int
+	noRoom   bool
+	cancel   bool
+	failMsg  string
+	kick     chan struct{}
 	// tries counts the failed copies of each key across plans: a key
 	// out of tries is not planned again.
 	tries map[string]int
@@ -144,6 +148,12 @@ type drainJob struct {
 	// nextPlan paces plans while the job waits (only runDrain's
 	// goroutine touches it).
 	nextPlan time.Time
+}
+
+// idleLocked reports whether j has no copy queued, out or being settled
+// (under drains.mu): only then may it plan again.
+func (j *drainJob) idleLocked() bool {
+	return len(j.active) == 0 && len(j.queue) == 0 && j.settling == 0
 }
 
 // drains is the master's drain jobs and the copy tasks waiting for nodes.
@@ -407,12 +417,12 @@ func (m *Master) drainStep(j *drainJob) bool {
 		m.retryDrainUnit(u, "the node does not fetch drain tasks")
 	}
 	m.drains.mu.Lock()
-	cancel, idle := j.cancel, len(j.active) == 0 && len(j.queue) == 0
+	cancel, idle := j.cancel, j.idleLocked()
 	m.drains.mu.Unlock()
 	if cancel {
 		m.drains.mu.Lock()
 		j.queue = nil // not placed yet: nothing to free
-		busy := len(j.active) > 0
+		busy := len(j.active) > 0 || j.settling > 0
 		m.drains.mu.Unlock()
 		m.withdrawQueued(j)
 		if busy {
@@ -754,6 +764,11 @@ func (m *Master) DrainTasks(ctx context.Context, client store.UUID, results []Dr
 	}
 }
 
+// drainResultTaken, when set (tests), runs after a copy's result took its
+// unit off the job's active set and before the unit is queued again or
+// committed.
+var drainResultTaken func(*drainJob)
+
 func (m *Master) applyDrainResults(results []DrainResult) {
 	kicked := map[*drainJob]bool{}
 	var committed []*drainUnit
@@ -764,12 +779,16 @@ func (m *Master) applyDrainResults(results []DrainResult) {
 			if x := j.active[r.ID]; x != nil {
 				u = x
 				delete(j.active, r.ID)
+				j.settling++
 				break
 			}
 		}
 		m.drains.mu.Unlock()
 		if u == nil {
 			continue // timed out or its job ended: its range was dealt with
+		}
+		if drainResultTaken != nil {
+			drainResultTaken(u.job)
 		}
 		kicked[u.job] = true
 		if r.Err != nil {
@@ -778,14 +797,15 @@ func (m *Master) applyDrainResults(results []DrainResult) {
 			m.drains.mu.Unlock()
 			m.space.free([]replicaRef{u.dst}, u.size)
 			m.retryDrainUnit(u, r.Err.Error())
-			continue
-		}
-		if m.commitDrainUnit(u) {
+		} else if m.commitDrainUnit(u) {
 			committed = append(committed, u)
-			continue
+		} else {
+			m.drains.mu.Lock()
+			u.job.Skipped++
+			m.drains.mu.Unlock()
 		}
 		m.drains.mu.Lock()
-		u.job.Skipped++
+		u.job.settling--
 		m.drains.mu.Unlock()
 	}
 	// A copy counts once it is durable (HA: in the op log), so a job's

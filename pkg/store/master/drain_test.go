@@ -479,3 +479,48 @@ func TestDrainAdminBadRequests(t *testing.T) {
 		t.Fatalf("query: %+v %v", q, err)
 	}
 }
+
+// A copy's result takes its unit off the job's active set before the
+// unit is queued again (a failure) or committed (a success); a plan in
+// between saw the job idle and planned the object's copy a second time
+// (TestDrainRetriesFailedAndSilentCopies got two tasks for one key under
+// load). The job is never idle in that window.
+func TestDrainNotIdleWhileResultsSettle(t *testing.T) {
+	m, _ := drainMaster(t, 8*MiB, 8*MiB)
+	mount(t, m, "nc", "C", "10.0.0.3", 3<<40, 8*MiB)
+	poll(m, "nc")
+	put(t, m, "w", "k", 64*KiB, onA())
+	id, err := m.CreateDrainJob(DrainRequest{Segments: []string{"A"}, Targets: []string{"B", "C"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen, idle int
+	drainResultTaken = func(j *drainJob) {
+		if j.ID != id {
+			return
+		}
+		m.drains.mu.Lock()
+		seen++
+		if j.idleLocked() {
+			idle++
+		}
+		m.drains.mu.Unlock()
+	}
+	t.Cleanup(func() { drainResultTaken = nil })
+	first := fetch(m, "na", 10)
+	if len(first) != 1 {
+		t.Fatalf("tasks %+v, want the copy of k", first)
+	}
+	report(m, "na", first, store.Errorf(store.TransferFail, "target died")) // queued again
+	again := fetch(m, "na", 10)
+	if len(again) != 1 || again[0].Key != "k" || again[0].ID == first[0].ID {
+		t.Fatalf("after one failure: %+v, want one new copy of k", again)
+	}
+	report(m, "na", again) // committed
+	if seen != 2 || idle != 0 {
+		t.Fatalf("%d results settled, the job idle during %d of them; want 2, 0", seen, idle)
+	}
+	if j := waitJob(t, m, id, ended); j.Status != DrainSucceeded || j.Succeeded != 1 {
+		t.Fatalf("job %+v: want SUCCEEDED with one copy", j)
+	}
+}
