@@ -315,7 +315,9 @@ func TestDrainRefusesBadRequests(t *testing.T) {
 	wantCode(t, "unknown job", err, store.JobNotFound)
 }
 
-func TestDrainRetriesFailedAndSilentCopies(t *testing.T) {
+// drainOneToBC drains A, which holds one object k, to targets B and C.
+func drainOneToBC(t *testing.T) (*Master, *fakeClock, store.UUID) {
+	t.Helper()
 	m, clk := drainMaster(t, 8*MiB, 8*MiB)
 	mount(t, m, "nc", "C", "10.0.0.3", 3<<40, 8*MiB)
 	poll(m, "nc")
@@ -324,6 +326,11 @@ func TestDrainRetriesFailedAndSilentCopies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m, clk, id
+}
+
+func TestDrainRetriesFailedAndSilentCopies(t *testing.T) {
+	m, clk, id := drainOneToBC(t)
 	first := fetch(m, "na", 10)
 	report(m, "na", first, store.Errorf(store.TransferFail, "target B died"))
 	second := fetch(m, "na", 10)
@@ -486,14 +493,7 @@ func TestDrainAdminBadRequests(t *testing.T) {
 // (TestDrainRetriesFailedAndSilentCopies got two tasks for one key under
 // load). The job is never idle in that window.
 func TestDrainNotIdleWhileResultsSettle(t *testing.T) {
-	m, _ := drainMaster(t, 8*MiB, 8*MiB)
-	mount(t, m, "nc", "C", "10.0.0.3", 3<<40, 8*MiB)
-	poll(m, "nc")
-	put(t, m, "w", "k", 64*KiB, onA())
-	id, err := m.CreateDrainJob(DrainRequest{Segments: []string{"A"}, Targets: []string{"B", "C"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, _, id := drainOneToBC(t)
 	var seen, idle int
 	drainResultTaken = func(j *drainJob) {
 		if j.ID != id {
