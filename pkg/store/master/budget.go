@@ -269,10 +269,12 @@ func (c budgetCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if data.Len() < freeRequest {
 		return c.g.proto.Unmarshal(data, v)
 	}
-	if m, ok := v.(proto.Message); ok {
+	if m, ok := v.(proto.Message); ok && data.Len() > store.MaxRequestElements {
 		// Count the repeated fields' elements before decoding makes
 		// them (store.CheckElements): the charge is 8 times the bytes,
-		// a message of empty keys decodes into more.
+		// a message of empty keys decodes into more. A message no
+		// longer than the limit cannot hold more elements (one byte
+		// each at least), so it is not gathered into one buffer.
 		var b []byte
 		if len(data) == 1 {
 			b = data[0].ReadOnlyData()
