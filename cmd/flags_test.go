@@ -191,6 +191,8 @@ func TestFloatFlagsRefuseNaN(t *testing.T) {
 		{[]string{"serve", "store", "--eviction-ratio", "2"}, "invalid --eviction-ratio (eviction_ratio) 2: want a fraction in [0, 1]"},
 		{[]string{"serve", "store", "--eviction-high-watermark-ratio", "1.5"}, "invalid --eviction-high-watermark-ratio (eviction_high_watermark_ratio) 1.5: want a fraction in (0, 1]"},
 		{[]string{"serve", "store", "--max-regions-per-instance", "-3"}, "invalid --max-regions-per-instance -3"},
+		{[]string{"serve", "store", "--max-connections", "-1"}, "invalid --max-connections -1: want 0 (from the descriptor limit) or more"},
+		{[]string{"serve", "store", "--max_connections_per_host", "-2"}, "invalid --max-connections-per-host -2"},
 	} {
 		if _, errs, code := execMC(t, c.args...); code != 64 || !strings.Contains(errs, c.want) {
 			t.Errorf("mc %s: exit %d, stderr %q; want 64 and %q", strings.Join(c.args, " "), code, errs, c.want)

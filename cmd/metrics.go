@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvcache-ops/mc/pkg/connlimit"
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/store/master"
 )
@@ -21,7 +22,7 @@ import (
 // ctx ends. It returns the address it listens on, so ":0" can be used.
 func serveMetrics(ctx context.Context, addr string, cs ...prometheus.Collector) (string, error) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), connlimit.Default())
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return "", fmt.Errorf("metrics: %w", err)
@@ -34,6 +35,7 @@ func serveMetrics(ctx context.Context, addr string, cs ...prometheus.Collector) 
 	if err != nil {
 		return "", fmt.Errorf("metrics listener %s: %w", addr, err)
 	}
+	ln = connlimit.Default().Listener(ln, "metrics http")
 	srv := master.NewAdminServer(mux, nil)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

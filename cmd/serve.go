@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvcache-ops/mc/pkg/connlimit"
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
 )
 
@@ -172,6 +173,7 @@ func serveHTTPMetadata(ctx context.Context, o serveMetadataOptions, p *printer) 
 	if err != nil {
 		return fmt.Errorf("serve metadata: %w", err)
 	}
+	ln = connlimit.Default().Listener(ln, "metadata http")
 	mux := http.NewServeMux()
 	var h http.Handler = meta.NewHTTPHandler()
 	if token := metadataToken(); token != "" {

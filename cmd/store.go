@@ -157,6 +157,8 @@ type serveStoreOptions struct {
 	MetricsAddress        string // the admin HTTP listener's host
 	RequestBudget         int64
 	RequestReadTimeout    time.Duration
+	MaxConnections        int
+	MaxConnectionsPerHost int
 	KVEvents              kvEventsOptions
 	ready                 func(*server.Server) // tests
 }
@@ -343,6 +345,8 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 	_ = cmd.RegisterFlagCompletionFunc("eviction-policy", cobra.FixedCompletions(master.EvictionPolicies, cobra.ShellCompDirectiveNoFileComp))
 	sizeVar(f, &o.RequestBudget, "request-budget", master.DefaultRequestBudget, "request bytes the master holds at once, both wires together; a request over it is refused (0: unlimited)")
 	durationVar(f, &o.RequestReadTimeout, "request-read-timeout", master.DefaultRequestReadTimeout, "time a started request has to arrive whole before its connection (coro_rpc) or call (gRPC) is dropped")
+	f.IntVar(&o.MaxConnections, "max-connections", 0, "inbound connections this process holds at once, all listeners together; one over it is reset at accept (0: 80% of the descriptor limit, ulimit -n)")
+	f.IntVar(&o.MaxConnectionsPerHost, "max-connections-per-host", 0, "inbound connections one remote host holds at once; one over it is reset at accept (0: a quarter of --max-connections)")
 	addTierFlags(f, &o)
 	o.KVEvents.addFlags(f)
 	o.AdminAuth.addFlags(f, "bearer token the admin API asks of state-changing calls (remove_all, drain jobs); reads stay open")
@@ -473,6 +477,10 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		return cfg, usagef("invalid --rpc-thread-num %d", o.RPCThreadNum)
 	case o.MetricsPort < 0 || o.MetricsPort > 65535:
 		return cfg, usagef("invalid --metrics-port %d", o.MetricsPort)
+	case o.MaxConnections < 0:
+		return cfg, usagef("invalid --max-connections %d: want 0 (from the descriptor limit) or more", o.MaxConnections)
+	case o.MaxConnectionsPerHost < 0:
+		return cfg, usagef("invalid --max-connections-per-host %d: want 0 (from --max-connections) or more", o.MaxConnectionsPerHost)
 	}
 	port := o.RPCPort
 	if port == 0 {
@@ -546,7 +554,9 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 			RequestBudget: budget, RequestReadTimeout: o.RequestReadTimeout,
 			Tenants: master.TenantConfig{Enabled: o.MultiTenants, ConnectorType: o.TenantQuotaType, ConnectorURI: o.TenantQuotaURI},
 		},
-		MetricReporting: o.EnableMetricReporting,
+		MetricReporting:       o.EnableMetricReporting,
+		MaxConnections:        o.MaxConnections,
+		MaxConnectionsPerHost: o.MaxConnectionsPerHost,
 	}
 	if o.MetricsPort > 0 && (o.Master == "" || o.NodeAdmin) {
 		host := o.RPCAddress

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvcache-ops/mc/pkg/connlimit"
 	"github.com/kvcache-ops/mc/pkg/engine"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 	"github.com/kvcache-ops/mc/pkg/store/tier"
@@ -235,6 +236,7 @@ func (n *TierNode) Attach(c *Client) error {
 		_ = c.eng.UnregisterMemory(context.Background(), st)
 		return fmt.Errorf("disk tier's read service on %s: %w", addr, err)
 	}
+	lis = connlimit.Default().Listener(lis, "disk tier")
 	n.pool, n.svcAddr = pool, lis.Addr().String()
 	n.svc = grpc.NewServer(grpc.MaxRecvMsgSize(MaxMsgSize), grpc.MaxSendMsgSize(MaxMsgSize))
 	trs := &tierReadServer{n: n}

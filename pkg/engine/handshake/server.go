@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kvcache-ops/mc/pkg/connlimit"
 )
 
 // DefaultTimeout bounds one handshake connection (request read, handler,
@@ -93,6 +95,7 @@ func ListenRange(host string, minPort, maxPort int, opts Options) (*Server, erro
 }
 
 func serve(ln net.Listener, opts Options) *Server {
+	ln = connlimit.Default().Listener(ln, "handshake")
 	opts.MaxLength = effectiveMax(opts.MaxLength)
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
@@ -229,7 +232,7 @@ func (s *Server) serveConn(c net.Conn) {
 		slog.Debug("handshake reply not sent", "peer", peer, "err", err)
 		return
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
+	if tc, ok := c.(interface{ CloseWrite() error }); ok {
 		_ = tc.CloseWrite()
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvcache-ops/mc/pkg/connlimit"
 )
 
 // The inline path serves Mooncake's default client (a connection per
@@ -62,6 +65,10 @@ type inlineLoop struct {
 	waiting map[int]time.Time
 	// partial: waiting connections in the middle of a WRITE's payload.
 	partial map[int]partialWrite
+	// slots: every connection the loop holds (waiting or being served),
+	// with its place under the server's connection caps.
+	slots   map[int]connlimit.Slot
+	sa      unix.RawSockaddrAny
 	backoff time.Duration
 
 	mu      sync.Mutex // ep against a late re-arm of the listener
@@ -130,7 +137,7 @@ func newInlineLoop(s *Server, rc syscall.RawConn) (*inlineLoop, error) {
 		return nil, err
 	}
 	l := &inlineLoop{s: s, ep: ep, lfd: lfd, buf: make([]byte, 64<<10), st: make([]byte, 0, StatusSize),
-		waiting: make(map[int]time.Time), partial: make(map[int]partialWrite)}
+		waiting: make(map[int]time.Time), partial: make(map[int]partialWrite), slots: make(map[int]connlimit.Slot)}
 	err = l.ctl(unix.EPOLL_CTL_ADD, lfd, listenEvents)
 	if err == nil {
 		// Non-blocking, so that os.NewFile registers it with the poller:
@@ -222,7 +229,9 @@ func (l *inlineLoop) poll() {
 
 func (l *inlineLoop) acceptSome() {
 	for range maxAccepts {
-		r, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, uintptr(l.lfd), 0, 0, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
+		salen := uint32(unix.SizeofSockaddrAny)
+		r, _, e := unix.RawSyscall6(unix.SYS_ACCEPT4, uintptr(l.lfd), uintptr(unsafe.Pointer(&l.sa)), uintptr(unsafe.Pointer(&salen)),
+			unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
 		switch e {
 		case 0:
 		case unix.EAGAIN:
@@ -235,6 +244,12 @@ func (l *inlineLoop) acceptSome() {
 			return
 		}
 		fd := int(r)
+		slot, ok := l.s.opts.Limiter.Admit(limiterName, rawHost(&l.sa))
+		if !ok {
+			connlimit.RefuseFD(fd)
+			continue
+		}
+		l.slots[fd] = slot
 		if slog.Default().Enabled(context.Background(), slog.LevelDebug) {
 			slog.Debug("tcp data connection accepted", "peer", peerAddr(fd))
 		}
@@ -425,6 +440,10 @@ func (l *inlineLoop) ack(fd int, v2 bool) bool {
 // a partial WRITE); closing fd takes it out of the set itself.
 func (l *inlineLoop) forget(fd int) {
 	delete(l.waiting, fd)
+	if slot, ok := l.slots[fd]; ok {
+		delete(l.slots, fd)
+		slot.Release()
+	}
 	if p, ok := l.partial[fd]; ok {
 		delete(l.partial, fd)
 		p.ref.Release()
@@ -444,9 +463,13 @@ func (l *inlineLoop) release(fd int) {
 // are its first bytes, h0's reply is sent first and then unpinned.
 func (l *inlineLoop) handOver(fd int, h0 handover) {
 	l.release(fd)
+	slot := l.slots[fd]
+	delete(l.slots, fd)
 	c, err := fdConn(fd)
-	if err == nil && !l.s.track(c) {
+	if err == nil && !l.s.track(c, slot) {
 		err = net.ErrClosed
+	} else if err != nil {
+		slot.Release()
 	}
 	if err != nil {
 		if h0.ref != nil {
@@ -500,6 +523,17 @@ func fdConn(fd int) (net.Conn, error) {
 	c, err := net.FileConn(f) // a non-blocking duplicate
 	f.Close()
 	return c, err
+}
+
+// rawHost is the host of an address accept4 filled in.
+func rawHost(sa *unix.RawSockaddrAny) netip.Addr {
+	switch sa.Addr.Family {
+	case unix.AF_INET:
+		return netip.AddrFrom4((*unix.RawSockaddrInet4)(unsafe.Pointer(sa)).Addr)
+	case unix.AF_INET6:
+		return netip.AddrFrom16((*unix.RawSockaddrInet6)(unsafe.Pointer(sa)).Addr).Unmap()
+	}
+	return netip.Addr{}
 }
 
 // peerAddr is the remote address of fd, for log lines.

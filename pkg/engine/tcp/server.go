@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/kvcache-ops/mc/pkg/connlimit"
 )
 
 // Memory resolves a remote address range to registered local bytes. The
@@ -37,7 +39,13 @@ type ServerOptions struct {
 	// EventLoops is how many event loops serve the listener on Linux
 	// (inline_linux.go); 0 means DefaultEventLoops.
 	EventLoops int
+	// Limiter bounds the connections held (nil: the process's
+	// connlimit.Default).
+	Limiter *connlimit.Limiter
 }
+
+// limiterName labels the data listener in logs and metrics.
+const limiterName = "tcp data"
 
 // MaxEventLoops bounds ServerOptions.EventLoops.
 const MaxEventLoops = 64
@@ -60,7 +68,7 @@ type Server struct {
 	opts  ServerOptions
 
 	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
+	conns  map[net.Conn]connlimit.Slot
 	goneAt map[string]time.Time // last warning per peer host (warnGone)
 	closed bool
 	wg     sync.WaitGroup
@@ -75,7 +83,10 @@ func NewServer(ln net.Listener, mem Memory, opts ServerOptions) *Server {
 		opts.EventLoops = DefaultEventLoops()
 	}
 	opts.EventLoops = min(opts.EventLoops, MaxEventLoops)
-	s := &Server{ln: ln, mem: mem, opts: opts, conns: make(map[net.Conn]struct{})}
+	if opts.Limiter == nil {
+		opts.Limiter = connlimit.Default()
+	}
+	s := &Server{ln: ln, mem: mem, opts: opts, conns: make(map[net.Conn]connlimit.Slot)}
 	if !s.startInline() {
 		s.wg.Add(1)
 		go s.acceptLoop()
@@ -140,24 +151,31 @@ func (s *Server) acceptLoop() {
 			continue
 		}
 		backoff = 0
+		slot, ok := s.opts.Limiter.Admit(limiterName, connlimit.AddrOf(c.RemoteAddr()))
+		if !ok {
+			connlimit.Refuse(c)
+			continue
+		}
 		slog.Debug("tcp data connection accepted", "peer", c.RemoteAddr())
-		if !s.track(c) {
+		if !s.track(c, slot) {
 			return
 		}
 		go s.handle(c, handover{})
 	}
 }
 
-// track registers c so that Close can close it; false (and c closed)
-// once the server is closed. A tracked connection must be handled.
-func (s *Server) track(c net.Conn) bool {
+// track registers c, holding slot, so that Close can close it; false (and
+// c closed, slot released) once the server is closed. A tracked
+// connection must be handled.
+func (s *Server) track(c net.Conn, slot connlimit.Slot) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		c.Close()
+		slot.Release()
 		return false
 	}
-	s.conns[c] = struct{}{}
+	s.conns[c] = slot
 	s.wg.Add(1)
 	return true
 }
@@ -169,8 +187,10 @@ func (s *Server) handle(c net.Conn, h0 handover) {
 	err := s.serve(c, h0)
 	c.Close()
 	s.mu.Lock()
+	slot := s.conns[c]
 	delete(s.conns, c)
 	s.mu.Unlock()
+	slot.Release()
 	var gone *peerGoneError
 	switch {
 	case errors.As(err, &gone) && !s.isClosed():

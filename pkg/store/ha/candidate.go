@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvcache-ops/mc/pkg/connlimit"
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/master"
 )
@@ -174,7 +175,7 @@ func Start(ctx context.Context, cfg Config) (*Candidate, error) {
 		c.cli.Close()
 		return nil, fmt.Errorf("master RPC listener: %w", err)
 	}
-	c.lis = newMuxListener(base)
+	c.lis = newMuxListener(connlimit.Default().Listener(base, "master rpc"))
 	c.RPCAddr = base.Addr().String()
 	if c.cfg.Advertise == "" {
 		h, _, _ := net.SplitHostPort(cfg.RPCAddress)
@@ -190,6 +191,7 @@ func Start(ctx context.Context, cfg Config) (*Candidate, error) {
 			c.cli.Close()
 			return nil, fmt.Errorf("admin HTTP listener: %w", err)
 		}
+		alis = connlimit.Default().Listener(alis, "admin http")
 		c.AdminAddr = alis.Addr().String()
 		c.adminAdvertise = advertiseAdmin(c.cfg.Advertise, c.AdminAddr)
 		c.admin = master.NewAdminServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

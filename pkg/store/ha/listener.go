@@ -1,8 +1,11 @@
 package ha
 
 import (
+	"errors"
+	"log/slog"
 	"net"
 	"sync"
+	"time"
 )
 
 // muxListener keeps the RPC port bound for the candidate's life and hands
@@ -25,11 +28,22 @@ func newMuxListener(base net.Listener) *muxListener {
 
 func (l *muxListener) accept() {
 	defer close(l.done)
+	var backoff time.Duration
 	for {
 		conn, err := l.base.Accept()
 		if err != nil {
-			return
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of descriptors and the like: accept again after a
+			// pause, as net/http does. Returning here left the
+			// candidate's port bound and never accepting again.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			slog.Warn("master RPC listener: accept failed", "addr", l.base.Addr(), "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
 		}
+		backoff = 0
 		l.mu.Lock()
 		t := l.cur
 		l.mu.Unlock()

@@ -29,6 +29,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvcache-ops/mc/pkg/connlimit"
 )
 
 // Defaults, as Mooncake's publisher.
@@ -215,7 +217,7 @@ func open(cfg Config) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kv events: bind %s: %w", cfg.Endpoint, err)
 	}
-	return newPublisher(cfg, ln), nil
+	return newPublisher(cfg, connlimit.Default().Listener(ln, "kv events")), nil
 }
 
 // newPublisher makes a publisher on ln; its goroutine is not started.

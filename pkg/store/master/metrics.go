@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvcache-ops/mc/pkg/connlimit"
 )
 
 // Metrics are the master's Prometheus metrics under Mooncake's names, in a
@@ -51,7 +53,7 @@ func newMetrics(m *Master) *Metrics {
 	// The process's goroutines, memory and descriptors (go_goroutines,
 	// process_resident_memory_bytes, process_open_fds): what shows a
 	// client holding connections or calls.
-	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), connlimit.Default())
 	if c, ok := m.cfg.Events.(prometheus.Collector); ok {
 		r.MustRegister(c) // the KV events publisher's counters
 	}

@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 	if ep := os.Getenv(childEnv); ep != "" {
 		os.Exit(childMaster(ep))
 	}
+	if os.Getenv(capChildEnv) != "" {
+		os.Exit(capChild())
+	}
 	os.Exit(m.Run())
 }
 

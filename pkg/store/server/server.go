@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvcache-ops/mc/pkg/connlimit"
 	"github.com/kvcache-ops/mc/pkg/engine"
 	"github.com/kvcache-ops/mc/pkg/store"
 	"github.com/kvcache-ops/mc/pkg/store/ha"
@@ -61,6 +62,12 @@ type Config struct {
 	ReportInterval time.Duration
 	PingInterval   time.Duration
 	Logger         *slog.Logger
+	// MaxConnections and MaxConnectionsPerHost cap the inbound
+	// connections of the process, on all its listeners together, and
+	// those of one remote host (--max-connections,
+	// --max-connections-per-host); 0 derives each from the descriptor
+	// limit (connlimit.DefaultLimits).
+	MaxConnections, MaxConnectionsPerHost int
 }
 
 // Server is a running master and/or node.
@@ -92,6 +99,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.Master.Logger = cfg.Logger
 	}
 	s := &Server{log: cfg.Logger, stop: make(chan struct{}), done: make(chan struct{})}
+	connCaps, err := setConnectionCaps(cfg)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Tier != nil {
 		// First: a bad --ssd-dir fails before anything listens.
 		if cfg.SegmentSize == 0 {
@@ -157,6 +168,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		if err != nil {
 			return fail(fmt.Errorf("master RPC listener: %w", err))
 		}
+		lis = connlimit.Default().Listener(lis, "master rpc")
 		m.Start()
 		s.Master, s.RPCAddr = m, lis.Addr().String()
 		s.grpc = master.Serve(m, lis)
@@ -204,6 +216,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			s.Close(ctx)
 			return nil, fmt.Errorf("admin HTTP listener: %w", err)
 		}
+		lis = connlimit.Default().Listener(lis, "admin http")
 		s.AdminAddr = lis.Addr().String()
 		s.admin = master.NewAdminServer(adminHandler, s.log)
 		go s.admin.Serve(lis)
@@ -211,7 +224,38 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if (s.Master != nil || s.Candidate != nil) && s.AdminAddr != "" && cfg.Master.AdminToken == "" && !IsLoopback(s.AdminAddr) {
 		s.log.Warn(fmt.Sprintf("admin HTTP API on %s is reachable beyond this host and has no token: anyone who reaches it can remove every object (POST /api/v1/remove_all) or drain segments; give --admin-token (MC_ADMIN_TOKEN) or --admin-token-file, or bind it to loopback with --metrics-address 127.0.0.1", s.AdminAddr))
 	}
+	connCaps()
 	return s, nil
+}
+
+// setConnectionCaps applies cfg's caps to the process's connlimit.Default
+// (before anything listens) and returns what to log about them once the
+// server is up: what they are, and a warning when one is not below the
+// descriptor limit (accepts would then fail with EMFILE before the cap
+// refuses anyone).
+func setConnectionCaps(cfg Config) (func(), error) {
+	if cfg.MaxConnections < 0 || cfg.MaxConnectionsPerHost < 0 {
+		return nil, fmt.Errorf("connection caps %d, %d: want 0 (from the descriptor limit) or more", cfg.MaxConnections, cfg.MaxConnectionsPerHost)
+	}
+	nofile, err := connlimit.NoFile()
+	if err != nil {
+		return nil, err
+	}
+	maxConns, perHost := connlimit.DefaultLimits(nofile)
+	if cfg.MaxConnections > 0 {
+		maxConns = cfg.MaxConnections
+		perHost = connlimit.PerHost(maxConns)
+	}
+	if cfg.MaxConnectionsPerHost > 0 {
+		perHost = cfg.MaxConnectionsPerHost
+	}
+	connlimit.Default().SetLimits(maxConns, perHost)
+	return func() {
+		cfg.Logger.Info(fmt.Sprintf("inbound connections capped at %d, %d from one host (descriptor limit %d)", maxConns, perHost, nofile))
+		if uint64(maxConns) >= nofile {
+			cfg.Logger.Warn(fmt.Sprintf("--max-connections %d is not below this process's descriptor limit (%d, ulimit -n): a flood of connections exhausts descriptors before the cap refuses any; raise the limit or lower the cap", maxConns, nofile))
+		}
+	}, nil
 }
 
 // IsLoopback reports whether addr (host:port or a bare host) listens on
@@ -307,7 +351,7 @@ func (s *Server) shutdownMaster() {
 // nodeHandler serves a node's own /metrics and /health.
 func nodeHandler(c *store.Client, t *store.TierNode, masterAddr string) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), connlimit.Default())
 	seg, _ := c.Segment()
 	gauge := func(name, help string, f func() float64) {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: prometheus.Labels{"segment": seg.Name}}, f))
