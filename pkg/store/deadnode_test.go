@@ -143,6 +143,9 @@ func TestGetFromStoppedNodeHonoursDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer child.Process.Signal(syscall.SIGCONT)
+	// kill(2) returns before the child stops: a get that reached it first
+	// was served (make test, under load).
+	waitStopped(t, child.Process.Pid)
 	const deadline = 500 * time.Millisecond
 	gctx, cancel := context.WithTimeout(ctx, deadline)
 	began := time.Now()

@@ -35,7 +35,13 @@ func TestEvictionLoopWakesWhenPutCrossesWatermark(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if present(m, "key000")[0] {
-		t.Fatalf("the oldest object survived the watermark round")
+	// The count drops as the round removes its victims, shard after
+	// shard: the oldest may go a moment after the count is down (1 in
+	// 20 runs under -race).
+	for present(m, "key000")[0] {
+		if time.Since(start) > evictionIdleInterval/2 {
+			t.Fatalf("the oldest object survived the watermark round")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
