@@ -76,3 +76,17 @@ func SetCoroRecheck(d time.Duration) time.Duration {
 	coroRecheck = d
 	return old
 }
+
+// SetTierDropHook makes every TierNode ask f of each DROP it receives;
+// true loses it (nil: none lost).
+func SetTierDropHook(f func(key string) bool) {
+	if f == nil {
+		dropHook.Store(nil)
+		return
+	}
+	dropHook.Store(&f)
+}
+
+// SetTierDropAcks makes TierNodes attaching from now on answer DROPs
+// (true, the default) or not, as nodes before the answer did.
+func SetTierDropAcks(on bool) { dropAcksOff.Store(!on) }

@@ -382,7 +382,8 @@ func (n *TierNode) session() error {
 	// The staging pool is the node's (STAGE): the master is told only
 	// where readers ask for staged reads themselves.
 	hello := &pb.TierHello{ClientId: UUIDToPB(n.c.id), SegmentId: UUIDToPB(seg.ID), TierId: n.t.ID(),
-		Capacity: n.t.Capacity(), Records: make([]*pb.TierRecord, len(recs)), StagingService: n.svcAddr}
+		Capacity: n.t.Capacity(), Records: make([]*pb.TierRecord, len(recs)), StagingService: n.svcAddr,
+		DropAcks: !dropAcksOff.Load()}
 	for i, r := range recs {
 		hello.Records[i] = &pb.TierRecord{Key: r.Key, Size: r.Size, Version: r.Version}
 	}
@@ -414,17 +415,30 @@ func (n *TierNode) session() error {
 		}
 		// A message's drops in a row share one sync of the drop log; they
 		// are done before the next command starts, as one at a time were.
+		// Drops with an op id are answered once synced: the master holds
+		// the put or remove that caused them until then.
 		var drops []tier.Removal
+		var dropOps []uint64
 		flush := func() {
 			if len(drops) > 0 {
 				n.t.RemoveAll(drops)
 				drops = drops[:0]
 			}
+			if len(dropOps) > 0 {
+				n.send(st, &pb.TierUp{Msg: &pb.TierUp_Dropped{Dropped: &pb.TierDropped{Ops: dropOps}}})
+				dropOps = nil
+			}
 		}
 		for _, cmd := range down.GetCommands() {
 			switch cmd.GetKind() {
 			case pb.TierCommand_DROP:
+				if h := dropHook.Load(); h != nil && (*h)(cmd.GetKey()) {
+					continue // lost, as with a master that died before sending it
+				}
 				drops = append(drops, tier.Removal{Key: cmd.GetKey(), Version: cmd.GetVersion()})
+				if cmd.GetOp() != 0 {
+					dropOps = append(dropOps, cmd.GetOp())
+				}
 				continue
 			case pb.TierCommand_RELEASE:
 				n.pool.release(cmd.GetStaged(), true)
@@ -450,6 +464,14 @@ func (n *TierNode) session() error {
 		flush()
 	}
 }
+
+// Test hooks: dropHook, when set, is asked of each DROP and true loses
+// it; dropAcksOff makes the node one that does not answer DROPs (as
+// before TierHello.drop_acks).
+var (
+	dropHook    atomic.Pointer[func(key string) bool]
+	dropAcksOff atomic.Bool
+)
 
 // do runs one OFFLOAD or LOAD against the segment's bytes.
 func (n *TierNode) do(ctx context.Context, cmd *pb.TierCommand) *pb.TierResult {

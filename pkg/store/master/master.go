@@ -121,6 +121,10 @@ type Config struct {
 	// reader does not hand it back (it died, or is a Mooncake client,
 	// whose wire has no such call): default DefaultStagingTTL.
 	StagingTTL time.Duration
+	// DropFence bounds how long, without HA, a put or remove of a key
+	// waits for its node to confirm dropping the key's old disk record
+	// (default DefaultDropFence; see dropDiskLocked).
+	DropFence time.Duration
 	// GracefulUnmountWait bounds how long a graceful unmount waits for
 	// leased reads (default 2 s, at most the lease TTL): a read moves its
 	// bytes in milliseconds, the lease is only its upper bound.
@@ -608,8 +612,9 @@ func (m *Master) finishUnmount(seg *segment) {
 				}
 			} else if o.upsert != nil && len(o.upsert.refs) == 0 {
 				// The resize lost every new replica: the old version
-				// stays, and the writer's End finds no resize.
-				o.upsert, o.putStart = nil, 0
+				// stays, and the writer's End finds no resize (nor
+				// takes the old version for its own: lostWriter).
+				o.upsert, o.putStart, o.writer = nil, 0, lostWriter
 				sh.unlinkPending(o)
 			}
 		}

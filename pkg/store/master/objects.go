@@ -74,6 +74,10 @@ type Object struct {
 	upsert *upsertState
 }
 
+// lostWriter is the writer of a complete object whose last upsert was
+// dropped before its End: the old version is nobody's in flight.
+var lostWriter = store.UUID{First: ^uint64(0), Second: ^uint64(0)}
+
 // upsertState is a resizing upsert in progress: its replicas and the size
 // they hold (outside Object, which most objects never need it in).
 type upsertState struct {
@@ -445,7 +449,7 @@ func (m *Master) discardStaleIn(sh *shard, cut int64) {
 			// resize's replicas hold upsert.size bytes, not the old size.
 			before := m.charge(o)
 			m.pend.addRelease(release, o.upsert.size, o.upsert.refs)
-			o.upsert = nil
+			o.upsert, o.writer = nil, lostWriter
 			m.recharge(o, before)
 			o.putStart = 0
 		case o.state == stateProcessing:

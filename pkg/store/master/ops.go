@@ -316,6 +316,7 @@ func (m *Master) BatchPutEndFailed(client store.UUID, keys []string, sums []uint
 		}
 		out[i] = m.putEnd(client, k, i, sum, drop[i])
 	}
+	m.fenceDrops(keys, out)
 	return out
 }
 
@@ -364,6 +365,8 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64, dr
 		// A new version: the disk copy of the old one goes.
 		m.dropDiskLocked(o)
 		o.tier = nil
+	case o.state == stateComplete && o.writer != client && !o.writer.IsZero():
+		return store.Errorf(store.InvalidWrite, "key %q: this client's put or upsert of it was dropped (its new replicas' segment went away, or it was discarded); the object holds another version", key)
 	case o.state == stateComplete:
 		return store.Errorf(store.InvalidWrite, "key %q is already complete", key)
 	}
@@ -375,7 +378,9 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64, dr
 	}
 	// putStart of a complete object is when it became complete: eviction
 	// spares it for a lease TTL (freshCut).
-	o.state, o.inPlace, o.putStart, o.writer = stateComplete, false, m.now(), store.UUID{}
+	// writer stays: a revoke from it (its End's answer lost) learns that
+	// the End landed (revoke).
+	o.state, o.inPlace, o.putStart, o.writer = stateComplete, false, m.now(), client
 	o.sum = sum
 	sh.unlinkPending(o)
 	o.gen++
@@ -469,12 +474,22 @@ func (m *Master) revoke(client store.UUID, key string) error {
 	case o.upsert != nil:
 		before := m.charge(o)
 		m.space.free(o.upsert.refs, o.upsert.size)
-		o.upsert, o.putStart = nil, 0
+		o.upsert, o.putStart, o.writer = nil, 0, lostWriter
 		m.recharge(o, before)
 		sh.unlinkPending(o)
 		m.emit(Change{Op: OpRevoke, Key: key})
 		return nil
+	case o.state == stateComplete && o.writer != client && !o.writer.IsZero():
+		// Not this client's version: its upsert was dropped (its new
+		// replicas' segment went away, or it was discarded), or another
+		// writer's completed since. "Complete" here told the writer
+		// that its End had landed, and it reported a value stored that
+		// readers never saw (make soak: an upsert acknowledged, the
+		// version before it read back).
+		return store.Errorf(store.ObjectNotFound, "key %q: no put or upsert of this client in progress, and the object holds another writer's version", key)
 	case o.state == stateComplete:
+		// This client's End landed (or, restored from an op log, whose
+		// it is is unknown).
 		return store.Errorf(store.InvalidWrite, "key %q is complete: remove it instead", key)
 	}
 	if o.inPlace {
@@ -795,6 +810,7 @@ func (m *Master) BatchRemove(keys []string, force bool) []error {
 			m.m.removeFail.Inc()
 		}
 	}
+	m.fenceDrops(keys, out)
 	return out
 }
 
@@ -859,6 +875,9 @@ func (m *Master) RemoveAllIn(tenant string) int {
 			}
 		}
 		sh.mu.Unlock()
+	}
+	if n > 0 {
+		m.fenceDrops(nil, nil)
 	}
 	return n
 }

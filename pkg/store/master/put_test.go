@@ -459,3 +459,42 @@ func TestResizeEndKeepsLeasedOldVersion(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// TestRevokeOfLostResize: a resizing upsert whose new replicas' segment
+// was unmounted before its End (its node silent past client_ttl) leaves
+// the old version complete. The writer, whose End's answer it never got
+// (its deadline), revokes to learn the outcome: "complete" told it the
+// End had landed, and it reported the upsert stored while readers got
+// the version before (make soak, chaos every 3 s: 41 WRONG gets). Only
+// the writer whose End completed the object hears "complete".
+func TestRevokeOfLostResize(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	mount(t, m, "na", "A", "10.0.0.1", 1<<30, 64*MiB)
+	put(t, m, "w1", "k", 64*KiB, one(store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"A"}}))
+	mount(t, m, "nb", "B", "10.0.0.2", 2<<30, 64*MiB)
+	up := m.BatchUpsertStart(uuidOf("w2"), "", []PutItem{{"k", 128 * KiB}}, one(store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"B"}}))[0]
+	if up.Err != nil || len(up.Replicas) != 1 || up.Replicas[0].Segment != "B" {
+		t.Fatalf("upsert start: %+v", up)
+	}
+	if err := m.UnmountSegment(uuidOf("nb"), uuidOf("seg/B")); err != nil {
+		t.Fatal(err)
+	}
+	if r := get(m, "k"); r.Err != nil || len(r.Replicas) != 1 || r.Replicas[0].Len != 64*KiB || r.Replicas[0].Segment != "A" {
+		t.Fatalf("the old version after its resize lost its replicas: %+v", r)
+	}
+	err := m.BatchPutRevoke(uuidOf("w2"), []string{"k"})[0]
+	wantCode(t, "revoke of a resize whose replicas went", err, store.ObjectNotFound)
+	err = m.BatchPutEnd(uuidOf("w2"), []string{"k"})[0]
+	wantCode(t, "end of a resize whose replicas went", err, store.InvalidWrite)
+	if !contains(err.Error(), "dropped") {
+		t.Fatalf("end of a lost resize: %v, want it to say the upsert was dropped", err)
+	}
+	// The writer whose End landed still hears "complete"; another does
+	// not.
+	put(t, m, "w1", "k2", 64*KiB)
+	err = m.BatchPutRevoke(uuidOf("w1"), []string{"k2"})[0]
+	wantCode(t, "revoke by the writer that completed it", err, store.InvalidWrite)
+	err = m.BatchPutRevoke(uuidOf("w3"), []string{"k2"})[0]
+	wantCode(t, "revoke by another client", err, store.ObjectNotFound)
+	mustInvariants(t, m)
+}

@@ -115,6 +115,9 @@ func (m *Master) RemoveByRegexIn(tenant, pattern string, force, dryRun bool) (ou
 		}
 		out.Removed = append(out.Removed, k)
 	}
+	if !dryRun {
+		m.fenceDrops(out.Removed, nil)
+	}
 	return out, nil
 }
 

@@ -114,6 +114,8 @@ type tierNode struct {
 
 	// service is the node's TierRead endpoint ("": none; under mu).
 	service string
+	// dropAcks: the node answers DROPs that carry an op id (under mu).
+	dropAcks bool
 	// nStageReclaimed counts the master's staged reads whose readers
 	// never handed them back (its TTL freed them); the node counts its
 	// own (stats).
@@ -175,6 +177,13 @@ type tiers struct {
 	givenUp   map[string]givenUpRecord
 	nGivenUp  atomic.Int64
 
+	// drops are the DROPs a node has not confirmed yet, by key: a put or
+	// remove of the key is acknowledged once they are (fenceDrops).
+	// nDrops (their number) keeps puts off the lock while there are none.
+	dropMu sync.Mutex
+	drops  map[string][]*tierOp
+	nDrops atomic.Int64
+
 	// copies are the staged copies by id (stagedMu; lock order: shard,
 	// then stagedMu).
 	stagedMu sync.Mutex
@@ -187,6 +196,7 @@ type tiers struct {
 	diskHitBytes                                       atomic.Uint64
 	diskEvicted                                        atomic.Uint64
 	stagedReleased, stagedReclaimed                    atomic.Uint64
+	fenceTimeouts                                      atomic.Uint64
 }
 
 // stagedCopy is a disk record read into its node's staging pool for
@@ -209,6 +219,7 @@ func (t *tiers) init() {
 	t.byID = make(map[string]*tierNode)
 	t.bySeg = make(map[store.UUID]*tierNode)
 	t.copies = make(map[uint64]*stagedCopy)
+	t.drops = make(map[string][]*tierOp)
 }
 
 // any reports whether a node's tier is attached.
@@ -460,6 +471,14 @@ func (m *Master) releaseLocked(o *Object) {
 
 // dropDiskLocked forgets o's disk replica and tells its node to drop the
 // record (or remembers to, when the node is away).
+//
+// Without HA the DROP is also a fence: until the node confirms it, a put
+// or remove of the key is not acknowledged (fenceDrops). A master that
+// died with the DROP unsent or unapplied left the record on disk, and the
+// next master, which knows nothing of the put or remove, re-added it when
+// the node reported it: a get after an acknowledged upsert returned the
+// version before (two restarts in a row; TestTierDropFence). With HA the
+// op log is the fence: the next leader knows every version's fate.
 func (m *Master) dropDiskLocked(o *Object) {
 	if !o.onDisk() {
 		return
@@ -469,9 +488,113 @@ func (m *Master) dropDiskLocked(o *Object) {
 	if !m.tiers.ours(o.tier.version) {
 		n.tombstone(o.key, o.tier.version)
 	}
-	// A node away gets no DROP: it drops the record when it reports it
-	// (attach).
-	n.enqueue(&pb.TierCommand{Kind: pb.TierCommand_DROP, Key: o.key, Version: o.tier.version}, nil)
+	cmd := &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: o.key, Version: o.tier.version}
+	n.mu.Lock()
+	acks := n.dropAcks
+	n.mu.Unlock()
+	if !acks || m.tiers.all.Load() {
+		// A node away gets no DROP: it drops the record when it reports
+		// it (attach).
+		n.enqueue(cmd, nil)
+		return
+	}
+	op := &tierOp{id: m.tiers.nextOp.Add(1), kind: pb.TierCommand_DROP, key: o.key, version: o.tier.version, done: make(chan struct{})}
+	cmd.Op = op.id
+	m.tiers.addDrop(op)
+	if !n.enqueue(cmd, op) {
+		m.tiers.dropDone(op, errDetached)
+	}
+}
+
+// addDrop registers op as unconfirmed.
+func (t *tiers) addDrop(op *tierOp) {
+	t.dropMu.Lock()
+	t.drops[op.key] = append(t.drops[op.key], op)
+	t.nDrops.Add(1)
+	t.dropMu.Unlock()
+}
+
+// dropDone ends op: confirmed by its node (err nil), or failed with its
+// node's stream (the node reports the record when it attaches again, and
+// this master drops it then).
+func (t *tiers) dropDone(op *tierOp, err error) {
+	t.dropMu.Lock()
+	ops := t.drops[op.key]
+	for i, o := range ops {
+		if o == op {
+			ops = slices.Delete(ops, i, i+1)
+			t.nDrops.Add(-1)
+			break
+		}
+	}
+	if len(ops) == 0 {
+		delete(t.drops, op.key)
+	} else {
+		t.drops[op.key] = ops
+	}
+	t.dropMu.Unlock()
+	op.err = err
+	close(op.done)
+}
+
+// unconfirmed returns the DROPs of keys not confirmed yet (all of them
+// for keys nil).
+func (t *tiers) unconfirmed(keys []string) []*tierOp {
+	if t.nDrops.Load() == 0 {
+		return nil
+	}
+	t.dropMu.Lock()
+	defer t.dropMu.Unlock()
+	var out []*tierOp
+	if keys == nil {
+		for _, ops := range t.drops {
+			out = append(out, ops...)
+		}
+		return out
+	}
+	for _, k := range keys {
+		out = append(out, t.drops[k]...)
+	}
+	return out
+}
+
+// DefaultDropFence bounds how long a put or remove waits for its key's
+// DROPs to be confirmed (Config.DropFence).
+const DefaultDropFence = 2 * time.Second
+
+// fenceDrops waits until every DROP of keys (nil: of any key) is
+// confirmed by its node or failed with the node's stream, at most the
+// configured bound; a node that does not answer by then is named in a
+// warning and the caller goes on. A master closed meanwhile fails the
+// calls still unanswered (out, when given: one per key): their DROPs may
+// never be applied, so they must not be acknowledged.
+func (m *Master) fenceDrops(keys []string, out []error) {
+	ops := m.tiers.unconfirmed(keys)
+	if len(ops) == 0 {
+		return
+	}
+	bound := m.cfg.DropFence
+	if bound <= 0 {
+		bound = DefaultDropFence
+	}
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for _, op := range ops {
+		select {
+		case <-op.done:
+		case <-m.done:
+			for i := range out {
+				if out[i] == nil {
+					out[i] = store.Errorf(store.InternalError, "key %q: the master stopped before the disk tier confirmed dropping the previous version's record; the call may not have taken effect", keys[i])
+				}
+			}
+			return
+		case <-timer.C:
+			m.tiers.fenceTimeouts.Add(1)
+			m.log.Warn(fmt.Sprintf("disk tier: the DROP of %q (version %d) is not confirmed after %s: acknowledging anyway; without HA, a master restarted before the node applies it may serve that old record again", op.key, op.version, bound))
+			return
+		}
+	}
 }
 
 // opDone is called with a node's answer to op (or the stream's end).
@@ -481,6 +604,8 @@ func (m *Master) opDone(n *tierNode, op *tierOp, err error) {
 		m.offloadDone(n, op, err)
 	case pb.TierCommand_LOAD, pb.TierCommand_STAGE:
 		m.loadDone(n, op, err)
+	case pb.TierCommand_DROP:
+		m.tiers.dropDone(op, err)
 	}
 }
 
@@ -873,6 +998,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 	n.stats = &pb.TierStats{Capacity: h.GetCapacity()}
 	tomb := maps.Clone(n.tombstones)
 	n.service = h.GetStagingService()
+	n.dropAcks = h.GetDropAcks()
 	n.online = true
 	n.mu.Unlock()
 
@@ -1190,6 +1316,10 @@ func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
 			switch msg := up.Msg.(type) {
 			case *pb.TierUp_Result:
 				s.m.result(n, msg.Result)
+			case *pb.TierUp_Dropped:
+				for _, id := range msg.Dropped.GetOps() {
+					s.m.result(n, &pb.TierResult{Op: id})
+				}
 			case *pb.TierUp_Evicted:
 				s.m.evicted(n, msg.Evicted.GetRecords(), msg.Evicted.GetUnreadable())
 			case *pb.TierUp_Stats:

@@ -40,7 +40,8 @@ const (
 	// segment or of the staging pool, checksum verified, and answer once
 	// the bytes are there.
 	TierCommand_LOAD TierCommand_Kind = 2
-	// DROP: remove key's record if it has that version (no answer).
+	// DROP: remove key's record if it has that version; with an op id
+	// (nodes that said drop_acks), answered by TierDropped once synced.
 	TierCommand_DROP TierCommand_Kind = 3
 	// STAGE: read key at version into a range of the staging pool the
 	// node picks (waiting up to wait_ms for room), checksum verified,
@@ -101,7 +102,7 @@ func (x TierCommand_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TierCommand_Kind.Descriptor instead.
 func (TierCommand_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{10, 0}
+	return file_tier_proto_rawDescGZIP(), []int{11, 0}
 }
 
 // StagedReadProgress is one message of BatchGetStagedStream.
@@ -482,8 +483,12 @@ type TierHello struct {
 	// mc's readers ask for staged reads themselves ("": none, the master
 	// stages every read).
 	StagingService string `protobuf:"bytes,8,opt,name=staging_service,json=stagingService,proto3" json:"staging_service,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// drop_acks: the node answers a DROP that carries an op id with
+	// TierDropped once the record is gone (older nodes answer none, and the
+	// master does not wait for them).
+	DropAcks      bool `protobuf:"varint,9,opt,name=drop_acks,json=dropAcks,proto3" json:"drop_acks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TierHello) Reset() {
@@ -570,6 +575,13 @@ func (x *TierHello) GetStagingService() string {
 		return x.StagingService
 	}
 	return ""
+}
+
+func (x *TierHello) GetDropAcks() bool {
+	if x != nil {
+		return x.DropAcks
+	}
+	return false
 }
 
 // TierStats is the node's disk tier as it stands (sent every second).
@@ -895,6 +907,7 @@ type TierUp struct {
 	//	*TierUp_Result
 	//	*TierUp_Evicted
 	//	*TierUp_Stats
+	//	*TierUp_Dropped
 	Msg           isTierUp_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -973,6 +986,15 @@ func (x *TierUp) GetStats() *TierStats {
 	return nil
 }
 
+func (x *TierUp) GetDropped() *TierDropped {
+	if x != nil {
+		if x, ok := x.Msg.(*TierUp_Dropped); ok {
+			return x.Dropped
+		}
+	}
+	return nil
+}
+
 type isTierUp_Msg interface {
 	isTierUp_Msg()
 }
@@ -993,6 +1015,10 @@ type TierUp_Stats struct {
 	Stats *TierStats `protobuf:"bytes,4,opt,name=stats,proto3,oneof"`
 }
 
+type TierUp_Dropped struct {
+	Dropped *TierDropped `protobuf:"bytes,5,opt,name=dropped,proto3,oneof"`
+}
+
 func (*TierUp_Hello) isTierUp_Msg() {}
 
 func (*TierUp_Result) isTierUp_Msg() {}
@@ -1000,6 +1026,54 @@ func (*TierUp_Result) isTierUp_Msg() {}
 func (*TierUp_Evicted) isTierUp_Msg() {}
 
 func (*TierUp_Stats) isTierUp_Msg() {}
+
+func (*TierUp_Dropped) isTierUp_Msg() {}
+
+// TierDropped: the DROPs of these op ids are done (their records are
+// gone, the removal synced).
+type TierDropped struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ops           []uint64               `protobuf:"varint,1,rep,packed,name=ops,proto3" json:"ops,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TierDropped) Reset() {
+	*x = TierDropped{}
+	mi := &file_tier_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TierDropped) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TierDropped) ProtoMessage() {}
+
+func (x *TierDropped) ProtoReflect() protoreflect.Message {
+	mi := &file_tier_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TierDropped.ProtoReflect.Descriptor instead.
+func (*TierDropped) Descriptor() ([]byte, []int) {
+	return file_tier_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *TierDropped) GetOps() []uint64 {
+	if x != nil {
+		return x.Ops
+	}
+	return nil
+}
 
 type TierCommand struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1017,7 +1091,7 @@ type TierCommand struct {
 
 func (x *TierCommand) Reset() {
 	*x = TierCommand{}
-	mi := &file_tier_proto_msgTypes[10]
+	mi := &file_tier_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1103,7 @@ func (x *TierCommand) String() string {
 func (*TierCommand) ProtoMessage() {}
 
 func (x *TierCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[10]
+	mi := &file_tier_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1116,7 @@ func (x *TierCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierCommand.ProtoReflect.Descriptor instead.
 func (*TierCommand) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{10}
+	return file_tier_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TierCommand) GetOp() uint64 {
@@ -1114,7 +1188,7 @@ type TierDown struct {
 
 func (x *TierDown) Reset() {
 	*x = TierDown{}
-	mi := &file_tier_proto_msgTypes[11]
+	mi := &file_tier_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1200,7 @@ func (x *TierDown) String() string {
 func (*TierDown) ProtoMessage() {}
 
 func (x *TierDown) ProtoReflect() protoreflect.Message {
-	mi := &file_tier_proto_msgTypes[11]
+	mi := &file_tier_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1213,7 @@ func (x *TierDown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TierDown.ProtoReflect.Descriptor instead.
 func (*TierDown) Descriptor() ([]byte, []int) {
-	return file_tier_proto_rawDescGZIP(), []int{11}
+	return file_tier_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TierDown) GetCommands() []*TierCommand {
@@ -1187,7 +1261,7 @@ const file_tier_proto_rawDesc = "" +
 	"TierRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x04R\aversion\"\xc4\x02\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"\xe1\x02\n" +
 	"\tTierHello\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x120\n" +
 	"\n" +
@@ -1197,7 +1271,8 @@ const file_tier_proto_rawDesc = "" +
 	"\arecords\x18\x05 \x03(\v2\x17.mc.store.v1.TierRecordR\arecords\x12!\n" +
 	"\fstaging_addr\x18\x06 \x01(\x04R\vstagingAddr\x12!\n" +
 	"\fstaging_size\x18\a \x01(\x04R\vstagingSize\x12'\n" +
-	"\x0fstaging_service\x18\b \x01(\tR\x0estagingService\"\x96\x04\n" +
+	"\x0fstaging_service\x18\b \x01(\tR\x0estagingService\x12\x1b\n" +
+	"\tdrop_acks\x18\t \x01(\bR\bdropAcks\"\x96\x04\n" +
 	"\tTierStats\x12\x1a\n" +
 	"\bcapacity\x18\x01 \x01(\x04R\bcapacity\x12\x12\n" +
 	"\x04used\x18\x02 \x01(\x04R\x04used\x12\x18\n" +
@@ -1230,13 +1305,16 @@ const file_tier_proto_rawDesc = "" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x12\n" +
 	"\x04addr\x18\x04 \x01(\x04R\x04addr\x12\x16\n" +
-	"\x06staged\x18\x05 \x01(\x04R\x06staged\"\xd8\x01\n" +
+	"\x06staged\x18\x05 \x01(\x04R\x06staged\"\x8e\x02\n" +
 	"\x06TierUp\x12.\n" +
 	"\x05hello\x18\x01 \x01(\v2\x16.mc.store.v1.TierHelloH\x00R\x05hello\x121\n" +
 	"\x06result\x18\x02 \x01(\v2\x17.mc.store.v1.TierResultH\x00R\x06result\x124\n" +
 	"\aevicted\x18\x03 \x01(\v2\x18.mc.store.v1.TierEvictedH\x00R\aevicted\x12.\n" +
-	"\x05stats\x18\x04 \x01(\v2\x16.mc.store.v1.TierStatsH\x00R\x05statsB\x05\n" +
-	"\x03msg\"\xb8\x02\n" +
+	"\x05stats\x18\x04 \x01(\v2\x16.mc.store.v1.TierStatsH\x00R\x05stats\x124\n" +
+	"\adropped\x18\x05 \x01(\v2\x18.mc.store.v1.TierDroppedH\x00R\adroppedB\x05\n" +
+	"\x03msg\"\x1f\n" +
+	"\vTierDropped\x12\x10\n" +
+	"\x03ops\x18\x01 \x03(\x04R\x03ops\"\xb8\x02\n" +
 	"\vTierCommand\x12\x0e\n" +
 	"\x02op\x18\x01 \x01(\x04R\x02op\x121\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1d.mc.store.v1.TierCommand.KindR\x04kind\x12\x10\n" +
@@ -1278,7 +1356,7 @@ func file_tier_proto_rawDescGZIP() []byte {
 }
 
 var file_tier_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tier_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_tier_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_tier_proto_goTypes = []any{
 	(TierCommand_Kind)(0),          // 0: mc.store.v1.TierCommand.Kind
 	(*StagedReadProgress)(nil),     // 1: mc.store.v1.StagedReadProgress
@@ -1291,37 +1369,39 @@ var file_tier_proto_goTypes = []any{
 	(*TierEvicted)(nil),            // 8: mc.store.v1.TierEvicted
 	(*TierResult)(nil),             // 9: mc.store.v1.TierResult
 	(*TierUp)(nil),                 // 10: mc.store.v1.TierUp
-	(*TierCommand)(nil),            // 11: mc.store.v1.TierCommand
-	(*TierDown)(nil),               // 12: mc.store.v1.TierDown
-	(*UUID)(nil),                   // 13: mc.store.v1.UUID
-	(*Result)(nil),                 // 14: mc.store.v1.Result
+	(*TierDropped)(nil),            // 11: mc.store.v1.TierDropped
+	(*TierCommand)(nil),            // 12: mc.store.v1.TierCommand
+	(*TierDown)(nil),               // 13: mc.store.v1.TierDown
+	(*UUID)(nil),                   // 14: mc.store.v1.UUID
+	(*Result)(nil),                 // 15: mc.store.v1.Result
 }
 var file_tier_proto_depIdxs = []int32{
 	3,  // 0: mc.store.v1.StagedReadProgress.start:type_name -> mc.store.v1.BatchGetStagedResponse
 	3,  // 1: mc.store.v1.StagedReadProgress.done:type_name -> mc.store.v1.BatchGetStagedResponse
-	13, // 2: mc.store.v1.TierHello.client_id:type_name -> mc.store.v1.UUID
-	13, // 3: mc.store.v1.TierHello.segment_id:type_name -> mc.store.v1.UUID
+	14, // 2: mc.store.v1.TierHello.client_id:type_name -> mc.store.v1.UUID
+	14, // 3: mc.store.v1.TierHello.segment_id:type_name -> mc.store.v1.UUID
 	5,  // 4: mc.store.v1.TierHello.records:type_name -> mc.store.v1.TierRecord
 	5,  // 5: mc.store.v1.TierEvicted.records:type_name -> mc.store.v1.TierRecord
 	6,  // 6: mc.store.v1.TierUp.hello:type_name -> mc.store.v1.TierHello
 	9,  // 7: mc.store.v1.TierUp.result:type_name -> mc.store.v1.TierResult
 	8,  // 8: mc.store.v1.TierUp.evicted:type_name -> mc.store.v1.TierEvicted
 	7,  // 9: mc.store.v1.TierUp.stats:type_name -> mc.store.v1.TierStats
-	0,  // 10: mc.store.v1.TierCommand.kind:type_name -> mc.store.v1.TierCommand.Kind
-	11, // 11: mc.store.v1.TierDown.commands:type_name -> mc.store.v1.TierCommand
-	10, // 12: mc.store.v1.Tier.Attach:input_type -> mc.store.v1.TierUp
-	2,  // 13: mc.store.v1.TierRead.BatchGetStaged:input_type -> mc.store.v1.BatchGetStagedRequest
-	4,  // 14: mc.store.v1.TierRead.ReleaseStaged:input_type -> mc.store.v1.ReleaseStagedBatch
-	2,  // 15: mc.store.v1.TierRead.BatchGetStagedStream:input_type -> mc.store.v1.BatchGetStagedRequest
-	12, // 16: mc.store.v1.Tier.Attach:output_type -> mc.store.v1.TierDown
-	3,  // 17: mc.store.v1.TierRead.BatchGetStaged:output_type -> mc.store.v1.BatchGetStagedResponse
-	14, // 18: mc.store.v1.TierRead.ReleaseStaged:output_type -> mc.store.v1.Result
-	1,  // 19: mc.store.v1.TierRead.BatchGetStagedStream:output_type -> mc.store.v1.StagedReadProgress
-	16, // [16:20] is the sub-list for method output_type
-	12, // [12:16] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	11, // 10: mc.store.v1.TierUp.dropped:type_name -> mc.store.v1.TierDropped
+	0,  // 11: mc.store.v1.TierCommand.kind:type_name -> mc.store.v1.TierCommand.Kind
+	12, // 12: mc.store.v1.TierDown.commands:type_name -> mc.store.v1.TierCommand
+	10, // 13: mc.store.v1.Tier.Attach:input_type -> mc.store.v1.TierUp
+	2,  // 14: mc.store.v1.TierRead.BatchGetStaged:input_type -> mc.store.v1.BatchGetStagedRequest
+	4,  // 15: mc.store.v1.TierRead.ReleaseStaged:input_type -> mc.store.v1.ReleaseStagedBatch
+	2,  // 16: mc.store.v1.TierRead.BatchGetStagedStream:input_type -> mc.store.v1.BatchGetStagedRequest
+	13, // 17: mc.store.v1.Tier.Attach:output_type -> mc.store.v1.TierDown
+	3,  // 18: mc.store.v1.TierRead.BatchGetStaged:output_type -> mc.store.v1.BatchGetStagedResponse
+	15, // 19: mc.store.v1.TierRead.ReleaseStaged:output_type -> mc.store.v1.Result
+	1,  // 20: mc.store.v1.TierRead.BatchGetStagedStream:output_type -> mc.store.v1.StagedReadProgress
+	17, // [17:21] is the sub-list for method output_type
+	13, // [13:17] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_tier_proto_init() }
@@ -1335,6 +1415,7 @@ func file_tier_proto_init() {
 		(*TierUp_Result)(nil),
 		(*TierUp_Evicted)(nil),
 		(*TierUp_Stats)(nil),
+		(*TierUp_Dropped)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1342,7 +1423,7 @@ func file_tier_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tier_proto_rawDesc), len(file_tier_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -1,0 +1,122 @@
+package store_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/master"
+)
+
+// TestTierDropFence: without HA, a put or remove of a key whose old
+// version is a disk record is acknowledged only once the node confirms
+// dropping that record. Before, the master acknowledged at once and sent
+// the DROP after: a master that died before the node applied it left the
+// record on disk, and the next master (knowing nothing of the upsert)
+// re-added it, so a get after an acknowledged upsert returned the
+// version before it. The DROPs are lost here (as with a master killed
+// before sending them): the put and the remove must still be waiting
+// when the master goes, never acknowledged.
+func TestTierDropFence(t *testing.T) {
+	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 5 * time.Second}
+	c := startMaster(t, cfg)
+	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	old := map[string][]byte{"upserted": value(100_000, 1), "removed": value(90_000, 2)}
+	offloadAll(t, c, cl, old)
+
+	// A master restarted without HA re-adds the records (its first era).
+	addr := c.addr
+	c.stop()
+	c2 := startMasterOn(t, addr, cfg)
+	waitFor(t, "the tier to re-attach to the second master", 10*time.Second, func() bool { return c2.m.Stats().Keys == 2 })
+	waitFor(t, "the client to reach the second master", 10*time.Second, func() bool {
+		_, err := cl.Exist(ctx, "upserted")
+		return err == nil
+	})
+
+	store.SetTierDropHook(func(key string) bool { return old[key] != nil })
+	defer store.SetTierDropHook(nil)
+	type result struct {
+		what string
+		err  error
+	}
+	done := make(chan result, 2)
+	newer := value(100_000, 7)
+	go func() { done <- result{"upsert", cl.Upsert(ctx, "upserted", newer)} }()
+	go func() { done <- result{"remove", cl.Remove(ctx, "removed", false)} }()
+	select {
+	case r := <-done:
+		t.Fatalf("%s acknowledged (err %v) while its node had not dropped the old disk record", r.what, r.err)
+	case <-time.After(time.Second):
+	}
+	// Dies with both unacknowledged (the master first: stopping the
+	// server first would wait for the calls, and they would time out).
+	c2.m.Close()
+	c2.stop()
+	acked := map[string]bool{}
+	for range 2 {
+		select {
+		case r := <-done:
+			acked[r.what] = r.err == nil
+			t.Logf("%s: %v", r.what, r.err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("an operation still waits after its master stopped")
+		}
+	}
+	store.SetTierDropHook(nil)
+
+	c3 := startMasterOn(t, addr, cfg)
+	waitFor(t, "the tier to re-attach to the third master", 10*time.Second, func() bool { return tn.Stats().Attached && len(c3.m.Tiers()) == 1 && c3.m.Tiers()[0].Online })
+	waitFor(t, "the client to reach the third master", 10*time.Second, func() bool {
+		_, err := cl.Exist(ctx, "upserted")
+		return err == nil
+	})
+	got, err := cl.Get(ctx, "upserted")
+	if acked["upsert"] && err == nil && bytes.Equal(got, old["upserted"]) {
+		t.Fatal("get after an acknowledged upsert returned the version before it")
+	}
+	if _, err := cl.Get(ctx, "removed"); acked["remove"] && err == nil {
+		t.Fatal("get after an acknowledged remove found the object")
+	}
+
+	// Confirmed DROPs release the fence at once, and the record is gone
+	// by the time the caller hears back.
+	offloadAll(t, c3, cl, map[string][]byte{"again": value(80_000, 3)})
+	start := time.Now()
+	if err := cl.Upsert(ctx, "again", value(80_000, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("an upsert with its DROP confirmed took %s", took)
+	}
+	if _, ok := tn.Tier().Lookup("again"); ok {
+		t.Fatal("upsert acknowledged before its node dropped the old record")
+	}
+}
+
+// TestTierDropFenceOldNode: a node that does not answer DROPs (one from
+// before the answer) is not waited for.
+func TestTierDropFenceOldNode(t *testing.T) {
+	store.SetTierDropAcks(false)
+	defer store.SetTierDropAcks(true)
+	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 20 * time.Second})
+	c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	offloadAll(t, c, cl, map[string][]byte{"k": value(50_000, 1)})
+	start := time.Now()
+	if err := cl.Upsert(ctx, "k", value(50_000, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Remove(ctx, "k", false); err != nil && !errors.Is(err, store.ErrObjectNotFound) {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("an upsert and remove on a node without drop answers took %s", took)
+	}
+}
