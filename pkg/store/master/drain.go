@@ -127,8 +127,9 @@ type drainJob struct {
 	inst    store.UUID // placement instance of the job's copies
 	queue   []*drainUnit
 	active  map[uint64]*drainUnit
-	// settling counts units whose result was taken off active and not
-	// yet queued again or committed: the job is not idle meanwhile, or
+	// settling counts units in neither queue nor active: a result taken
+	// off active and not yet queued again or committed, or a unit taken
+	// off the queue and being placed. The job is not idle meanwhile, or
 	// a plan in between would copy their objects a second time.
 	settling int
 	noRoom   bool
@@ -555,9 +556,18 @@ func (m *Master) dispatchDrain(j *drainJob) {
 		}
 		u := j.queue[0]
 		j.queue = j.queue[1:]
+		// Off the queue and not yet active while it is placed: the job
+		// is not idle meanwhile, or a plan in this window copies the
+		// object a second time (make test: two tasks for one key after
+		// a failed copy was queued again).
+		j.settling++
 		m.drains.mu.Unlock()
+		if drainPlacing != nil {
+			drainPlacing(j)
+		}
 		ok, err := m.placeDrainUnit(u)
 		m.drains.mu.Lock()
+		j.settling--
 		switch {
 		case err != nil:
 			// No room for this one: the others may fit (move what
@@ -768,6 +778,10 @@ func (m *Master) DrainTasks(ctx context.Context, client store.UUID, results []Dr
 // unit off the job's active set and before the unit is queued again or
 // committed.
 var drainResultTaken func(*drainJob)
+
+// drainPlacing, when set (tests), runs while dispatchDrain places a unit
+// it took off the job's queue.
+var drainPlacing func(*drainJob)
 
 func (m *Master) applyDrainResults(results []DrainResult) {
 	kicked := map[*drainJob]bool{}

@@ -524,3 +524,40 @@ func TestDrainNotIdleWhileResultsSettle(t *testing.T) {
 		t.Fatalf("job %+v: want SUCCEEDED with one copy", j)
 	}
 }
+
+// A unit taken off the queue to be placed is in neither the queue nor
+// the active set: the job looked idle then, and a plan in that window
+// copied the object a second time (two tasks for one key after a failed
+// copy was queued again; CI, make test).
+func TestDrainNotIdleWhilePlacing(t *testing.T) {
+	m, _, id := drainOneToBC(t)
+	var seen, idle int
+	drainPlacing = func(j *drainJob) {
+		if j.ID != id {
+			return
+		}
+		m.drains.mu.Lock()
+		seen++
+		if j.idleLocked() {
+			idle++
+		}
+		m.drains.mu.Unlock()
+	}
+	t.Cleanup(func() { drainPlacing = nil })
+	first := fetch(m, "na", 10)
+	if len(first) != 1 {
+		t.Fatalf("tasks %+v, want the copy of k", first)
+	}
+	report(m, "na", first, store.Errorf(store.TransferFail, "target died")) // queued again, placed again
+	again := fetch(m, "na", 10)
+	if len(again) != 1 || again[0].Key != "k" || again[0].ID == first[0].ID {
+		t.Fatalf("after one failure: %+v, want one new copy of k", again)
+	}
+	report(m, "na", again)
+	if seen < 1 || idle != 0 {
+		t.Fatalf("%d units placed, the job idle while placing %d of them; want at least 1, 0", seen, idle)
+	}
+	if j := waitJob(t, m, id, ended); j.Status != DrainSucceeded || j.Succeeded != 1 {
+		t.Fatalf("job %+v: want SUCCEEDED with one copy", j)
+	}
+}
