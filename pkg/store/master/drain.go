@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
@@ -562,8 +563,8 @@ func (m *Master) dispatchDrain(j *drainJob) {
 		// a failed copy was queued again).
 		j.settling++
 		m.drains.mu.Unlock()
-		if drainPlacing != nil {
-			drainPlacing(j)
+		if h := drainPlacing.Load(); h != nil {
+			(*h)(j)
 		}
 		ok, err := m.placeDrainUnit(u)
 		m.drains.mu.Lock()
@@ -777,11 +778,12 @@ func (m *Master) DrainTasks(ctx context.Context, client store.UUID, results []Dr
 // drainResultTaken, when set (tests), runs after a copy's result took its
 // unit off the job's active set and before the unit is queued again or
 // committed.
-var drainResultTaken func(*drainJob)
+var drainResultTaken atomic.Pointer[func(*drainJob)]
 
 // drainPlacing, when set (tests), runs while dispatchDrain places a unit
-// it took off the job's queue.
-var drainPlacing func(*drainJob)
+// it took off the job's queue. Both hooks are atomic: a job's own
+// goroutine dispatches while a test sets them.
+var drainPlacing atomic.Pointer[func(*drainJob)]
 
 func (m *Master) applyDrainResults(results []DrainResult) {
 	kicked := map[*drainJob]bool{}
@@ -801,8 +803,8 @@ func (m *Master) applyDrainResults(results []DrainResult) {
 		if u == nil {
 			continue // timed out or its job ended: its range was dealt with
 		}
-		if drainResultTaken != nil {
-			drainResultTaken(u.job)
+		if h := drainResultTaken.Load(); h != nil {
+			(*h)(u.job)
 		}
 		kicked[u.job] = true
 		if r.Err != nil {

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -487,77 +488,57 @@ func TestDrainAdminBadRequests(t *testing.T) {
 	}
 }
 
-// A copy's result takes its unit off the job's active set before the
-// unit is queued again (a failure) or committed (a success); a plan in
-// between saw the job idle and planned the object's copy a second time
-// (TestDrainRetriesFailedAndSilentCopies got two tasks for one key under
-// load). The job is never idle in that window.
-func TestDrainNotIdleWhileResultsSettle(t *testing.T) {
-	m, _, id := drainOneToBC(t)
-	var seen, idle int
-	drainResultTaken = func(j *drainJob) {
-		if j.ID != id {
-			return
-		}
-		m.drains.mu.Lock()
-		seen++
-		if j.idleLocked() {
-			idle++
-		}
-		m.drains.mu.Unlock()
-	}
-	t.Cleanup(func() { drainResultTaken = nil })
-	first := fetch(m, "na", 10)
-	if len(first) != 1 {
-		t.Fatalf("tasks %+v, want the copy of k", first)
-	}
-	report(m, "na", first, store.Errorf(store.TransferFail, "target died")) // queued again
-	again := fetch(m, "na", 10)
-	if len(again) != 1 || again[0].Key != "k" || again[0].ID == first[0].ID {
-		t.Fatalf("after one failure: %+v, want one new copy of k", again)
-	}
-	report(m, "na", again) // committed
-	if seen != 2 || idle != 0 {
-		t.Fatalf("%d results settled, the job idle during %d of them; want 2, 0", seen, idle)
-	}
-	if j := waitJob(t, m, id, ended); j.Status != DrainSucceeded || j.Succeeded != 1 {
-		t.Fatalf("job %+v: want SUCCEEDED with one copy", j)
-	}
-}
-
-// A unit taken off the queue to be placed is in neither the queue nor
-// the active set: the job looked idle then, and a plan in that window
-// copied the object a second time (two tasks for one key after a failed
-// copy was queued again; CI, make test).
-func TestDrainNotIdleWhilePlacing(t *testing.T) {
-	m, _, id := drainOneToBC(t)
-	var seen, idle int
-	drainPlacing = func(j *drainJob) {
-		if j.ID != id {
-			return
-		}
-		m.drains.mu.Lock()
-		seen++
-		if j.idleLocked() {
-			idle++
-		}
-		m.drains.mu.Unlock()
-	}
-	t.Cleanup(func() { drainPlacing = nil })
-	first := fetch(m, "na", 10)
-	if len(first) != 1 {
-		t.Fatalf("tasks %+v, want the copy of k", first)
-	}
-	report(m, "na", first, store.Errorf(store.TransferFail, "target died")) // queued again, placed again
-	again := fetch(m, "na", 10)
-	if len(again) != 1 || again[0].Key != "k" || again[0].ID == first[0].ID {
-		t.Fatalf("after one failure: %+v, want one new copy of k", again)
-	}
-	report(m, "na", again)
-	if seen < 1 || idle != 0 {
-		t.Fatalf("%d units placed, the job idle while placing %d of them; want at least 1, 0", seen, idle)
-	}
-	if j := waitJob(t, m, id, ended); j.Status != DrainSucceeded || j.Succeeded != 1 {
-		t.Fatalf("job %+v: want SUCCEEDED with one copy", j)
+// A unit is in neither the job's queue nor its active set twice in its
+// life: when a copy's result took it off the active set and it is not
+// yet queued again (a failure) or committed (a success), and when
+// dispatchDrain took it off the queue to place it. A plan in either
+// window saw the job idle and planned the object's copy a second time
+// (TestDrainRetriesFailedAndSilentCopies got two tasks for one key: under
+// load, and in a clean-clone CI run). The job is never idle then.
+func TestDrainNotIdleOffQueueAndActive(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		hook    *atomic.Pointer[func(*drainJob)]
+		minSeen int
+	}{
+		{"result settling", &drainResultTaken, 2},
+		{"placing", &drainPlacing, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m, _, id := drainOneToBC(t)
+			var seen, idle int
+			hook := func(j *drainJob) {
+				if j.ID != id {
+					return
+				}
+				m.drains.mu.Lock()
+				seen++
+				if j.idleLocked() {
+					idle++
+				}
+				m.drains.mu.Unlock()
+			}
+			c.hook.Store(&hook)
+			t.Cleanup(func() { c.hook.Store(nil) })
+			first := fetch(m, "na", 10)
+			if len(first) != 1 {
+				t.Fatalf("tasks %+v, want the copy of k", first)
+			}
+			report(m, "na", first, store.Errorf(store.TransferFail, "target died")) // queued again
+			again := fetch(m, "na", 10)
+			if len(again) != 1 || again[0].Key != "k" || again[0].ID == first[0].ID {
+				t.Fatalf("after one failure: %+v, want one new copy of k", again)
+			}
+			report(m, "na", again) // committed
+			m.drains.mu.Lock()     // the job's goroutine may run the hook too
+			ran, wasIdle := seen, idle
+			m.drains.mu.Unlock()
+			if ran < c.minSeen || wasIdle != 0 {
+				t.Fatalf("the hook ran %d times, the job idle during %d of them; want at least %d, 0", ran, wasIdle, c.minSeen)
+			}
+			if j := waitJob(t, m, id, ended); j.Status != DrainSucceeded || j.Succeeded != 1 {
+				t.Fatalf("job %+v: want SUCCEEDED with one copy", j)
+			}
+		})
 	}
 }
