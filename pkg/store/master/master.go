@@ -634,7 +634,6 @@ func (m *Master) finishUnmount(seg *segment) {
 // segments.
 func (m *Master) dropClient(c *clientState, why string) {
 	m.clientsMu.Lock()
-	delete(m.clients, c.id)
 	ids := make([]store.UUID, 0, len(c.segments))
 	for id := range c.segments {
 		ids = append(ids, id)
@@ -643,17 +642,38 @@ func (m *Master) dropClient(c *clientState, why string) {
 	if why == "" {
 		m.log.Warn(fmt.Sprintf("client %s silent for more than client_ttl %s: dropping it and unmounting its %d segments", c.id, m.cfg.ClientTTL, len(ids)))
 	}
+	// Its segments are marked unmounting before the client is forgotten:
+	// a ping in between was told to re-mount, and took back a segment
+	// still marked mounted (ReMountKnown), which the unmount then
+	// removed; the node went on pinging with a segment the master no
+	// longer had (TestFenceNodeRemount, clean-clone CI).
+	var segs []*segment
 	for _, id := range ids {
 		if seg, err := m.space.beginUnmount(c.id, id, SegUnmounting); err == nil {
-			m.finishUnmount(seg)
-			if why == "" {
-				m.drops.add(seg.info.Endpoint, time.Now())
-			}
+			segs = append(segs, seg)
+		}
+	}
+	m.clientsMu.Lock()
+	if m.clients[c.id] == c {
+		delete(m.clients, c.id)
+	}
+	m.clientsMu.Unlock()
+	if h := clientForgotten.Load(); h != nil {
+		(*h)(c.id)
+	}
+	for _, seg := range segs {
+		m.finishUnmount(seg)
+		if why == "" {
+			m.drops.add(seg.info.Endpoint, time.Now())
 		}
 	}
 	m.space.dropInstance(c.id)
 	m.drains.forget(c.id)
 }
+
+// clientForgotten, when set (tests), runs after dropClient forgot a
+// client and before its segments are unmounted.
+var clientForgotten atomic.Pointer[func(store.UUID)]
 
 // UnregisterClient forgets a client that is leaving, unmounting any
 // segment it still has; its objects in other segments stay.

@@ -529,3 +529,38 @@ func TestMountNewIncarnation(t *testing.T) {
 		t.Fatalf("re-mount of a forgotten segment: %v, want SEGMENT_NOT_FOUND", errs[0])
 	}
 }
+
+// A node that pings while the master drops it (client_ttl, or an
+// unregister) is told to re-mount. It took back its segment, still marked
+// mounted then, and the drop's unmount removed it a moment later: the
+// node went on pinging with a segment the master no longer had, and never
+// renewed its memory (TestFenceNodeRemount in a clean-clone CI run). A
+// segment being unmounted is not taken back: the node renews it.
+func TestRemountWhileDropped(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	info := mount(t, m, "node", "A", "10.0.0.1", 1<<30, 64*MiB)
+	put(t, m, "w", "k", 64*KiB)
+	var remount []error
+	hook := func(id store.UUID) {
+		if id != uuidOf("node") {
+			return
+		}
+		// What the node does on a ping now.
+		if _, st := m.Ping(id); st == store.ClientNeedRemount {
+			remount = m.ReMountKnown(id, []store.SegmentInfo{info})
+		}
+	}
+	clientForgotten.Store(&hook)
+	defer clientForgotten.Store(nil)
+	if err := m.UnregisterClient(uuidOf("node")); err != nil {
+		t.Fatal(err)
+	}
+	if len(remount) != 1 {
+		t.Fatalf("the node was not told to re-mount while dropped: %v", remount)
+	}
+	wantCode(t, "re-mount of a segment being unmounted", remount[0], store.SegmentNotFound)
+	if len(m.Segments()) != 0 {
+		t.Fatalf("segments %+v after the drop, want none (the node mounts renewed memory anew)", m.Segments())
+	}
+	mustInvariants(t, m)
+}

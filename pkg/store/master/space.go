@@ -250,7 +250,9 @@ func (s *space) knows(id, client store.UUID) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if seg := s.segs[id]; seg != nil {
-		return seg.owner == client
+		// One being unmounted is not taken back: it is gone once the
+		// unmount ends.
+		return seg.owner == client && seg.status < SegGracefullyUnmounting
 	}
 	return len(s.restored[id]) > 0
 }
