@@ -114,8 +114,9 @@ type tierNode struct {
 
 	// service is the node's TierRead endpoint ("": none; under mu).
 	service string
-	// dropAcks: the node answers DROPs that carry an op id (under mu).
-	dropAcks bool
+	// dropAcks: the node answers DROPs that carry an op id (set at
+	// attach; read with a shard locked, so not under mu).
+	dropAcks atomic.Bool
 	// nStageReclaimed counts the master's staged reads whose readers
 	// never handed them back (its TTL freed them); the node counts its
 	// own (stats).
@@ -489,10 +490,7 @@ func (m *Master) dropDiskLocked(o *Object) {
 		n.tombstone(o.key, o.tier.version)
 	}
 	cmd := &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: o.key, Version: o.tier.version}
-	n.mu.Lock()
-	acks := n.dropAcks
-	n.mu.Unlock()
-	if !acks || m.tiers.all.Load() {
+	if !n.dropAcks.Load() || m.tiers.all.Load() {
 		// A node away gets no DROP: it drops the record when it reports
 		// it (attach).
 		n.enqueue(cmd, nil)
@@ -998,7 +996,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 	n.stats = &pb.TierStats{Capacity: h.GetCapacity()}
 	tomb := maps.Clone(n.tombstones)
 	n.service = h.GetStagingService()
-	n.dropAcks = h.GetDropAcks()
+	n.dropAcks.Store(h.GetDropAcks())
 	n.online = true
 	n.mu.Unlock()
 
