@@ -3,6 +3,7 @@ package store_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"syscall"
 	"testing"
@@ -157,6 +158,11 @@ func TestGetFromStoppedNodeHonoursDeadline(t *testing.T) {
 	}
 	if took > deadline+time.Second {
 		t.Fatalf("get from a stopped node took %s with a %s deadline: %v", took.Round(time.Millisecond), deadline, err)
+	}
+	// The caller can tell its own deadline from a failed transfer (mc
+	// store replay stops on an interruption, counts a failure).
+	if !errors.Is(err, context.DeadlineExceeded) || store.CodeOf(err) != store.TransferFail {
+		t.Fatalf("get past its deadline: %v (code %v), want TRANSFER_FAIL wrapping context.DeadlineExceeded", err, store.CodeOf(err))
 	}
 	if err := cl.Put(ctx, "live", live, store.WithConfig(store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{mustSegment(t, node)}})); err != nil {
 		t.Fatal(err)

@@ -757,7 +757,10 @@ func (c *Client) transferEach(ctx context.Context, reqs []xfer) []error {
 			for i, j := range sent {
 				if st, _ := b.TaskStatus(i); st.Status != engine.Completed {
 					x := reqs[j]
-					failed[j] = Errorf(TransferFail, "%s %d bytes at 0x%x on %s (%s): %s", x.op, x.rep.Len, x.rep.Addr, x.rep.Segment, x.rep.Endpoint, deadlineNote(ctx))
+					// Wraps the caller's ctx.Err(): callers tell an
+					// interruption by errors.Is (mc store replay's
+					// online run took one for a failed request).
+					failed[j] = fmt.Errorf("%w: %w", Errorf(TransferFail, "%s %d bytes at 0x%x on %s (%s): %s", x.op, x.rep.Len, x.rep.Addr, x.rep.Segment, x.rep.Endpoint, deadlineNote(ctx)), ctx.Err())
 				}
 			}
 			return failed
@@ -864,9 +867,9 @@ func (c *Client) lingerOver(addr, n uint64) []chan struct{} {
 
 func deadlineNote(ctx context.Context) string {
 	if d, ok := ctx.Deadline(); ok {
-		return fmt.Sprintf("still in flight at the caller's deadline (%s ago): %v", time.Since(d).Round(time.Millisecond), ctx.Err())
+		return fmt.Sprintf("still in flight at the caller's deadline (%s ago)", time.Since(d).Round(time.Millisecond))
 	}
-	return fmt.Sprintf("still in flight when the caller gave up: %v", ctx.Err())
+	return "still in flight when the caller gave up"
 }
 
 func (c *Client) unstage(ctx context.Context, ls []local) {
