@@ -340,15 +340,28 @@ func (s *state) restoredAt(now time.Time, release time.Duration) (objs []master.
 	}
 	// A key with a put pending newer than its complete object is being
 	// rewritten (an upsert): in place, the object's bytes are torn and it
-	// is restored as the pending put; resized, the object stays and the
-	// new range is held as a reservation.
-	rewritten := make(map[string]bool)
+	// is restored as the pending put; resized, the object stays with the
+	// resize under way on it (RestoredObject.Upsert), its writer's.
+	rewritten := make(map[string]*entry)
 	for _, e := range entries {
 		if e.pending == nil || e.stale {
 			continue
 		}
 		if o := s.Objects[e.key]; o != nil && o.Seq < e.seq {
-			rewritten[e.key] = true
+			rewritten[e.key] = e
+		}
+	}
+	// onObject: the resizes restored on their objects (which stay). A
+	// resize of an object that does not (its replicas lost, its key
+	// refused) is held as a reservation.
+	onObject := make(map[*entry]bool)
+	for _, e := range entries {
+		up := rewritten[e.key]
+		if e.obj == nil || up == nil || inPlace(e.obj, up.pending) || store.CheckStoredKey(e.key) != nil {
+			continue
+		}
+		if e.obj.DiskTier != "" || len(located(e)) > 0 {
+			onObject[up] = true
 		}
 	}
 	for _, e := range entries {
@@ -358,11 +371,15 @@ func (s *state) restoredAt(now time.Time, release time.Duration) (objs []master.
 				dropped++
 				continue
 			}
-			if rewritten[e.key] && inPlace(e.obj, s.Pending[e.key]) {
+			up := rewritten[e.key]
+			if up != nil && inPlace(e.obj, up.pending) {
 				continue // the pending put stands for it
 			}
 			o := e.obj
 			ro := master.RestoredObject{Key: e.key, Size: o.Size, HardPin: o.HardPin, DiskTier: o.DiskTier, DiskVersion: o.DiskVer, Sum: o.Sum}
+			if onObject[up] {
+				ro.Upsert = &master.RestoredUpsert{Size: up.size, Replicas: located(up), Writer: up.pending.Writer, Started: time.Unix(0, up.pending.At)}
+			}
 			if o.SoftPin != 0 {
 				ro.SoftPin = time.Unix(0, o.SoftPin)
 			}
@@ -373,12 +390,15 @@ func (s *state) restoredAt(now time.Time, release time.Duration) (objs []master.
 			}
 			objs = append(objs, ro)
 		default:
+			if onObject[e] {
+				continue // restored on its object (Upsert)
+			}
 			reps := located(e)
 			if len(reps) == 0 {
 				continue
 			}
 			ro := master.RestoredObject{Key: e.key, Size: e.size, Replicas: reps, Pending: true, Writer: e.pending.Writer, Started: time.Unix(0, e.pending.At)}
-			if e.stale || store.CheckStoredKey(e.key) != nil || (rewritten[e.key] && !inPlace(s.Objects[e.key], e.pending)) {
+			if e.stale || store.CheckStoredKey(e.key) != nil || rewritten[e.key] != nil && !inPlace(s.Objects[e.key], e.pending) {
 				ro = master.RestoredObject{Key: e.key, Size: e.size, Replicas: reps, ReserveUntil: time.Unix(0, e.pending.At).Add(release)}
 			}
 			objs = append(objs, ro)

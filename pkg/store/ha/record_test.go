@@ -194,6 +194,10 @@ func TestRestoredGrants(t *testing.T) {
 		{Seq: 13, Op: "unmount", Segment: seg("b", 2)},
 		{Seq: 14, Op: "put_end", Key: "up", Size: 0x100, Reps: []rep{{"a", 0x7000}}},
 		{Seq: 15, Op: "put_start", Key: "up", Size: 0x100, Reps: []rep{{"a", 0x7000}}, W: &w, At: at(time.Second)},
+		{Seq: 16, Op: "put_end", Key: "grow", Size: 0x100, Reps: []rep{{"a", 0x8000}}},
+		{Seq: 17, Op: "put_start", Key: "grow", Size: 0x200, Reps: []rep{{"a", 0x9000}}, W: &w, At: at(time.Second)},
+		{Seq: 18, Op: "put_end", Key: "orphan", Size: 0x100, Reps: []rep{{"never-mounted", 0x1000}}},
+		{Seq: 19, Op: "put_start", Key: "orphan", Size: 0x200, Reps: []rep{{"a", 0xa000}}, W: &w, At: at(time.Second)},
 	} {
 		s.apply(r)
 	}
@@ -223,9 +227,11 @@ func TestRestoredGrants(t *testing.T) {
 	want := map[string][]got{
 		"writing": {{true, false, 0x1000}},
 		"ended":   {{false, false, 0x2000}},
-		"dropped": {{false, true, 0x4000}}, // discarded a minute ago: held
-		"again":   {{true, false, 0x6000}}, // the hour-old grant is past release
-		"up":      {{true, false, 0x7000}}, // rewritten in place: torn
+		"dropped": {{false, true, 0x4000}},  // discarded a minute ago: held
+		"again":   {{true, false, 0x6000}},  // the hour-old grant is past release
+		"up":      {{true, false, 0x7000}},  // rewritten in place: torn
+		"grow":    {{false, false, 0x8000}}, // resized: the object, its resize on it (below)
+		"orphan":  {{false, true, 0xa000}},  // resized, the object lost: its writer may write
 	}
 	if len(seen) != len(want) {
 		t.Fatalf("restored %v, want %v", seen, want)
@@ -233,6 +239,14 @@ func TestRestoredGrants(t *testing.T) {
 	for k, w := range want {
 		if len(seen[k]) != 1 || seen[k][0] != w[0] {
 			t.Errorf("%q: restored %v, want %v", k, seen[k], w)
+		}
+	}
+	for _, o := range objs {
+		switch u := o.Upsert; {
+		case o.Key == "grow" && (u == nil || u.Size != 0x200 || u.Writer != w || len(u.Replicas) != 1 || u.Replicas[0].Addr != 0x9000 || now.Sub(u.Started) != time.Second):
+			t.Errorf("grow: its resize restored as %+v, want 0x200 bytes at 0x9000 of writer %v, a second old", u, w)
+		case o.Key != "grow" && u != nil:
+			t.Errorf("%q restored with a resize %+v", o.Key, u)
 		}
 	}
 }

@@ -36,6 +36,24 @@ type RestoredObject struct {
 	ReserveUntil time.Time
 	// Sum is the writer's checksum of the value (0: none).
 	Sum uint64
+	// Upsert, on a complete object, is a resizing upsert of it that was
+	// granted and not ended. It is restored as under way, so that its
+	// writer's End completes it and its revoke gives it back, as on the
+	// master that granted it; restored as a mere reservation, the
+	// writer's revoke found the old version complete and took it for its
+	// own End having landed (make soak with HA: an upsert acknowledged
+	// across a failover, the version before it read back). An Upsert
+	// none of whose replicas could be located is lost: its writer's End
+	// and revoke are told so.
+	Upsert *RestoredUpsert
+}
+
+// RestoredUpsert is a resizing upsert under way at a restore.
+type RestoredUpsert struct {
+	Size     uint64
+	Replicas []RestoredReplica
+	Writer   store.UUID
+	Started  time.Time
 }
 
 // RestoredReplica is where one copy of a restored object lives.
@@ -87,22 +105,45 @@ func (m *Master) Restore(objs []RestoredObject) error {
 		if !ro.SoftPin.IsZero() {
 			o.softPin = ro.SoftPin.UnixNano()
 		}
-		o.replicas = o.one[:0:1]
-		for _, r := range ro.Replicas {
-			info := r.Segment
-			if r.Addr < info.Base || r.Addr+ro.Size > info.Base+info.Size || r.Addr+ro.Size < r.Addr {
-				return store.Errorf(store.InvalidReplica, "restore %q: replica at 0x%x+%d lies outside segment %q", ro.Key, r.Addr, ro.Size, info.Name)
+		// place takes ranges of size bytes in restored segments.
+		place := func(rs []RestoredReplica, size uint64, out []replicaRef) ([]replicaRef, error) {
+			for _, r := range rs {
+				info := r.Segment
+				if r.Addr < info.Base || r.Addr+size > info.Base+info.Size || r.Addr+size < r.Addr {
+					return nil, store.Errorf(store.InvalidReplica, "restore %q: replica at 0x%x+%d lies outside segment %q", ro.Key, r.Addr, size, info.Name)
+				}
+				// A placeholder segment until the mount rebuilds the
+				// real one: it names the segment so reads and unmounts
+				// work.
+				ph := placeholders[info.ID]
+				if ph == nil {
+					ph = &segment{info: info, host: hostOf(info.Endpoint)}
+					placeholders[info.ID] = ph
+				}
+				reg := &region{seg: ph, base: r.Addr, len: size, dedicated: true, objects: 1}
+				out = append(out, replicaRef{reg: reg, addr: r.Addr})
+				refs = append(refs, &restoredRef{reg: reg, addr: r.Addr, size: size})
 			}
-			// A placeholder segment until the mount rebuilds the real
-			// one: it names the segment so reads and unmounts work.
-			ph := placeholders[info.ID]
-			if ph == nil {
-				ph = &segment{info: info, host: hostOf(info.Endpoint)}
-				placeholders[info.ID] = ph
+			return out, nil
+		}
+		var err error
+		if o.replicas, err = place(ro.Replicas, ro.Size, o.one[:0:1]); err != nil {
+			return err
+		}
+		if u := ro.Upsert; u != nil && !ro.Pending && !reserved {
+			if u.Size == 0 {
+				return store.Errorf(store.InvalidReplica, "restore %q: upsert of size 0", ro.Key)
 			}
-			reg := &region{seg: ph, base: r.Addr, len: ro.Size, dedicated: true, objects: 1}
-			o.replicas = append(o.replicas, replicaRef{reg: reg, addr: r.Addr})
-			refs = append(refs, &restoredRef{reg: reg, addr: r.Addr, size: ro.Size})
+			up, err := place(u.Replicas, u.Size, nil)
+			if err != nil {
+				return err
+			}
+			if len(up) == 0 {
+				o.writer = lostWriter
+			} else {
+				o.upsert = &upsertState{refs: up, size: u.Size}
+				o.writer, o.putStart = u.Writer, u.Started.UnixNano()
+			}
 		}
 		if reserved {
 			reserve = append(reserve, reservation{until: ro.ReserveUntil.UnixNano(), size: ro.Size, refs: o.replicas})
@@ -167,6 +208,11 @@ func (m *Master) Restore(objs []RestoredObject) error {
 		sh.keys++
 		if o.softPin != 0 {
 			sh.softPinned++
+		}
+		if o.upsert != nil {
+			// Ended or revoked by its writer, or discarded on the
+			// usual timeout from when it started.
+			sh.linkPending(o)
 		}
 		sh.mu.Unlock()
 	}

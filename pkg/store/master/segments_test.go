@@ -564,3 +564,73 @@ func TestRemountWhileDropped(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// A resizing upsert under way at a restore (RestoredObject.Upsert) is
+// its writer's on the restored object, as on the master that granted it:
+// its range is held, the writer's End completes it and its revoke gives
+// it back; one whose range could not be located answers its writer that
+// it was dropped; one older than the discard timeout is discarded as the
+// master would have discarded it. No answer tells the writer "complete",
+// which its client takes for its End having landed.
+func TestRestoredResize(t *testing.T) {
+	m, clk := newTestMaster(t, Config{PutDiscardTimeout: 30 * time.Second})
+	s := segInfo("s", "127.0.0.1", 0x10000000, 64*MiB)
+	w, other := uuidOf("writer"), uuidOf("other")
+	now := clk.Now()
+	at := func(i uint64) []RestoredReplica { return []RestoredReplica{{Segment: s, Addr: s.Base + i*MiB}} }
+	objs := []RestoredObject{
+		{Key: "ended", Size: 4096, Replicas: at(0), Upsert: &RestoredUpsert{Size: 2 * MiB, Replicas: at(10), Writer: w, Started: now}},
+		{Key: "revoked", Size: 4096, Replicas: at(1), Upsert: &RestoredUpsert{Size: 2 * MiB, Replicas: at(20), Writer: w, Started: now}},
+		{Key: "lost", Size: 4096, Replicas: at(2), Upsert: &RestoredUpsert{Size: 2 * MiB, Writer: w, Started: now}},
+		{Key: "old", Size: 4096, Replicas: at(3), Upsert: &RestoredUpsert{Size: 2 * MiB, Replicas: at(30), Writer: w, Started: now.Add(-time.Minute)}},
+	}
+	if err := m.Restore(objs); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MountSegment(uuidOf("node"), s); err != nil {
+		t.Fatal(err)
+	}
+	if u, want := m.Stats().Used, uint64(4*4096+3*2*MiB); u != want {
+		t.Fatalf("used %d after the mount, want %d (the resizes' ranges held)", u, want)
+	}
+	mustInvariants(t, m)
+	for _, k := range []string{"ended", "revoked", "lost"} {
+		if g := get(m, k); g.Err != nil || g.Replicas[0].Addr != objs[slicesIndex(objs, k)].Replicas[0].Addr || g.Replicas[0].Len != 4096 {
+			t.Fatalf("get %q while its resize is under way: %+v, want the old version", k, g)
+		}
+	}
+	// Another client cannot end or revoke the writer's resize.
+	wantCode(t, "another client's End", m.BatchUpsertEnd(other, []string{"ended"})[0], store.InvalidWrite)
+	wantCode(t, "another client's revoke", m.BatchUpsertRevoke(other, []string{"revoked"})[0], store.InvalidWrite)
+
+	if err := m.BatchUpsertEnd(w, []string{"ended"})[0]; err != nil {
+		t.Fatalf("the writer's End of its restored resize: %v", err)
+	}
+	if g := get(m, "ended"); g.Err != nil || g.Replicas[0].Addr != s.Base+10*MiB || g.Replicas[0].Len != 2*MiB {
+		t.Fatalf("get after the End: %+v, want the resize's range", g)
+	}
+	if err := m.BatchUpsertRevoke(w, []string{"revoked"})[0]; err != nil {
+		t.Fatalf("the writer's revoke of its restored resize: %v", err)
+	}
+	wantCode(t, "the writer's revoke of a resize that could not be restored", m.BatchUpsertRevoke(w, []string{"lost"})[0], store.ObjectNotFound)
+	wantCode(t, "the writer's End of a resize that could not be restored", m.BatchUpsertEnd(w, []string{"lost"})[0], store.InvalidWrite)
+	// The minute-old one is past the discard timeout: discarded at the
+	// next sweep, its writer told so.
+	m.discardStale(m.now())
+	wantCode(t, "the writer's revoke of a discarded restored resize", m.BatchUpsertRevoke(w, []string{"old"})[0], store.ObjectNotFound)
+	for _, k := range []string{"revoked", "lost", "old"} {
+		if g := get(m, k); g.Err != nil || g.Replicas[0].Len != 4096 {
+			t.Fatalf("get %q: %+v, want the old version", k, g)
+		}
+	}
+	mustInvariants(t, m)
+}
+
+func slicesIndex(objs []RestoredObject, key string) int {
+	for i, o := range objs {
+		if o.Key == key {
+			return i
+		}
+	}
+	return -1
+}
