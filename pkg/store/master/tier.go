@@ -1043,8 +1043,11 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 			dropped++
 		case o == nil:
 			// A record from before this master (restarted without HA),
-			// or one given up on while its node was away too long.
-			o = &Object{key: r.GetKey(), size: r.GetSize(), state: stateComplete, tier: &objTier{node: n, version: r.GetVersion()}}
+			// or one given up on while its node was away too long. Whose
+			// version it is is unknown: no writer may take it for its
+			// own End having landed (lostWriter; a writer whose upsert
+			// was under way at the restart was told so by its revoke).
+			o = &Object{key: r.GetKey(), size: r.GetSize(), state: stateComplete, tier: &objTier{node: n, version: r.GetVersion()}, writer: lostWriter}
 			o.lastUse = useCounter.Add(1)
 			sh.objects[o.key] = o
 			sh.keys++
