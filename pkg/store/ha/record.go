@@ -110,6 +110,10 @@ type object struct {
 	DiskVer  uint64 `json:"dv,omitempty"`
 	// Sum is the writer's checksum of the value (0: none).
 	Sum uint64 `json:"x,omitempty"`
+	// Lost: an upsert of it was dropped (its new replicas' segment went
+	// away). Its writer's End and revoke must learn that, not take the
+	// version here for theirs (RestoredObject.Upsert with no replica).
+	Lost bool `json:"l,omitempty"`
 }
 
 // state is the metadata the op log describes up to Seq: what a standby
@@ -183,6 +187,11 @@ func (s *state) apply(r record) {
 		// before it mounts again, so a late write there reaches nothing.
 		for k, p := range s.Pending {
 			if slices.ContainsFunc(p.Reps, func(x rep) bool { return x.Seg == r.Segment.Name }) {
+				if o := s.Objects[k]; o != nil && o.Seq < p.Seq {
+					// A resize that lost its new replicas: the master
+					// keeps the old version as no writer's (Lost).
+					o.Lost = true
+				}
 				delete(s.Pending, k)
 			}
 		}
@@ -377,8 +386,11 @@ func (s *state) restoredAt(now time.Time, release time.Duration) (objs []master.
 			}
 			o := e.obj
 			ro := master.RestoredObject{Key: e.key, Size: o.Size, HardPin: o.HardPin, DiskTier: o.DiskTier, DiskVersion: o.DiskVer, Sum: o.Sum}
-			if onObject[up] {
+			switch {
+			case onObject[up]:
 				ro.Upsert = &master.RestoredUpsert{Size: up.size, Replicas: located(up), Writer: up.pending.Writer, Started: time.Unix(0, up.pending.At)}
+			case o.Lost:
+				ro.Upsert = &master.RestoredUpsert{Size: o.Size}
 			}
 			if o.SoftPin != 0 {
 				ro.SoftPin = time.Unix(0, o.SoftPin)

@@ -198,6 +198,10 @@ func TestRestoredGrants(t *testing.T) {
 		{Seq: 17, Op: "put_start", Key: "grow", Size: 0x200, Reps: []rep{{"a", 0x9000}}, W: &w, At: at(time.Second)},
 		{Seq: 18, Op: "put_end", Key: "orphan", Size: 0x100, Reps: []rep{{"never-mounted", 0x1000}}},
 		{Seq: 19, Op: "put_start", Key: "orphan", Size: 0x200, Reps: []rep{{"a", 0xa000}}, W: &w, At: at(time.Second)},
+		{Seq: 20, Op: "mount", Segment: seg("c", 3)},
+		{Seq: 21, Op: "put_end", Key: "lost", Size: 0x100, Reps: []rep{{"a", 0xb000}}},
+		{Seq: 22, Op: "put_start", Key: "lost", Size: 0x200, Reps: []rep{{"c", 0x1000}}, W: &w, At: at(time.Second)},
+		{Seq: 23, Op: "unmount", Segment: seg("c", 3)},
 	} {
 		s.apply(r)
 	}
@@ -232,6 +236,7 @@ func TestRestoredGrants(t *testing.T) {
 		"up":      {{true, false, 0x7000}},  // rewritten in place: torn
 		"grow":    {{false, false, 0x8000}}, // resized: the object, its resize on it (below)
 		"orphan":  {{false, true, 0xa000}},  // resized, the object lost: its writer may write
+		"lost":    {{false, false, 0xb000}}, // its resize's segment went: no writer's (below)
 	}
 	if len(seen) != len(want) {
 		t.Fatalf("restored %v, want %v", seen, want)
@@ -245,7 +250,9 @@ func TestRestoredGrants(t *testing.T) {
 		switch u := o.Upsert; {
 		case o.Key == "grow" && (u == nil || u.Size != 0x200 || u.Writer != w || len(u.Replicas) != 1 || u.Replicas[0].Addr != 0x9000 || now.Sub(u.Started) != time.Second):
 			t.Errorf("grow: its resize restored as %+v, want 0x200 bytes at 0x9000 of writer %v, a second old", u, w)
-		case o.Key != "grow" && u != nil:
+		case o.Key == "lost" && (u == nil || len(u.Replicas) != 0):
+			t.Errorf("lost: restored with resize %+v, want one with no replica (no writer's version)", u)
+		case o.Key != "grow" && o.Key != "lost" && u != nil:
 			t.Errorf("%q restored with a resize %+v", o.Key, u)
 		}
 	}
