@@ -131,8 +131,19 @@ func runOps(t *testing.T, in []byte) {
 		case 12:
 			_, info := segInfoOf(a % 4)
 			addr := info.Base + uint64(b)*16*KiB
-			err := m.Restore([]RestoredObject{{Key: key, Size: size, Replicas: []RestoredReplica{{Segment: info, Addr: addr}}}})
-			what = fmt.Sprintf("restore %s %d at %s+0x%x: %v", key, size, info.Name, addr-info.Base, err)
+			ro := RestoredObject{Key: key, Size: size, Replicas: []RestoredReplica{{Segment: info, Addr: addr}}}
+			var up string
+			if a&8 != 0 {
+				// With a resize under way (lost, with no range, when
+				// a&16 is set), its writer writer.
+				u := &RestoredUpsert{Size: size + 4096, Writer: writer, Started: clk.Now().Add(-fuzzJumps[a%len(fuzzJumps)])}
+				if a&16 == 0 {
+					u.Replicas = []RestoredReplica{{Segment: info, Addr: addr + (size+4096+16*KiB)&^(16*KiB-1)}}
+				}
+				ro.Upsert, up = u, fmt.Sprintf(" with a resize %+v", *u)
+			}
+			err := m.Restore([]RestoredObject{ro})
+			what = fmt.Sprintf("restore %s %d at %s+0x%x%s: %v", key, size, info.Name, addr-info.Base, up, err)
 		}
 		log = append(log, what)
 		if err := checkInvariants(m); err != nil {
