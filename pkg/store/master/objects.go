@@ -83,6 +83,10 @@ var lostWriter = store.UUID{First: ^uint64(0), Second: ^uint64(0)}
 type upsertState struct {
 	refs []replicaRef
 	size uint64
+	// prev is the writer whose End completed the version being
+	// resized (zero: unknown, lostWriter: nobody's): its revoke learns
+	// that its End landed, though another writer now writes the key.
+	prev store.UUID
 }
 
 type replicaRef struct {

@@ -439,8 +439,8 @@ func (m *Master) dropUnwritten(o *Object, drop []string) error {
 	return nil
 }
 
-// checkWriter refuses to end or revoke a put or upsert that client did
-// not start. A complete object with no upsert has no writer: the caller
+// checkWriter refuses to end a put or upsert that client did not
+// start. A complete object with no upsert has no writer: the caller
 // answers that case itself.
 func (o *Object) checkWriter(client store.UUID, what string) error {
 	if (o.state != stateComplete || o.upsert != nil) && o.writer != client {
@@ -467,8 +467,17 @@ func (m *Master) revoke(client store.UUID, key string) error {
 	if o == nil {
 		return store.Errorf(store.ObjectNotFound, "key %q: no put in progress", key)
 	}
-	if err := o.checkWriter(client, "revoke"); err != nil {
-		return err
+	if (o.state != stateComplete || o.upsert != nil) && o.writer != client {
+		// Another client writes the key. A revoke learns the fate of
+		// its own put from the answer: "complete" (INVALID_WRITE) only
+		// when the version under that writer's resize is its own.
+		// Otherwise its put was replaced or dropped before the other
+		// began, and taking "complete" for its End having landed would
+		// report a value stored that no reader gets.
+		if o.upsert != nil && o.upsert.prev == client && o.state == stateComplete {
+			return store.Errorf(store.InvalidWrite, "key %q is complete (client %s now upserts it)", o.key, o.writer)
+		}
+		return store.Errorf(store.ObjectNotFound, "key %q: no put or upsert of this client in progress (client %s writes it)", o.key, o.writer)
 	}
 	switch {
 	case o.upsert != nil:
@@ -560,6 +569,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 		m.recharge(o, before)
 	}
 	pin := m.softPinExpiry(cfg, now)
+	prev := o.writer
 	o.putStart, o.writer = now, client
 	o.gen++
 	if it.Size == o.size && len(o.replicas) > 0 {
@@ -588,7 +598,7 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 	}
 	m.tiers.noteWrites(refs, now)
 	before := m.charge(o)
-	o.upsert = &upsertState{refs: refs, size: it.Size}
+	o.upsert = &upsertState{refs: refs, size: it.Size, prev: prev}
 	m.recharge(o, before)
 	if (pin != 0) != (o.softPin != 0) {
 		if pin != 0 {

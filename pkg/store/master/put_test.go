@@ -402,11 +402,15 @@ func TestPutEndOnlyByItsWriter(t *testing.T) {
 	a, b := uuidOf("a"), uuidOf("b")
 	putStart(t, m, "a", "k", 1000)
 	wantCode(t, "put end by another writer", m.BatchPutEnd(b, []string{"k"})[0], store.InvalidWrite)
-	wantCode(t, "revoke by another writer", m.BatchPutRevoke(b, []string{"k"})[0], store.InvalidWrite)
+	// A revoke of a put this client does not write finds none of its
+	// own (INVALID_WRITE would say its End had landed).
+	wantCode(t, "revoke by another writer", m.BatchPutRevoke(b, []string{"k"})[0], store.ObjectNotFound)
 	clk.Advance(31 * time.Second)
 	putStart(t, m, "b", "k", 1000) // replaces a's abandoned put
 	wantCode(t, "put end by the replaced writer", m.BatchPutEnd(a, []string{"k"})[0], store.InvalidWrite)
-	wantCode(t, "revoke by the replaced writer", m.BatchPutRevoke(a, []string{"k"})[0], store.InvalidWrite)
+	// a's put was discarded: its revoke must not hear "complete" (before
+	// the fix INVALID_WRITE, and mc's client reported a's value stored).
+	wantCode(t, "revoke by the replaced writer", m.BatchPutRevoke(a, []string{"k"})[0], store.ObjectNotFound)
 	wantCode(t, "get while b writes", get(m, "k").Err, store.ReplicaIsNotReady)
 	if err := m.BatchPutEnd(b, []string{"k"})[0]; err != nil {
 		t.Fatal(err)
@@ -468,7 +472,7 @@ func TestResizeEndKeepsLeasedOldVersion(t *testing.T) {
 // the version before (make soak, chaos every 3 s: 41 WRONG gets). Only
 // the writer whose End completed the object hears "complete".
 func TestRevokeOfLostResize(t *testing.T) {
-	m, _ := newTestMaster(t, Config{})
+	m, clk := newTestMaster(t, Config{})
 	mount(t, m, "na", "A", "10.0.0.1", 1<<30, 64*MiB)
 	put(t, m, "w1", "k", 64*KiB, one(store.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{"A"}}))
 	mount(t, m, "nb", "B", "10.0.0.2", 2<<30, 64*MiB)
@@ -496,5 +500,23 @@ func TestRevokeOfLostResize(t *testing.T) {
 	wantCode(t, "revoke by the writer that completed it", err, store.InvalidWrite)
 	err = m.BatchPutRevoke(uuidOf("w3"), []string{"k2"})[0]
 	wantCode(t, "revoke by another client", err, store.ObjectNotFound)
+	// Another writer upserts k after w2's resize was dropped: w2's late
+	// revoke must still not hear "complete" (before: INVALID_WRITE, the
+	// other writer's resize in progress).
+	clk.Advance(DefaultKVLeaseTTL) // the gets' leases end
+	if r := m.BatchUpsertStart(uuidOf("w3"), "", []PutItem{{"k", 256 * KiB}}, one())[0]; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	err = m.BatchPutRevoke(uuidOf("w2"), []string{"k"})[0]
+	wantCode(t, "revoke of a lost resize while another writer upserts", err, store.ObjectNotFound)
+	// w1, whose End completed the version w3 resizes, still hears it;
+	// another client does not.
+	if r := m.BatchUpsertStart(uuidOf("w3"), "", []PutItem{{"k2", 256 * KiB}}, one())[0]; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	err = m.BatchPutRevoke(uuidOf("w1"), []string{"k2"})[0]
+	wantCode(t, "revoke by the writer of the version being resized", err, store.InvalidWrite)
+	err = m.BatchPutRevoke(uuidOf("w2"), []string{"k2"})[0]
+	wantCode(t, "revoke by a client that wrote neither version", err, store.ObjectNotFound)
 	mustInvariants(t, m)
 }

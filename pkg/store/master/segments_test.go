@@ -601,7 +601,7 @@ func TestRestoredResize(t *testing.T) {
 	}
 	// Another client cannot end or revoke the writer's resize.
 	wantCode(t, "another client's End", m.BatchUpsertEnd(other, []string{"ended"})[0], store.InvalidWrite)
-	wantCode(t, "another client's revoke", m.BatchUpsertRevoke(other, []string{"revoked"})[0], store.InvalidWrite)
+	wantCode(t, "another client's revoke", m.BatchUpsertRevoke(other, []string{"revoked"})[0], store.ObjectNotFound)
 
 	if err := m.BatchUpsertEnd(w, []string{"ended"})[0]; err != nil {
 		t.Fatalf("the writer's End of its restored resize: %v", err)
