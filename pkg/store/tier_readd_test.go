@@ -20,19 +20,8 @@ import (
 // no put of the writer is under way and another version is held, and
 // its End that its upsert was dropped.
 func TestTierReAddedIsNoWritersEnd(t *testing.T) {
-	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond}
-	c := startMaster(t, cfg)
-	dir := t.TempDir()
-	node, tn := c.tierNode(16<<20, dir, 64<<20)
-	cl := c.client(0)
+	c2, cl, dir := offloadThenRestart(t, master.Config{KVLeaseTTL: 100 * time.Millisecond}, map[string][]byte{"k": value(100_000, 1)})
 	ctx := context.Background()
-	offloadAll(t, c, cl, map[string][]byte{"k": value(100_000, 1)})
-	tn.Close()
-	node.Close(ctx)
-	addr := c.addr
-	c.stop()
-
-	c2 := startMasterOn(t, addr, cfg)
 	_, tn2 := c2.tierNode(16<<20, dir, 64<<20)
 	waitFor(t, "the node's tier to attach to the new master", 20*time.Second, func() bool { return tn2.Stats().Attached })
 	if st := c2.m.Stats(); st.Keys != 1 {

@@ -274,6 +274,24 @@ func offloadAll(t *testing.T, c *cluster, cl *store.Client, vals map[string][]by
 	})
 }
 
+// offloadThenRestart puts vals through a master with a tier node,
+// offloads them all, stops the node and the master, and starts a new
+// master without HA on the same address: the records are on the tier's
+// directory dir, its node not started again.
+func offloadThenRestart(t *testing.T, cfg master.Config, vals map[string][]byte) (*cluster, *store.Client, string) {
+	t.Helper()
+	c := startMaster(t, cfg)
+	dir := t.TempDir()
+	node, tn := c.tierNode(16<<20, dir, 64<<20)
+	cl := c.client(0)
+	offloadAll(t, c, cl, vals)
+	tn.Close()
+	node.Close(context.Background())
+	addr := c.addr
+	c.stop()
+	return startMasterOn(t, addr, cfg), cl, dir
+}
+
 func checkGets(t *testing.T, cl *store.Client, vals map[string][]byte) {
 	t.Helper()
 	for k, v := range vals {
@@ -730,18 +748,8 @@ func TestTierMasterRestartNoResurrection(t *testing.T) {
 // not served.
 func TestTierMasterRestartLateNode(t *testing.T) {
 	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond, ClientTTL: 300 * time.Millisecond}
-	c := startMaster(t, cfg)
-	dir := t.TempDir()
-	node, tn := c.tierNode(16<<20, dir, 64<<20)
-	cl := c.client(0)
+	c2, cl, dir := offloadThenRestart(t, cfg, map[string][]byte{"late": value(70_000, 4)})
 	ctx := context.Background()
-	offloadAll(t, c, cl, map[string][]byte{"late": value(70_000, 4)})
-	tn.Close()
-	node.Close(ctx)
-	addr := c.addr
-	c.stop()
-
-	c2 := startMasterOn(t, addr, cfg)
 	time.Sleep(3*cfg.ClientTTL + 300*time.Millisecond)
 	_, tn2 := c2.tierNode(16<<20, dir, 64<<20)
 	waitFor(t, "the node's tier to attach to the new master", 20*time.Second, func() bool { return tn2.Stats().Attached })
