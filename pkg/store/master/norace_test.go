@@ -4,7 +4,4 @@ package master
 
 // The attack tests' RSS bounds are as stated without the race detector
 // (race_test.go widens them).
-const (
-	rssScale = 1
-	rssKept  = 0
-)
+const rssScale = 1
