@@ -69,6 +69,7 @@ type Config struct {
 // Its methods are safe for concurrent use.
 type Client struct {
 	cfg     Config
+	roster  tierRoster
 	id      UUID
 	log     *slog.Logger
 	w       masterWire
@@ -286,7 +287,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		c.ownsEng = true
 	}
 	c.host = hostOf(c.eng.SegmentName())
-	wc := wireConfig{id: c.id, master: cfg.Master, timeout: cfg.RPCTimeout, clusterID: cfg.ClusterID, host: c.host, tenant: ResolveTenant(cfg.Tenant)}
+	wc := wireConfig{id: c.id, master: cfg.Master, timeout: cfg.RPCTimeout, clusterID: cfg.ClusterID, host: c.host, tenant: ResolveTenant(cfg.Tenant), roster: &c.roster}
 	if mooncakeAddr != "" {
 		c.w, err = dialMooncake(mooncakeAddr, wc, c.log)
 	} else {

@@ -90,3 +90,6 @@ func SetTierDropHook(f func(key string) bool) {
 // SetTierDropAcks makes TierNodes attaching from now on answer DROPs
 // (true, the default) or not, as nodes before the answer did.
 func SetTierDropAcks(on bool) { dropAcksOff.Store(!on) }
+
+// TierRoster is the pool's disk tiers as c last heard them.
+func TierRoster(c *Client) []string { return c.roster.list() }

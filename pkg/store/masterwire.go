@@ -102,4 +102,6 @@ type wireConfig struct {
 	clusterID string
 	host      string // the writer's host, for local-first placement
 	tenant    string // Config.Tenant, resolved
+	// roster is the client's tierRoster (mc's wire keeps it).
+	roster *tierRoster
 }

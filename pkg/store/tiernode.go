@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,7 +112,9 @@ type TierNode struct {
 	sessions  int
 	// svc serves TierRead on svcAddr; poke asks reportStats to send the
 	// stats now (the staging pool's use changed).
-	svcAddr   string
+	svcAddr string
+	// kept is the roster the tier's directory held at the start.
+	kept      []string
 	svc       *grpc.Server
 	poke      chan struct{}
 	svcListen string
@@ -246,6 +249,16 @@ func (n *TierNode) Attach(c *Client) error {
 	mux := newTierMux(lis, trs.serveConn)
 	go func() { _ = n.svc.Serve(mux) }()
 	n.c = c
+	// The pool's roster outlives this process in the tier's directory:
+	// a node restarted with its master (one process) names the tiers the
+	// pool had to the new master in its first hello.
+	n.kept = n.t.Roster()
+	c.roster.seed(n.kept)
+	c.roster.watch(func(ids []string) {
+		if err := n.t.SetRoster(ids); err != nil {
+			n.log.Warn(err.Error())
+		}
+	})
 	go n.run()
 	go n.expireLoop()
 	return nil
@@ -383,7 +396,14 @@ func (n *TierNode) session() error {
 	// where readers ask for staged reads themselves.
 	hello := &pb.TierHello{ClientId: UUIDToPB(n.c.id), SegmentId: UUIDToPB(seg.ID), TierId: n.t.ID(),
 		Capacity: n.t.Capacity(), Records: make([]*pb.TierRecord, len(recs)), StagingService: n.svcAddr,
-		DropAcks: !dropAcksOff.Load()}
+		DropAcks: !dropAcksOff.Load(), Roster: n.c.roster.list()}
+	if n.sessions == 1 {
+		for _, id := range n.kept {
+			if !slices.Contains(hello.Roster, id) {
+				hello.Roster = append(hello.Roster, id)
+			}
+		}
+	}
 	for i, r := range recs {
 		hello.Records[i] = &pb.TierRecord{Key: r.Key, Size: r.Size, Version: r.Version}
 	}

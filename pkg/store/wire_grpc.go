@@ -280,6 +280,9 @@ func (w *grpcWire) mount(ctx context.Context, seg SegmentInfo) error {
 
 func (w *grpcWire) remount(ctx context.Context, segs []SegmentInfo) error {
 	req := &pb.ReMountSegmentRequest{ClientId: UUIDToPB(w.cfg.id)}
+	if w.cfg.roster != nil {
+		req.TierRoster = w.cfg.roster.list()
+	}
 	what := "connect" // a client with no segment only registers itself
 	for _, s := range segs {
 		req.Segments = append(req.Segments, SegmentToPB(s))
@@ -310,7 +313,11 @@ func (w *grpcWire) remount(ctx context.Context, segs []SegmentInfo) error {
 func (w *grpcWire) ping(ctx context.Context, mismatches, dropsSeen uint64) (pingResult, error) {
 	var resp *pb.PingResponse
 	err := w.call(ctx, "ping", func(ctx context.Context) (err error) {
-		resp, err = w.rpc.Ping(ctx, &pb.PingRequest{ClientId: UUIDToPB(w.cfg.id), ChecksumMismatches: mismatches, DropsSeen: dropsSeen}, failFast)
+		req := &pb.PingRequest{ClientId: UUIDToPB(w.cfg.id), ChecksumMismatches: mismatches, DropsSeen: dropsSeen}
+		if w.cfg.roster != nil {
+			req.RosterSeen = w.cfg.roster.seen()
+		}
+		resp, err = w.rpc.Ping(ctx, req, failFast)
 		return err
 	})
 	if err != nil {
@@ -319,6 +326,10 @@ func (w *grpcWire) ping(ctx context.Context, mismatches, dropsSeen uint64) (ping
 	st := ClientOK
 	if resp.ClientStatus == pb.ClientStatus_NEED_REMOUNT {
 		st = ClientNeedRemount
+	} else if w.cfg.roster != nil {
+		// Not before a re-mount: a restarted master's roster is not yet
+		// what this client names to it.
+		w.cfg.roster.update(resp.RosterVersion, resp.TierRoster)
 	}
 	return pingResult{view: resp.ViewVersion, status: st, evicted: resp.EvictedKeys, dropsSeq: resp.DropsSeq, dropped: resp.DroppedEndpoints}, nil
 }

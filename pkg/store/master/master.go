@@ -125,6 +125,10 @@ type Config struct {
 	// waits for its node to confirm dropping the key's old disk record
 	// (default DefaultDropFence; see dropDiskLocked).
 	DropFence time.Duration
+	// TierSettle bounds how long, without HA, a restarted master holds
+	// puts and removes for the disk tiers returning nodes say the pool
+	// had (default DefaultTierSettle; see settle.go).
+	TierSettle time.Duration
 	// GracefulUnmountWait bounds how long a graceful unmount waits for
 	// leased reads (default 2 s, at most the lease TTL): a read moves its
 	// bytes in milliseconds, the lease is only its upper bound.
@@ -288,6 +292,7 @@ type Master struct {
 	pend   pending
 	tiers  tiers
 	era    eraLog
+	roster roster
 	drains drains
 	// takeover holds puts while a new HA leader's segments mount again.
 	takeover takeover
@@ -344,6 +349,7 @@ func New(cfg Config) (*Master, error) {
 	m.era.now = m.now
 	m.era.seed = maphash.MakeSeed()
 	m.era.end.Store(m.now() + 3*m.cfg.ClientTTL.Nanoseconds())
+	m.roster.init(m.now())
 	for i := range m.shards {
 		m.shards[i].objects = make(map[string]*Object)
 		m.shards[i].ledger = m.tenants

@@ -571,7 +571,13 @@ func (s *rpcServer) Ping(_ context.Context, r *pb.PingRequest) (*pb.PingResponse
 		cs = pb.ClientStatus_NEED_REMOUNT
 	}
 	seq, dropped := s.m.DroppedSince(r.DropsSeen)
-	return &pb.PingResponse{ViewVersion: v, ClientStatus: cs, EvictedKeys: s.m.TakeEvictedKeys(store.UUIDFromPB(r.ClientId)), DropsSeq: seq, DroppedEndpoints: dropped}, nil
+	var rv uint64
+	var roster []string
+	if st == store.ClientOK {
+		rv, roster = s.m.Roster(r.RosterSeen)
+	}
+	return &pb.PingResponse{ViewVersion: v, ClientStatus: cs, EvictedKeys: s.m.TakeEvictedKeys(store.UUIDFromPB(r.ClientId)), DropsSeq: seq, DroppedEndpoints: dropped,
+		RosterVersion: rv, TierRoster: roster}, nil
 }
 
 func (s *rpcServer) MountSegment(_ context.Context, r *pb.MountSegmentRequest) (*pb.Result, error) {
@@ -588,6 +594,11 @@ func (s *rpcServer) ReMountSegment(_ context.Context, r *pb.ReMountSegmentReques
 	for i, x := range r.Segments {
 		segs[i] = store.SegmentFromPB(x)
 	}
+	if len(r.TierRoster) > maxRoster {
+		return nil, status.Errorf(codes.InvalidArgument, "re-mount: a roster of %d disk tiers (at most %d)", len(r.TierRoster), maxRoster)
+	}
+	// Before the segments: a put placed on them must find the tiers named.
+	s.m.NameTiers(r.TierRoster)
 	res, failed := results(s.durable(s.m.ReMountKnown(store.UUIDFromPB(r.ClientId), segs)))
 	s.m.m.Op("remount_segment", failed)
 	return &pb.ReMountSegmentResponse{Results: res.Results}, nil

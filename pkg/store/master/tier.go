@@ -566,7 +566,11 @@ const DefaultDropFence = 2 * time.Second
 // warning and the caller goes on. A master closed meanwhile fails the
 // calls still unanswered (out, when given: one per key): their DROPs may
 // never be applied, so they must not be acknowledged.
+//
+// Before that, a restarted master waits for the disk tiers the pool had
+// (awaitTiers): their stale records' DROPs are among those waited for.
 func (m *Master) fenceDrops(keys []string, out []error) {
+	m.awaitTiers(keys, out)
 	ops := m.tiers.unconfirmed(keys)
 	if len(ops) == 0 {
 		return
@@ -962,20 +966,30 @@ func (n *tierNode) name() string {
 // key is unknown (a restarted master) or has that version; a record of a
 // key re-put or removed meanwhile is dropped. Objects said to be on this
 // tier that it no longer reports lose that replica.
-func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
+//
+// It returns the DROPs of the records not re-added, for the stream's
+// first messages (they are not limited by the command queue). Without
+// HA each is fenced like dropDiskLocked's: a put or remove of its key
+// held meanwhile (awaitTiers, fenceDrops) is answered once the node has
+// dropped it.
+func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, []*pb.TierCommand, error) {
 	client, segID := store.UUIDFromPB(h.GetClientId()), store.UUIDFromPB(h.GetSegmentId())
 	if h.GetTierId() == "" {
-		return nil, 0, store.Errorf(store.InvalidParams, "tier hello: no tier id")
+		return nil, 0, nil, store.Errorf(store.InvalidParams, "tier hello: no tier id")
 	}
 	m.space.mu.Lock()
 	seg := m.space.segs[segID]
 	m.space.mu.Unlock()
 	if seg == nil {
-		return nil, 0, store.Errorf(store.SegmentNotFound, "tier %s: segment %s is not mounted (mount it first)", h.GetTierId(), segID)
+		return nil, 0, nil, store.Errorf(store.SegmentNotFound, "tier %s: segment %s is not mounted (mount it first)", h.GetTierId(), segID)
 	}
 	if seg.owner != client {
-		return nil, 0, store.Errorf(store.InvalidParams, "tier %s: segment %q belongs to client %s, not %s", h.GetTierId(), seg.info.Name, seg.owner, client)
+		return nil, 0, nil, store.Errorf(store.InvalidParams, "tier %s: segment %q belongs to client %s, not %s", h.GetTierId(), seg.info.Name, seg.owner, client)
 	}
+	if len(h.GetRoster()) > maxRoster {
+		return nil, 0, nil, store.Errorf(store.InvalidParams, "tier %s: a roster of %d disk tiers (at most %d)", h.GetTierId(), len(h.GetRoster()), maxRoster)
+	}
+	m.NameTiers(slices.DeleteFunc(slices.Clone(h.GetRoster()), func(id string) bool { return id == h.GetTierId() }))
 	m.tiers.mu.Lock()
 	n := m.tiers.byID[h.GetTierId()]
 	if n == nil {
@@ -1072,15 +1086,23 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, error) {
 		_, ok := reported[o.key]
 		return !ok
 	})
-	for _, d := range drops {
-		n.enqueue(d, nil)
+	if n.dropAcks.Load() && !m.tiers.all.Load() {
+		n.mu.Lock()
+		for _, d := range drops {
+			op := &tierOp{id: m.tiers.nextOp.Add(1), kind: pb.TierCommand_DROP, key: d.Key, version: d.Version, done: make(chan struct{})}
+			d.Op = op.id
+			m.tiers.addDrop(op)
+			n.pending[op.id] = op
+		}
+		n.mu.Unlock()
 	}
 	m.log.Info(fmt.Sprintf("disk tier %s of segment %s attached (%s): %d records reported, %d re-added, %d kept, %d dropped (re-put or removed since), %d replicas it no longer has", n.id, seg.info.Name, fmtBytes(h.GetCapacity()), len(h.GetRecords()), added, kept, dropped, lost))
 	m.tiers.mu.Lock()
 	m.tiers.bySeg[segID] = n
 	m.tiers.online.Store(int64(len(m.tiers.bySeg)))
 	m.tiers.mu.Unlock()
-	return n, gen, nil
+	m.tierJoined(n.id)
+	return n, gen, drops, nil
 }
 
 // forgetTier drops the disk replicas on n of the objects match picks;
@@ -1201,6 +1223,7 @@ func (m *Master) giveUpTiers(now int64) {
 			return true
 		})
 		m.log.Warn(fmt.Sprintf("disk tier %s away for more than %s: dropped its %d disk replicas", n.name(), m.restoredMountGrace(), lost))
+		m.tierLeft(n.id)
 	}
 }
 
@@ -1263,17 +1286,26 @@ func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
 	if h == nil {
 		return tierStatus(store.Errorf(store.InvalidParams, "tier stream: the first message must be a hello"))
 	}
-	n, gen, err := s.m.attach(h)
+	n, gen, drops, err := s.m.attach(h)
 	if err != nil {
 		return tierStatus(err)
 	}
 	defer s.m.detach(n, gen)
-	// An empty first message tells the node it is attached (commands
-	// may be a while coming).
-	// It carries the staging TTL the node holds readers' own staged
-	// reads for.
-	if err := st.Send(&pb.TierDown{StagingTtlMs: uint64(s.m.stagedTTL().Milliseconds())}); err != nil {
-		return err
+	// The first message tells the node it is attached (commands may be
+	// a while coming) and carries the staging TTL the node holds
+	// readers' own staged reads for; the attach's DROPs follow it.
+	down := &pb.TierDown{StagingTtlMs: uint64(s.m.stagedTTL().Milliseconds())}
+	for {
+		k := min(len(drops), 256)
+		down.Commands = drops[:k]
+		drops = drops[k:]
+		if err := st.Send(down); err != nil {
+			return err
+		}
+		if len(drops) == 0 {
+			break
+		}
+		down = &pb.TierDown{}
 	}
 	n.mu.Lock()
 	send := n.send

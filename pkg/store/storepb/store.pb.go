@@ -858,7 +858,9 @@ type PingRequest struct {
 	ChecksumMismatches uint64 `protobuf:"varint,2,opt,name=checksum_mismatches,json=checksumMismatches,proto3" json:"checksum_mismatches,omitempty"`
 	// drops_seen: the last drops_seq this client was given (0 on its first
 	// ping: it is told the current one and no drops).
-	DropsSeen     uint64 `protobuf:"varint,3,opt,name=drops_seen,json=dropsSeen,proto3" json:"drops_seen,omitempty"`
+	DropsSeen uint64 `protobuf:"varint,3,opt,name=drops_seen,json=dropsSeen,proto3" json:"drops_seen,omitempty"`
+	// roster_seen: the roster_version last given to this client (0: none).
+	RosterSeen    uint64 `protobuf:"varint,4,opt,name=roster_seen,json=rosterSeen,proto3" json:"roster_seen,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -914,6 +916,13 @@ func (x *PingRequest) GetDropsSeen() uint64 {
 	return 0
 }
 
+func (x *PingRequest) GetRosterSeen() uint64 {
+	if x != nil {
+		return x.RosterSeen
+	}
+	return 0
+}
+
 type PingResponse struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	ViewVersion  uint64                 `protobuf:"varint,1,opt,name=view_version,json=viewVersion,proto3" json:"view_version,omitempty"`
@@ -928,8 +937,15 @@ type PingResponse struct {
 	// transfer timeout against a node that no longer answers.
 	DropsSeq         uint64   `protobuf:"varint,4,opt,name=drops_seq,json=dropsSeq,proto3" json:"drops_seq,omitempty"`
 	DroppedEndpoints []string `protobuf:"bytes,5,rep,name=dropped_endpoints,json=droppedEndpoints,proto3" json:"dropped_endpoints,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The pool's disk tiers as this master knows them (tier ids), sent
+	// when roster_version differs from roster_seen (tier_roster may then
+	// be empty). A node keeps the last one it was given and names it when
+	// it re-mounts on a restarted master (ReMountSegmentRequest), which
+	// then waits for those tiers before acknowledging puts and removes.
+	RosterVersion uint64   `protobuf:"varint,6,opt,name=roster_version,json=rosterVersion,proto3" json:"roster_version,omitempty"`
+	TierRoster    []string `protobuf:"bytes,7,rep,name=tier_roster,json=tierRoster,proto3" json:"tier_roster,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PingResponse) Reset() {
@@ -997,6 +1013,20 @@ func (x *PingResponse) GetDroppedEndpoints() []string {
 	return nil
 }
 
+func (x *PingResponse) GetRosterVersion() uint64 {
+	if x != nil {
+		return x.RosterVersion
+	}
+	return 0
+}
+
+func (x *PingResponse) GetTierRoster() []string {
+	if x != nil {
+		return x.TierRoster
+	}
+	return nil
+}
+
 type MountSegmentRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -1050,9 +1080,12 @@ func (x *MountSegmentRequest) GetSegment() *Segment {
 }
 
 type ReMountSegmentRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Segments      []*Segment             `protobuf:"bytes,2,rep,name=segments,proto3" json:"segments,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Segments []*Segment             `protobuf:"bytes,2,rep,name=segments,proto3" json:"segments,omitempty"`
+	// tier_roster: the disk tiers the previous master had (its last
+	// PingResponse.tier_roster), for a master restarted without HA.
+	TierRoster    []string `protobuf:"bytes,3,rep,name=tier_roster,json=tierRoster,proto3" json:"tier_roster,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1097,6 +1130,13 @@ func (x *ReMountSegmentRequest) GetClientId() *UUID {
 func (x *ReMountSegmentRequest) GetSegments() []*Segment {
 	if x != nil {
 		return x.Segments
+	}
+	return nil
+}
+
+func (x *ReMountSegmentRequest) GetTierRoster() []string {
+	if x != nil {
+		return x.TierRoster
 	}
 	return nil
 }
@@ -2485,24 +2525,31 @@ const file_store_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x1f\n" +
 	"\vte_endpoint\x18\x05 \x01(\tR\n" +
 	"teEndpoint\x12\x1a\n" +
-	"\bprotocol\x18\x06 \x01(\tR\bprotocol\"\x8d\x01\n" +
+	"\bprotocol\x18\x06 \x01(\tR\bprotocol\"\xae\x01\n" +
 	"\vPingRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12/\n" +
 	"\x13checksum_mismatches\x18\x02 \x01(\x04R\x12checksumMismatches\x12\x1d\n" +
 	"\n" +
-	"drops_seen\x18\x03 \x01(\x04R\tdropsSeen\"\xde\x01\n" +
+	"drops_seen\x18\x03 \x01(\x04R\tdropsSeen\x12\x1f\n" +
+	"\vroster_seen\x18\x04 \x01(\x04R\n" +
+	"rosterSeen\"\xa6\x02\n" +
 	"\fPingResponse\x12!\n" +
 	"\fview_version\x18\x01 \x01(\x04R\vviewVersion\x12>\n" +
 	"\rclient_status\x18\x02 \x01(\x0e2\x19.mc.store.v1.ClientStatusR\fclientStatus\x12!\n" +
 	"\fevicted_keys\x18\x03 \x03(\tR\vevictedKeys\x12\x1b\n" +
 	"\tdrops_seq\x18\x04 \x01(\x04R\bdropsSeq\x12+\n" +
-	"\x11dropped_endpoints\x18\x05 \x03(\tR\x10droppedEndpoints\"u\n" +
+	"\x11dropped_endpoints\x18\x05 \x03(\tR\x10droppedEndpoints\x12%\n" +
+	"\x0eroster_version\x18\x06 \x01(\x04R\rrosterVersion\x12\x1f\n" +
+	"\vtier_roster\x18\a \x03(\tR\n" +
+	"tierRoster\"u\n" +
 	"\x13MountSegmentRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12.\n" +
-	"\asegment\x18\x02 \x01(\v2\x14.mc.store.v1.SegmentR\asegment\"y\n" +
+	"\asegment\x18\x02 \x01(\v2\x14.mc.store.v1.SegmentR\asegment\"\x9a\x01\n" +
 	"\x15ReMountSegmentRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x120\n" +
-	"\bsegments\x18\x02 \x03(\v2\x14.mc.store.v1.SegmentR\bsegments\"G\n" +
+	"\bsegments\x18\x02 \x03(\v2\x14.mc.store.v1.SegmentR\bsegments\x12\x1f\n" +
+	"\vtier_roster\x18\x03 \x03(\tR\n" +
+	"tierRoster\"G\n" +
 	"\x16ReMountSegmentResponse\x12-\n" +
 	"\aresults\x18\x01 \x03(\v2\x13.mc.store.v1.ResultR\aresults\"y\n" +
 	"\x15UnmountSegmentRequest\x12.\n" +

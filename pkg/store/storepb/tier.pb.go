@@ -486,7 +486,11 @@ type TierHello struct {
 	// drop_acks: the node answers a DROP that carries an op id with
 	// TierDropped once the record is gone (older nodes answer none, and the
 	// master does not wait for them).
-	DropAcks      bool `protobuf:"varint,9,opt,name=drop_acks,json=dropAcks,proto3" json:"drop_acks,omitempty"`
+	DropAcks bool `protobuf:"varint,9,opt,name=drop_acks,json=dropAcks,proto3" json:"drop_acks,omitempty"`
+	// roster: the pool's disk tiers as the node last heard them from a
+	// master (PingResponse.tier_roster), kept in its tier directory, so a
+	// node restarted with its master (one process) still names them.
+	Roster        []string `protobuf:"bytes,10,rep,name=roster,proto3" json:"roster,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -582,6 +586,13 @@ func (x *TierHello) GetDropAcks() bool {
 		return x.DropAcks
 	}
 	return false
+}
+
+func (x *TierHello) GetRoster() []string {
+	if x != nil {
+		return x.Roster
+	}
+	return nil
 }
 
 // TierStats is the node's disk tier as it stands (sent every second).
@@ -1261,7 +1272,7 @@ const file_tier_proto_rawDesc = "" +
 	"TierRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x04R\aversion\"\xe1\x02\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"\xf9\x02\n" +
 	"\tTierHello\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x120\n" +
 	"\n" +
@@ -1272,7 +1283,9 @@ const file_tier_proto_rawDesc = "" +
 	"\fstaging_addr\x18\x06 \x01(\x04R\vstagingAddr\x12!\n" +
 	"\fstaging_size\x18\a \x01(\x04R\vstagingSize\x12'\n" +
 	"\x0fstaging_service\x18\b \x01(\tR\x0estagingService\x12\x1b\n" +
-	"\tdrop_acks\x18\t \x01(\bR\bdropAcks\"\x96\x04\n" +
+	"\tdrop_acks\x18\t \x01(\bR\bdropAcks\x12\x16\n" +
+	"\x06roster\x18\n" +
+	" \x03(\tR\x06roster\"\x96\x04\n" +
 	"\tTierStats\x12\x1a\n" +
 	"\bcapacity\x18\x01 \x01(\x04R\bcapacity\x12\x12\n" +
 	"\x04used\x18\x02 \x01(\x04R\x04used\x12\x18\n" +

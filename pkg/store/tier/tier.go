@@ -623,3 +623,42 @@ func DefaultCapacity(dir string) (uint64, error) {
 	}
 	return uint64(st.Bavail) * uint64(st.Bsize) / 10 * 9, nil
 }
+
+// rosterName holds the pool's disk tiers as the node last heard them
+// from its master, one tier id per line (store's tierRoster): a node
+// restarted together with its master names them to the new one.
+const rosterName = "POOL_TIERS"
+
+// Roster returns the tier ids kept by SetRoster (none when the file is
+// missing or unreadable: a roster only makes a restarted master wait).
+func (t *Tier) Roster() []string {
+	b, err := os.ReadFile(filepath.Join(t.cfg.Dir, rosterName))
+	if err != nil {
+		return nil
+	}
+	var ids []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" && len(l) <= 256 && len(ids) < 4096 {
+			ids = append(ids, l)
+		}
+	}
+	return ids
+}
+
+// SetRoster keeps ids for Roster, replacing the file whole.
+func (t *Tier) SetRoster(ids []string) error {
+	path := filepath.Join(t.cfg.Dir, rosterName)
+	var b strings.Builder
+	for _, id := range ids {
+		b.WriteString(id)
+		b.WriteByte('\n')
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("disk tier %q: keep the pool's roster: %w", t.cfg.Dir, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("disk tier %q: keep the pool's roster: %w", t.cfg.Dir, err)
+	}
+	return nil
+}
