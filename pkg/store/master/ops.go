@@ -453,8 +453,29 @@ func (o *Object) checkWriter(client store.UUID, what string) error {
 // says it stopped writing).
 func (m *Master) BatchPutRevoke(client store.UUID, keys []string) []error {
 	out := make([]error, len(keys))
+	var done []string
+	var at []int
 	for i, k := range keys {
 		out[i] = m.revoke(client, k)
+		if store.CodeOf(out[i]) == store.InvalidWrite {
+			done, at = append(done, k), append(at, i)
+		}
+	}
+	if len(done) > 0 {
+		// "Complete" tells a writer whose End had no answer (its
+		// deadline, a lost connection) that the put landed: it must not
+		// come before the End's own answer could, while the End still
+		// waits for the key's old disk record to be dropped (fenceDrops),
+		// or a caller with a short deadline would hear "stored" for a
+		// put that the next master, after a restart, shadows with the
+		// record.
+		fenced := make([]error, len(done))
+		m.fenceDrops(done, fenced)
+		for j, i := range at {
+			if fenced[j] != nil {
+				out[i] = fenced[j]
+			}
+		}
 	}
 	return out
 }

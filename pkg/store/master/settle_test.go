@@ -1,0 +1,74 @@
+package master
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store"
+)
+
+// While a restarted master waits for the pool's disk tiers, a put's End
+// is held; the writer's revoke (its End had no answer in time) must not
+// answer "complete" before the End could: mc's client reads that as its
+// put having landed. Before, the revoke answered at once.
+func TestSettleHoldsEndAndRevoke(t *testing.T) {
+	m, _ := newTestMaster(t, Config{Now: time.Now, TierSettle: time.Second})
+	defer m.Close()
+	mount(t, m, "node", "seg", "h", 1<<30, 64*MiB)
+	m.NameTiers([]string{"away"})
+	if _, ids := m.Roster(0); !slices.Contains(ids, "away") {
+		t.Fatalf("roster %v lacks the named tier", ids)
+	}
+	putStart(t, m, "w", "k", 4096)
+	start := time.Now()
+	end, rev := make(chan error, 1), make(chan error, 1)
+	go func() { end <- m.BatchPutEnd(uuidOf("w"), []string{"k"})[0] }()
+	time.Sleep(50 * time.Millisecond)
+	go func() { rev <- m.BatchPutRevoke(uuidOf("w"), []string{"k"})[0] }()
+	select {
+	case err := <-end:
+		t.Fatalf("End answered (%v) while a named tier is away", err)
+	case err := <-rev:
+		t.Fatalf("revoke answered (%v) while the End is held", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if err := <-end; err != nil {
+		t.Fatalf("End after the bound: %v", err)
+	}
+	wantCode(t, "revoke after the End", <-rev, store.InvalidWrite)
+	if took := time.Since(start); took < 900*time.Millisecond {
+		t.Fatalf("answered after %s, before the 1 s bound", took)
+	}
+	if _, ids := m.Roster(0); slices.Contains(ids, "away") {
+		t.Fatalf("tier still in the roster %v after the bound", ids)
+	}
+	// Not waited for again.
+	putStart(t, m, "w", "k2", 4096)
+	t0 := time.Now()
+	if err := m.BatchPutEnd(uuidOf("w"), []string{"k2"})[0]; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took > 200*time.Millisecond {
+		t.Fatalf("a put after the bound took %s", took)
+	}
+}
+
+// With HA (restored from the op log) nothing is waited for.
+func TestSettleNotWithHA(t *testing.T) {
+	m, _ := newTestMaster(t, Config{Now: time.Now, TierSettle: 10 * time.Second})
+	defer m.Close()
+	if err := m.Restore(nil); err != nil {
+		t.Fatal(err)
+	}
+	mount(t, m, "node", "seg", "h", 1<<30, 64*MiB)
+	m.NameTiers([]string{"away"})
+	putStart(t, m, "w", "k", 4096)
+	t0 := time.Now()
+	if err := m.BatchPutEnd(uuidOf("w"), []string{"k"})[0]; err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took > time.Second {
+		t.Fatalf("an HA master held a put %s for a named tier", took)
+	}
+}
