@@ -594,9 +594,6 @@ func (s *rpcServer) ReMountSegment(_ context.Context, r *pb.ReMountSegmentReques
 	for i, x := range r.Segments {
 		segs[i] = store.SegmentFromPB(x)
 	}
-	if len(r.TierRoster) > maxRoster {
-		return nil, status.Errorf(codes.InvalidArgument, "re-mount: a roster of %d disk tiers (at most %d)", len(r.TierRoster), maxRoster)
-	}
 	// Before the segments: a put placed on them must find the tiers named.
 	s.m.NameTiers(r.TierRoster)
 	res, failed := results(s.durable(s.m.ReMountKnown(store.UUIDFromPB(r.ClientId), segs)))

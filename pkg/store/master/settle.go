@@ -89,11 +89,14 @@ func (m *Master) Roster(seen uint64) (version uint64, ids []string) {
 
 // NameTiers takes the disk tiers a returning node says the pool had
 // (its last roster): until each has attached, puts and removes wait
-// (awaitTiers).
+// (awaitTiers). A roster is a hint, not trusted to be sane: names past
+// maxRoster, empty or longer than a tier id can be are ignored, never
+// refused (a node that cannot re-mount serves nothing).
 func (m *Master) NameTiers(ids []string) {
 	if len(ids) == 0 {
 		return
 	}
+	ids = ids[:min(len(ids), maxRoster)]
 	r := &m.roster
 	m.tiers.mu.Lock()
 	online := make(map[string]bool, len(ids))
@@ -140,8 +143,9 @@ func (m *Master) NameTiers(ids []string) {
 	m.log.Info(fmt.Sprintf("disk tiers %s were in the pool before this master: puts and removes wait for them to attach (at most until %s)", strings.Join(named, ", "), time.Unix(0, r.end).Format("15:04:05.000")))
 }
 
-// maxRoster bounds the tiers a roster holds: names from a node are not
-// trusted to be few.
+// maxRoster bounds the tiers named to a master (and so those it waits
+// for): names from a node are not trusted to be few. Tiers that attach
+// join the roster whatever their number.
 const maxRoster = 4096
 
 // tierJoined is called when tier id has attached and its stale records'

@@ -1,7 +1,9 @@
 package master
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,5 +72,26 @@ func TestSettleNotWithHA(t *testing.T) {
 	}
 	if took := time.Since(t0); took > time.Second {
 		t.Fatalf("an HA master held a put %s for a named tier", took)
+	}
+}
+
+// A roster is a node's hint: odd names are ignored and its length
+// bounded, never refused (a node that cannot re-mount serves nothing).
+func TestNameTiersOddRoster(t *testing.T) {
+	m, _ := newTestMaster(t, Config{Now: time.Now, TierSettle: time.Second})
+	defer m.Close()
+	names := []string{"", strings.Repeat("x", 1000)}
+	for i := range 10_000 {
+		names = append(names, fmt.Sprintf("tier-%d", i))
+	}
+	m.NameTiers(names)
+	_, ids := m.Roster(0)
+	if len(ids) == 0 || len(ids) > maxRoster {
+		t.Fatalf("%d tiers named, want 1..%d", len(ids), maxRoster)
+	}
+	for _, id := range ids {
+		if id == "" || len(id) > 256 {
+			t.Fatalf("roster kept the name %.20q (%d bytes)", id, len(id))
+		}
 	}
 }

@@ -986,9 +986,6 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, []*pb.TierCommand, 
 	if seg.owner != client {
 		return nil, 0, nil, store.Errorf(store.InvalidParams, "tier %s: segment %q belongs to client %s, not %s", h.GetTierId(), seg.info.Name, seg.owner, client)
 	}
-	if len(h.GetRoster()) > maxRoster {
-		return nil, 0, nil, store.Errorf(store.InvalidParams, "tier %s: a roster of %d disk tiers (at most %d)", h.GetTierId(), len(h.GetRoster()), maxRoster)
-	}
 	m.NameTiers(slices.DeleteFunc(slices.Clone(h.GetRoster()), func(id string) bool { return id == h.GetTierId() }))
 	m.tiers.mu.Lock()
 	n := m.tiers.byID[h.GetTierId()]
