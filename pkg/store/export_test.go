@@ -92,4 +92,7 @@ func SetTierDropHook(f func(key string) bool) {
 func SetTierDropAcks(on bool) { dropAcksOff.Store(!on) }
 
 // TierRoster is the pool's disk tiers as c last heard them.
-func TierRoster(c *Client) []string { return c.roster.list() }
+func TierRoster(c *Client) []string { ids, _ := c.roster.list(); return ids }
+
+// FencedTiers is the tiers c last heard are fenced.
+func FencedTiers(c *Client) []string { _, f := c.roster.list(); return f }

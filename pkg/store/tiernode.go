@@ -113,11 +113,12 @@ type TierNode struct {
 	// svc serves TierRead on svcAddr; poke asks reportStats to send the
 	// stats now (the staging pool's use changed).
 	svcAddr string
-	// kept is the roster the tier's directory held at the start.
-	kept      []string
-	svc       *grpc.Server
-	poke      chan struct{}
-	svcListen string
+	// kept and keptFenced are the roster the tier's directory held at
+	// the start.
+	kept, keptFenced []string
+	svc              *grpc.Server
+	poke             chan struct{}
+	svcListen        string
 
 	mu sync.Mutex // one sender on the stream at a time
 	st pb.Tier_AttachClient
@@ -252,10 +253,10 @@ func (n *TierNode) Attach(c *Client) error {
 	// The pool's roster outlives this process in the tier's directory:
 	// a node restarted with its master (one process) names the tiers the
 	// pool had to the new master in its first hello.
-	n.kept = n.t.Roster()
-	c.roster.seed(n.kept)
-	c.roster.watch(func(ids []string) {
-		if err := n.t.SetRoster(ids); err != nil {
+	n.kept, n.keptFenced = n.t.Roster()
+	c.roster.seed(n.kept, n.keptFenced)
+	c.roster.watch(func(ids, fenced []string) {
+		if err := n.t.SetRoster(ids, fenced); err != nil {
 			n.log.Warn(err.Error())
 		}
 	})
@@ -396,11 +397,17 @@ func (n *TierNode) session() error {
 	// where readers ask for staged reads themselves.
 	hello := &pb.TierHello{ClientId: UUIDToPB(n.c.id), SegmentId: UUIDToPB(seg.ID), TierId: n.t.ID(),
 		Capacity: n.t.Capacity(), Records: make([]*pb.TierRecord, len(recs)), StagingService: n.svcAddr,
-		DropAcks: !dropAcksOff.Load(), Roster: n.c.roster.list()}
+		DropAcks: !dropAcksOff.Load()}
+	hello.Roster, hello.Fenced = n.c.roster.list()
 	if n.sessions == 1 {
 		for _, id := range n.kept {
 			if !slices.Contains(hello.Roster, id) {
 				hello.Roster = append(hello.Roster, id)
+			}
+		}
+		for _, id := range n.keptFenced {
+			if !slices.Contains(hello.Fenced, id) {
+				hello.Fenced = append(hello.Fenced, id)
 			}
 		}
 	}

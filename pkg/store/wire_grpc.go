@@ -281,7 +281,7 @@ func (w *grpcWire) mount(ctx context.Context, seg SegmentInfo) error {
 func (w *grpcWire) remount(ctx context.Context, segs []SegmentInfo) error {
 	req := &pb.ReMountSegmentRequest{ClientId: UUIDToPB(w.cfg.id)}
 	if w.cfg.roster != nil {
-		req.TierRoster = w.cfg.roster.list()
+		req.TierRoster, req.FencedTiers = w.cfg.roster.list()
 	}
 	what := "connect" // a client with no segment only registers itself
 	for _, s := range segs {
@@ -329,7 +329,7 @@ func (w *grpcWire) ping(ctx context.Context, mismatches, dropsSeen uint64) (ping
 	} else if w.cfg.roster != nil {
 		// Not before a re-mount: a restarted master's roster is not yet
 		// what this client names to it.
-		w.cfg.roster.update(resp.RosterVersion, resp.TierRoster)
+		w.cfg.roster.update(resp.RosterVersion, resp.TierRoster, resp.FencedTiers)
 	}
 	return pingResult{view: resp.ViewVersion, status: st, evicted: resp.EvictedKeys, dropsSeq: resp.DropsSeq, dropped: resp.DroppedEndpoints}, nil
 }

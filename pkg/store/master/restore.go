@@ -74,7 +74,7 @@ func (m *Master) Restore(objs []RestoredObject) error {
 	// of an object the log does not have is stale (tiers.ours).
 	m.tiers.all.Store(true)
 	m.era.end.Store(0) // every version is ours: no record from before is re-added
-	m.endSettle("")    // nor is a tier waited for
+	m.endSettle(false) // nor is a tier waited for
 	placeholders := make(map[store.UUID]*segment)
 	var refs []*restoredRef
 	built := make([]*Object, 0, len(objs))

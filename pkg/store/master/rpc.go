@@ -572,12 +572,12 @@ func (s *rpcServer) Ping(_ context.Context, r *pb.PingRequest) (*pb.PingResponse
 	}
 	seq, dropped := s.m.DroppedSince(r.DropsSeen)
 	var rv uint64
-	var roster []string
+	var roster, fenced []string
 	if st == store.ClientOK {
-		rv, roster = s.m.Roster(r.RosterSeen)
+		rv, roster, fenced = s.m.Roster(r.RosterSeen)
 	}
 	return &pb.PingResponse{ViewVersion: v, ClientStatus: cs, EvictedKeys: s.m.TakeEvictedKeys(store.UUIDFromPB(r.ClientId)), DropsSeq: seq, DroppedEndpoints: dropped,
-		RosterVersion: rv, TierRoster: roster}, nil
+		RosterVersion: rv, TierRoster: roster, FencedTiers: fenced}, nil
 }
 
 func (s *rpcServer) MountSegment(_ context.Context, r *pb.MountSegmentRequest) (*pb.Result, error) {
@@ -595,7 +595,7 @@ func (s *rpcServer) ReMountSegment(_ context.Context, r *pb.ReMountSegmentReques
 		segs[i] = store.SegmentFromPB(x)
 	}
 	// Before the segments: a put placed on them must find the tiers named.
-	s.m.NameTiers(r.TierRoster)
+	s.m.NameTiers(r.TierRoster, r.FencedTiers)
 	res, failed := results(s.durable(s.m.ReMountKnown(store.UUIDFromPB(r.ClientId), segs)))
 	s.m.m.Op("remount_segment", failed)
 	return &pb.ReMountSegmentResponse{Results: res.Results}, nil

@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
+	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
 
 // The pool's disk tiers after a restart without HA.
@@ -26,11 +28,17 @@ import (
 // a restarted master (a tier node also in its hello, from its
 // directory), and that master holds the answers of puts and removes
 // until every tier named has attached and its stale records' DROPs are
-// confirmed, at most DefaultTierSettle from the first naming. A tier
-// still away then is left out of the roster and not waited for again;
-// its records, if it comes back after this master died too, are the
-// one case left (a tier away that long while the master restarts twice).
-// With HA the op log knows every version: nothing is waited for.
+// confirmed, at most DefaultTierSettle from the first naming.
+//
+// A tier still away then is fenced: the master goes on acknowledging
+// without it, so its records from before are stale wherever it comes
+// back. The roster says so (fenced), nodes carry that to later masters,
+// and whichever master the tier attaches to drops those records instead
+// of re-adding them (its own versions excepted); the tier is then back in
+// the roster. A tier given up on while the master runs (away past the
+// restored-mount grace) is fenced the same way, for the master after a
+// restart, which does not know which of its keys were put again. With HA
+// the op log knows every version: nothing is waited for or fenced.
 
 // DefaultTierSettle is Config.TierSettle's default: long enough for a
 // node's reconnect (its ping, re-mount and the tier stream's retry).
@@ -39,11 +47,14 @@ const DefaultTierSettle = 5 * time.Second
 // roster is the master's list of the pool's disk tiers.
 type roster struct {
 	mu sync.Mutex
-	// version changes with ids (a node asks with the one it has); it
-	// starts from the master's start time, so a node's version from an
-	// earlier master does not match by chance.
+	// version changes with ids and fenced (a node asks with the one it
+	// has); it starts from the master's start time, so a node's version
+	// from an earlier master does not match by chance.
 	version uint64
 	ids     map[string]struct{}
+	// fenced: tier id -> the version clock when it was fenced: its
+	// records of versions below are from before (fenceEntry).
+	fenced map[string]uint64
 	// waiting are tiers named by returning nodes that have not attached
 	// (nWaiting, read without the lock); wake is closed when one does,
 	// or when the wait ends (end, unix nanos; 0 before the first naming).
@@ -55,11 +66,14 @@ type roster struct {
 	// the master was restored from an op log).
 	over     atomic.Bool
 	timeouts atomic.Uint64
+	// nFenced mirrors len(fenced) for attach's fast path.
+	nFenced atomic.Int64
 }
 
 func (r *roster) init(now int64) {
 	r.version = uint64(now)
 	r.ids = make(map[string]struct{})
+	r.fenced = make(map[string]uint64)
 	r.waiting = make(map[string]struct{})
 	r.wake = make(chan struct{})
 }
@@ -70,33 +84,80 @@ func (r *roster) wakeLocked() {
 	r.wake = make(chan struct{})
 }
 
-// Roster returns the pool's disk tiers as this master knows them and
-// the roster's version, or nil and the same version when the caller's
-// (seen) is current.
-func (m *Master) Roster(seen uint64) (version uint64, ids []string) {
+// fenceLocked marks id fenced at version v. Whether it is still waited
+// for is the caller's to say: a tier fenced as it is given up on is not
+// (all it holds is from before), one a node names fenced still is (the
+// note may be older than the tier's return to another master, and it
+// may hold newer records).
+func (r *roster) fenceLocked(id string, v uint64) {
+	r.fenced[id] = max(r.fenced[id], v)
+	r.nFenced.Store(int64(len(r.fenced)))
+	r.version++
+}
+
+// Roster returns the pool's disk tiers as this master knows them (in
+// the pool, and fenced) and the roster's version, or nils and the same
+// version when the caller's (seen) is current.
+func (m *Master) Roster(seen uint64) (version uint64, ids, fenced []string) {
 	r := &m.roster
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if seen == r.version {
-		return r.version, nil
+		return r.version, nil, nil
 	}
 	ids = slices.Sorted(maps.Keys(r.ids))
 	if ids == nil {
 		ids = []string{}
 	}
-	return r.version, ids
+	for _, id := range slices.Sorted(maps.Keys(r.fenced)) {
+		fenced = append(fenced, fenceEntry(id, r.fenced[id]))
+	}
+	return r.version, ids, fenced
+}
+
+// fenceEntry is how a fence travels in rosters: "id@version".
+func fenceEntry(id string, v uint64) string { return id + "@" + strconv.FormatUint(v, 10) }
+
+// parseFence reads a fenceEntry (ok false: not one).
+func parseFence(s string) (id string, v uint64, ok bool) {
+	id, vs, ok := strings.Cut(s, "@")
+	if !ok || id == "" {
+		return "", 0, false
+	}
+	v, err := strconv.ParseUint(vs, 10, 64)
+	return id, v, err == nil && v > 0
+}
+
+// fenceVersion is a fence's version now: above every version handed
+// out or seen so far, so every record a tier holds from before is
+// below it, and every record written after (by any later master, whose
+// versions start above the time) is not.
+func (m *Master) fenceVersion() uint64 {
+	return max(m.tiers.lastVersion.Load()+1, uint64(m.now()))
+}
+
+// sane drops the names no tier id can be, and bounds their number: a
+// roster is a node's hint, not trusted to be sane, and ignored rather
+// than refused (a node that cannot re-mount serves nothing).
+func sane(ids []string) []string {
+	ids = ids[:min(len(ids), maxRoster)]
+	return slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == "" || len(id) > 256 })
 }
 
 // NameTiers takes the disk tiers a returning node says the pool had
 // (its last roster): until each has attached, puts and removes wait
-// (awaitTiers). A roster is a hint, not trusted to be sane: names past
-// maxRoster, empty or longer than a tier id can be are ignored, never
-// refused (a node that cannot re-mount serves nothing).
-func (m *Master) NameTiers(ids []string) {
-	if len(ids) == 0 {
+// (awaitTiers); and those it says are fenced: their records from before
+// are dropped, now if this master re-added some, else when they attach.
+func (m *Master) NameTiers(ids, fenced []string) {
+	ids, fenced = sane(ids), sane(fenced)
+	if len(ids)+len(fenced) == 0 || m.tiers.all.Load() {
 		return
 	}
-	ids = ids[:min(len(ids), maxRoster)]
+	for _, f := range fenced {
+		if id, v, ok := parseFence(f); ok {
+			m.fenceTier(id, v)
+		}
+	}
 	r := &m.roster
 	m.tiers.mu.Lock()
 	online := make(map[string]bool, len(ids))
@@ -110,12 +171,12 @@ func (m *Master) NameTiers(ids []string) {
 	m.tiers.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.over.Load() || m.tiers.all.Load() {
+	if r.over.Load() {
 		return
 	}
 	var named []string
 	for _, id := range ids {
-		if id == "" || len(id) > 256 || online[id] {
+		if online[id] {
 			continue
 		}
 		if _, ok := r.ids[id]; ok {
@@ -134,13 +195,45 @@ func (m *Master) NameTiers(ids []string) {
 	r.version++
 	r.nWaiting.Store(int64(len(r.waiting)))
 	if r.end == 0 {
-		bound := m.cfg.TierSettle
-		if bound <= 0 {
-			bound = DefaultTierSettle
-		}
-		r.end = m.now() + bound.Nanoseconds()
+		r.end = m.now() + m.settleBound().Nanoseconds()
 	}
 	m.log.Info(fmt.Sprintf("disk tiers %s were in the pool before this master: puts and removes wait for them to attach (at most until %s)", strings.Join(named, ", "), time.Unix(0, r.end).Format("15:04:05.000")))
+}
+
+// fenceTier marks tier id fenced at version v, as a returning node
+// said: the records below v that this master re-added from the tier (not
+// its own versions) are dropped now (a node that knew of the fence
+// re-mounted after the tier attached), and the tier's DROPs of them
+// sent; the rest go when the tier attaches again. A fence heard again
+// after the tier attached drops nothing more: what it kept is newer.
+func (m *Master) fenceTier(id string, v uint64) {
+	r := &m.roster
+	r.mu.Lock()
+	if r.fenced[id] >= v {
+		r.mu.Unlock()
+		return
+	}
+	r.fenceLocked(id, v)
+	r.mu.Unlock()
+	m.tiers.mu.Lock()
+	n := m.tiers.byID[id]
+	m.tiers.mu.Unlock()
+	if n == nil {
+		m.log.Info(fmt.Sprintf("disk tier %s is fenced (an earlier master acknowledged puts and removes without it): its records from before are dropped when it attaches", id))
+		return
+	}
+	var drops []*pb.TierCommand
+	lost := m.forgetTier(n, func(o *Object) bool {
+		if m.tiers.ours(o.tier.version) || o.tier.version >= v {
+			return false
+		}
+		drops = append(drops, &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: o.key, Version: o.tier.version})
+		return true
+	})
+	for _, d := range drops {
+		n.enqueue(d, nil)
+	}
+	m.log.Warn(fmt.Sprintf("disk tier %s is fenced (an earlier master acknowledged puts and removes without it): dropped the %d disk replicas re-added from it, which may be older than what was acknowledged", n.name(), lost))
 }
 
 // maxRoster bounds the tiers named to a master (and so those it waits
@@ -148,12 +241,29 @@ func (m *Master) NameTiers(ids []string) {
 // join the roster whatever their number.
 const maxRoster = 4096
 
+// tierFence returns the version below which tier id's records (not
+// this master's own) are dropped when it attaches (0: not fenced).
+func (m *Master) tierFence(id string) uint64 {
+	r := &m.roster
+	if r.nFenced.Load() == 0 {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.fenced[id]
+}
+
 // tierJoined is called when tier id has attached and its stale records'
 // DROPs are registered (so a put released now waits for them).
 func (m *Master) tierJoined(id string) {
 	r := &m.roster
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if _, ok := r.fenced[id]; ok {
+		delete(r.fenced, id)
+		r.nFenced.Store(int64(len(r.fenced)))
+		r.version++
+	}
 	if _, ok := r.ids[id]; !ok {
 		r.ids[id] = struct{}{}
 		r.version++
@@ -165,21 +275,25 @@ func (m *Master) tierJoined(id string) {
 	}
 }
 
-// tierLeft takes a tier given up on (away past the grace) out of the
-// roster: a node gone for good is not waited for at the next restart.
+// tierLeft fences a tier given up on (away past the grace): this master
+// knows which of its keys were put again since and judges its records
+// when it returns, but a master after a restart would not.
 func (m *Master) tierLeft(id string) {
+	if m.tiers.all.Load() {
+		return
+	}
+	v := m.fenceVersion()
 	r := &m.roster
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.ids[id]; ok {
-		delete(r.ids, id)
-		r.version++
-	}
+	delete(r.ids, id)
+	r.fenceLocked(id, v)
 }
 
-// endSettle stops waiting for named tiers (restored from an op log, or
-// the bound passed); those still away leave the roster.
-func (m *Master) endSettle(why string) {
+// endSettle stops waiting for named tiers: restored from an op log
+// (timeout false: nothing to fence), or the bound passed (those still
+// away are fenced).
+func (m *Master) endSettle(timeout bool) {
 	r := &m.roster
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -189,15 +303,19 @@ func (m *Master) endSettle(why string) {
 	r.over.Store(true)
 	if len(r.waiting) > 0 {
 		away := slices.Sorted(maps.Keys(r.waiting))
+		v := m.fenceVersion()
 		for _, id := range away {
 			delete(r.ids, id)
+			if timeout {
+				r.fenceLocked(id, v)
+			}
 		}
 		clear(r.waiting)
 		r.nWaiting.Store(0)
 		r.version++
-		if why != "" {
+		if timeout {
 			r.timeouts.Add(1)
-			m.log.Warn(fmt.Sprintf("disk tiers %s named by returning nodes did not attach %s: acknowledging puts and removes without them; if this master also restarts before they attach, their records of keys put or removed meanwhile may be served again", strings.Join(away, ", "), why))
+			m.log.Warn(fmt.Sprintf("disk tiers %s named by returning nodes did not attach within %s: acknowledging puts and removes without them; they are fenced: their records from before are dropped when they come back", strings.Join(away, ", "), m.settleBound()))
 		}
 	}
 	r.wakeLocked()
@@ -220,11 +338,11 @@ func (m *Master) awaitTiers(keys []string, out []error) {
 		wake, left := r.wake, r.end-m.now()
 		r.mu.Unlock()
 		if m.tiers.all.Load() {
-			m.endSettle("")
+			m.endSettle(false)
 			return
 		}
 		if left <= 0 {
-			m.endSettle(fmt.Sprintf("within %s", m.settleBound()))
+			m.endSettle(true)
 			return
 		}
 		timer := time.NewTimer(time.Duration(left))

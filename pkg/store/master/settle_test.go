@@ -18,8 +18,8 @@ func TestSettleHoldsEndAndRevoke(t *testing.T) {
 	m, _ := newTestMaster(t, Config{Now: time.Now, TierSettle: time.Second})
 	defer m.Close()
 	mount(t, m, "node", "seg", "h", 1<<30, 64*MiB)
-	m.NameTiers([]string{"away"})
-	if _, ids := m.Roster(0); !slices.Contains(ids, "away") {
+	m.NameTiers([]string{"away"}, nil)
+	if _, ids, _ := m.Roster(0); !slices.Contains(ids, "away") {
 		t.Fatalf("roster %v lacks the named tier", ids)
 	}
 	putStart(t, m, "w", "k", 4096)
@@ -42,8 +42,8 @@ func TestSettleHoldsEndAndRevoke(t *testing.T) {
 	if took := time.Since(start); took < 900*time.Millisecond {
 		t.Fatalf("answered after %s, before the 1 s bound", took)
 	}
-	if _, ids := m.Roster(0); slices.Contains(ids, "away") {
-		t.Fatalf("tier still in the roster %v after the bound", ids)
+	if _, ids, fenced := m.Roster(0); slices.Contains(ids, "away") || !hasFence(fenced, "away") {
+		t.Fatalf("roster %v, fenced %v after the bound: want the tier fenced", ids, fenced)
 	}
 	// Not waited for again.
 	putStart(t, m, "w", "k2", 4096)
@@ -64,7 +64,7 @@ func TestSettleNotWithHA(t *testing.T) {
 		t.Fatal(err)
 	}
 	mount(t, m, "node", "seg", "h", 1<<30, 64*MiB)
-	m.NameTiers([]string{"away"})
+	m.NameTiers([]string{"away"}, nil)
 	putStart(t, m, "w", "k", 4096)
 	t0 := time.Now()
 	if err := m.BatchPutEnd(uuidOf("w"), []string{"k"})[0]; err != nil {
@@ -84,8 +84,8 @@ func TestNameTiersOddRoster(t *testing.T) {
 	for i := range 10_000 {
 		names = append(names, fmt.Sprintf("tier-%d", i))
 	}
-	m.NameTiers(names)
-	_, ids := m.Roster(0)
+	m.NameTiers(names, []string{"x", "@5", "id@", "id@-1", "id@abc", "id@0", strings.Repeat("y", 300) + "@5"})
+	_, ids, _ := m.Roster(0)
 	if len(ids) == 0 || len(ids) > maxRoster {
 		t.Fatalf("%d tiers named, want 1..%d", len(ids), maxRoster)
 	}
@@ -94,4 +94,12 @@ func TestNameTiersOddRoster(t *testing.T) {
 			t.Fatalf("roster kept the name %.20q (%d bytes)", id, len(id))
 		}
 	}
+	if _, _, fenced := m.Roster(0); len(fenced) != 0 {
+		t.Fatalf("malformed fences taken: %v", fenced)
+	}
+}
+
+// hasFence reports whether a roster's fences (id@version) name tier id.
+func hasFence(fenced []string, id string) bool {
+	return slices.ContainsFunc(fenced, func(f string) bool { return strings.HasPrefix(f, id+"@") })
 }

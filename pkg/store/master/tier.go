@@ -986,7 +986,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, []*pb.TierCommand, 
 	if seg.owner != client {
 		return nil, 0, nil, store.Errorf(store.InvalidParams, "tier %s: segment %q belongs to client %s, not %s", h.GetTierId(), seg.info.Name, seg.owner, client)
 	}
-	m.NameTiers(slices.DeleteFunc(slices.Clone(h.GetRoster()), func(id string) bool { return id == h.GetTierId() }))
+	m.NameTiers(slices.DeleteFunc(slices.Clone(h.GetRoster()), func(id string) bool { return id == h.GetTierId() }), h.GetFenced())
 	m.tiers.mu.Lock()
 	n := m.tiers.byID[h.GetTierId()]
 	if n == nil {
@@ -1027,6 +1027,9 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, []*pb.TierCommand, 
 	}
 	reported := make(map[string]struct{}, len(h.GetRecords()))
 	now := m.now()
+	// A fenced tier's records from before this master are stale: a
+	// master acknowledged puts and removes while it was away.
+	fence := m.tierFence(n.id)
 	var added, kept, dropped int
 	var drops []*pb.TierCommand
 	for _, r := range h.GetRecords() {
@@ -1041,6 +1044,9 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, []*pb.TierCommand, 
 		sh.mu.Lock()
 		o := sh.objects[r.GetKey()]
 		switch {
+		case r.GetVersion() < fence && !m.tiers.ours(r.GetVersion()):
+			drops = append(drops, &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: r.GetKey(), Version: r.GetVersion()})
+			dropped++
 		case o == nil && m.tiers.ours(r.GetVersion()) && !m.tiers.takeGivenUp(n.id, r.GetKey(), r.GetVersion()):
 			// Removed (or evicted) since: this master handed out that
 			// version, or restored every version from its op log.

@@ -944,6 +944,11 @@ type PingResponse struct {
 	// then waits for those tiers before acknowledging puts and removes.
 	RosterVersion uint64   `protobuf:"varint,6,opt,name=roster_version,json=rosterVersion,proto3" json:"roster_version,omitempty"`
 	TierRoster    []string `protobuf:"bytes,7,rep,name=tier_roster,json=tierRoster,proto3" json:"tier_roster,omitempty"`
+	// fenced_tiers: tiers that a master gave up waiting for (or on) while
+	// it acknowledged puts and removes: their records from before are
+	// stale wherever they come back, and are dropped then (with
+	// tier_roster, under the same version).
+	FencedTiers   []string `protobuf:"bytes,8,rep,name=fenced_tiers,json=fencedTiers,proto3" json:"fenced_tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1027,6 +1032,13 @@ func (x *PingResponse) GetTierRoster() []string {
 	return nil
 }
 
+func (x *PingResponse) GetFencedTiers() []string {
+	if x != nil {
+		return x.FencedTiers
+	}
+	return nil
+}
+
 type MountSegmentRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -1086,6 +1098,7 @@ type ReMountSegmentRequest struct {
 	// tier_roster: the disk tiers the previous master had (its last
 	// PingResponse.tier_roster), for a master restarted without HA.
 	TierRoster    []string `protobuf:"bytes,3,rep,name=tier_roster,json=tierRoster,proto3" json:"tier_roster,omitempty"`
+	FencedTiers   []string `protobuf:"bytes,4,rep,name=fenced_tiers,json=fencedTiers,proto3" json:"fenced_tiers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1137,6 +1150,13 @@ func (x *ReMountSegmentRequest) GetSegments() []*Segment {
 func (x *ReMountSegmentRequest) GetTierRoster() []string {
 	if x != nil {
 		return x.TierRoster
+	}
+	return nil
+}
+
+func (x *ReMountSegmentRequest) GetFencedTiers() []string {
+	if x != nil {
+		return x.FencedTiers
 	}
 	return nil
 }
@@ -2532,7 +2552,7 @@ const file_store_proto_rawDesc = "" +
 	"\n" +
 	"drops_seen\x18\x03 \x01(\x04R\tdropsSeen\x12\x1f\n" +
 	"\vroster_seen\x18\x04 \x01(\x04R\n" +
-	"rosterSeen\"\xa6\x02\n" +
+	"rosterSeen\"\xc9\x02\n" +
 	"\fPingResponse\x12!\n" +
 	"\fview_version\x18\x01 \x01(\x04R\vviewVersion\x12>\n" +
 	"\rclient_status\x18\x02 \x01(\x0e2\x19.mc.store.v1.ClientStatusR\fclientStatus\x12!\n" +
@@ -2541,15 +2561,17 @@ const file_store_proto_rawDesc = "" +
 	"\x11dropped_endpoints\x18\x05 \x03(\tR\x10droppedEndpoints\x12%\n" +
 	"\x0eroster_version\x18\x06 \x01(\x04R\rrosterVersion\x12\x1f\n" +
 	"\vtier_roster\x18\a \x03(\tR\n" +
-	"tierRoster\"u\n" +
+	"tierRoster\x12!\n" +
+	"\ffenced_tiers\x18\b \x03(\tR\vfencedTiers\"u\n" +
 	"\x13MountSegmentRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12.\n" +
-	"\asegment\x18\x02 \x01(\v2\x14.mc.store.v1.SegmentR\asegment\"\x9a\x01\n" +
+	"\asegment\x18\x02 \x01(\v2\x14.mc.store.v1.SegmentR\asegment\"\xbd\x01\n" +
 	"\x15ReMountSegmentRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x120\n" +
 	"\bsegments\x18\x02 \x03(\v2\x14.mc.store.v1.SegmentR\bsegments\x12\x1f\n" +
 	"\vtier_roster\x18\x03 \x03(\tR\n" +
-	"tierRoster\"G\n" +
+	"tierRoster\x12!\n" +
+	"\ffenced_tiers\x18\x04 \x03(\tR\vfencedTiers\"G\n" +
 	"\x16ReMountSegmentResponse\x12-\n" +
 	"\aresults\x18\x01 \x03(\v2\x13.mc.store.v1.ResultR\aresults\"y\n" +
 	"\x15UnmountSegmentRequest\x12.\n" +

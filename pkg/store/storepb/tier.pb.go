@@ -490,7 +490,9 @@ type TierHello struct {
 	// roster: the pool's disk tiers as the node last heard them from a
 	// master (PingResponse.tier_roster), kept in its tier directory, so a
 	// node restarted with its master (one process) still names them.
-	Roster        []string `protobuf:"bytes,10,rep,name=roster,proto3" json:"roster,omitempty"`
+	Roster []string `protobuf:"bytes,10,rep,name=roster,proto3" json:"roster,omitempty"`
+	// fenced: PingResponse.fenced_tiers as the node last heard them.
+	Fenced        []string `protobuf:"bytes,11,rep,name=fenced,proto3" json:"fenced,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -591,6 +593,13 @@ func (x *TierHello) GetDropAcks() bool {
 func (x *TierHello) GetRoster() []string {
 	if x != nil {
 		return x.Roster
+	}
+	return nil
+}
+
+func (x *TierHello) GetFenced() []string {
+	if x != nil {
+		return x.Fenced
 	}
 	return nil
 }
@@ -1272,7 +1281,7 @@ const file_tier_proto_rawDesc = "" +
 	"TierRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x04R\aversion\"\xf9\x02\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"\x91\x03\n" +
 	"\tTierHello\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x120\n" +
 	"\n" +
@@ -1285,7 +1294,8 @@ const file_tier_proto_rawDesc = "" +
 	"\x0fstaging_service\x18\b \x01(\tR\x0estagingService\x12\x1b\n" +
 	"\tdrop_acks\x18\t \x01(\bR\bdropAcks\x12\x16\n" +
 	"\x06roster\x18\n" +
-	" \x03(\tR\x06roster\"\x96\x04\n" +
+	" \x03(\tR\x06roster\x12\x16\n" +
+	"\x06fenced\x18\v \x03(\tR\x06fenced\"\x96\x04\n" +
 	"\tTierStats\x12\x1a\n" +
 	"\bcapacity\x18\x01 \x01(\x04R\bcapacity\x12\x12\n" +
 	"\x04used\x18\x02 \x01(\x04R\x04used\x12\x18\n" +

@@ -625,31 +625,44 @@ func DefaultCapacity(dir string) (uint64, error) {
 }
 
 // rosterName holds the pool's disk tiers as the node last heard them
-// from its master, one tier id per line (store's tierRoster): a node
-// restarted together with its master names them to the new one.
+// from its master, one tier id per line, a fenced one (its records from
+// before are stale) after a "!" (store's tierRoster): a node restarted
+// together with its master names them to the new one.
 const rosterName = "POOL_TIERS"
 
 // Roster returns the tier ids kept by SetRoster (none when the file is
-// missing or unreadable: a roster only makes a restarted master wait).
-func (t *Tier) Roster() []string {
+// missing or unreadable: a roster only makes a restarted master wait, or
+// drop a fenced tier's old records).
+func (t *Tier) Roster() (ids, fenced []string) {
 	b, err := os.ReadFile(filepath.Join(t.cfg.Dir, rosterName))
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	var ids []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if l = strings.TrimSpace(l); l != "" && len(l) <= 256 && len(ids) < 4096 {
-			ids = append(ids, l)
+		l = strings.TrimSpace(l)
+		id, isFenced := strings.CutPrefix(l, "!")
+		if id == "" || len(id) > 256 || len(ids)+len(fenced) >= 4096 {
+			continue
+		}
+		if isFenced {
+			fenced = append(fenced, id)
+		} else {
+			ids = append(ids, id)
 		}
 	}
-	return ids
+	return ids, fenced
 }
 
-// SetRoster keeps ids for Roster, replacing the file whole.
-func (t *Tier) SetRoster(ids []string) error {
+// SetRoster keeps ids and fenced for Roster, replacing the file whole.
+func (t *Tier) SetRoster(ids, fenced []string) error {
 	path := filepath.Join(t.cfg.Dir, rosterName)
 	var b strings.Builder
 	for _, id := range ids {
+		b.WriteString(id)
+		b.WriteByte('\n')
+	}
+	for _, id := range fenced {
+		b.WriteString("!")
 		b.WriteString(id)
 		b.WriteByte('\n')
 	}
