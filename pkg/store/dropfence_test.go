@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -118,5 +119,58 @@ func TestTierDropFenceOldNode(t *testing.T) {
 	}
 	if took := time.Since(start); took > 5*time.Second {
 		t.Fatalf("an upsert and remove on a node without drop answers took %s", took)
+	}
+}
+
+// TestTierOffloadDropFence: a remove of a key whose offload is under way
+// is acknowledged once the record the offload writes is dropped. Before,
+// the remove was answered at once and the record dropped after the
+// offload, unfenced: a master killed in between left it on disk, and the
+// next one re-added it (the soak: a get after an acknowledged remove
+// returned the removed version).
+func TestTierOffloadDropFence(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 20 * time.Second})
+	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	putRetry(t, cl, "k", value(100_000, 1))
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free()
+	store.SetTierOffloadHook(func(key string) {
+		if key == "k" {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+			<-release
+		}
+	})
+	defer store.SetTierOffloadHook(nil)
+	c.m.Evict(1 << 40)
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the offload did not start")
+	}
+	done := make(chan error, 1)
+	go func() { done <- cl.Remove(ctx, "k", false) }()
+	select {
+	case err := <-done:
+		t.Fatalf("remove answered (%v) while the key's offload is under way", err)
+	case <-time.After(time.Second):
+	}
+	free()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("remove: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("remove still waits after the offload ended")
+	}
+	if _, ok := tn.Tier().Lookup("k"); ok {
+		t.Fatal("remove acknowledged before the offloaded record was dropped")
 	}
 }

@@ -87,6 +87,16 @@ func SetTierDropHook(f func(key string) bool) {
 	dropHook.Store(&f)
 }
 
+// SetTierOffloadHook makes every TierNode call f before it writes an
+// OFFLOAD's record (nil: none).
+func SetTierOffloadHook(f func(key string)) {
+	if f == nil {
+		offloadHook.Store(nil)
+		return
+	}
+	offloadHook.Store(&f)
+}
+
 // SetTierDropAcks makes TierNodes attaching from now on answer DROPs
 // (true, the default) or not, as nodes before the answer did.
 func SetTierDropAcks(on bool) { dropAcksOff.Store(!on) }

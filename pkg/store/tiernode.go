@@ -494,10 +494,12 @@ func (n *TierNode) session() error {
 
 // Test hooks: dropHook, when set, is asked of each DROP and true loses
 // it; dropAcksOff makes the node one that does not answer DROPs (as
-// before TierHello.drop_acks).
+// before TierHello.drop_acks); offloadHook is called before each OFFLOAD
+// is written (a test holds one under way there).
 var (
 	dropHook    atomic.Pointer[func(key string) bool]
 	dropAcksOff atomic.Bool
+	offloadHook atomic.Pointer[func(key string)]
 )
 
 // do runs one OFFLOAD or LOAD against the segment's bytes.
@@ -510,6 +512,9 @@ func (n *TierNode) do(ctx context.Context, cmd *pb.TierCommand) *pb.TierResult {
 	}
 	if cmd.GetKind() == pb.TierCommand_STAGE {
 		return n.stageForMaster(ctx, cmd, res, fail)
+	}
+	if h := offloadHook.Load(); h != nil && cmd.GetKind() == pb.TierCommand_OFFLOAD {
+		(*h)(cmd.GetKey())
 	}
 	// The segment as it is now, held registered while the bytes move: a
 	// command the master sent for memory since renewed falls outside it

@@ -71,6 +71,10 @@ type objTier struct {
 	// that reads are granted now (nil: none).
 	stage   *stagedCopy
 	loading *tierOp // a LOAD into the staging pool (or the segment) under way
+	// dropOp fences the record an offload under way is writing, of an
+	// object removed or replaced meanwhile: its DROP follows the
+	// offload (offloadDone), and the remove or put waits for it.
+	dropOp *tierOp
 	// promoted: the DRAM replicas were just loaded from disk by a
 	// promotion; the first read of them is the disk hit that did it.
 	promoted bool
@@ -480,7 +484,19 @@ func (m *Master) releaseLocked(o *Object) {
 // the node reported it: a get after an acknowledged upsert returned the
 // version before (two restarts in a row; TestTierDropFence). With HA the
 // op log is the fence: the next leader knows every version's fate.
+//
+// An offload under way is writing a record the caller does not see yet:
+// without HA its DROP is fenced too, sent when the offload ends. Before,
+// a remove acknowledged meanwhile left that record to be dropped after
+// the offload, unfenced, and a master killed in between left it on disk
+// for the next one to re-add (the soak: a get after an acknowledged
+// remove returned the removed version; TestTierOffloadDropFence).
 func (m *Master) dropDiskLocked(o *Object) {
+	if o.tier != nil && o.tier.offloading && o.tier.dropOp == nil && !m.tiers.all.Load() {
+		op := &tierOp{id: m.tiers.nextOp.Add(1), kind: pb.TierCommand_DROP, key: o.key, version: o.tier.version, done: make(chan struct{})}
+		m.tiers.addDrop(op)
+		o.tier.dropOp = op
+	}
 	if !o.onDisk() {
 		return
 	}
@@ -620,10 +636,26 @@ func (m *Master) offloadDone(n *tierNode, op *tierOp, err error) {
 	o := sh.objects[op.key]
 	if o != op.obj || o.tier == nil || !o.tier.offloading || o.tier.version != op.version {
 		// Removed (or replaced) while the node wrote it: the ranges were
-		// left for us to free, and the record is nobody's.
+		// left for us to free, and the record is nobody's. The remove or
+		// put that did it waits for its DROP (dropDiskLocked).
 		m.space.free(op.refs, op.size)
+		var fence *tierOp
+		if t := op.obj.tier; t != nil && t.dropOp != nil && t.dropOp.version == op.version {
+			fence, t.dropOp = t.dropOp, nil
+		}
 		if err == nil {
-			n.enqueue(&pb.TierCommand{Kind: pb.TierCommand_DROP, Key: op.key, Version: op.version}, nil)
+			cmd := &pb.TierCommand{Kind: pb.TierCommand_DROP, Key: op.key, Version: op.version}
+			if fence != nil && n.dropAcks.Load() {
+				cmd.Op = fence.id
+				if !n.enqueue(cmd, fence) {
+					m.tiers.dropDone(fence, errDetached)
+				}
+				return
+			}
+			n.enqueue(cmd, nil)
+		}
+		if fence != nil {
+			m.tiers.dropDone(fence, err)
 		}
 		return
 	}
