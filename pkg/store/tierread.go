@@ -82,11 +82,18 @@ func (n *TierNode) stageRecords(ctx context.Context, keys []string, versions, si
 		switch {
 		case errors.Is(err, tier.ErrNotFound):
 			err = Errorf(ObjectNotFound, "key %q version %d is not on the disk of this node (tier %s): %v", key, versions[i], n.t.ID(), err)
-		case err != nil:
+		case errors.Is(err, tier.ErrDropped):
 			// The tier dropped the record: the master learns it as
 			// the master path's load failure would tell it.
 			n.reportUnreadable(key, versions[i], sizes[i])
 			err = Errorf(InvalidReplica, "key %q: its disk copy on this node (tier %s) could not be read: %v", key, n.t.ID(), err)
+		case err != nil:
+			// The record is as it was (the reader's deadline passed
+			// waiting for a turn, the tier closing): telling the master
+			// it is gone made it forget a record still on disk, which
+			// came back after a restart over a newer put of the key
+			// (the soak: a node SIGSTOPped past its readers' deadlines).
+			err = Errorf(RPCTimeout, "key %q: its disk copy on this node (tier %s) was not read: %v", key, n.t.ID(), err)
 		case rec.Size != sizes[i]:
 			err = Errorf(ObjectNotFound, "key %q version %d: the record on disk has %d bytes, not %d", key, versions[i], rec.Size, sizes[i])
 		}

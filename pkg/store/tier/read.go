@@ -417,5 +417,5 @@ func (t *Tier) readFailed(e *entry, err error) error {
 	t.mu.Unlock()
 	t.deleteFiles(dead)
 	t.log.Warn(fmt.Sprintf("disk tier %s: record %q version %d: %v: dropped, it will not be served", t.cfg.Dir, e.Key, e.Version, err))
-	return fmt.Errorf("disk tier read %q: %w", e.Key, err)
+	return fmt.Errorf("disk tier read %q: %w (%w)", e.Key, err, ErrDropped)
 }

@@ -73,6 +73,11 @@ var (
 	ErrLocked = errors.New("directory in use by another node")
 	// ErrClosed: the tier was closed.
 	ErrClosed = errors.New("disk tier closed")
+	// ErrDropped: a read failed on the record itself (corrupt, an I/O
+	// error) and the record has been dropped from the tier. A read that
+	// failed otherwise (its context ended waiting for a turn, the tier
+	// closed) left the record as it was.
+	ErrDropped = errors.New("record dropped")
 )
 
 // Config configures a Tier.

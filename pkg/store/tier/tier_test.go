@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -783,5 +784,37 @@ func TestReadProgress(t *testing.T) {
 				t.Fatal("the corrupt record is still in the index")
 			}
 		})
+	}
+}
+
+// A read that fails on the record (corrupt) drops it and says so
+// (ErrDropped); one that fails otherwise (its context ended waiting for
+// a turn) leaves the record and must not say so: a node that reported
+// such a record gone made the master forget a record still on disk,
+// which a master restarted later re-added over a newer put of the key.
+func TestReadErrDropped(t *testing.T) {
+	tr := open(t, Config{Dir: t.TempDir(), Capacity: 64 << 20, IOConcurrency: 1})
+	mustWrite(t, tr, "k", 1, 10_000)
+	for range cap(tr.sem) {
+		tr.sem <- struct{}{} // every turn taken
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := tr.Read(ctx, "k", 1, make([]byte, 10_000))
+	if err == nil || errors.Is(err, ErrDropped) {
+		t.Fatalf("read with no turn before its deadline: %v, want an error that is not ErrDropped", err)
+	}
+	for range cap(tr.sem) {
+		<-tr.sem
+	}
+	if _, ok := tr.Lookup("k"); !ok {
+		t.Fatal("a read that timed out waiting for a turn dropped the record")
+	}
+	tr.mu.Lock()
+	e := tr.index["k"]
+	tr.mu.Unlock()
+	flip(t, e.file.path, int64(e.off+e.valueOff())+5)
+	if _, err := tr.Read(context.Background(), "k", 1, make([]byte, 10_000)); !errors.Is(err, ErrDropped) || !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("read of a corrupt record: %v, want ErrCorrupt and ErrDropped", err)
 	}
 }
