@@ -493,9 +493,7 @@ func (m *Master) releaseLocked(o *Object) {
 // remove returned the removed version; TestTierOffloadDropFence).
 func (m *Master) dropDiskLocked(o *Object) {
 	if o.tier != nil && o.tier.offloading && o.tier.dropOp == nil && !m.tiers.all.Load() {
-		op := &tierOp{id: m.tiers.nextOp.Add(1), kind: pb.TierCommand_DROP, key: o.key, version: o.tier.version, done: make(chan struct{})}
-		m.tiers.addDrop(op)
-		o.tier.dropOp = op
+		o.tier.dropOp = m.tiers.addDrop(o.key, o.tier.version)
 	}
 	if !o.onDisk() {
 		return
@@ -512,20 +510,22 @@ func (m *Master) dropDiskLocked(o *Object) {
 		n.enqueue(cmd, nil)
 		return
 	}
-	op := &tierOp{id: m.tiers.nextOp.Add(1), kind: pb.TierCommand_DROP, key: o.key, version: o.tier.version, done: make(chan struct{})}
+	op := m.tiers.addDrop(o.key, o.tier.version)
 	cmd.Op = op.id
-	m.tiers.addDrop(op)
 	if !n.enqueue(cmd, op) {
 		m.tiers.dropDone(op, errDetached)
 	}
 }
 
-// addDrop registers op as unconfirmed.
-func (t *tiers) addDrop(op *tierOp) {
+// addDrop registers a DROP of key's record of version as unconfirmed
+// and returns its op, for the command that carries it.
+func (t *tiers) addDrop(key string, version uint64) *tierOp {
+	op := &tierOp{id: t.nextOp.Add(1), kind: pb.TierCommand_DROP, key: key, version: version, done: make(chan struct{})}
 	t.dropMu.Lock()
 	t.drops[op.key] = append(t.drops[op.key], op)
 	t.nDrops.Add(1)
 	t.dropMu.Unlock()
+	return op
 }
 
 // dropDone ends op: confirmed by its node (err nil), or failed with its
@@ -1124,9 +1124,8 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, []*pb.TierCommand, 
 	if n.dropAcks.Load() && !m.tiers.all.Load() {
 		n.mu.Lock()
 		for _, d := range drops {
-			op := &tierOp{id: m.tiers.nextOp.Add(1), kind: pb.TierCommand_DROP, key: d.Key, version: d.Version, done: make(chan struct{})}
+			op := m.tiers.addDrop(d.Key, d.Version)
 			d.Op = op.id
-			m.tiers.addDrop(op)
 			n.pending[op.id] = op
 		}
 		n.mu.Unlock()
