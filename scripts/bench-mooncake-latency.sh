@@ -15,6 +15,8 @@
 #   mc         mc serve store (master and segment in one process, the default)
 #   mc-2proc   mc serve store --segment-size 0 + an mc node
 #   mc-moonseg mc's master (--segment-size 0) + a mooncake_client segment
+#
+# MC_LATENCY_POOLS="mooncake mc" runs only the pools named.
 set -uo pipefail
 BUILD=${1:?usage: bench-mooncake-latency.sh BUILD_DIR [MC] [ROUNDS]}
 MC=${2:-bin/mc}
@@ -116,7 +118,7 @@ pool() { # name round: starts the pool, runs the client, stops the pool
 	stop_all
 }
 
-POOLS=(mooncake mc mc-2proc mc-moonseg)
+read -ra POOLS <<<"${MC_LATENCY_POOLS:-mooncake mc mc-2proc mc-moonseg}"
 # Each round starts one pool later, so that no pool always follows the
 # same one (the memory the previous pool freed is cheaper to fault in).
 for r in $(seq "$ROUNDS"); do

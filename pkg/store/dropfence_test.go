@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -172,5 +173,108 @@ func TestTierOffloadDropFence(t *testing.T) {
 	}
 	if _, ok := tn.Tier().Lookup("k"); ok {
 		t.Fatal("remove acknowledged before the offloaded record was dropped")
+	}
+}
+
+// TestTierSlowDropFenced: a node that does not confirm a DROP within the
+// drop fence (stalled, or its answer lost) no longer leaves the call's
+// acknowledgement unguarded. Before, the remove was acknowledged after
+// the fence with the record still on disk, and a master restarted
+// without HA before the node applied the DROP re-added the record when
+// the node attached again: a get after an acknowledged remove returned
+// the removed object. Now the master fences the node's tier in the pool's
+// roster before it acknowledges (and waits for a node to hold that
+// roster), so the next master drops the tier's records from before.
+func TestTierSlowDropFenced(t *testing.T) {
+	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 300 * time.Millisecond}
+	c := startMaster(t, cfg)
+	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	old := map[string][]byte{"removed": value(90_000, 2)}
+	offloadAll(t, c, cl, old)
+	id := tn.Tier().ID()
+	d := c.client(16 << 20) // no tier: it carries the roster to the next master
+	waitFor(t, "the node without a tier to hear the roster", 10*time.Second, func() bool { return slices.Contains(store.TierRoster(d), id) })
+
+	store.SetTierDropHook(func(key string) bool { return key == "removed" })
+	defer store.SetTierDropHook(nil)
+	if err := cl.Remove(ctx, "removed", false); err != nil {
+		t.Fatalf("remove with its DROP unconfirmed: %v, want acknowledged after the fence", err)
+	}
+	if _, _, fenced := c.m.Roster(0); !hasFence(fenced, id) {
+		t.Errorf("remove acknowledged with its DROP unconfirmed, and tier %s not fenced (roster fences %v)", id, fenced)
+	}
+	if !hasFence(store.FencedTiers(d), id) && !hasFence(store.FencedTiers(cl), id) {
+		t.Error("remove acknowledged before any node held the roster fencing the slow tier")
+	}
+	if _, ok := tn.Tier().Lookup("removed"); !ok {
+		t.Fatal("the node applied a DROP the test withheld")
+	}
+
+	// The master dies before the node applies the DROP; the node and
+	// its record outlive it.
+	addr := c.addr
+	c.stop()
+	store.SetTierDropHook(nil)
+	c2 := startMasterOn(t, addr, cfg)
+	waitFor(t, "the tier to attach to the next master", 20*time.Second, func() bool {
+		ts := c2.m.Tiers()
+		return len(ts) == 1 && ts[0].Online
+	})
+	waitFor(t, "the client to reach the next master", 10*time.Second, func() bool {
+		_, err := cl.Exist(ctx, "removed")
+		return err == nil
+	})
+	if got, err := cl.Get(ctx, "removed"); err == nil {
+		t.Fatalf("get after an acknowledged remove returned %d bytes (equal to the removed %v)", len(got), bytes.Equal(got, old["removed"]))
+	}
+	waitFor(t, "the fenced tier to drop its old record", 20*time.Second, func() bool {
+		_, ok := tn.Tier().Lookup("removed")
+		return !ok
+	})
+}
+
+// TestTierSlowDropFenceLifted: the fence of a tier that was only slow is
+// lifted once it confirms the DROPs, so a later restart keeps its
+// records; and a DROP confirmed within the fence fences nothing.
+func TestTierSlowDropFenceLifted(t *testing.T) {
+	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 300 * time.Millisecond}
+	c := startMaster(t, cfg)
+	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	offloadAll(t, c, cl, map[string][]byte{"slow": value(50_000, 1), "quick": value(50_000, 2)})
+	id := tn.Tier().ID()
+	release := make(chan struct{})
+	var once sync.Once
+	unstall := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unstall) // before the cluster's own cleanup, whatever fails
+	store.SetTierDropHook(func(key string) bool {
+		if key == "slow" {
+			<-release // the node stalls on it
+		}
+		return false
+	})
+	defer store.SetTierDropHook(nil)
+	if err := cl.Remove(ctx, "slow", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, fenced := c.m.Roster(0); !hasFence(fenced, id) {
+		t.Fatalf("tier %s not fenced after its DROP outlived the fence (roster fences %v)", id, fenced)
+	}
+	unstall()
+	waitFor(t, "the fence to be lifted once the DROP is confirmed", 10*time.Second, func() bool {
+		_, _, fenced := c.m.Roster(0)
+		return !hasFence(fenced, id)
+	})
+	if err := cl.Remove(ctx, "quick", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, fenced := c.m.Roster(0); hasFence(fenced, id) {
+		t.Fatal("a DROP confirmed within the fence fenced its tier")
+	}
+	if got := gauge(t, c.m, "mc_store_tier_drop_fence_timeouts_total"); got != 1 {
+		t.Fatalf("mc_store_tier_drop_fence_timeouts_total %v, want 1", got)
 	}
 }

@@ -350,6 +350,7 @@ func New(cfg Config) (*Master, error) {
 	m.era.seed = maphash.MakeSeed()
 	m.era.end.Store(m.now() + 3*m.cfg.ClientTTL.Nanoseconds())
 	m.roster.init(m.now())
+	m.tiers.onDropDone = m.slowDropDone
 	for i := range m.shards {
 		m.shards[i].objects = make(map[string]*Object)
 		m.shards[i].ledger = m.tenants

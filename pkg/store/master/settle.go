@@ -68,10 +68,31 @@ type roster struct {
 	timeouts atomic.Uint64
 	// nFenced mirrors len(fenced) for attach's fast path.
 	nFenced atomic.Int64
+	// slow: tiers fenced because DROPs to them were not confirmed within
+	// the drop fence (fenceSlow), lifted once those are.
+	slow map[string]*slowFence
+	// start is the roster's first version; seen the highest version of
+	// this master's rosters a node said it holds, seenWake closed when
+	// it rises.
+	start, seen uint64
+	seenWake    chan struct{}
+}
+
+// slowFence is a tier fenced for DROPs not confirmed in time: v the
+// fence's version, prev the tier's fence before it (0: none), ops the
+// DROPs still unconfirmed; failed: one ended unapplied (the node's
+// stream ended), so the fence stays until the tier attaches again.
+type slowFence struct {
+	v, prev uint64
+	ops     map[*tierOp]struct{}
+	failed  bool
 }
 
 func (r *roster) init(now int64) {
 	r.version = uint64(now)
+	r.start = r.version
+	r.slow = make(map[string]*slowFence)
+	r.seenWake = make(chan struct{})
 	r.ids = make(map[string]struct{})
 	r.fenced = make(map[string]uint64)
 	r.waiting = make(map[string]struct{})
@@ -102,6 +123,13 @@ func (m *Master) Roster(seen uint64) (version uint64, ids, fenced []string) {
 	r := &m.roster
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if seen > r.seen && seen >= r.start && seen <= r.version {
+		// A node holds this master's roster of that version: fences in
+		// it reach the next master through the node (fenceSlow).
+		r.seen = seen
+		close(r.seenWake)
+		r.seenWake = make(chan struct{})
+	}
 	if seen == r.version {
 		return r.version, nil, nil
 	}
@@ -259,6 +287,7 @@ func (m *Master) tierJoined(id string) {
 	r := &m.roster
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	delete(r.slow, id)
 	if _, ok := r.fenced[id]; ok {
 		delete(r.fenced, id)
 		r.nFenced.Store(int64(len(r.fenced)))
@@ -367,4 +396,122 @@ func (m *Master) settleBound() time.Duration {
 		return m.cfg.TierSettle
 	}
 	return DefaultTierSettle
+}
+
+// fenceSlow is called when the drop fence passed with some of ops (the
+// DROPs a put or remove waits for; late the first one not confirmed)
+// still unconfirmed. Without HA, each such DROP's tier is fenced in the
+// roster as of now, as a tier given up on is: a master restarted before
+// the node applies the DROP, which knows nothing of the put or remove,
+// then drops the tier's records from before instead of re-adding the old
+// record (before, the call was acknowledged with the record left to come
+// back). The fence is lifted once the tier confirms those DROPs; it costs
+// the tier's older records only if the master restarts meanwhile. The
+// call then waits, at most bound more, until a node says it holds the
+// roster with the fence (its next ping), so that the next master hears
+// of it.
+func (m *Master) fenceSlow(ops []*tierOp, bound time.Duration, late *tierOp) {
+	if m.tiers.all.Load() {
+		m.log.Warn(fmt.Sprintf("disk tier: the DROP of %q (version %d) is not confirmed after %s: acknowledging (the op log keeps the call for the next leader)", late.key, late.version, bound))
+		return
+	}
+	r := &m.roster
+	r.mu.Lock()
+	var fenced []string
+	for _, op := range ops {
+		select {
+		case <-op.done:
+			continue
+		default:
+		}
+		if op.tier == "" {
+			continue
+		}
+		sf := r.slow[op.tier]
+		if sf == nil {
+			sf = &slowFence{prev: r.fenced[op.tier], ops: make(map[*tierOp]struct{})}
+			r.slow[op.tier] = sf
+		}
+		if _, ok := sf.ops[op]; ok {
+			continue // fenced for it already (another call waits on it too)
+		}
+		if len(sf.ops) == 0 {
+			fenced = append(fenced, op.tier)
+		}
+		sf.ops[op] = struct{}{}
+	}
+	if len(fenced) > 0 {
+		v := m.fenceVersion()
+		for _, id := range fenced {
+			r.slow[id].v = v
+			r.fenceLocked(id, v)
+		}
+	}
+	want, wake := r.version, r.seenWake
+	announced := r.seen >= want
+	r.mu.Unlock()
+	if len(fenced) > 0 {
+		m.log.Warn(fmt.Sprintf("disk tier: the DROP of %q (version %d) is not confirmed after %s: tier %s fenced until it confirms (a master restarted meanwhile drops its records from before)", late.key, late.version, bound, strings.Join(fenced, ", ")))
+	}
+	if announced {
+		return
+	}
+	timer := time.NewTimer(bound)
+	defer timer.Stop()
+	for {
+		select {
+		case <-wake:
+		case <-timer.C:
+			m.tiers.fenceUnannounced.Add(1)
+			m.log.Warn(fmt.Sprintf("disk tier: no node reported the roster fencing the tiers of unconfirmed DROPs within %s: acknowledging anyway; without HA, a master restarted before a node hears it may serve %q version %d again", bound, late.key, late.version))
+			return
+		case <-m.done:
+			return
+		}
+		r.mu.Lock()
+		announced, wake = r.seen >= want, r.seenWake
+		r.mu.Unlock()
+		if announced {
+			return
+		}
+	}
+}
+
+// slowDropDone lifts a slow fence (fenceSlow) once its tier has
+// confirmed every DROP it was fenced for; one that ended unapplied keeps
+// it until the tier attaches again (tierJoined), when this master judges
+// its records itself.
+func (m *Master) slowDropDone(op *tierOp, err error) {
+	if op.tier == "" {
+		return
+	}
+	r := &m.roster
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sf := r.slow[op.tier]
+	if sf == nil {
+		return
+	}
+	if _, ok := sf.ops[op]; !ok {
+		return
+	}
+	delete(sf.ops, op)
+	if err != nil {
+		sf.failed = true
+	}
+	if len(sf.ops) > 0 {
+		return
+	}
+	delete(r.slow, op.tier)
+	if sf.failed || r.fenced[op.tier] != sf.v {
+		return // fenced since for another reason, or still to be judged
+	}
+	if sf.prev == 0 {
+		delete(r.fenced, op.tier)
+	} else {
+		r.fenced[op.tier] = sf.prev
+	}
+	r.nFenced.Store(int64(len(r.fenced)))
+	r.version++
+	m.log.Info(fmt.Sprintf("disk tier %s confirmed the DROPs it was fenced for: fence lifted", op.tier))
 }

@@ -133,11 +133,13 @@ type tierOp struct {
 	kind    pb.TierCommand_Kind
 	key     string
 	version uint64
-	obj     *Object
-	refs    []replicaRef // the ranges the node reads (offload) or writes (load)
-	size    uint64
-	done    chan struct{} // closed when err is set
-	err     error
+	// tier is a DROP's tier id ("" when not known).
+	tier string
+	obj  *Object
+	refs []replicaRef // the ranges the node reads (offload) or writes (load)
+	size uint64
+	done chan struct{} // closed when err is set
+	err  error
 	// LOAD: into the segment, to stay as a DRAM replica (promote); or
 	// STAGE: into the node's staging pool, which answered where
 	// (stageAddr) and by which id to release it (staged; gen: the
@@ -201,7 +203,9 @@ type tiers struct {
 	diskHitBytes                                       atomic.Uint64
 	diskEvicted                                        atomic.Uint64
 	stagedReleased, stagedReclaimed                    atomic.Uint64
-	fenceTimeouts                                      atomic.Uint64
+	fenceTimeouts, fenceUnannounced                    atomic.Uint64
+	// onDropDone is told of each DROP ended (the roster's slow fences).
+	onDropDone func(op *tierOp, err error)
 }
 
 // stagedCopy is a disk record read into its node's staging pool for
@@ -493,7 +497,11 @@ func (m *Master) releaseLocked(o *Object) {
 // remove returned the removed version; TestTierOffloadDropFence).
 func (m *Master) dropDiskLocked(o *Object) {
 	if o.tier != nil && o.tier.offloading && o.tier.dropOp == nil && !m.tiers.all.Load() {
-		o.tier.dropOp = m.tiers.addDrop(o.key, o.tier.version)
+		var id string
+		if o.tier.node != nil {
+			id = o.tier.node.id
+		}
+		o.tier.dropOp = m.tiers.addDrop(o.key, o.tier.version, id)
 	}
 	if !o.onDisk() {
 		return
@@ -510,17 +518,17 @@ func (m *Master) dropDiskLocked(o *Object) {
 		n.enqueue(cmd, nil)
 		return
 	}
-	op := m.tiers.addDrop(o.key, o.tier.version)
+	op := m.tiers.addDrop(o.key, o.tier.version, n.id)
 	cmd.Op = op.id
 	if !n.enqueue(cmd, op) {
 		m.tiers.dropDone(op, errDetached)
 	}
 }
 
-// addDrop registers a DROP of key's record of version as unconfirmed
-// and returns its op, for the command that carries it.
-func (t *tiers) addDrop(key string, version uint64) *tierOp {
-	op := &tierOp{id: t.nextOp.Add(1), kind: pb.TierCommand_DROP, key: key, version: version, done: make(chan struct{})}
+// addDrop registers a DROP of key's record of version on tier id as
+// unconfirmed and returns its op, for the command that carries it.
+func (t *tiers) addDrop(key string, version uint64, tier string) *tierOp {
+	op := &tierOp{id: t.nextOp.Add(1), kind: pb.TierCommand_DROP, key: key, version: version, tier: tier, done: make(chan struct{})}
 	t.dropMu.Lock()
 	t.drops[op.key] = append(t.drops[op.key], op)
 	t.nDrops.Add(1)
@@ -549,6 +557,9 @@ func (t *tiers) dropDone(op *tierOp, err error) {
 	t.dropMu.Unlock()
 	op.err = err
 	close(op.done)
+	if f := t.onDropDone; f != nil {
+		f(op, err)
+	}
 }
 
 // unconfirmed returns the DROPs of keys not confirmed yet (all of them
@@ -609,7 +620,7 @@ func (m *Master) fenceDrops(keys []string, out []error) {
 			return
 		case <-timer.C:
 			m.tiers.fenceTimeouts.Add(1)
-			m.log.Warn(fmt.Sprintf("disk tier: the DROP of %q (version %d) is not confirmed after %s: acknowledging anyway; without HA, a master restarted before the node applies it may serve that old record again", op.key, op.version, bound))
+			m.fenceSlow(ops, bound, op)
 			return
 		}
 	}
@@ -1124,7 +1135,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, []*pb.TierCommand, 
 	if n.dropAcks.Load() && !m.tiers.all.Load() {
 		n.mu.Lock()
 		for _, d := range drops {
-			op := m.tiers.addDrop(d.Key, d.Version)
+			op := m.tiers.addDrop(d.Key, d.Version, n.id)
 			d.Op = op.id
 			n.pending[op.id] = op
 		}

@@ -45,7 +45,8 @@ func registerTierMetrics(m *Master, r *prometheus.Registry) {
 	}
 	counter("mc_store_tier_promotions_total", "disk objects promoted back into DRAM", t.promotions.Load)
 	counter("mc_store_tier_load_failures_total", "disk reads that failed (the disk replica was dropped)", t.loadFailures.Load)
-	counter("mc_store_tier_drop_fence_timeouts_total", "puts and removes acknowledged though a node had not confirmed dropping the key's old disk record within the fence (without HA, a master restarted before the node applies the drop may serve that record again)", t.fenceTimeouts.Load)
+	counter("mc_store_tier_drop_fence_timeouts_total", "puts and removes whose node had not confirmed dropping the key's old disk record within the drop fence: without HA the node's tier is then fenced in the roster until it confirms", t.fenceTimeouts.Load)
+	counter("mc_store_tier_drop_fence_unannounced_total", "puts and removes acknowledged after a drop fence timeout before any node reported holding the roster that fences the slow tier (without HA, a master restarted before a node hears it may serve the old record again)", t.fenceUnannounced.Load)
 	counter("mc_store_tier_settle_timeouts_total", "restarts without HA after which a disk tier that returning nodes named did not attach within the settle bound (puts and removes were then acknowledged without it)", m.roster.timeouts.Load)
 	gauge("mc_store_tier_offload_inflight_bytes", "DRAM bytes being written to disk tiers", func() float64 { return float64(max(t.inflight.Load(), 0)) })
 	// The staging pools are the nodes': their counts as last reported,
