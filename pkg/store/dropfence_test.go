@@ -278,3 +278,37 @@ func TestTierSlowDropFenceLifted(t *testing.T) {
 		t.Fatalf("mc_store_tier_drop_fence_timeouts_total %v, want 1", got)
 	}
 }
+
+// TestTierSlowDropFenceMasterStops: a master that stops while a call
+// waits for a node to hear of the slow tier's fence does not acknowledge
+// the call: the next master may not know of the fence.
+func TestTierSlowDropFenceMasterStops(t *testing.T) {
+	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 200 * time.Millisecond}
+	c := startMaster(t, cfg)
+	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	offloadAll(t, c, cl, map[string][]byte{"k": value(50_000, 1)})
+	id := tn.Tier().ID()
+	store.SetTierDropHook(func(key string) bool { return key == "k" })
+	defer store.SetTierDropHook(nil)
+	done := make(chan error, 1)
+	go func() { done <- cl.Remove(ctx, "k", false) }()
+	// A node reports the new roster in the ping after the one that
+	// brought it, a ping interval (1 s) after the fence at the least.
+	waitFor(t, "the slow tier to be fenced", 5*time.Second, func() bool {
+		_, _, fenced := c.m.Roster(0)
+		return hasFence(fenced, id)
+	})
+	c.m.Close()
+	c.stop()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("remove acknowledged by a master that stopped before any node heard of the fence")
+		}
+		t.Logf("remove: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the remove still waits after its master stopped")
+	}
+}

@@ -409,11 +409,12 @@ func (m *Master) settleBound() time.Duration {
 // the tier's older records only if the master restarts meanwhile. The
 // call then waits, at most bound more, until a node says it holds the
 // roster with the fence (its next ping), so that the next master hears
-// of it.
-func (m *Master) fenceSlow(ops []*tierOp, bound time.Duration, late *tierOp) {
+// of it. It returns false when the master stopped meanwhile: the call
+// must not be acknowledged.
+func (m *Master) fenceSlow(ops []*tierOp, bound time.Duration, late *tierOp) bool {
 	if m.tiers.all.Load() {
 		m.log.Warn(fmt.Sprintf("disk tier: the DROP of %q (version %d) is not confirmed after %s: acknowledging (the op log keeps the call for the next leader)", late.key, late.version, bound))
-		return
+		return true
 	}
 	r := &m.roster
 	r.mu.Lock()
@@ -454,7 +455,7 @@ func (m *Master) fenceSlow(ops []*tierOp, bound time.Duration, late *tierOp) {
 		m.log.Warn(fmt.Sprintf("disk tier: the DROP of %q (version %d) is not confirmed after %s: tier %s fenced until it confirms (a master restarted meanwhile drops its records from before)", late.key, late.version, bound, strings.Join(fenced, ", ")))
 	}
 	if announced {
-		return
+		return true
 	}
 	timer := time.NewTimer(bound)
 	defer timer.Stop()
@@ -464,15 +465,15 @@ func (m *Master) fenceSlow(ops []*tierOp, bound time.Duration, late *tierOp) {
 		case <-timer.C:
 			m.tiers.fenceUnannounced.Add(1)
 			m.log.Warn(fmt.Sprintf("disk tier: no node reported the roster fencing the tiers of unconfirmed DROPs within %s: acknowledging anyway; without HA, a master restarted before a node hears it may serve %q version %d again", bound, late.key, late.version))
-			return
+			return true
 		case <-m.done:
-			return
+			return false
 		}
 		r.mu.Lock()
 		announced, wake = r.seen >= want, r.seenWake
 		r.mu.Unlock()
 		if announced {
-			return
+			return true
 		}
 	}
 }
