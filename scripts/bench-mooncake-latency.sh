@@ -119,6 +119,12 @@ pool() { # name round: starts the pool, runs the client, stops the pool
 }
 
 read -ra POOLS <<<"${MC_LATENCY_POOLS:-mooncake mc mc-2proc mc-moonseg}"
+for p in "${POOLS[@]}"; do
+	case $p in mooncake | mc | mc-2proc | mc-moonseg) ;;
+	*) echo "MC_LATENCY_POOLS: no pool \"$p\" (mooncake, mc, mc-2proc, mc-moonseg)"; exit 1;;
+	esac
+done
+[ ${#POOLS[@]} -gt 0 ] || { echo "MC_LATENCY_POOLS names no pool"; exit 1; }
 # Each round starts one pool later, so that no pool always follows the
 # same one (the memory the previous pool freed is cheaper to fault in).
 for r in $(seq "$ROUNDS"); do
@@ -153,7 +159,7 @@ for p in pools:
     for i, r in enumerate(res[p]):
         print("  %s round %d: %s" % (p, i + 1, ", ".join(("%.0f" if "us" in c[2] else "%.2f") % r[c[0]][c[1]] for c in cols)))
 if "mooncake" in med:
-    for p in pools[1:]:
+    for p in [q for q in pools if q != "mooncake"]:
         if p in med:
             print("%s / mooncake: " % p + ", ".join("%s %.2fx" % (c[2], med[p][c[2]] / med["mooncake"][c[2]]) for c in cols))
 EOF
