@@ -123,7 +123,9 @@ type Config struct {
 	StagingTTL time.Duration
 	// DropFence bounds how long, without HA, a put or remove of a key
 	// waits for its node to confirm dropping the key's old disk record
-	// (default DefaultDropFence; see dropDiskLocked).
+	// (default DefaultDropFence; see dropDiskLocked), and then, the node
+	// fenced, for another node to hold the roster that says so
+	// (fenceSlow).
 	DropFence time.Duration
 	// TierSettle bounds how long, without HA, a restarted master holds
 	// puts and removes for the disk tiers returning nodes say the pool

@@ -589,8 +589,9 @@ const DefaultDropFence = 2 * time.Second
 
 // fenceDrops waits until every DROP of keys (nil: of any key) is
 // confirmed by its node or failed with the node's stream, at most the
-// configured bound; a node that does not answer by then is named in a
-// warning and the caller goes on. A master closed meanwhile fails the
+// configured bound; a node that does not answer by then has its tier
+// fenced (fenceSlow) and the caller goes on once a node holds the roster
+// that says so, or the bound passes again. A master closed meanwhile fails the
 // calls still unanswered (out, when given: one per key): their DROPs may
 // never be applied, so they must not be acknowledged.
 //
