@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -311,4 +313,71 @@ func TestTierSlowDropFenceMasterStops(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the remove still waits after its master stopped")
 	}
+}
+
+// TestTierSlowDropRefenced: a second slow DROP on a tier already fenced
+// for one, of a record written after that fence, moves the fence past
+// it: a fence left where it was would let the next master re-add that
+// record.
+func TestTierSlowDropRefenced(t *testing.T) {
+	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 300 * time.Millisecond}
+	c := startMaster(t, cfg)
+	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	offloadAll(t, c, cl, map[string][]byte{"a": value(50_000, 1)})
+	id := tn.Tier().ID()
+	// The client carries the roster to the next master (the tier's node
+	// holds every segment, so that b is offloaded to it too).
+	waitFor(t, "the client to hear the roster", 10*time.Second, func() bool { return slices.Contains(store.TierRoster(cl), id) })
+	store.SetTierDropHook(func(key string) bool { return key == "a" || key == "b" })
+	defer store.SetTierDropHook(nil)
+	if err := cl.Remove(ctx, "a", false); err != nil {
+		t.Fatal(err)
+	}
+	first := fenceOf(t, c.m, id)
+	old := value(50_000, 2)
+	offloadAll(t, c, cl, map[string][]byte{"b": old})
+	rec, ok := tn.Tier().Lookup("b")
+	if !ok || rec.Version <= first {
+		t.Fatalf("record b (%v, version %d) not written after the first fence at %d", ok, rec.Version, first)
+	}
+	if err := cl.Remove(ctx, "b", false); err != nil {
+		t.Fatal(err)
+	}
+	if v := fenceOf(t, c.m, id); v <= rec.Version {
+		t.Errorf("tier fenced at %d after a slow DROP of its record of version %d (first fence %d): the record is not covered", v, rec.Version, first)
+	}
+	addr := c.addr
+	c.stop()
+	store.SetTierDropHook(nil)
+	c2 := startMasterOn(t, addr, cfg)
+	waitFor(t, "the tier to attach to the next master", 20*time.Second, func() bool {
+		ts := c2.m.Tiers()
+		return len(ts) == 1 && ts[0].Online
+	})
+	waitFor(t, "the client to reach the next master", 10*time.Second, func() bool {
+		_, err := cl.Exist(ctx, "b")
+		return err == nil
+	})
+	if got, err := cl.Get(ctx, "b"); err == nil {
+		t.Fatalf("get after an acknowledged remove returned %d bytes (the removed ones: %v)", len(got), bytes.Equal(got, old))
+	}
+}
+
+// fenceOf is the version m's roster fences tier id at (fails if none).
+func fenceOf(t *testing.T, m *master.Master, id string) uint64 {
+	t.Helper()
+	_, _, fenced := m.Roster(0)
+	for _, f := range fenced {
+		if v, ok := strings.CutPrefix(f, id+"@"); ok {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				t.Fatalf("fence %q: %v", f, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("tier %s not fenced (roster fences %v)", id, fenced)
+	return 0
 }

@@ -436,7 +436,9 @@ func (m *Master) fenceSlow(ops []*tierOp, bound time.Duration, late *tierOp) boo
 		if _, ok := sf.ops[op]; ok {
 			continue // fenced for it already (another call waits on it too)
 		}
-		if len(sf.ops) == 0 {
+		// Fenced (again) as of now even when it is already: this DROP's
+		// record may be newer than the earlier fence.
+		if !slices.Contains(fenced, op.tier) {
 			fenced = append(fenced, op.tier)
 		}
 		sf.ops[op] = struct{}{}
