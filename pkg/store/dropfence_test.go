@@ -381,3 +381,56 @@ func fenceOf(t *testing.T, m *master.Master, id string) uint64 {
 	t.Fatalf("tier %s not fenced (roster fences %v)", id, fenced)
 	return 0
 }
+
+// TestTierSlowOffloadDropFenced: the DROP of a record an offload under
+// way was writing when its key was removed, unconfirmed within the fence,
+// fences the offload's tier too (its DROP names that tier, not the
+// object's holder of a disk replica, which it has none of yet).
+func TestTierSlowOffloadDropFenced(t *testing.T) {
+	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 300 * time.Millisecond})
+	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	ctx := context.Background()
+	id := tn.Tier().ID()
+	putRetry(t, cl, "k", value(100_000, 1))
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
+	store.SetTierOffloadHook(func(key string) {
+		if key == "k" {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+			<-release
+		}
+	})
+	defer store.SetTierOffloadHook(nil)
+	store.SetTierDropHook(func(key string) bool { return key == "k" })
+	defer store.SetTierDropHook(nil)
+	c.m.Evict(1 << 40)
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the offload did not start")
+	}
+	done := make(chan error, 1)
+	go func() { done <- cl.Remove(ctx, "k", false) }()
+	time.Sleep(100 * time.Millisecond)
+	free()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("remove: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("remove still waits")
+	}
+	if _, ok := tn.Tier().Lookup("k"); !ok {
+		t.Fatal("the node applied a DROP the test withheld")
+	}
+	if _, _, fenced := c.m.Roster(0); !hasFence(fenced, id) {
+		t.Fatalf("remove acknowledged with the offloaded record's DROP unconfirmed, and tier %s not fenced (roster fences %v)", id, fenced)
+	}
+}

@@ -67,6 +67,9 @@ type objTier struct {
 	// reads counts disk reads since the object was last promoted.
 	reads      uint32
 	offloading bool // its replicas are being written to disk
+	// offloadTo is the tier an offload under way writes to (its DROP's,
+	// should the object go meanwhile).
+	offloadTo string
 	// stage is the copy of the disk record in its node's staging pool
 	// that reads are granted now (nil: none).
 	stage   *stagedCopy
@@ -431,7 +434,7 @@ func (m *Master) evictVictimLocked(sh *shard, o *Object) (freed, later uint64) {
 			// and eviction takes another.
 			return 0, 0
 		}
-		o.tier.offloading = true
+		o.tier.offloading, o.tier.offloadTo = true, node.id
 		if o.ent.In() {
 			sh.policy.Remove(&o.ent)
 		}
@@ -497,11 +500,7 @@ func (m *Master) releaseLocked(o *Object) {
 // remove returned the removed version; TestTierOffloadDropFence).
 func (m *Master) dropDiskLocked(o *Object) {
 	if o.tier != nil && o.tier.offloading && o.tier.dropOp == nil && !m.tiers.all.Load() {
-		var id string
-		if o.tier.node != nil {
-			id = o.tier.node.id
-		}
-		o.tier.dropOp = m.tiers.addDrop(o.key, o.tier.version, id)
+		o.tier.dropOp = m.tiers.addDrop(o.key, o.tier.version, o.tier.offloadTo)
 	}
 	if !o.onDisk() {
 		return
