@@ -608,14 +608,14 @@ func (m *Master) fenceDrops(keys []string, out []error) {
 	}
 	timer := time.NewTimer(bound)
 	defer timer.Stop()
-	for _, op := range ops {
-		stopped := func() {
-			for i := range out {
-				if out[i] == nil {
-					out[i] = store.Errorf(store.InternalError, "key %q: the master stopped before the disk tier confirmed dropping the previous version's record; the call may not have taken effect", keys[i])
-				}
+	stopped := func() {
+		for i := range out {
+			if out[i] == nil {
+				out[i] = store.Errorf(store.InternalError, "key %q: the master stopped before the disk tier confirmed dropping the previous version's record; the call may not have taken effect", keys[i])
 			}
 		}
+	}
+	for _, op := range ops {
 		select {
 		case <-op.done:
 		case <-m.done:
