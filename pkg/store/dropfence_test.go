@@ -137,26 +137,7 @@ func TestTierOffloadDropFence(t *testing.T) {
 	cl := c.client(0)
 	ctx := context.Background()
 	putRetry(t, cl, "k", value(100_000, 1))
-	held, release := make(chan struct{}, 1), make(chan struct{})
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
-	defer free()
-	store.SetTierOffloadHook(func(key string) {
-		if key == "k" {
-			select {
-			case held <- struct{}{}:
-			default:
-			}
-			<-release
-		}
-	})
-	defer store.SetTierOffloadHook(nil)
-	c.m.Evict(1 << 40)
-	select {
-	case <-held:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the offload did not start")
-	}
+	free := holdOffload(t, c, "k")
 	done := make(chan error, 1)
 	go func() { done <- cl.Remove(ctx, "k", false) }()
 	select {
@@ -188,14 +169,10 @@ func TestTierOffloadDropFence(t *testing.T) {
 // roster before it acknowledges (and waits for a node to hold that
 // roster), so the next master drops the tier's records from before.
 func TestTierSlowDropFenced(t *testing.T) {
-	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 300 * time.Millisecond}
-	c := startMaster(t, cfg)
-	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
-	cl := c.client(0)
-	ctx := context.Background()
+	cfg := slowDropConfig(300 * time.Millisecond)
 	old := map[string][]byte{"removed": value(90_000, 2)}
-	offloadAll(t, c, cl, old)
-	id := tn.Tier().ID()
+	c, tn, cl, id := slowDropCluster(t, cfg, old)
+	ctx := context.Background()
 	d := c.client(16 << 20) // no tier: it carries the roster to the next master
 	waitFor(t, "the node without a tier to hear the roster", 10*time.Second, func() bool { return slices.Contains(store.TierRoster(d), id) })
 
@@ -227,13 +204,8 @@ func TestTierSlowDropFenced(t *testing.T) {
 // lifted once it confirms the DROPs, so a later restart keeps its
 // records; and a DROP confirmed within the fence fences nothing.
 func TestTierSlowDropFenceLifted(t *testing.T) {
-	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 300 * time.Millisecond}
-	c := startMaster(t, cfg)
-	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
-	cl := c.client(0)
+	c, _, cl, id := slowDropCluster(t, slowDropConfig(300*time.Millisecond), map[string][]byte{"slow": value(50_000, 1), "quick": value(50_000, 2)})
 	ctx := context.Background()
-	offloadAll(t, c, cl, map[string][]byte{"slow": value(50_000, 1), "quick": value(50_000, 2)})
-	id := tn.Tier().ID()
 	release := make(chan struct{})
 	var once sync.Once
 	unstall := func() { once.Do(func() { close(release) }) }
@@ -271,13 +243,8 @@ func TestTierSlowDropFenceLifted(t *testing.T) {
 // waits for a node to hear of the slow tier's fence does not acknowledge
 // the call: the next master may not know of the fence.
 func TestTierSlowDropFenceMasterStops(t *testing.T) {
-	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 200 * time.Millisecond}
-	c := startMaster(t, cfg)
-	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
-	cl := c.client(0)
+	c, _, cl, id := slowDropCluster(t, slowDropConfig(200*time.Millisecond), map[string][]byte{"k": value(50_000, 1)})
 	ctx := context.Background()
-	offloadAll(t, c, cl, map[string][]byte{"k": value(50_000, 1)})
-	id := tn.Tier().ID()
 	store.SetTierDropHook(func(key string) bool { return key == "k" })
 	defer store.SetTierDropHook(nil)
 	done := make(chan error, 1)
@@ -306,13 +273,9 @@ func TestTierSlowDropFenceMasterStops(t *testing.T) {
 // it: a fence left where it was would let the next master re-add that
 // record.
 func TestTierSlowDropRefenced(t *testing.T) {
-	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 300 * time.Millisecond}
-	c := startMaster(t, cfg)
-	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
-	cl := c.client(0)
+	cfg := slowDropConfig(300 * time.Millisecond)
+	c, tn, cl, id := slowDropCluster(t, cfg, map[string][]byte{"a": value(50_000, 1)})
 	ctx := context.Background()
-	offloadAll(t, c, cl, map[string][]byte{"a": value(50_000, 1)})
-	id := tn.Tier().ID()
 	// The client carries the roster to the next master (the tier's node
 	// holds every segment, so that b is offloaded to it too).
 	waitFor(t, "the client to hear the roster", 10*time.Second, func() bool { return slices.Contains(store.TierRoster(cl), id) })
@@ -335,6 +298,56 @@ func TestTierSlowDropRefenced(t *testing.T) {
 		t.Errorf("tier fenced at %d after a slow DROP of its record of version %d (first fence %d): the record is not covered", v, rec.Version, first)
 	}
 	restartRemoved(t, c, cl, cfg, "b", old)
+}
+
+// holdOffload has c's master offload everything and holds the offload
+// of key once it is under way, until free is called (at the latest when
+// the test ends).
+func holdOffload(t *testing.T, c *cluster, key string) (free func()) {
+	t.Helper()
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	free = func() { once.Do(func() { close(release) }) }
+	store.SetTierOffloadHook(func(k string) {
+		if k == key {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+			<-release
+		}
+	})
+	t.Cleanup(func() {
+		free()
+		store.SetTierOffloadHook(nil)
+	})
+	c.m.Evict(1 << 40)
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the offload did not start")
+	}
+	return free
+}
+
+// slowDropConfig is a master without HA whose drop fence is bound (and
+// leases short, for quick eviction).
+func slowDropConfig(bound time.Duration) master.Config {
+	return master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: bound}
+}
+
+// slowDropCluster starts a master with cfg and a node with a disk tier,
+// whose segment is the pool's only one, offloads vals to it, and returns
+// the cluster, the tier node, a client and the tier's id.
+func slowDropCluster(t *testing.T, cfg master.Config, vals map[string][]byte) (*cluster, *store.TierNode, *store.Client, string) {
+	t.Helper()
+	c := startMaster(t, cfg)
+	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	if len(vals) > 0 {
+		offloadAll(t, c, cl, vals)
+	}
+	return c, tn, cl, tn.Tier().ID()
 }
 
 // restartRemoved stops c's master (the DROP hook lifted: the node applies
@@ -383,34 +396,12 @@ func fenceOf(t *testing.T, m *master.Master, id string) uint64 {
 // fences the offload's tier too (its DROP names that tier, not the
 // object's holder of a disk replica, which it has none of yet).
 func TestTierSlowOffloadDropFenced(t *testing.T) {
-	c := startMaster(t, master.Config{KVLeaseTTL: 100 * time.Millisecond, DropFence: 300 * time.Millisecond})
-	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
-	cl := c.client(0)
+	c, tn, cl, id := slowDropCluster(t, slowDropConfig(300*time.Millisecond), nil)
 	ctx := context.Background()
-	id := tn.Tier().ID()
 	putRetry(t, cl, "k", value(100_000, 1))
-	held, release := make(chan struct{}, 1), make(chan struct{})
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(free)
-	store.SetTierOffloadHook(func(key string) {
-		if key == "k" {
-			select {
-			case held <- struct{}{}:
-			default:
-			}
-			<-release
-		}
-	})
-	defer store.SetTierOffloadHook(nil)
 	store.SetTierDropHook(func(key string) bool { return key == "k" })
 	defer store.SetTierDropHook(nil)
-	c.m.Evict(1 << 40)
-	select {
-	case <-held:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the offload did not start")
-	}
+	free := holdOffload(t, c, "k")
 	done := make(chan error, 1)
 	go func() { done <- cl.Remove(ctx, "k", false) }()
 	time.Sleep(100 * time.Millisecond)
