@@ -117,6 +117,9 @@ type Client struct {
 	// afterPutStart, if set (tests only), runs between a put's grant and
 	// its transfer.
 	afterPutStart func(keys []string)
+	// pingsHeld stops the ping loop (tests: a node stalled, as by
+	// SIGSTOP, that hears no roster and re-mounts late).
+	pingsHeld atomic.Bool
 	// beforePutStart, if set (tests only), runs after a put's values are
 	// staged, before its start is sent.
 	beforePutStart func(keys []string)
@@ -471,6 +474,9 @@ func (c *Client) pingLoop() {
 				case <-time.After(50 * time.Millisecond):
 				}
 			}
+			continue
+		}
+		if c.pingsHeld.Load() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)

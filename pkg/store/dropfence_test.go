@@ -421,3 +421,141 @@ func TestTierSlowOffloadDropFenced(t *testing.T) {
 		t.Fatalf("remove acknowledged with the offloaded record's DROP unconfirmed, and tier %s not fenced (roster fences %v)", id, fenced)
 	}
 }
+
+// TestTierFencedTierAttachesFirst: a tier fenced for a DROP it never
+// confirmed, whose node was the stalled one and so never heard the
+// fence, attaches to a master restarted without HA before any node that
+// knows of the fence has re-mounted there. Before, the master re-added
+// its records as current and a get after the acknowledged remove
+// returned the removed bytes until such a node came back. Now reads of
+// records re-added in the master's first settle bound wait for the
+// bound, or for the fence that drops them.
+func TestTierFencedTierAttachesFirst(t *testing.T) {
+	cfg := slowDropConfig(300 * time.Millisecond)
+	cfg.TierSettle = 5 * time.Second
+	old := map[string][]byte{"removed": value(90_000, 2)}
+	c := startMaster(t, cfg)
+	node, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
+	id := tn.Tier().ID()
+	cl := c.client(0)
+	offloadAll(t, c, cl, old)
+	d := c.client(16 << 20) // carries the fence to the next master
+	ctx := context.Background()
+	waitFor(t, "the node without a tier to hear the roster", 10*time.Second, func() bool { return slices.Contains(store.TierRoster(d), id) })
+
+	// The tier's node stalls (pings and DROPs), the remove is
+	// acknowledged once the others hold the fence.
+	store.HoldPings(node, true)
+	time.Sleep(200 * time.Millisecond) // a ping under way lands
+	store.SetTierDropHook(func(key string) bool { return key == "removed" })
+	defer store.SetTierDropHook(nil)
+	if err := cl.Remove(ctx, "removed", false); err != nil {
+		t.Fatalf("remove with its DROP unconfirmed: %v, want acknowledged after the fence", err)
+	}
+	if hasFence(store.FencedTiers(node), id) {
+		t.Fatal("the stalled node heard the fence: the test would not test the case")
+	}
+	if !hasFence(store.FencedTiers(d), id) && !hasFence(store.FencedTiers(cl), id) {
+		t.Fatal("remove acknowledged before any node held the roster fencing the slow tier")
+	}
+
+	// The nodes that know of the fence stall in turn, the master dies,
+	// and the tier's node is the first back on the next one.
+	store.HoldPings(d, true)
+	store.HoldPings(cl, true)
+	addr := c.addr
+	c.stop()
+	store.SetTierDropHook(nil)
+	c2 := startMasterOn(t, addr, cfg)
+	store.HoldPings(node, false)
+	waitFor(t, "the fenced tier to attach to the next master", 20*time.Second, func() bool {
+		ts := c2.m.Tiers()
+		return len(ts) == 1 && ts[0].Online
+	})
+	if _, _, fenced := c2.m.Roster(0); hasFence(fenced, id) {
+		t.Fatal("the next master heard the fence from the tier's own node: the test would not test the case")
+	}
+	type result struct {
+		b   []byte
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		b, err := cl.Get(ctx, "removed")
+		got <- result{b, err}
+	}()
+	select {
+	case r := <-got:
+		if r.err == nil {
+			t.Fatalf("get after an acknowledged remove returned %d bytes (the removed ones: %v) before the nodes that know of the fence came back", len(r.b), bytes.Equal(r.b, old["removed"]))
+		}
+		t.Fatalf("get answered (%v) before the settle bound or the fence", r.err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	store.HoldPings(d, false)
+	store.HoldPings(cl, false)
+	select {
+	case r := <-got:
+		if r.err == nil {
+			t.Fatalf("get after an acknowledged remove returned %d bytes (the removed ones: %v)", len(r.b), bytes.Equal(r.b, old["removed"]))
+		}
+		if !errors.Is(r.err, store.ErrObjectNotFound) {
+			t.Errorf("get of a record dropped by the fence: %v, want OBJECT_NOT_FOUND", r.err)
+		}
+	case <-time.After(cfg.TierSettle + 5*time.Second):
+		t.Fatal("get still held after the settle bound")
+	}
+	if n := gauge(t, c2.m, "mc_store_tier_early_reads_held_total"); n != 1 {
+		t.Errorf("mc_store_tier_early_reads_held_total %v, want 1", n)
+	}
+	waitFor(t, "the fenced tier to drop its old record", 20*time.Second, func() bool {
+		_, ok := tn.Tier().Lookup("removed")
+		return !ok
+	})
+}
+
+// TestTierEarlyReadServed: with no fence to hear, a read of a record
+// re-added after a restart waits out the settle bound and then gets the
+// record's bytes; one whose caller's deadline is shorter gets
+// RPC_TIMEOUT, not a miss; a read past the bound is not held.
+func TestTierEarlyReadServed(t *testing.T) {
+	cfg := master.Config{KVLeaseTTL: 100 * time.Millisecond, TierSettle: 2 * time.Second}
+	c := startMaster(t, cfg)
+	_, tn := c.tierNode(16<<20, t.TempDir(), 64<<20)
+	cl := c.client(0)
+	vals := map[string][]byte{"a": value(70_000, 1), "b": value(60_000, 2)}
+	offloadAll(t, c, cl, vals)
+	addr := c.addr
+	c.stop()
+	c2 := startMasterOn(t, addr, cfg)
+	waitFor(t, "the tier to attach to the next master", 20*time.Second, func() bool {
+		ts := c2.m.Tiers()
+		return len(ts) == 1 && ts[0].Online && c2.m.Stats().Keys == 2
+	})
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := cl.Get(short, "b"); err == nil || store.CodeOf(err) != store.RPCTimeout && !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("held get with a 100 ms deadline: %v, want RPC_TIMEOUT", err)
+	}
+	start := time.Now()
+	got, err := cl.Get(context.Background(), "a")
+	took := time.Since(start)
+	if err != nil || !bytes.Equal(got, vals["a"]) {
+		t.Fatalf("get after the bound: %d bytes, %v; want the record's %d bytes", len(got), err, len(vals["a"]))
+	}
+	if took < 300*time.Millisecond {
+		t.Errorf("a read of a re-added record was answered after %s, inside the settle bound", took)
+	}
+	if n := gauge(t, c2.m, "mc_store_tier_early_reads_held_total"); n < 2 {
+		t.Errorf("mc_store_tier_early_reads_held_total %v, want 2", n)
+	}
+	// Past the bound: not held.
+	start = time.Now()
+	if got, err := cl.Get(context.Background(), "b"); err != nil || !bytes.Equal(got, vals["b"]) {
+		t.Fatalf("get past the bound: %d bytes, %v", len(got), err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("a read past the settle bound took %s", took)
+	}
+	_ = tn
+}

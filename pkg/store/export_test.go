@@ -106,3 +106,7 @@ func TierRoster(c *Client) []string { ids, _ := c.roster.list(); return ids }
 
 // FencedTiers is the tiers c last heard are fenced.
 func FencedTiers(c *Client) []string { _, f := c.roster.list(); return f }
+
+// HoldPings stops (or resumes) c's ping loop: c hears no roster and does
+// not re-mount meanwhile, as a node stalled by SIGSTOP.
+func HoldPings(c *Client, on bool) { c.pingsHeld.Store(on) }

@@ -221,7 +221,9 @@ func TestTierFencedLate(t *testing.T) {
 	c.stop()
 	c2 := startMasterOn(t, addr, cfg)
 	_, tn2 := c2.tierNode(16<<20, dir, 64<<20)
-	checkGets(t, cl, map[string][]byte{"k": old}) // re-added: no fence known yet
+	// Re-added, no fence known yet: served once the early hold is over
+	// (TestTierFencedTierAttachesFirst).
+	checkGets(t, cl, map[string][]byte{"k": old})
 	// A node that knew of the fence re-mounts.
 	fence := fmt.Sprintf("%s@%d", id, time.Now().UnixNano())
 	c2.m.NameTiers(nil, []string{fence})

@@ -295,6 +295,7 @@ type Master struct {
 	tiers  tiers
 	era    eraLog
 	roster roster
+	early  earlyHold
 	drains drains
 	// takeover holds puts while a new HA leader's segments mount again.
 	takeover takeover

@@ -700,6 +700,31 @@ func (m *Master) lookupInto(keys []string, lease bool, out []ReplicaResult, desc
 // stage them), until then or loadBound, whichever comes first. direct:
 // the reader stages disk objects itself (DiskVersion).
 func (m *Master) lookupUntil(keys []string, lease, direct bool, deadline time.Time, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
+	start := m.now()
+	out, descs = m.lookupRaw(keys, lease, direct, deadline, out, descs)
+	if lease && m.early.end.Load() > 0 {
+		m.awaitEarly(keys, lease, direct, deadline, start, out)
+	}
+	if lease {
+		m.m.getReplicaList.Add(float64(len(keys)))
+		// Counted once per call: each counter is an atomic every caller
+		// shares. Memory and disk hits are the tier's (readLocked).
+		var failed int
+		for _, r := range out {
+			if r.Err != nil {
+				failed++
+			}
+		}
+		m.m.getReplicaListFail.Add(float64(failed))
+		m.m.totalGets.Add(float64(len(keys)))
+		m.m.validGets.Add(float64(len(keys) - failed))
+	}
+	return out, descs
+}
+
+// lookupRaw is lookupUntil without the early hold's wait and the
+// counters.
+func (m *Master) lookupRaw(keys []string, lease, direct bool, deadline time.Time, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
 	out = slices.Grow(out[:0], len(keys))[:len(keys)]
 	clear(out)
 	// One array for every key's descriptors (most keys have one replica);
@@ -708,9 +733,6 @@ func (m *Master) lookupUntil(keys []string, lease, direct bool, deadline time.Ti
 	now := m.now()
 	var loads []*tierOp
 	var loadIdx []int
-	if lease {
-		m.m.getReplicaList.Add(float64(len(keys)))
-	}
 	// The batch's use stamps, reserved at once; in key order.
 	stamp := useCounter.Add(uint64(len(keys))) - uint64(len(keys))
 	for i, k := range keys {
@@ -723,19 +745,6 @@ func (m *Master) lookupUntil(keys []string, lease, direct bool, deadline time.Ti
 	}
 	if len(loads) > 0 {
 		out = m.awaitDisk(keys, lease, direct, deadline, now, out, &descs, loads, loadIdx)
-	}
-	if lease {
-		// Counted once per call: each counter is an atomic every caller
-		// shares. Memory and disk hits are the tier's (readLocked).
-		var failed int
-		for _, r := range out {
-			if r.Err != nil {
-				failed++
-			}
-		}
-		m.m.getReplicaListFail.Add(float64(failed))
-		m.m.totalGets.Add(float64(len(keys)))
-		m.m.validGets.Add(float64(len(keys) - failed))
 	}
 	return out, descs
 }
@@ -758,6 +767,10 @@ func (m *Master) lookupOne(k string, depth int, lease, direct bool, deadline tim
 		r.Err = store.Errorf(store.ObjectNotFound, "key %q not found", k)
 	case o.state != stateComplete:
 		r.Err = store.Errorf(store.ReplicaIsNotReady, "key %q is still being written", k)
+	case lease && len(o.replicas) == 0 && o.tier != nil && o.tier.early && m.early.in(now):
+		// Re-added from before this master during its first settle
+		// bound: a fence may still be heard of it (earlyHold).
+		r.Err = errEarly
 	case lease && len(o.replicas) == 0 && o.onDisk() && (o.tier.stage != nil || direct && o.tier.loading == nil) && m.promoteDue(o) && m.promoteLoad(o, &r, deadline):
 		// The read that promotes: loaded into the segment, not shared.
 		return r, o.tier.loading

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -177,6 +178,7 @@ func sane(ids []string) []string {
 // (awaitTiers); and those it says are fenced: their records from before
 // are dropped, now if this master re-added some, else when they attach.
 func (m *Master) NameTiers(ids, fenced []string) {
+	m.openEarly()
 	ids, fenced = sane(ids), sane(fenced)
 	if len(ids)+len(fenced) == 0 || m.tiers.all.Load() {
 		return
@@ -261,6 +263,7 @@ func (m *Master) fenceTier(id string, v uint64) {
 	for _, d := range drops {
 		n.enqueue(d, nil)
 	}
+	m.early.wakeAll()
 	m.log.Warn(fmt.Sprintf("disk tier %s is fenced (an earlier master acknowledged puts and removes without it): dropped the %d disk replicas re-added from it, which may be older than what was acknowledged", n.name(), lost))
 }
 
@@ -517,4 +520,138 @@ func (m *Master) slowDropDone(op *tierOp, err error) {
 	r.nFenced.Store(int64(len(r.fenced)))
 	r.version++
 	m.log.Info(fmt.Sprintf("disk tier %s confirmed the DROPs it was fenced for: fence lifted", op.tier))
+}
+
+// earlyHold holds the reads of disk records re-added from before this
+// master (restarted without HA) during its first moments (maxEarlyHold,
+// at most the settle bound), counted from the first node back. A tier fenced by an earlier master (its
+// DROPs unconfirmed, or it was away) may attach before any node that
+// knows of the fence has re-mounted: typically the fenced tier's node is
+// the one that was stalled and never heard it. Its records are then
+// re-added as if current, and served stale until a node naming the fence
+// re-mounts (fenceTier drops them). Nodes come back together after a
+// restart (each at its next ping), so reads of those records wait until
+// the bound (or a fence drops them) instead of being answered at once.
+type earlyHold struct {
+	// end: unix nanos the window closes (0: not open yet).
+	end  atomic.Int64
+	mu   sync.Mutex
+	wake chan struct{}
+	// held counts reads that waited, timeouts those whose caller's
+	// deadline came first.
+	held, timeouts atomic.Uint64
+}
+
+// open starts the window at now, once.
+func (h *earlyHold) open(now int64, bound time.Duration) {
+	h.end.CompareAndSwap(0, now+bound.Nanoseconds())
+}
+
+// in reports whether a record re-added at now is held.
+func (h *earlyHold) in(now int64) bool {
+	e := h.end.Load()
+	return e > 0 && now < e
+}
+
+// changed returns the channel closed at the next fence (wakeAll).
+func (h *earlyHold) changed() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.wake == nil {
+		h.wake = make(chan struct{})
+	}
+	return h.wake
+}
+
+// wakeAll wakes the held reads: a fence heard may have dropped theirs.
+func (h *earlyHold) wakeAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.wake != nil {
+		close(h.wake)
+		h.wake = nil
+	}
+}
+
+// errEarly marks a lookup result held by earlyHold (lookupOne); never
+// returned to a caller.
+var errEarly = errors.New("held: a disk record from before this master")
+
+// maxEarlyHold bounds the early hold: two of a node's default ping
+// intervals (a node re-mounts at its first ping that finds the master
+// restarted), and below a client's RPC timeout, so that a held read is
+// answered late rather than timed out.
+const maxEarlyHold = 2 * time.Second
+
+// openEarly opens the early hold when a node comes back (re-mount, tier
+// attach) to a master restarted without HA.
+func (m *Master) openEarly() {
+	if !m.tiers.all.Load() {
+		m.early.open(m.now(), min(m.settleBound(), maxEarlyHold))
+	}
+}
+
+// awaitEarly answers the reads lookupOne held (errEarly in out): it waits
+// until the window closes, a fence is heard, the caller's deadline or the
+// master stops, and looks them up again.
+func (m *Master) awaitEarly(keys []string, lease, direct bool, deadline time.Time, start int64, out []ReplicaResult) {
+	var idx []int
+	for i := range out {
+		if out[i].Err == errEarly {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return
+	}
+	m.early.held.Add(uint64(len(idx)))
+	for len(idx) > 0 {
+		wait := time.Duration(m.early.end.Load() - m.now())
+		timedOut := false
+		if !deadline.IsZero() {
+			if left := time.Until(deadline); left < wait {
+				wait, timedOut = left, true
+			}
+		}
+		if wait > 0 {
+			timer := time.NewTimer(wait)
+			select {
+			case <-timer.C:
+			case <-m.early.changed():
+				timedOut = false
+			case <-m.done:
+				timer.Stop()
+				for _, i := range idx {
+					out[i].Err = store.Errorf(store.InternalError, "key %q: the master stopped", keys[i])
+				}
+				return
+			}
+			timer.Stop()
+		}
+		if timedOut && !deadline.After(time.Now()) {
+			m.early.timeouts.Add(uint64(len(idx)))
+			for _, i := range idx {
+				out[i].Err = store.Errorf(store.RPCTimeout, "key %q: its disk record is from before this master's restart, and its reads wait until %s for the nodes that may know it is stale", keys[i], time.Unix(0, m.early.end.Load()).Format("15:04:05.000"))
+			}
+			return
+		}
+		sub := make([]string, len(idx))
+		for j, i := range idx {
+			sub[j] = keys[i]
+		}
+		res, _ := m.lookupRaw(sub, lease, direct, deadline, nil, nil)
+		now := m.now()
+		left := idx[:0]
+		for j, i := range idx {
+			out[i] = res[j]
+			if out[i].LeaseTTL > 0 {
+				// As awaitDisk's: the lease told counts from the call.
+				out[i].LeaseTTL += time.Duration(now - start)
+			}
+			if res[j].Err == errEarly {
+				left = append(left, i)
+			}
+		}
+		idx = left
+	}
 }

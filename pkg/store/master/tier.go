@@ -81,6 +81,9 @@ type objTier struct {
 	// promoted: the DRAM replicas were just loaded from disk by a
 	// promotion; the first read of them is the disk hit that did it.
 	promoted bool
+	// early: re-added from before this master while its early hold was
+	// open (earlyHold): its reads wait until the hold ends.
+	early bool
 }
 
 func (o *Object) onDisk() bool { return o.tier != nil && o.tier.node != nil }
@@ -1074,7 +1077,9 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, []*pb.TierCommand, 
 		}
 	}
 	reported := make(map[string]struct{}, len(h.GetRecords()))
+	m.openEarly()
 	now := m.now()
+	early := m.early.in(now)
 	// A fenced tier's records from before this master are stale: a
 	// master acknowledged puts and removes while it was away.
 	fence := m.tierFence(n.id)
@@ -1112,7 +1117,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, []*pb.TierCommand, 
 			// version it is is unknown: no writer may take it for its
 			// own End having landed (lostWriter; a writer whose upsert
 			// was under way at the restart was told so by its revoke).
-			o = &Object{key: r.GetKey(), size: r.GetSize(), state: stateComplete, tier: &objTier{node: n, version: r.GetVersion()}, writer: lostWriter}
+			o = &Object{key: r.GetKey(), size: r.GetSize(), state: stateComplete, tier: &objTier{node: n, version: r.GetVersion(), early: early}, writer: lostWriter}
 			o.lastUse = useCounter.Add(1)
 			sh.objects[o.key] = o
 			sh.keys++

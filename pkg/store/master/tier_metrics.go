@@ -48,6 +48,8 @@ func registerTierMetrics(m *Master, r *prometheus.Registry) {
 	counter("mc_store_tier_drop_fence_timeouts_total", "puts and removes whose node had not confirmed dropping the key's old disk record within the drop fence: without HA the node's tier is then fenced in the roster until it confirms", t.fenceTimeouts.Load)
 	counter("mc_store_tier_drop_fence_unannounced_total", "puts and removes acknowledged after a drop fence timeout before any node reported holding the roster that fences the slow tier (without HA, a master restarted before a node hears it may serve the old record again)", t.fenceUnannounced.Load)
 	counter("mc_store_tier_settle_timeouts_total", "restarts without HA after which a disk tier that returning nodes named did not attach within the settle bound (puts and removes were then acknowledged without it)", m.roster.timeouts.Load)
+	counter("mc_store_tier_early_reads_held_total", "reads of disk records re-added from before a restart without HA that waited out the settle bound for nodes that may know them stale (a fence they carry)", m.early.held.Load)
+	counter("mc_store_tier_early_reads_timeouts_total", "such reads whose caller's deadline came before the settle bound ended (answered RPC_TIMEOUT)", m.early.timeouts.Load)
 	gauge("mc_store_tier_offload_inflight_bytes", "DRAM bytes being written to disk tiers", func() float64 { return float64(max(t.inflight.Load(), 0)) })
 	// The staging pools are the nodes': their counts as last reported,
 	// with the master's own for the reads it staged.
