@@ -702,7 +702,7 @@ func (m *Master) lookupInto(keys []string, lease bool, out []ReplicaResult, desc
 func (m *Master) lookupUntil(keys []string, lease, direct bool, deadline time.Time, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
 	start := m.now()
 	out, descs = m.lookupRaw(keys, lease, direct, deadline, out, descs)
-	if lease && m.early.end.Load() > 0 {
+	if lease && m.early.end.Load() > start {
 		m.awaitEarly(keys, lease, direct, deadline, start, out)
 	}
 	if lease {
