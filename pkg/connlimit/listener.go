@@ -56,10 +56,17 @@ func (c *TCPConn) Close() error {
 	return err
 }
 
+// NetConn returns the connection itself (as tls.Conn's does): code that
+// reads and writes the socket directly (cororpc's raw I/O) unwraps it.
+func (c *TCPConn) NetConn() net.Conn { return c.TCPConn }
+
 type conn struct {
 	net.Conn
 	slot Slot
 }
+
+// NetConn returns the wrapped connection.
+func (c *conn) NetConn() net.Conn { return c.Conn }
 
 func (c *conn) Close() error {
 	err := c.Conn.Close()

@@ -32,7 +32,8 @@ type rawIO struct {
 
 // newRawIO returns raw I/O for nc's socket, or nil when nc is not a
 // socket of its own (then nc's methods are used). A connection wrapped by
-// WithReader around a bufio.Reader keeps that reader's buffered bytes.
+// WithReader around a bufio.Reader keeps that reader's buffered bytes; one
+// with a NetConn method (connlimit's) is unwrapped.
 func newRawIO(nc net.Conn) *rawIO {
 	var pre *bufio.Reader
 	if c, ok := nc.(*readerConn); ok {
@@ -41,6 +42,16 @@ func newRawIO(nc net.Conn) *rawIO {
 			return nil
 		}
 		pre, nc = b, c.Conn
+	}
+	// Wrappers that only add bookkeeping (connlimit's admitted
+	// connections) hand over the socket; without this, every connection
+	// accepted through a connection cap lost raw I/O.
+	for i := 0; i < 4; i++ {
+		u, ok := nc.(interface{ NetConn() net.Conn })
+		if !ok {
+			break
+		}
+		nc = u.NetConn()
 	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
