@@ -27,6 +27,7 @@ import (
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/alloc"
 	"github.com/kvcache-ops/mc/pkg/store/ha"
 	"github.com/kvcache-ops/mc/pkg/store/master"
 	"github.com/kvcache-ops/mc/pkg/store/policy"
@@ -1779,6 +1780,9 @@ type storeReplayOptions struct {
 	// The disk tier under the cache (two-tier replay).
 	SSDCapacities []string
 	PromoteAfter  int
+	// AllowEvict runs an online replay that would make the store evict
+	// keys that are not the run's.
+	AllowEvict bool
 }
 
 // replayProgress follows an online replay of n requests: a go-pretty bar
@@ -1838,8 +1842,11 @@ each), and reports hit ratios, bytes moved and GB/s. Size the store to C
 blocks and give --capacity-blocks C to print the offline figures at C next
 to it. Each run writes under a prefix of its own (replay/<run id>/), so no
 earlier run's keys count as hits, and removes its keys when it ends (on
-SIGINT too, exiting 130). Progress: a bar on a terminal, else a line on
-stderr at every tenth of the trace.
+SIGINT too, exiting 130). A replay past the store's eviction watermark
+makes the store evict keys of its choosing: on a store that holds other
+keys, one whose trace's distinct blocks do not fit below the watermark is
+refused unless --allow-evict. Progress: a bar on a terminal, else a line
+on stderr at every tenth of the trace.
 
 --ssd-capacity-blocks S puts a disk tier of S blocks under the cache (every
 C with every S): the tiers are exclusive, a block evicted from DRAM moves
@@ -1869,9 +1876,40 @@ file_cache_hit_nums_ (its admin API: --admin, or port 9003 of --master).`,
 	sizeVar(f, &o.BlockBytes, "block-bytes", 64<<10, "--online: bytes of one block's value")
 	f.StringSliceVar(&o.SSDCapacities, "ssd-capacity-blocks", []string{"0"}, "disk tier sizes in blocks under the cache (0: none)")
 	f.IntVar(&o.PromoteAfter, "promote-after", master.DefaultPromoteAfter, "the disk read that moves a block back to DRAM (0: never), as the store's --promote-after")
+	f.BoolVar(&o.AllowEvict, "allow-evict", false, "--online: run even when the trace does not fit below the store's eviction watermark and the store holds other keys (it evicts them)")
 	_ = cmd.MarkFlagFilename("trace", "jsonl")
 	_ = cmd.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(policy.Names, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
+}
+
+// replayFits refuses an online replay that would make a store holding
+// other keys evict them: a replay fills the store with the trace's
+// blocks, and past the store's eviction watermark the store evicts
+// whatever its policy picks, the run's keys or anyone's. A store that
+// holds nothing (one of the run's own), or room enough for every
+// distinct block, is fine.
+func (o storeReplayOptions) replayFits(ctx context.Context, t *replay.Trace, block int64) error {
+	a, err := o.admin()
+	if err != nil {
+		return err
+	}
+	segs, err := a.Segments(ctx)
+	if err != nil {
+		return fmt.Errorf("store replay --online: read the store's capacity and use from its admin API, to make sure the replay does not evict other keys (give --admin, or --allow-evict to run anyway): %w", err)
+	}
+	var capacity, used uint64
+	for _, sg := range segs {
+		capacity += sg.Capacity
+		used += sg.Used
+	}
+	per := (uint64(block) + alloc.Align - 1) / alloc.Align * alloc.Align
+	need := uint64(t.Distinct) * per
+	below := uint64(master.DefaultHighWatermark * float64(capacity))
+	if used == 0 || used+need <= below {
+		return nil
+	}
+	return fmt.Errorf("store replay --online: the trace's %d distinct blocks of %s take %s, more than the room below the store's eviction watermark (%.2f of %s), and the store holds %s of other keys, which the replay would make it evict: run it on a store of its own, or give --allow-evict",
+		t.Distinct, humanBytes(uint64(block)), humanBytes(need), master.DefaultHighWatermark, humanBytes(capacity), humanBytes(used))
 }
 
 func parseCapacities(list []string) ([]int, error) {
@@ -1965,6 +2003,11 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 		}
 	}
 	if o.Online {
+		if !o.AllowEvict {
+			if err := o.replayFits(ctx, t, block); err != nil {
+				return err
+			}
+		}
 		c, err := o.client(ctx)
 		if err != nil {
 			return err

@@ -169,3 +169,41 @@ func TestStoreReplayOnlineAndStat(t *testing.T) {
 		t.Errorf("stat table lacks the phases:\n%s", out)
 	}
 }
+
+// An online replay whose trace does not fit below the eviction watermark
+// of a store that holds other keys is refused, the keys left alone; with
+// --allow-evict it runs. Before, it ran and the store evicted the other
+// keys to make room (a CLI sweep: three keys of a shared 64 MiB store
+// gone, exit 0, no warning).
+func TestStoreReplayOnlineKeepsOtherKeys(t *testing.T) {
+	isolateEnv(t)
+	var b strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&b, "{\"timestamp\": %d, \"input_length\": 2048, \"output_length\": 1, \"hash_ids\": [%d, %d, %d, %d]}\n", i, 4*i, 4*i+1, 4*i+2, 4*i+3)
+	}
+	tr := writeTrace(t, b.String()) // 160 distinct blocks of 64 KiB: 10 MiB
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "4M")
+	m := []string{"--master", rpc, "--admin", admin}
+	src := filepath.Join(t.TempDir(), "v")
+	if err := os.WriteFile(src, []byte(strings.Repeat("keep me", 1000)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, errs, code := execMC(t, append([]string{"store", "put", "keep", src}, m...)...); code != 0 {
+		t.Fatalf("put: exit %d: %s %s", code, out, errs)
+	}
+	_, errs, code := execMC(t, append([]string{"store", "replay", "--trace", tr, "--online", "--block-bytes", "64K"}, m...)...)
+	if code == 0 || !strings.Contains(errs, "--allow-evict") || !strings.Contains(errs, "160 distinct blocks") {
+		t.Errorf("replay over a shared store's room: exit %d, stderr %q; want refused, naming --allow-evict", code, errs)
+	}
+	if _, errs, code := execMC(t, append([]string{"store", "get", "keep"}, m...)...); code != 0 {
+		t.Fatalf("the store's other key is gone after a refused replay: exit %d: %s", code, errs)
+	}
+	if out, errs, code := execMC(t, append([]string{"store", "replay", "--trace", tr, "--online", "--block-bytes", "64K", "--allow-evict", "-o", "json"}, m...)...); code != 0 {
+		t.Fatalf("replay with --allow-evict: exit %d: %s %s", code, out, errs)
+	}
+	// A trace that fits runs on the shared store without the flag.
+	small := writeTrace(t, tinyTrace)
+	if out, errs, code := execMC(t, append([]string{"store", "replay", "--trace", small, "--online", "--block-bytes", "64K", "-o", "json"}, m...)...); code != 0 {
+		t.Fatalf("replay of a trace that fits: exit %d: %s %s", code, out, errs)
+	}
+}
