@@ -238,6 +238,9 @@ func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
 	if err != nil {
 		return err
 	}
+	if err := checkOutput("--plot", o.Plot); err != nil {
+		return err
+	}
 	tty := !p.JSON() && isTerminal(p.Out)
 	bar, lines := tty, !tty && !p.JSON()
 	if o.Progress != nil {
@@ -274,7 +277,10 @@ func runBenchStore(ctx context.Context, o benchStoreOptions, p *printer) error {
 	stopBar() // before the table
 	if o.Plot != "" && len(results) > 0 {
 		if perr := writeFileWith(o.Plot, func(f *os.File) error { return sbench.Plot(f, results) }); perr != nil {
-			return fmt.Errorf("--plot: %w", perr)
+			// The rows first: they are the run's result, the plot only
+			// draws them.
+			printStoreResults(p, results)
+			return fmt.Errorf("--plot: %w (the rows above are the run's results)", perr)
 		}
 	}
 	if ctx.Err() != nil {

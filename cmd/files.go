@@ -17,7 +17,7 @@ import (
 func writeFileWith(path string, write func(*os.File) error) error {
 	tmp, err := createBeside(path)
 	if err != nil {
-		return err
+		return namePath(path, err)
 	}
 	if err := write(tmp); err != nil {
 		tmp.Close()
@@ -30,8 +30,43 @@ func writeFileWith(path string, write func(*os.File) error) error {
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		os.Remove(tmp.Name())
-		return err
+		return namePath(path, err)
 	}
+	return nil
+}
+
+// namePath says what went wrong with path itself: the file system's
+// error names the hidden file beside it that the write goes through,
+// which the user never gave.
+func namePath(path string, err error) error {
+	var pe *fs.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe):
+		err = pe.Err
+	case errors.As(err, &le):
+		err = le.Err
+	}
+	return fmt.Errorf("write %s: %w", path, err)
+}
+
+// checkOutput makes sure a file can be written at path (its directory
+// exists and takes a new file) before the work whose result goes there:
+// a benchmark or a simulation must not run for minutes and then lose
+// its results to a typo in an output path. flag names the option.
+func checkOutput(flag, path string) error {
+	if path == "" {
+		return nil
+	}
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return usagef("%s %s: is a directory, want a file", flag, path)
+	}
+	f, err := createBeside(path)
+	if err != nil {
+		return usagef("%s: %w", flag, namePath(path, err))
+	}
+	f.Close()
+	os.Remove(f.Name())
 	return nil
 }
 

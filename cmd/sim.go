@@ -119,6 +119,10 @@ writes per-second prefill and decode load as CSV and --plot FILE.svg draws it
 	return cmd
 }
 
+// maxSimInstances bounds --prefill and --decode: a simulated cluster of
+// a hundred thousand instances of each still fits in memory and time.
+const maxSimInstances = 100_000
+
 func runSimConductor(o simConductorOptions, p *printer) error {
 	if o.Trace == "" {
 		return usagef("--trace is required (a FAST'25 trace, e.g. testdata/traces/conversation_trace.jsonl in mc's repository)")
@@ -142,6 +146,10 @@ func runSimConductor(o simConductorOptions, p *printer) error {
 	switch {
 	case o.Prefill <= 0 || o.Decode <= 0:
 		return usagef("invalid --prefill %d / --decode %d: want at least one of each", o.Prefill, o.Decode)
+	case o.Prefill > maxSimInstances || o.Decode > maxSimInstances:
+		// Each instance is simulated: a typo's extra digits ran a host
+		// out of memory (99999999 took 5.8 GB in 19 s).
+		return usagef("invalid --prefill %d / --decode %d: at most %d instances of each", o.Prefill, o.Decode, maxSimInstances)
 	case o.TTFTSLO <= 0 || o.TBTSLO <= 0:
 		return usagef("invalid --ttft-slo %s / --tbt-slo %s: want positive durations", o.TTFTSLO, o.TBTSLO)
 	case o.Speedup <= 0:
@@ -156,6 +164,12 @@ func runSimConductor(o simConductorOptions, p *printer) error {
 	}
 	if _, err := policy.New[int64](o.CachePolicy); err != nil {
 		return usagef("invalid --cache-policy: %w", err)
+	}
+	if err := checkOutput("--load-trace", o.LoadTrace); err != nil {
+		return err
+	}
+	if err := checkOutput("--plot", o.Plot); err != nil {
+		return err
 	}
 	reqs, err := trace.ReadFile(o.Trace)
 	if err != nil {

@@ -60,11 +60,17 @@ func TestSimConductor(t *testing.T) {
 		{[]string{"--trace", tr, "--link-gbps", "0"}, "link"},
 		{[]string{"--trace", tr, "--cache-policy", "arc"}, "--cache-policy"},
 		{[]string{"--trace", filepath.Join(dir, "none.jsonl")}, "no such file"},
+		// Output paths are checked before the simulation (it ran, then
+		// failed writing its plot, with no table).
 		{[]string{"--trace", tr, "--plot", filepath.Join(dir, "nodir", "x.svg")}, "--plot"},
+		{[]string{"--trace", tr, "--load-trace", filepath.Join(dir, "nodir", "x.csv")}, "--load-trace"},
+		{[]string{"--trace", tr, "--plot", dir}, "is a directory"},
+		// A typo's extra digits ran the host out of memory.
+		{[]string{"--trace", tr, "--prefill", "99999999"}, "at most 100000"},
 	} {
 		_, errs, code := execMC(t, append([]string{"sim", "conductor"}, c.args...)...)
 		wantCode := exitUsage
-		if c.want == "no such file" || c.want == "--plot" { // found reading or writing
+		if c.want == "no such file" { // found reading
 			wantCode = exitFailure
 		}
 		if code != wantCode || !strings.Contains(errs, c.want) || strings.Count(errs, "\n") != 1 {

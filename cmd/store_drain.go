@@ -146,7 +146,7 @@ func runStoreDrain(ctx context.Context, o storeDrainOptions, a *store.Admin, seg
 			return err
 		}
 		if p.JSON() {
-			return p.PrintJSON(j)
+			return p.PrintJSON(drainJSON(j))
 		}
 		fmt.Fprintf(p.Out, "drain job %s: cancel asked (%s; copies under way finish, then the segments return to service)\n", o.Cancel, j.StatusName)
 		return nil
@@ -170,7 +170,7 @@ func runStoreDrain(ctx context.Context, o storeDrainOptions, a *store.Admin, seg
 			return err
 		}
 		if p.JSON() {
-			return p.PrintJSON(j)
+			return p.PrintJSON(drainJSON(j))
 		}
 		fmt.Fprintf(p.Out, "drain job %s created for %s (%s)\nfollow it: mc store drain --status %s --wait\n", id, strings.Join(segments, ", "), j.StatusName, id)
 		return nil
@@ -259,9 +259,19 @@ func drainLine(j store.DrainJobStatus, elapsed time.Duration) string {
 		humanBytes(uint64(rate)), j.ActiveUnits, j.FailedUnits, j.BlockedUnits, eta)
 }
 
+// drainJSON is a job's status as -o json prints it: the admin API's
+// fields, but success says whether the job has not failed (the API's,
+// Mooncake's, says the query worked: true for a FAILED job, which a
+// script checking it read as a drain that worked). It agrees with the
+// exit code.
+func drainJSON(j store.DrainJobStatus) store.DrainJobStatus {
+	j.Success = j.StatusName != "FAILED" && j.StatusName != "CANCELED"
+	return j
+}
+
 func printDrainJob(p *printer, j store.DrainJobStatus) error {
 	if p.JSON() {
-		return p.PrintJSON(j)
+		return p.PrintJSON(drainJSON(j))
 	}
 	targets := "any in service"
 	if len(j.TargetSegments) > 0 {

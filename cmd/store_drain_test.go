@@ -188,3 +188,35 @@ func TestStoreRmAllAdminToken(t *testing.T) {
 		t.Fatalf("rm --all with MC_ADMIN_TOKEN, JSON: %d %q %q", code, out, errs)
 	}
 }
+
+// A drain that fails (no other segment to take the objects) exits 1, and
+// its -o json says success false. Before, the JSON was the admin API's
+// query answer, success true (the query worked) for a FAILED job.
+func TestStoreDrainFailedJSON(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "32M")
+	m := []string{"--master", rpc, "--admin", admin}
+	f := filepath.Join(t.TempDir(), "v")
+	os.WriteFile(f, bytes.Repeat([]byte("x"), 100_000), 0o644)
+	if out, errs, code := execMC(t, append([]string{"store", "put", "k", f}, m...)...); code != 0 {
+		t.Fatalf("put: %d %s %s", code, out, errs)
+	}
+	var st struct {
+		Segments []store.SegmentDetail `json:"segments"`
+	}
+	out, errs, code := execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || len(st.Segments) != 1 {
+		t.Fatalf("stat: %d %s %s", code, out, errs)
+	}
+	out, errs, code = execMC(t, append([]string{"store", "drain", st.Segments[0].Name, "--wait", "--interval", "100ms", "-o", "json"}, m...)...)
+	var j store.DrainJobStatus
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("drain: exit %d, %v: %s %s", code, err, out, errs)
+	}
+	if j.StatusName != "FAILED" {
+		t.Fatalf("drain of the only segment: %s, want FAILED (the test needs a failed job): %+v", j.StatusName, j)
+	}
+	if code != 1 || j.Success {
+		t.Errorf("failed drain job: exit %d, success %v; want exit 1, success false", code, j.Success)
+	}
+}

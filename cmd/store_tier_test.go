@@ -328,6 +328,9 @@ func TestBenchStoreTierBadInput(t *testing.T) {
 		{[]string{"--ssd-size", "1G"}, "without --ssd-dir"},
 		{[]string{"--ssd-dir", t.TempDir(), "--master", "127.0.0.1:1"}, "no --master"},
 		{[]string{"--ssd-dir", t.TempDir(), "--ssd-size", "big"}, "--ssd-size"},
+		// Checked before the rows run: it failed after them, every row
+		// thrown away, naming a hidden temporary file.
+		{[]string{"--segment-size", "64M", "--duration", "1s", "--plot", filepath.Join(t.TempDir(), "nodir", "x.svg")}, "--plot: write "},
 	} {
 		args := append([]string{"bench", "store"}, c.args...)
 		_, errs, code := execMC(t, args...)

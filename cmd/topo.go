@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -82,6 +83,9 @@ func runTopoDiscover(_ context.Context, o topoDiscoverOptions, p *printer) error
 	if err != nil {
 		return fmt.Errorf("topo discover: %w", err)
 	}
+	if err := filterMatches(o.Filters, t.NICs); err != nil {
+		return err
+	}
 	file, err := t.Matrix().MarshalFile()
 	if err != nil {
 		return fmt.Errorf("topo discover: %w", err)
@@ -89,6 +93,14 @@ func runTopoDiscover(_ context.Context, o topoDiscoverOptions, p *printer) error
 	// An empty matrix is an answer to print, but not a file to install:
 	// an engine loading it has no NIC to use.
 	empty := len(t.Matrix()) == 0
+	if o.Write != "" && empty && p.JSON() {
+		// One JSON document on stdout: the error's, not an empty
+		// matrix followed by it.
+		for _, n := range t.Notes {
+			fmt.Fprintf(p.Err, "note: %s\n", n)
+		}
+		return fmt.Errorf("topo discover: no RDMA NIC found: did not write an empty matrix to %s (an engine loading it would have no NIC to use)", o.Write)
+	}
 	if o.Write != "" && !empty {
 		if err := writeFileAtomic(o.Write, file); err != nil {
 			return fmt.Errorf("topo discover: write matrix: %w", err)
@@ -111,6 +123,29 @@ func runTopoDiscover(_ context.Context, o topoDiscoverOptions, p *printer) error
 		fmt.Fprintf(p.Err, "wrote the priority matrix to %s\n", o.Write)
 	}
 	return nil
+}
+
+// filterMatches refuses a NIC filter none of whose names is a NIC here:
+// a typo in it left every NIC out and printed an empty matrix, exit 0.
+// Names that match nothing beside ones that do are notes (discover's).
+func filterMatches(filters []string, nics []topo.NIC) error {
+	var names []string
+	for _, f := range filters {
+		if f = strings.TrimSpace(f); f != "" {
+			names = append(names, f)
+		}
+	}
+	if len(names) == 0 || len(nics) == 0 {
+		return nil
+	}
+	have := make([]string, 0, len(nics))
+	for _, n := range nics {
+		if slices.Contains(names, n.Name) {
+			return nil
+		}
+		have = append(have, n.Name)
+	}
+	return usagef("--filter (or MC_TE_FILTERS) %s: no RDMA NIC here has that name (the NICs: %s)", strings.Join(names, ","), strings.Join(have, ", "))
 }
 
 const topoLegend = `PIX same PCIe switch, PXB several PCIe bridges, PHB same host bridge, NODE same NUMA node,

@@ -135,6 +135,37 @@ func TestTopoDiscoverNoNICs(t *testing.T) {
 	if _, err := os.Stat(file); code != 1 || err == nil || !strings.Contains(stderr.String(), "mc: topo discover: no RDMA NIC found: did not write an empty matrix to "+file) {
 		t.Errorf("--write with no NIC: exit %d, file written %v, stderr %q; want exit 1, no file, and why", code, err == nil, stderr.String())
 	}
+	// With -o json: one JSON document on stdout, the error's. Before, the
+	// empty matrix came first, then the error object.
+	stdout.Reset()
+	stderr.Reset()
+	code = Execute(context.Background(), []string{"topo", "discover", "--sysfs-root", root, "--write", file, "-o", "json"}, &stdout, &stderr)
+	var e struct {
+		Error    string `json:"error"`
+		ExitCode int    `json:"exit_code"`
+	}
+	if err := json.Unmarshal([]byte(stdout.String()), &e); code != 1 || err != nil || !strings.Contains(e.Error, "no RDMA NIC found") {
+		t.Errorf("--write -o json with no NIC: exit %d, stdout %q (%v); want one error object", code, stdout.String(), err)
+	}
+}
+
+// A filter none of whose names is a NIC here is refused, naming the NICs.
+// Before, every NIC was left out and an empty matrix printed, exit 0.
+func TestTopoDiscoverFilterTypo(t *testing.T) {
+	isolateEnv(t)
+	root := fixtureRoot(t, "dgx-h100")
+	var stdout, stderr strings.Builder
+	code := Execute(context.Background(), []string{"topo", "discover", "--sysfs-root", root, "--filter", "bogus0"}, &stdout, &stderr)
+	if code != exitUsage || !strings.Contains(stderr.String(), "bogus0") || !strings.Contains(stderr.String(), "mlx5_0") {
+		t.Errorf("--filter bogus0: exit %d, stderr %q; want %d naming the filter and the NICs", code, stderr.String(), exitUsage)
+	}
+	// One right name among wrong ones keeps that NIC (the rest are notes).
+	stdout.Reset()
+	stderr.Reset()
+	code = Execute(context.Background(), []string{"topo", "discover", "--sysfs-root", root, "--filter", "bogus0,mlx5_1", "-o", "json"}, &stdout, &stderr)
+	if m, err := topo.ParseMatrix([]byte(stdout.String())); code != 0 || err != nil || strings.Join(m.NICs(), ",") != "mlx5_1" || !strings.Contains(stderr.String(), "bogus0") {
+		t.Errorf("--filter bogus0,mlx5_1: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
 }
 
 // --filter and MC_TE_FILTERS keep a subset; the flag wins over the env.
