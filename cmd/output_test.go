@@ -175,6 +175,20 @@ func TestJSONErrorOnFailure(t *testing.T) {
 	out, errs, code = execMC(t, "store", "query", "missing", "--admin", admin, "-o", "json")
 	check("store query of a missing key "+errs, out, code, 1)
 
+	// -o json after a misspelled flag, which stops parsing before it:
+	// the error object was printed only when -o came first.
+	for _, args := range [][]string{
+		{"store", "ls", "--sise", "-o", "json"},
+		{"store", "ls", "--sise", "--output=json"},
+		{"store", "ls", "--sise", "-ojson"},
+	} {
+		out, errs, code := execMC(t, args...)
+		check(fmt.Sprint("mc ", args, " ", errs), out, code, exitUsage)
+	}
+	if out, _, _ := execMC(t, "store", "ls", "--sise", "--", "-o", "json"); out != "" {
+		t.Errorf("-o json after --: stdout %q, want none (it is an argument)", out)
+	}
+
 	// output: json in the config file, for failures before the command
 	// ran too (they printed no JSON: only MC_OUTPUT and -o counted).
 	cfgDir := t.TempDir()

@@ -122,7 +122,7 @@ func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	line := withVerb(cmd, msg)
 	fmt.Fprintf(stderr, "mc: %s\n", line)
-	if jsonWanted(root, p) && !p.printedJSON {
+	if (jsonWanted(root, p) || !outputFlagParsed(root) && outputInArgs(args) == "json") && !p.printedJSON {
 		// -o json: stdout carries a JSON document on failure too, so
 		// that `mc ... -o json | jq` always has one to read.
 		_ = p.PrintJSON(jsonError{Error: line, ExitCode: code, Command: name})
@@ -163,6 +163,37 @@ func jsonWanted(root *cobra.Command, p *printer) bool {
 		return cfg.v.GetString("output") == "json"
 	}
 	return false
+}
+
+// outputFlagParsed reports whether --output/-o was parsed (it decides).
+func outputFlagParsed(root *cobra.Command) bool {
+	f := root.PersistentFlags().Lookup("output")
+	return f != nil && f.Changed
+}
+
+// outputInArgs is the value of the last --output/-o in args, for a
+// command line whose parsing stopped before reaching it (a misspelled
+// flag earlier on the line): `mc store ls --sise -o json` printed no
+// error object where `mc store ls -o json --sise` did.
+func outputInArgs(args []string) string {
+	out := ""
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			return out
+		case a == "-o" || a == "--output":
+			if i+1 < len(args) {
+				out = args[i+1]
+				i++
+			}
+		case strings.HasPrefix(a, "--output="):
+			out = strings.TrimPrefix(a, "--output=")
+		case strings.HasPrefix(a, "-o=") || strings.HasPrefix(a, "-o") && len(a) > 2 && !strings.HasPrefix(a, "--"):
+			out = strings.TrimPrefix(strings.TrimPrefix(a, "-o"), "=")
+		}
+	}
+	return out
 }
 
 // withVerb makes msg start with the path of the command that failed

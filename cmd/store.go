@@ -520,6 +520,12 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	if o.PromoteAfter < 0 {
 		return cfg, usagef("invalid --promote-after %d: want the disk read that promotes (1, 2, ...) or 0 for never", o.PromoteAfter)
 	}
+	if o.EvictionPolicy != "" && !slices.ContainsFunc(master.EvictionPolicies, func(n string) bool { return strings.EqualFold(n, o.EvictionPolicy) }) {
+		return cfg, usagef("invalid --eviction-policy %q: want one of %s", o.EvictionPolicy, strings.Join(master.EvictionPolicies, ", "))
+	}
+	if o.AllocationStrategy != "" && !slices.Contains(master.Strategies, o.AllocationStrategy) {
+		return cfg, usagef("invalid --allocation-strategy %q: want one of %s", o.AllocationStrategy, strings.Join(master.Strategies, ", "))
+	}
 	if o.SSDStagingTTL < 0 {
 		return cfg, usagef("invalid --ssd-staging-ttl %s: want a duration, e.g. 5s", o.SSDStagingTTL)
 	}

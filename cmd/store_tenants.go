@@ -47,7 +47,7 @@ the master's admin token when it has one.`,
 				}
 				qs, err := a.TenantQuotas(ctx)
 				if err != nil {
-					return fmt.Errorf("tenants ls: %w", err)
+					return fmt.Errorf("tenants ls: %w", tenantsErr(err))
 				}
 				return printTenants(p, qs)
 			case "set":
@@ -63,7 +63,7 @@ the master's admin token when it has one.`,
 				}
 				q, err := a.SetTenantQuota(ctx, args[0], n)
 				if err != nil {
-					return fmt.Errorf("tenants set %s: %w", args[0], err)
+					return fmt.Errorf("tenants set %s: %w", args[0], tenantsErr(err))
 				}
 				return printTenants(p, []store.TenantQuota{q})
 			case "rm":
@@ -74,7 +74,7 @@ the master's admin token when it has one.`,
 					return usagef("store tenants rm: invalid tenant %q: %w", args[0], err)
 				}
 				if _, err := a.DeleteTenantQuota(ctx, args[0]); err != nil {
-					return fmt.Errorf("tenants rm %s: %w", args[0], err)
+					return fmt.Errorf("tenants rm %s: %w", args[0], tenantsErr(err))
 				}
 				if p.JSON() {
 					return p.PrintJSON(map[string]any{"tenant_id": args[0], "removed": true})
@@ -87,6 +87,17 @@ the master's admin token when it has one.`,
 	}
 	o.addFlags(cmd.Flags())
 	return cmd
+}
+
+// tenantsErr says what a master without tenants means: its admin API
+// answers UNAVAILABLE_IN_CURRENT_MODE with that name for a message
+// (Mooncake's body), which read "UNAVAILABLE_IN_CURRENT_MODE:
+// UNAVAILABLE_IN_CURRENT_MODE".
+func tenantsErr(err error) error {
+	if store.CodeOf(err) == store.UnavailableInCurrentMode {
+		return store.Errorf(store.UnavailableInCurrentMode, "the master runs without tenants (start it with --enable-multi-tenants and --tenant-quota-connector-uri)")
+	}
+	return err
 }
 
 // tenantQuotaSize reads a quota as Mooncake's policy file writes it

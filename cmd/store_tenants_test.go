@@ -97,3 +97,16 @@ func TestStoreTenantsCLI(t *testing.T) {
 		t.Fatalf("put by a tenant whose policy was removed: %s", out)
 	}
 }
+
+// On a master without tenants, the error says what to start it with.
+// Before: "UNAVAILABLE_IN_CURRENT_MODE: UNAVAILABLE_IN_CURRENT_MODE".
+func TestStoreTenantsNotEnabled(t *testing.T) {
+	isolateEnv(t)
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "8M")
+	for _, args := range [][]string{{"store", "tenants"}, {"store", "tenants", "set", "team-a", "64MB"}} {
+		_, errs, code := execMC(t, append(args, "--master", rpc, "--admin", admin)...)
+		if code == 0 || !strings.Contains(errs, "--enable-multi-tenants") || strings.Count(errs, "UNAVAILABLE_IN_CURRENT_MODE") != 1 {
+			t.Errorf("mc %v on a master without tenants: exit %d, %q; want the flag to start it with", args, code, errs)
+		}
+	}
+}

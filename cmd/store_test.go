@@ -393,7 +393,7 @@ func TestStoreBadInput(t *testing.T) {
 	}{
 		{[]string{"serve", "store", "--segment-size", "lots"}, "--segment-size"},
 		{[]string{"serve", "store", "--default_kv_lease_ttl", "10x"}, "--default-kv-lease-ttl"},
-		{[]string{"serve", "store", "--allocation_strategy", "best"}, "allocation_strategy"},
+		{[]string{"serve", "store", "--allocation_strategy", "best"}, "--allocation-strategy \"best\""},
 		{[]string{"serve", "store", "--eviction_high_watermark_ratio", "1.5"}, "eviction_high_watermark_ratio"},
 		{[]string{"serve", "store", "--put_start_release_timeout_sec", "10"}, "must exceed"},
 		{[]string{"serve", "store", "--master", "nohost"}, "--master"},

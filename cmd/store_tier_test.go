@@ -43,12 +43,16 @@ func TestServeStoreSSDBadInput(t *testing.T) {
 		{[]string{"--ssd-dir", dir, "--ssd-staging-size", "1P"}, "--ssd-staging-size"},
 		{[]string{"--ssd-staging-size", "64M"}, "without --ssd-dir"},
 		{[]string{"--enable_offload"}, "/data/file_storage"},
+		// Found by the master's config check at start: exit 1, the flag
+		// not named (a CLI sweep).
+		{[]string{"--eviction-policy", "bogus"}, "--eviction-policy"},
+		{[]string{"--allocation-strategy", "bogus"}, "--allocation-strategy"},
 	} {
 		args := append([]string{"serve", "store", "--rpc_port", "1", "--metrics_port", "0"}, c.args...)
 		_, errs, code := execMC(t, args...)
 		wantCode := exitFailure // the directory's state, found at start
 		switch c.want {
-		case "--ssd-size", "without --ssd-dir", "needs a segment", "needs an mc master", "--promote-after":
+		case "--ssd-size", "without --ssd-dir", "needs a segment", "needs an mc master", "--promote-after", "--eviction-policy", "--allocation-strategy":
 			wantCode = exitUsage
 		}
 		if code != wantCode || !strings.Contains(errs, c.want) || strings.Count(errs, "\n") != 1 {
