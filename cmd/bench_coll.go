@@ -163,6 +163,21 @@ func (o benchCollOptions) sweep() (collbench.Config, error) {
 		Collective: o.Collective, MinBytes: o.MinBytes, MaxBytes: o.MaxBytes, Factor: o.Factor,
 		Iters: o.Iters, Warmup: o.Warmup, Check: o.Check, KillRank: o.KillRank, KillAfter: o.KillAfter,
 	}
+	// The flags by name first (the package's check names the fields).
+	switch {
+	case !slices.Contains(collbench.Collectives, o.Collective):
+		return cfg, usagef("invalid --collective %q: want one of %s", o.Collective, strings.Join(collbench.Collectives, ", "))
+	case o.MinBytes <= 0:
+		return cfg, usagef("invalid --min-bytes (-b) %d: want more than 0", o.MinBytes)
+	case o.MaxBytes < o.MinBytes:
+		return cfg, usagef("invalid --max-bytes (-e) %s: below --min-bytes %s", units.FormatSize(o.MaxBytes), units.FormatSize(o.MinBytes))
+	case o.Factor < 2:
+		return cfg, usagef("invalid --step-factor (-f) %d: want at least 2", o.Factor)
+	case o.Iters < 1:
+		return cfg, usagef("invalid --iters %d: want at least 1", o.Iters)
+	case o.Warmup < 0:
+		return cfg, usagef("invalid --warmup %d: want 0 or more", o.Warmup)
+	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, err
 	}

@@ -104,10 +104,15 @@ func TestBenchCollBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--collective", "all_scatter"}, `collective "all_scatter"`},
+		// Each names its flag, as a usage error (exit 64): they were
+		// the package's messages (step factor 1, iterations 0), exit 1.
+		{[]string{"--collective", "all_scatter"}, `--collective "all_scatter"`},
 		{[]string{"-b", "lots"}, "--min-bytes"},
-		{[]string{"-b", "1M", "-e", "1K"}, "want 0 < min <= max"},
-		{[]string{"-f", "1"}, "step factor"},
+		{[]string{"-b", "0"}, "--min-bytes (-b) 0"},
+		{[]string{"-b", "1M", "-e", "1K"}, "--max-bytes (-e) 1K"},
+		{[]string{"-f", "1"}, "--step-factor (-f) 1"},
+		{[]string{"--iters", "0"}, "--iters 0"},
+		{[]string{"--warmup", "-1"}, "--warmup -1"},
 		{[]string{"--ranks", "0"}, "--ranks 0"},
 		{[]string{"--kill-rank", "4"}, "--kill-rank 4"},
 		{[]string{"--slot-size", "100"}, "--slot-size"},
@@ -120,6 +125,9 @@ func TestBenchCollBadFlags(t *testing.T) {
 		_, _, err := runCmd(t, append([]string{"bench", "coll"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("%v: %v, want an error naming %q", c.args, err, c.want)
+		}
+		if _, errs, code := execMC(t, append([]string{"bench", "coll"}, c.args...)...); strings.HasPrefix(c.want, "--") && !strings.HasPrefix(c.want, "--store") && code != exitUsage {
+			t.Errorf("mc bench coll %v: exit %d (%q), want %d", c.args, code, errs, exitUsage)
 		}
 	}
 }
