@@ -34,21 +34,14 @@ func TestStoreDrainCLI(t *testing.T) {
 			t.Fatalf("put: %d %s %s", code, out, errs)
 		}
 	}
-	var st struct {
-		Segments []store.SegmentDetail `json:"segments"`
-	}
-	out, errs, code := execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
-	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || len(st.Segments) != 1 {
-		t.Fatalf("stat: %d %s %s", code, out, errs)
-	}
-	src := st.Segments[0].Name
+	src := onlySegment(t, m)
 	startServeStore(t, "--master", rpc, "--segment-size", "32M")
 
 	// Refusals first: an unknown segment, and no segment at all.
 	if _, errs, code := execMC(t, append([]string{"store", "drain", "no-such-seg"}, m...)...); code == 0 || !strings.Contains(errs, "SEGMENT_NOT_FOUND") && !strings.Contains(errs, "not mounted") {
 		t.Fatalf("drain of an unknown segment: %d %q", code, errs)
 	}
-	out, errs, code = execMC(t, append([]string{"store", "drain", src, "--unmount", "--wait", "--interval", "100ms", "-o", "json"}, m...)...)
+	out, errs, code := execMC(t, append([]string{"store", "drain", src, "--unmount", "--wait", "--interval", "100ms", "-o", "json"}, m...)...)
 	var j store.DrainJobStatus
 	if code != 0 || json.Unmarshal([]byte(out), &j) != nil {
 		t.Fatalf("drain: %d %s %s", code, out, errs)
@@ -71,6 +64,9 @@ func TestStoreDrainCLI(t *testing.T) {
 	}
 	if _, errs, code := execMC(t, append([]string{"store", "drain", "--cancel", j.JobID}, m...)...); code == 0 || !strings.Contains(errs, "ended") {
 		t.Fatalf("cancel of an ended job: %d %q", code, errs)
+	}
+	var st struct {
+		Segments []store.SegmentDetail `json:"segments"`
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -201,14 +197,7 @@ func TestStoreDrainFailedJSON(t *testing.T) {
 	if out, errs, code := execMC(t, append([]string{"store", "put", "k", f}, m...)...); code != 0 {
 		t.Fatalf("put: %d %s %s", code, out, errs)
 	}
-	var st struct {
-		Segments []store.SegmentDetail `json:"segments"`
-	}
-	out, errs, code := execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
-	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || len(st.Segments) != 1 {
-		t.Fatalf("stat: %d %s %s", code, out, errs)
-	}
-	out, errs, code = execMC(t, append([]string{"store", "drain", st.Segments[0].Name, "--wait", "--interval", "100ms", "-o", "json"}, m...)...)
+	out, errs, code := execMC(t, append([]string{"store", "drain", onlySegment(t, m), "--wait", "--interval", "100ms", "-o", "json"}, m...)...)
 	var j store.DrainJobStatus
 	if err := json.Unmarshal([]byte(out), &j); err != nil {
 		t.Fatalf("drain: exit %d, %v: %s %s", code, err, out, errs)
@@ -219,4 +208,18 @@ func TestStoreDrainFailedJSON(t *testing.T) {
 	if code != 1 || j.Success {
 		t.Errorf("failed drain job: exit %d, success %v; want exit 1, success false", code, j.Success)
 	}
+}
+
+// onlySegment is the name of the one segment of the store m reaches
+// (fails if it has another number of them).
+func onlySegment(t *testing.T, m []string) string {
+	t.Helper()
+	var st struct {
+		Segments []store.SegmentDetail `json:"segments"`
+	}
+	out, errs, code := execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || len(st.Segments) != 1 {
+		t.Fatalf("stat: %d %s %s", code, out, errs)
+	}
+	return st.Segments[0].Name
 }
