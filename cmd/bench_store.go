@@ -128,7 +128,7 @@ gives its ratio to it.`,
 	durationVar(f, &o.Duration, "duration", 5*time.Second, "time per row")
 	f.IntVar(&o.Keys, "keys", 0, "keys gets read from (0: enough to spread reads over half the store)")
 	f.BoolVar(&o.Verify, "verify", false, "check every byte of every get")
-	f.BoolVar(&o.Checksums, "checksums", false, "the clients record a CRC32C of each value put and check it on every get, as mc store put/get do by default (off here: it costs 13-39% of 1 MiB gets on this 2-core VM; run both ways to see its cost)")
+	f.BoolVar(&o.Checksums, "checksums", false, "the clients record a CRC32C of each value put and check it on every get, as mc store put/get do by default (off here: it cost 13-39% of 1 MiB gets on a 2-core VM; run both ways to see its cost on yours)")
 	f.StringVar(&o.Tenant, "tenant", "default", "the clients' tenant on a --master with --enable-multi-tenants (Mooncake's tenant_id)")
 	envName(f, "tenant", "MC_TENANT")
 	sizeVar(f, &o.SegmentSize, "segment-size", 2<<30, "the embedded store's segment (without --master); it is faulted in before measuring")

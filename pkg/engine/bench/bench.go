@@ -219,8 +219,8 @@ func Run(ctx context.Context, cfg InitiatorConfig) ([]Result, error) {
 	for tid := range places {
 		rb := d.Buffers[tid%len(d.Buffers)]
 		if uint64(span) > rb.Length {
-			return nil, fmt.Errorf("batch_size %d x block_size %d x threads %d = %d bytes does not fit in segment %q's buffer %s (%d bytes)",
-				cfg.BatchSize, maxBlock, cfg.Threads, span, cfg.Segment, rb.Name, rb.Length)
+			return nil, fmt.Errorf("--batch-size %d x the largest --block-size %s x --threads %d = %s does not fit in the target's buffer (segment %q registers %s, buffer %q): lower one of them, or give the target a larger --buffer-size",
+				cfg.BatchSize, FormatSize(maxBlock), cfg.Threads, FormatSize(span), cfg.Segment, FormatSize(int64(rb.Length)), rb.Name)
 		}
 		places[tid].remote = rb.Addr
 	}

@@ -173,7 +173,9 @@ func TestRunRejectsOversizedSpan(t *testing.T) {
 	e := newInitiator(t)
 	_, err = Run(ctx, InitiatorConfig{Engine: e, Segment: tgt.Engine.SegmentName(), Op: engine.Read, BatchSize: 128,
 		BlockSizes: []int64{65536}, BufferSize: 1 << 30, Duration: time.Second, Threads: 1})
-	if err == nil || !strings.Contains(err.Error(), "does not fit in segment") {
+	// In the flags' names and sizes a user reads (it was batch_size 128
+	// x block_size 65536 ... buffer <hostname>).
+	if err == nil || !strings.Contains(err.Error(), "does not fit in the target's buffer (segment") || !strings.Contains(err.Error(), "--batch-size 128 x the largest --block-size 64K") {
 		t.Fatalf("err %v", err)
 	}
 }
