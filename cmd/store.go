@@ -1867,6 +1867,15 @@ file_cache_hit_nums_ (its admin API: --admin, or port 9003 of --master).`,
   mc store replay --trace testdata/traces/conversation_trace.jsonl --capacity-blocks 10000,30000 --ssd-capacity-blocks 0,50000 --promote-after 2`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !o.Online {
+				// Flags that concern a store, given to an offline
+				// replay, were ignored without a word.
+				for _, n := range []string{"master", "admin", "block-bytes", "tenant", "protocol", "allow-evict"} {
+					if f := cmd.Flags().Lookup(n); f != nil && f.Changed {
+						return usagef("--%s concerns a running store: give --online with it (without it the replay runs the policies offline)", n)
+					}
+				}
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return runStoreReplay(ctx, o, p)

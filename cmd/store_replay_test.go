@@ -90,6 +90,9 @@ func TestStoreReplayBadInput(t *testing.T) {
 		{[]string{"store", "replay", "--trace", tr, "--capacity-blocks", "0"}, "--capacity-blocks"},
 		{[]string{"store", "replay", "--trace", tr, "--online", "--capacity-blocks", "1,2"}, "at most one"},
 		{[]string{"store", "replay", "--trace", tr, "--online", "--block-bytes", "x"}, "--block-bytes"},
+		// A store's flags without --online were ignored without a word.
+		{[]string{"store", "replay", "--trace", tr, "--block-bytes", "0"}, "--block-bytes concerns a running store"},
+		{[]string{"store", "replay", "--trace", tr, "--tenant", "x"}, "--tenant concerns a running store"},
 	} {
 		_, errs, code := execMC(t, c.args...)
 		if code == 0 || !strings.Contains(errs, c.want) || strings.Count(errs, "\n") != 1 {
