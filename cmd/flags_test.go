@@ -203,3 +203,19 @@ func TestFloatFlagsRefuseNaN(t *testing.T) {
 		t.Errorf("MC_SERVE_EVICTION_RATIO=NaN: exit %d, %q", code, errs)
 	}
 }
+
+// An integer too large for its flag is said to be out of range (pflag
+// said "must be an integer"); a word still is not an integer.
+func TestIntFlagOutOfRange(t *testing.T) {
+	isolateEnv(t)
+	for _, c := range []struct{ val, want string }{
+		{"99999999999999999999", "out of range for an integer flag"},
+		{"-99999999999999999999", "out of range for an integer flag"},
+		{"abc", "must be an integer"},
+	} {
+		_, errs, code := execMC(t, "store", "put", "k", "/dev/null", "--replicas", c.val)
+		if code != exitUsage || !strings.Contains(errs, c.want) || !strings.Contains(errs, "--replicas") {
+			t.Errorf("--replicas %s: exit %d, %q; want %d naming the flag and %q", c.val, code, errs, exitUsage, c.want)
+		}
+	}
+}

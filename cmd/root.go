@@ -165,6 +165,20 @@ func jsonWanted(root *cobra.Command, p *printer) bool {
 	return false
 }
 
+// outOfRange rewords pflag's "must be an integer" for a value that is
+// one, only too large for the flag (99999999999999999999).
+func outOfRange(err error) error {
+	var ive *pflag.InvalidValueError
+	if !errors.As(err, &ive) || ive.Unwrap() == nil || ive.Unwrap().Error() != "must be an integer" {
+		return err
+	}
+	v := strings.TrimLeft(ive.GetValue(), "+-")
+	if v == "" || strings.Trim(v, "0123456789") != "" {
+		return err
+	}
+	return fmt.Errorf("invalid argument %q for --%s: out of range for an integer flag (%s)", ive.GetValue(), ive.GetFlag().Name, ive.GetFlag().Value.Type())
+}
+
 // outputFlagParsed reports whether --output/-o was parsed (it decides).
 func outputFlagParsed(root *cobra.Command) bool {
 	f := root.PersistentFlags().Lookup("output")
@@ -269,7 +283,7 @@ environment variable or in $XDG_CONFIG_HOME/mc/config.yaml.
 		if rest := c.Flags().Args(); c.HasSubCommands() && len(rest) > 0 {
 			return unknownSubcommand(c, rest)
 		}
-		return usageError(c, fmt.Errorf("%s%w (see '%s --help')", subPath(c), err, c.CommandPath()))
+		return usageError(c, fmt.Errorf("%s%w (see '%s --help')", subPath(c), outOfRange(err), c.CommandPath()))
 	})
 
 	pf := root.PersistentFlags()
