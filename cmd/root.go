@@ -60,7 +60,8 @@ const exitStatusHelp = `Exit status:
   3    diag qp-leak: unknown (its input could not be read)
   64   usage error on every command: unknown command or flag, bad flag
        value, missing or extra argument (sysexits' EX_USAGE)
-  130  interrupted (SIGINT/SIGTERM) after printing what was done`
+  130  interrupted (SIGINT/SIGTERM) after printing what was done; what runs
+       until stopped (serve, store events) exits 0 when stopped so`
 
 // usageErr marks an error as the caller's mistake (a usage error): it
 // exits exitUsage whatever status the errors around it carry.
