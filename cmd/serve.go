@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -143,6 +145,14 @@ func runServeMetadata(ctx context.Context, o serveMetadataOptions, p *printer) e
 const metadataMaintenance = 10 * time.Second
 
 func serveEtcdMetadata(ctx context.Context, o serveMetadataOptions, p *printer) error {
+	if o.DataDir != "" {
+		// etcd makes a missing directory and starts empty there: a
+		// mistyped --data-dir looked like a metadata server that lost
+		// everything. Say so.
+		if _, err := os.Stat(filepath.Join(o.DataDir, "member")); errors.Is(err, fs.ErrNotExist) {
+			slog.Warn(fmt.Sprintf("--data-dir %s holds no etcd data: starting a new, empty metadata store there (check the path if you meant to reuse one)", o.DataDir))
+		}
+	}
 	ee, err := meta.StartEtcd(ctx, meta.EtcdConfig{Listen: o.Listen, DataDir: o.DataDir, QuotaBackendBytes: o.Quota,
 		AutoCompaction: o.AutoCompaction, Maintenance: metadataMaintenance, Logger: slog.Default()})
 	if err != nil {

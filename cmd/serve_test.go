@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -225,5 +227,31 @@ func TestServeMetadataCommand(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("command did not stop")
+	}
+}
+
+// A --data-dir with no etcd data in it (a mistyped path) is warned of:
+// etcd made the directory and started empty, silently. A directory that
+// holds etcd's data is not.
+func TestServeMetadataNewDataDirWarned(t *testing.T) {
+	var logs syncBuffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+	defer slog.SetDefault(old)
+	dir := filepath.Join(t.TempDir(), "typo")
+	_, _, stop := startServe(t, serveMetadataOptions{Listen: "127.0.0.1:0", DataDir: dir, Backend: "etcd"}, "table")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "holds no etcd data: starting a new, empty metadata store") {
+		t.Errorf("no warning for a --data-dir without etcd data:\n%s", logs.String())
+	}
+	before := strings.Count(logs.String(), "holds no etcd data")
+	_, _, stop = startServe(t, serveMetadataOptions{Listen: "127.0.0.1:0", DataDir: dir, Backend: "etcd"}, "table")
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(logs.String(), "holds no etcd data") != before {
+		t.Error("warned again for a --data-dir that holds etcd's data")
 	}
 }
