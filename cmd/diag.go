@@ -113,6 +113,9 @@ func runQPLeak(ctx context.Context, o qpLeakOptions, p *printer) error {
 	if o.Horizon <= 0 {
 		return unknown(usagef("invalid --horizon %v: want a positive duration", o.Horizon))
 	}
+	if o.Top < 0 {
+		return unknown(usagef("invalid --top %d: want the number of peers to list (0 for none)", o.Top))
+	}
 	for _, a := range o.Args {
 		kind, err := diag.Classify(a)
 		if err != nil {

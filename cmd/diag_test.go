@@ -185,6 +185,7 @@ func TestDiagQPLeakUnknown(t *testing.T) {
 		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--at", "1,2"}, "2 --at stamps for 1 --rdma files"},
 		{[]string{"--num-qp-per-ep", "-1", "--rdma", diagTD + "leak/rdma.txt"}, "--num-qp-per-ep"},
 		{[]string{"--horizon", "0", "--rdma", diagTD + "leak/rdma.txt"}, "invalid --horizon 0s"},
+		{[]string{"--top", "-1", "--rdma", diagTD + "leak/rdma.txt"}, "invalid --top -1"}, // was taken as 0
 		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--log", dir}, "is a directory"},
 		{[]string{"--rdma", diagTD + "leak/rdma.txt", "--log", cutGzip}, "cut.gz: unexpected EOF"},
 		{[]string{"--rdma-bin", nonetlink}, "no RDMA netlink"},
@@ -194,7 +195,7 @@ func TestDiagQPLeakUnknown(t *testing.T) {
 		{[]string{"--watch", "1s", "--rdma", diagTD + "leak/rdma.txt"}, "takes no --rdma files"},
 	}
 	usage := map[string]bool{"invalid --horizon 0s": true, `invalid --at "yesterday"`: true, "2 --at stamps for 1 --rdma files": true,
-		"--num-qp-per-ep": true, "standard input (-) can be only one": true, "takes no --rdma files": true}
+		"--num-qp-per-ep": true, "standard input (-) can be only one": true, "takes no --rdma files": true, "invalid --top -1": true}
 	for _, c := range cases {
 		out, errs, code := execMC(t, append([]string{"diag", "qp-leak"}, c.args...)...)
 		want := 3
