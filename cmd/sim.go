@@ -159,6 +159,29 @@ func runSimConductor(o simConductorOptions, p *printer) error {
 	case o.CacheBlocks < 0:
 		return usagef("invalid --cache-blocks-per-instance %d", o.CacheBlocks)
 	}
+	// The cost model's flags by name (its check names its fields).
+	c := o.Cost
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"prefill-base", c.PrefillBase}, {"decode-base", c.DecodeBase}, {"decode-per-seq", c.DecodePerSeq},
+		{"decode-per-ctx-token", c.DecodePerCtxToken}, {"transfer-latency", c.TransferLatency}} {
+		if d.v < 0 {
+			return usagef("invalid --%s %s: must not be negative", d.name, d.v)
+		}
+	}
+	switch {
+	case !(c.PrefillTokensPerSec > 0):
+		return usagef("invalid --prefill-tokens-per-sec %g: want more than 0", c.PrefillTokensPerSec)
+	case !(c.LinkGBps > 0):
+		return usagef("invalid --link-gbps %g: want more than 0", c.LinkGBps)
+	case !(c.AttnSecPerToken2 >= 0):
+		return usagef("invalid --attn-sec-per-token2 %g: must not be negative", c.AttnSecPerToken2)
+	case c.DecodeKVTokens < 0:
+		return usagef("invalid --decode-kv-tokens %d: want 0 (unbounded) or more", c.DecodeKVTokens)
+	case c.BlockBytes <= 0:
+		return usagef("invalid --block-bytes %d: want more than 0 bytes", c.BlockBytes)
+	}
 	if err := o.Cost.Check(); err != nil {
 		return usagef("cost model: %w", err)
 	}

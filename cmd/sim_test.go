@@ -57,7 +57,10 @@ func TestSimConductor(t *testing.T) {
 		{[]string{"--trace", tr, "--rejection", "maybe"}, "--rejection"},
 		{[]string{"--trace", tr, "--prefill", "0"}, "--prefill"},
 		{[]string{"--trace", tr, "--speedup", "-1"}, "--speedup"},
-		{[]string{"--trace", tr, "--link-gbps", "0"}, "link"},
+		{[]string{"--trace", tr, "--link-gbps", "0"}, "--link-gbps 0"},
+		// Named by flag (it was "cost model constants must not be negative").
+		{[]string{"--trace", tr, "--attn-sec-per-token2", "-1"}, "--attn-sec-per-token2 -1"},
+		{[]string{"--trace", tr, "--block-bytes", "0"}, "--block-bytes 0"},
 		{[]string{"--trace", tr, "--cache-policy", "arc"}, "--cache-policy"},
 		{[]string{"--trace", filepath.Join(dir, "none.jsonl")}, "no such file"},
 		// Output paths are checked before the simulation (it ran, then
