@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jedib0t/go-pretty/v6/progress"
+	"github.com/jedib0t/go-pretty/v6/text"
 	"github.com/spf13/cobra"
 
 	"github.com/kvcache-ops/mc/pkg/store"
@@ -298,7 +299,8 @@ func printDrainJob(p *printer, j store.DrainJobStatus) error {
 		rows = append(rows, []string{"elapsed", (time.Duration(end-j.CreatedAtMs) * time.Millisecond).String()})
 	}
 	if j.Message != "" {
-		rows = append(rows, []string{"message", j.Message})
+		// Wrapped: a long message made the table some 250 columns wide.
+		rows = append(rows, []string{"message", text.WrapSoft(j.Message, 72)})
 	}
 	p.Table("", []string{"drain", "value"}, rows)
 	return nil

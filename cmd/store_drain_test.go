@@ -208,6 +208,18 @@ func TestStoreDrainFailedJSON(t *testing.T) {
 	if code != 1 || j.Success {
 		t.Errorf("failed drain job: exit %d, success %v; want exit 1, success false", code, j.Success)
 	}
+	// The table wraps the job's message (it was one row ~250 columns
+	// wide).
+	out, _, _ = execMC(t, append([]string{"store", "drain", "--status", j.JobID}, m...)...)
+	for _, line := range strings.Split(out, "\n") {
+		if n := len([]rune(line)); n > 120 {
+			t.Errorf("drain status table line of %d columns:\n%s", n, out)
+			break
+		}
+	}
+	if len(j.Message) < 100 {
+		t.Logf("the job's message is short (%q): the width check is weak", j.Message)
+	}
 }
 
 // onlySegment is the name of the one segment of the store m reaches
