@@ -1,10 +1,13 @@
 package cmd
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -86,7 +89,9 @@ writes per-second prefill and decode load as CSV and --plot FILE.svg draws it
   mc sim conductor --trace testdata/traces/conversation_trace.jsonl --prefill 8 --decode 1 --speedup 2 --rejection early,predicted --plot load.svg`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runSimConductor(o, p)
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return runSimConductor(ctx, o, p)
 		},
 	}
 	f := cmd.Flags()
@@ -123,7 +128,7 @@ writes per-second prefill and decode load as CSV and --plot FILE.svg draws it
 // a hundred thousand instances of each still fits in memory and time.
 const maxSimInstances = 100_000
 
-func runSimConductor(o simConductorOptions, p *printer) error {
+func runSimConductor(ctx context.Context, o simConductorOptions, p *printer) error {
 	if o.Trace == "" {
 		return usagef("--trace is required (a FAST'25 trace, e.g. testdata/traces/conversation_trace.jsonl in mc's repository)")
 	}
@@ -205,12 +210,15 @@ func runSimConductor(o simConductorOptions, p *printer) error {
 	var results []conductor.Result
 	for _, s := range scheds {
 		for _, r := range rejs {
-			res, err := conductor.Simulate(conductor.SimConfig{
+			res, err := conductor.SimulateContext(ctx, conductor.SimConfig{
 				Prefill: o.Prefill, Decode: o.Decode, Scheduler: s, Rejection: r, TTFTSLO: o.TTFTSLO, TBTSLO: o.TBTSLO,
 				CacheBlocks: o.CacheBlocks, CachePolicy: o.CachePolicy, BalancingThreshold: o.BalancingThreshold,
 				Speedup: o.Speedup, Cost: o.Cost, Seed: o.Seed,
 			}, reqs)
 			if err != nil {
+				if ctx.Err() != nil {
+					return &exitError{code: exitInterrupted, err: fmt.Errorf("sim conductor: interrupted after %d of %d simulations (scheduler %s, rejection %s under way); nothing printed", len(results), len(scheds)*len(rejs), s, r)}
+				}
 				return err
 			}
 			results = append(results, res)

@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -94,5 +95,21 @@ func TestSimConductor(t *testing.T) {
 	if out, errs, code := execMC(t, "sim", "conductor", "--trace", bad); code != 1 || out != "" || strings.Count(errs, "\n") != 1 ||
 		!strings.HasPrefix(errs, "mc: ") || !strings.Contains(errs, "line 1: missing required field(s) timestamp, input_length, output_length, hash_ids") {
 		t.Errorf("mc sim conductor on {\"garbage\": 1}: exit %d, stdout %q, stderr %q; want one line naming line 1 and the missing fields", code, out, errs)
+	}
+}
+
+// Interrupted, a simulation stops and says so (exit 130). Before, SIGINT
+// killed it without a word, and where SIGINT is ignored it ran on for
+// minutes.
+func TestSimConductorInterrupted(t *testing.T) {
+	isolateEnv(t)
+	tr := filepath.Join(t.TempDir(), "t.jsonl")
+	os.WriteFile(tr, []byte("{\"timestamp\": 0, \"input_length\": 512, \"output_length\": 4, \"hash_ids\": [1]}\n"), 0o644)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var stdout, stderr strings.Builder
+	code := Execute(ctx, []string{"sim", "conductor", "--trace", tr}, &stdout, &stderr)
+	if code != exitInterrupted || stdout.String() != "" || !strings.Contains(stderr.String(), "interrupted after 0 of 1 simulations") {
+		t.Errorf("interrupted simulation: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
 	}
 }

@@ -2,6 +2,7 @@ package conductor
 
 import (
 	"container/heap"
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -183,6 +184,12 @@ func (s *Sim) PredictLoad(d int, at time.Duration) DecodeLoad {
 
 // Simulate replays reqs (in timestamp order) through the conductor.
 func Simulate(cfg SimConfig, reqs []trace.Request) (Result, error) {
+	return SimulateContext(context.Background(), cfg, reqs)
+}
+
+// SimulateContext is Simulate stopped by ctx (its error then): a
+// simulation of a large cluster or trace runs for minutes.
+func SimulateContext(ctx context.Context, cfg SimConfig, reqs []trace.Request) (Result, error) {
 	if cfg.Prefill <= 0 || cfg.Decode <= 0 {
 		return Result{}, fmt.Errorf("need at least one prefill and one decode instance (got %d and %d)", cfg.Prefill, cfg.Decode)
 	}
@@ -232,7 +239,10 @@ func Simulate(cfg SimConfig, reqs []trace.Request) (Result, error) {
 		s.push(0, evSample, 0, 0)
 	}
 	s.res = Result{Scheduler: string(cfg.Scheduler), Rejection: string(cfg.Rejection), Requests: len(reqs)}
-	for s.q.Len() > 0 {
+	for n := 0; s.q.Len() > 0; n++ {
+		if n%4096 == 0 && ctx.Err() != nil {
+			return Result{}, ctx.Err()
+		}
 		e := heap.Pop(&s.q).(event)
 		s.now = e.at
 		switch e.kind {
