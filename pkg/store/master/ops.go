@@ -768,8 +768,8 @@ func (m *Master) lookupOne(k string, depth int, lease, direct bool, deadline tim
 	case o.state != stateComplete:
 		r.Err = store.Errorf(store.ReplicaIsNotReady, "key %q is still being written", k)
 	case lease && len(o.replicas) == 0 && o.tier != nil && o.tier.early && m.early.in(now):
-		// Re-added from before this master during its first settle
-		// bound: a fence may still be heard of it (earlyHold).
+		// Re-added from before this master in its first moments: a
+		// fence may still be heard of it (earlyHold).
 		r.Err = errEarly
 	case lease && len(o.replicas) == 0 && o.onDisk() && (o.tier.stage != nil || direct && o.tier.loading == nil) && m.promoteDue(o) && m.promoteLoad(o, &r, deadline):
 		// The read that promotes: loaded into the segment, not shared.

@@ -524,14 +524,15 @@ func (m *Master) slowDropDone(op *tierOp, err error) {
 
 // earlyHold holds the reads of disk records re-added from before this
 // master (restarted without HA) during its first moments (maxEarlyHold,
-// at most the settle bound), counted from the first node back. A tier fenced by an earlier master (its
-// DROPs unconfirmed, or it was away) may attach before any node that
-// knows of the fence has re-mounted: typically the fenced tier's node is
-// the one that was stalled and never heard it. Its records are then
-// re-added as if current, and served stale until a node naming the fence
-// re-mounts (fenceTier drops them). Nodes come back together after a
-// restart (each at its next ping), so reads of those records wait until
-// the bound (or a fence drops them) instead of being answered at once.
+// at most the settle bound), counted from the first node back. A tier
+// fenced by an earlier master (its DROPs unconfirmed, or it was away)
+// may attach before any node that knows of the fence has re-mounted:
+// typically the fenced tier's node is the one that was stalled and never
+// heard it. Its records are then re-added as if current, and served
+// stale until a node naming the fence re-mounts (fenceTier drops them).
+// Nodes come back together after a restart (each at its next ping), so
+// reads of those records wait until the bound (or a fence drops them)
+// instead of being answered at once.
 type earlyHold struct {
 	// end: unix nanos the window closes (0: not open yet).
 	end  atomic.Int64
@@ -605,36 +606,11 @@ func (m *Master) awaitEarly(keys []string, lease, direct bool, deadline time.Tim
 		return
 	}
 	m.early.held.Add(uint64(len(idx)))
-	for len(idx) > 0 {
-		wait := time.Duration(m.early.end.Load() - m.now())
-		timedOut := false
-		if !deadline.IsZero() {
-			if left := time.Until(deadline); left < wait {
-				wait, timedOut = left, true
-			}
-		}
-		if wait > 0 {
-			timer := time.NewTimer(wait)
-			select {
-			case <-timer.C:
-			case <-m.early.changed():
-				timedOut = false
-			case <-m.done:
-				timer.Stop()
-				for _, i := range idx {
-					out[i].Err = store.Errorf(store.InternalError, "key %q: the master stopped", keys[i])
-				}
-				return
-			}
-			timer.Stop()
-		}
-		if timedOut && !deadline.After(time.Now()) {
-			m.early.timeouts.Add(uint64(len(idx)))
-			for _, i := range idx {
-				out[i].Err = store.Errorf(store.RPCTimeout, "key %q: its disk record is from before this master's restart, and its reads wait until %s for the nodes that may know it is stale", keys[i], time.Unix(0, m.early.end.Load()).Format("15:04:05.000"))
-			}
-			return
-		}
+	for {
+		// The fence channel first, then the lookup: a fence heard in
+		// between wakes the wait below instead of being missed (the
+		// first pass repeats the caller's lookup for that reason).
+		changed := m.early.changed()
 		sub := make([]string, len(idx))
 		for j, i := range idx {
 			sub[j] = keys[i]
@@ -652,6 +628,37 @@ func (m *Master) awaitEarly(keys []string, lease, direct bool, deadline time.Tim
 				left = append(left, i)
 			}
 		}
-		idx = left
+		if idx = left; len(idx) == 0 {
+			return
+		}
+		wait := time.Duration(m.early.end.Load() - now)
+		timedOut := false
+		if !deadline.IsZero() {
+			if until := time.Until(deadline); until < wait {
+				wait, timedOut = until, true
+			}
+		}
+		if wait > 0 {
+			timer := time.NewTimer(wait)
+			select {
+			case <-timer.C:
+			case <-changed:
+				timedOut = false
+			case <-m.done:
+				timer.Stop()
+				for _, i := range idx {
+					out[i].Err = store.Errorf(store.InternalError, "key %q: the master stopped", keys[i])
+				}
+				return
+			}
+			timer.Stop()
+		}
+		if timedOut && !deadline.After(time.Now()) {
+			m.early.timeouts.Add(uint64(len(idx)))
+			for _, i := range idx {
+				out[i].Err = store.Errorf(store.RPCTimeout, "key %q: its disk record is from before this master's restart, and its reads wait until %s for the nodes that may know it is stale", keys[i], time.Unix(0, m.early.end.Load()).Format("15:04:05.000"))
+			}
+			return
+		}
 	}
 }
