@@ -147,7 +147,9 @@ func runStoreDrain(ctx context.Context, o storeDrainOptions, a *store.Admin, seg
 			return err
 		}
 		if p.JSON() {
-			return p.PrintJSON(drainJSON(j))
+			// success: the cancel was taken (exit 0); status_name says
+			// where the job is, CANCELED once its copies under way end.
+			return p.PrintJSON(j)
 		}
 		fmt.Fprintf(p.Out, "drain job %s: cancel asked (%s; copies under way finish, then the segments return to service)\n", o.Cancel, j.StatusName)
 		return nil
@@ -260,11 +262,11 @@ func drainLine(j store.DrainJobStatus, elapsed time.Duration) string {
 		humanBytes(uint64(rate)), j.ActiveUnits, j.FailedUnits, j.BlockedUnits, eta)
 }
 
-// drainJSON is a job's status as -o json prints it: the admin API's
-// fields, but success says whether the job has not failed (the API's,
-// Mooncake's, says the query worked: true for a FAILED job, which a
-// script checking it read as a drain that worked). It agrees with the
-// exit code.
+// drainJSON is a job's status as --status, --wait and a new job print
+// it under -o json: the admin API's fields, but success says whether the
+// job has not failed (the API's, Mooncake's, says the query worked: true
+// for a FAILED job, which a script checking it read as a drain that
+// worked). It agrees with the exit code.
 func drainJSON(j store.DrainJobStatus) store.DrainJobStatus {
 	j.Success = j.StatusName != "FAILED" && j.StatusName != "CANCELED"
 	return j
