@@ -146,14 +146,7 @@ func TestTierOffloadDropFence(t *testing.T) {
 	case <-time.After(time.Second):
 	}
 	free()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("remove: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("remove still waits after the offload ended")
-	}
+	removeAcked(t, done, "remove still waits after the offload ended")
 	if _, ok := tn.Tier().Lookup("k"); ok {
 		t.Fatal("remove acknowledged before the offloaded record was dropped")
 	}
@@ -330,6 +323,20 @@ func holdOffload(t *testing.T, c *cluster, key string) (free func()) {
 	return free
 }
 
+// removeAcked waits for a remove's answer on done (at most 15 s, then
+// fails with late) and fails unless it succeeded.
+func removeAcked(t *testing.T, done <-chan error, late string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("remove: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal(late)
+	}
+}
+
 // slowDropConfig is a master without HA whose drop fence is bound (and
 // leases short, for quick eviction).
 func slowDropConfig(bound time.Duration) master.Config {
@@ -406,14 +413,7 @@ func TestTierSlowOffloadDropFenced(t *testing.T) {
 	go func() { done <- cl.Remove(ctx, "k", false) }()
 	time.Sleep(100 * time.Millisecond)
 	free()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("remove: %v", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("remove still waits")
-	}
+	removeAcked(t, done, "remove still waits")
 	if _, ok := tn.Tier().Lookup("k"); !ok {
 		t.Fatal("the node applied a DROP the test withheld")
 	}
