@@ -701,7 +701,7 @@ func (m *Master) lookupInto(keys []string, lease bool, out []ReplicaResult, desc
 // the reader stages disk objects itself (DiskVersion).
 func (m *Master) lookupUntil(keys []string, lease, direct bool, deadline time.Time, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
 	start := m.now()
-	out, descs = m.lookupRaw(keys, lease, direct, deadline, out, descs)
+	out, descs = m.lookupRaw(keys, lease, direct, deadline, start, out, descs)
 	if lease && m.early.end.Load() > start {
 		m.awaitEarly(keys, lease, direct, deadline, start, out)
 	}
@@ -723,14 +723,13 @@ func (m *Master) lookupUntil(keys []string, lease, direct bool, deadline time.Ti
 }
 
 // lookupRaw is lookupUntil without the early hold's wait and the
-// counters.
-func (m *Master) lookupRaw(keys []string, lease, direct bool, deadline time.Time, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
+// counters, at now.
+func (m *Master) lookupRaw(keys []string, lease, direct bool, deadline time.Time, now int64, out []ReplicaResult, descs []store.Replica) ([]ReplicaResult, []store.Replica) {
 	out = slices.Grow(out[:0], len(keys))[:len(keys)]
 	clear(out)
 	// One array for every key's descriptors (most keys have one replica);
 	// each result is a full slice of its own part of it.
 	descs = slices.Grow(descs[:0], len(keys))
-	now := m.now()
 	var loads []*tierOp
 	var loadIdx []int
 	// The batch's use stamps, reserved at once; in key order.

@@ -615,8 +615,8 @@ func (m *Master) awaitEarly(keys []string, lease, direct bool, deadline time.Tim
 		for j, i := range idx {
 			sub[j] = keys[i]
 		}
-		res, _ := m.lookupRaw(sub, lease, direct, deadline, nil, nil)
 		now := m.now()
+		res, _ := m.lookupRaw(sub, lease, direct, deadline, now, nil, nil)
 		left := idx[:0]
 		for j, i := range idx {
 			out[i] = res[j]
