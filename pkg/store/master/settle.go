@@ -425,7 +425,11 @@ func (m *Master) fenceSlow(ops []*tierOp, bound time.Duration, late *tierOp) boo
 	for _, op := range ops {
 		select {
 		case <-op.done:
-			continue
+			if op.err == nil {
+				continue // confirmed
+			}
+			// Ended unapplied: fenced like one unconfirmed, until the
+			// tier attaches again (tierJoined).
 		default:
 		}
 		if op.tier == "" {
@@ -457,7 +461,11 @@ func (m *Master) fenceSlow(ops []*tierOp, bound time.Duration, late *tierOp) boo
 	announced := r.seen >= want
 	r.mu.Unlock()
 	if len(fenced) > 0 {
-		m.log.Warn(fmt.Sprintf("disk tier: the DROP of %q (version %d) is not confirmed after %s: tier %s fenced until it confirms (a master restarted meanwhile drops its records from before)", late.key, late.version, bound, strings.Join(fenced, ", ")))
+		why := fmt.Sprintf("is not confirmed after %s", bound)
+		if late.ended() && late.err != nil {
+			why = fmt.Sprintf("ended unapplied (%v)", late.err)
+		}
+		m.log.Warn(fmt.Sprintf("disk tier: the DROP of %q (version %d) %s: tier %s fenced until it confirms (a master restarted meanwhile drops its records from before)", late.key, late.version, why, strings.Join(fenced, ", ")))
 	}
 	if announced {
 		return true

@@ -103,3 +103,55 @@ func TestNameTiersOddRoster(t *testing.T) {
 func hasFence(fenced []string, id string) bool {
 	return slices.ContainsFunc(fenced, func(f string) bool { return strings.HasPrefix(f, id+"@") })
 }
+
+// A DROP that ended unapplied (its node's stream ended) is not a
+// confirmation. Closing a master ends the streams just after it closes
+// done: a call waiting on both saw either, and when it took the DROP's
+// end it was acknowledged though the record stayed on disk for the next
+// master to re-add (CI: TestTierDropFence, "get after an acknowledged
+// upsert returned the version before it"). Each round has both ready
+// before the wait, so before the fix about half the rounds acknowledged.
+func TestFenceDropEndedByClose(t *testing.T) {
+	defer func() { fenceWaitHook = nil }()
+	for round := range 40 {
+		m, _ := newTestMaster(t, Config{Now: time.Now, DropFence: 10 * time.Second})
+		op := m.tiers.addDrop("k", 1, "tier-a")
+		fenceWaitHook = func([]*tierOp) {
+			m.Close()
+			m.tiers.dropDone(op, errDetached)
+		}
+		out := make([]error, 1)
+		m.fenceDrops([]string{"k"}, out)
+		if out[0] == nil {
+			t.Fatalf("round %d: acknowledged after the master closed with the key's DROP unapplied", round)
+		}
+		wantCode(t, "the call", out[0], store.InternalError)
+	}
+}
+
+// With the master up, a DROP ended unapplied fences its tier as one not
+// confirmed in time does, before the call is acknowledged: the record
+// stays on disk until the node attaches again, and a master restarted
+// before that must drop it, not re-add it. Before, the call was
+// acknowledged at once with no fence.
+func TestFenceDropEndedUnapplied(t *testing.T) {
+	defer func() { fenceWaitHook = nil }()
+	m, _ := newTestMaster(t, Config{Now: time.Now, DropFence: 200 * time.Millisecond})
+	defer m.Close()
+	op := m.tiers.addDrop("k", 1, "tier-a")
+	fenceWaitHook = func([]*tierOp) { m.tiers.dropDone(op, errDetached) }
+	out := make([]error, 1)
+	m.fenceDrops([]string{"k"}, out)
+	if out[0] != nil {
+		t.Fatalf("the call failed (%v); the master is up, it is acknowledged once the tier is fenced", out[0])
+	}
+	if _, _, fenced := m.Roster(0); !hasFence(fenced, "tier-a") {
+		t.Fatalf("fenced %v: want tier-a fenced for its unapplied DROP", fenced)
+	}
+	// Kept until the tier attaches again, when this master judges its
+	// records itself.
+	m.tierJoined("tier-a")
+	if _, _, fenced := m.Roster(0); hasFence(fenced, "tier-a") {
+		t.Fatalf("fenced %v after the tier attached again", fenced)
+	}
+}
