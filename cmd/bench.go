@@ -169,6 +169,16 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 	if o.TCPEventLoops < 0 || o.TCPEventLoops > tcp.MaxEventLoops {
 		return engine.Config{}, usagef("--tcp-event-loops %d: want 0 (the default) to %d", o.TCPEventLoops, tcp.MaxEventLoops)
 	}
+	if o.MetadataServer != "" { // "" is options built in code
+		if err := checkMetadataServer("metadata-server", o.MetadataServer); err != nil {
+			return engine.Config{}, err
+		}
+	}
+	if o.MinRPCPort != 0 || o.MaxRPCPort != 0 {
+		if err := checkPortRange("min-rpc-port", "max-rpc-port", o.MinRPCPort, o.MaxRPCPort); err != nil {
+			return engine.Config{}, err
+		}
+	}
 	var transports []engine.TransportFactory
 	if o.Protocol == "rdma" {
 		rc, err := o.rdmaConfig()
@@ -279,6 +289,11 @@ func runBenchTarget(ctx context.Context, o benchTargetOptions, p *printer) error
 	cfg, err := o.config()
 	if err != nil {
 		return err
+	}
+	if o.MetricsListen != "" {
+		if err := checkListen("metrics-listen", o.MetricsListen); err != nil {
+			return err
+		}
 	}
 	size := o.BufferSize
 	if size <= 0 {
@@ -440,6 +455,11 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 	cfg, err := o.config()
 	if err != nil {
 		return err
+	}
+	if o.MetricsListen != "" {
+		if err := checkListen("metrics-listen", o.MetricsListen); err != nil {
+			return err
+		}
 	}
 	var op engine.Opcode
 	switch o.Operation {

@@ -345,6 +345,9 @@ func runBenchCollRank(ctx context.Context, o benchCollOptions, p *printer) error
 	case o.JoinTimeout < 0:
 		return usagef("invalid --join-timeout %s: want a duration (0: wait as long as it takes)", o.JoinTimeout)
 	}
+	if err := checkMetadataServer("store", o.Store); err != nil {
+		return err
+	}
 	be, err := meta.Open(ctx, o.Store, meta.Options{HTTPToken: metadataToken()})
 	if err != nil {
 		return fmt.Errorf("--store: %w", err)

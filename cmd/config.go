@@ -50,6 +50,15 @@ func loadConfig(path string, explicit bool, getenv func(string) string) (*config
 			return c, nil
 		}
 	}
+	if explicit {
+		// A --config naming no file is a bad flag value, not a failure
+		// of the command (exit 64).
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, usagef("--config %q: no such file", path)
+		} else if err != nil {
+			return nil, usagef("--config: %w", err)
+		}
+	}
 	v.SetConfigFile(path)
 	// mc.conf, config (no extension), ...: viper goes by the extension
 	// and refuses what it does not know; YAML is the documented format.

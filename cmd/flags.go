@@ -1,11 +1,14 @@
 package cmd
 
 import (
+	"net"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 
+	"github.com/kvcache-ops/mc/pkg/engine/meta"
 	"github.com/kvcache-ops/mc/pkg/units"
 )
 
@@ -120,4 +123,38 @@ func durationVar(fs *pflag.FlagSet, p *time.Duration, name string, def time.Dura
 func msDurationVar(fs *pflag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
 	fs.Var(durationValue{p, time.Millisecond}, name, usage+" (milliseconds, or 10s, 2m, 1h30m)")
+}
+
+// checkListen refuses a listen address that is not host:port with a
+// port of 0-65535 (0: any free port), as a usage error naming flag;
+// without it the mistake surfaced only when the listener was opened,
+// as a failure (exit 1) after the rest had started.
+func checkListen(flag, addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usagef("invalid --%s %q: want host:port", flag, addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return usagef("invalid --%s %q: port %q is not 0-65535", flag, addr, port)
+	}
+	return nil
+}
+
+// checkMetadataServer refuses a malformed metadata server address as a
+// usage error naming flag, before any work (the engine opened it only
+// when it started).
+func checkMetadataServer(flag, server string) error {
+	if err := meta.Check(server); err != nil {
+		return usagef("invalid --%s: %w", flag, err)
+	}
+	return nil
+}
+
+// checkPortRange refuses a handshake port range the engine cannot bind
+// in, naming both flags.
+func checkPortRange(minFlag, maxFlag string, lo, hi int) error {
+	if lo < 1 || hi > 65535 || lo > hi {
+		return usagef("--%s %d and --%s %d: want 1 <= min <= max <= 65535", minFlag, lo, maxFlag, hi)
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -78,6 +79,9 @@ func (o metaOptions) validate(verb string) error {
 	if o.MetadataServer == "" {
 		return usagef("meta %s: --metadata-server is required (etcd host:port or http://host:port/metadata)", verb)
 	}
+	if err := checkMetadataServer("metadata-server", o.MetadataServer); err != nil {
+		return err
+	}
 	if o.ProbeTimeout <= 0 {
 		return usagef("meta %s: --probe-timeout %v must be positive", verb, o.ProbeTimeout)
 	}
@@ -99,6 +103,14 @@ func metadataToken() string { return os.Getenv(metadataTokenEnv) }
 func openStore(ctx context.Context, verb string, o metaOptions) (meta.Backend, meta.Store, error) {
 	if err := o.validate(verb); err != nil {
 		return nil, nil, err
+	}
+	if verb != "show" && len(o.Segments) == 0 {
+		if u, err := url.Parse(o.MetadataServer); err == nil && (strings.EqualFold(u.Scheme, "http") || strings.EqualFold(u.Scheme, "https")) {
+			// Known from the address: no need to ask the server, and a
+			// flag left out is a usage error (gc's 2 says its check
+			// failed).
+			return nil, nil, usagef("meta %s: an HTTP metadata server cannot list its segments: name them with --segment NAME (repeatable)", verb)
+		}
 	}
 	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID, HTTPToken: metadataToken()})
 	if err != nil {

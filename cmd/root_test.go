@@ -70,7 +70,7 @@ func TestExecuteBadInputOneLine(t *testing.T) {
 		{[]string{"--output", "xml", "version"}, `mc: version: invalid --output "xml": want table or json`},
 		{[]string{"version", "--bogus"}, "mc: version: unknown flag: --bogus (see 'mc version --help')"},
 		{[]string{"--bogus"}, "mc: unknown flag: --bogus (see 'mc --help')"},
-		{[]string{"--config", filepath.Join(t.TempDir(), "nope.yaml"), "version"}, "mc: version: read config file"},
+		{[]string{"--config", filepath.Join(t.TempDir(), "nope.yaml"), "version"}, "mc: version: --config"},
 		{[]string{"--log-level", "loud", "version"}, `mc: version: invalid --log-level: unknown log level "loud"`},
 		{[]string{"nosuchverb"}, `mc: unknown command "nosuchverb"`},
 	}

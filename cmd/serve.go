@@ -132,8 +132,8 @@ func runServeMetadata(ctx context.Context, o serveMetadataOptions, p *printer) e
 	if o.Quota < 0 || o.AutoCompaction < 0 {
 		return usagef("--quota-backend-bytes and --auto-compaction-retention must not be negative")
 	}
-	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
-		return usagef("invalid --listen %q: want host:port", o.Listen)
+	if err := checkListen("listen", o.Listen); err != nil {
+		return err
 	}
 	if o.Backend == "http" {
 		return serveHTTPMetadata(ctx, o, p)

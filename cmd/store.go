@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/signal"
@@ -67,6 +68,11 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 			return engine.Config{}, usagef("invalid --bind-address %q: want an IP address of this host (0.0.0.0 for every interface)", o.BindAddress)
 		}
 		bind = o.BindAddress
+	}
+	if o.MetadataServer != "" {
+		if err := checkMetadataServer("metadata-server", o.MetadataServer); err != nil {
+			return engine.Config{}, err
+		}
 	}
 	cfg := engine.Config{Protocol: o.Protocol, BindAddress: bind, AdvertiseHost: o.LocalHostname, MetadataServer: o.MetadataServer,
 		MetadataHTTPToken: metadataToken()}
@@ -1315,7 +1321,7 @@ func runStoreRmRegex(ctx context.Context, o storeClientOptions, pattern string, 
 	defer c.Close(context.Background())
 	rm, err := c.RemoveByRegex(ctx, pattern, force, dryRun)
 	if err != nil {
-		return fmt.Errorf("rm --regex %q: %w", pattern, err)
+		return regexErr("rm", pattern, err)
 	}
 	out := storeRmRegexJSON{Pattern: pattern, DryRun: dryRun, Removed: rm.Removed, RemovedCount: rm.RemovedCount,
 		Refused: make([]storeRefused, len(rm.Refused)), RefusedCount: rm.RefusedCount}
@@ -1438,6 +1444,16 @@ func listedKey(k string) string {
 	return k
 }
 
+// regexErr is a failed regex call: a pattern the master refused
+// (INVALID_PARAMS: it does not compile, or is too long) is the caller's
+// mistake, a usage error, whichever master's dialect judged it.
+func regexErr(verb, pattern string, err error) error {
+	if store.CodeOf(err) == store.InvalidParams {
+		return usagef("%s: invalid --regex %q: %w", verb, pattern, err)
+	}
+	return fmt.Errorf("%s --regex %q: %w", verb, pattern, err)
+}
+
 func runStoreLsRegex(ctx context.Context, o storeClientOptions, pattern string, p *printer) error {
 	if pattern == "" {
 		return usagef("store ls: --regex needs a pattern ('.' finds every key)")
@@ -1449,7 +1465,7 @@ func runStoreLsRegex(ctx context.Context, o storeClientOptions, pattern string, 
 	defer c.Close(context.Background())
 	m, err := c.GetReplicaListByRegex(ctx, pattern)
 	if err != nil {
-		return fmt.Errorf("ls --regex %q: %w", pattern, err)
+		return regexErr("ls", pattern, err)
 	}
 	if p.JSON() {
 		keys := m.Keys
@@ -1936,6 +1952,9 @@ func parseCapacities(list []string) ([]int, error) {
 			continue
 		}
 		n, err := strconv.Atoi(s)
+		if errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(s, "-") {
+			return nil, usagef("invalid --capacity-blocks %q: too large (at most %d blocks, or inf)", s, math.MaxInt)
+		}
 		if err != nil || n <= 0 {
 			return nil, usagef("invalid --capacity-blocks %q: want a positive number of blocks or inf", s)
 		}

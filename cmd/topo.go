@@ -258,6 +258,9 @@ func runTopoShow(ctx context.Context, o topoShowOptions, p *printer) error {
 	if o.MetadataServer == "" {
 		return usagef("topo show: --metadata-server is required")
 	}
+	if err := checkMetadataServer("metadata-server", o.MetadataServer); err != nil {
+		return err
+	}
 	b, err := meta.Open(ctx, o.MetadataServer, meta.Options{ClusterID: o.ClusterID, HTTPToken: metadataToken()})
 	if err != nil {
 		return fmt.Errorf("topo show: %w", err)

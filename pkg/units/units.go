@@ -63,10 +63,15 @@ func ParseSize(s string) (int64, error) {
 
 // ParseSizeList reads a comma-separated list of sizes ("4K,64K,1M").
 func ParseSizeList(s string) ([]int64, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, fmt.Errorf("empty list; want sizes separated by commas, each %s", SizeForms)
+	}
 	var out []int64
-	for _, f := range strings.Split(s, ",") {
+	for i, f := range strings.Split(s, ",") {
 		if strings.TrimSpace(f) == "" {
-			continue
+			// "4K,,8K" is a size left out more often than a stray comma:
+			// refused, not run as 4K,8K.
+			return nil, fmt.Errorf("item %d of %q is empty; want sizes separated by commas, each %s", i+1, s, SizeForms)
 		}
 		n, err := ParseSize(f)
 		if err != nil {

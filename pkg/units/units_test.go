@@ -76,12 +76,17 @@ func TestParseSizeRefuses(t *testing.T) {
 }
 
 func TestParseSizeList(t *testing.T) {
-	got, err := ParseSizeList("4K, 64KiB,,1 MB")
+	got, err := ParseSizeList("4K, 64KiB, 1 MB")
 	if err != nil || len(got) != 3 || got[0] != 4096 || got[1] != 65536 || got[2] != 1<<20 {
 		t.Fatalf("ParseSizeList = %v, %v", got, err)
 	}
-	if _, err := ParseSizeList(" , "); err == nil {
-		t.Error("empty list accepted")
+	for _, s := range []string{"", " ", " , ", "4K,,8K", "4K,", ",4K"} {
+		if got, err := ParseSizeList(s); err == nil {
+			t.Errorf("ParseSizeList(%q) = %v: an empty item accepted", s, got)
+		}
+	}
+	if _, err := ParseSizeList("4K,,8K"); err == nil || !strings.Contains(err.Error(), "item 2") {
+		t.Errorf("4K,,8K: %v, want the empty item named", err)
 	}
 	if _, err := ParseSizeList("4K,lots"); err == nil || !strings.HasPrefix(err.Error(), `"lots": not a number`) {
 		t.Errorf("bad element: %v", err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -83,12 +84,50 @@ func (o Options) timeout() time.Duration {
 // an unreachable one (ErrUnreachable, naming the address).
 func Open(ctx context.Context, server string, opts Options) (Backend, error) {
 	_ = ctx
+	a, err := parseServer(server)
+	if err != nil {
+		return nil, err
+	}
+	switch a.scheme {
+	case P2PHandshake:
+		return newP2P(opts), nil
+	case "etcd":
+		e, err := newEtcd(a.endpoints, opts)
+		if err != nil {
+			return nil, err
+		}
+		return &kvBackend{kv: e, clusterID: opts.ClusterID}, nil
+	default: // http, https
+		h, err := newHTTP(a.server, opts)
+		if err != nil {
+			return nil, err
+		}
+		return &kvBackend{kv: h, clusterID: opts.ClusterID}, nil
+	}
+}
+
+// Check reports whether Open would accept server, without opening
+// anything: commands refuse a malformed --metadata-server as a usage
+// error before any work, where Open's error would come only with the
+// engine's start.
+func Check(server string) error {
+	_, err := parseServer(server)
+	return err
+}
+
+type serverAddr struct {
+	scheme    string // P2PHandshake, "etcd", "http" or "https"
+	server    string // trimmed
+	endpoints []string
+}
+
+func parseServer(server string) (serverAddr, error) {
 	server = strings.TrimSpace(server)
 	if server == "" {
-		return nil, fmt.Errorf("metadata server is empty: want P2PHANDSHAKE, http://host:port/path or host:port of etcd")
+		return serverAddr{}, fmt.Errorf("metadata server is empty: want P2PHANDSHAKE, http://host:port/path or host:port of etcd")
 	}
 	if server == P2PHandshake {
-		return newP2P(opts), nil
+		return serverAddr{scheme: P2PHandshake, server: server}, nil
 	}
 	scheme, rest, hasScheme := strings.Cut(server, "://")
 	if !hasScheme {
@@ -98,23 +137,18 @@ func Open(ctx context.Context, server string, opts Options) (Backend, error) {
 	case "etcd":
 		eps, err := splitEndpoints(rest)
 		if err != nil {
-			return nil, fmt.Errorf("metadata server %q: %w", server, err)
+			return serverAddr{}, fmt.Errorf("metadata server %q: %w", server, err)
 		}
-		e, err := newEtcd(eps, opts)
-		if err != nil {
-			return nil, err
-		}
-		return &kvBackend{kv: e, clusterID: opts.ClusterID}, nil
+		return serverAddr{scheme: "etcd", server: server, endpoints: eps}, nil
 	case "http", "https":
-		h, err := newHTTP(server, opts)
-		if err != nil {
-			return nil, err
+		if u, err := url.Parse(server); err != nil || u.Host == "" {
+			return serverAddr{}, fmt.Errorf("metadata server %q is not a valid http URL (want http://host:port/path)", server)
 		}
-		return &kvBackend{kv: h, clusterID: opts.ClusterID}, nil
+		return serverAddr{scheme: strings.ToLower(scheme), server: server}, nil
 	case "redis", "rediss":
-		return nil, fmt.Errorf("metadata server %q: %w: redis (use etcd, http or P2PHANDSHAKE)", server, ErrUnsupported)
+		return serverAddr{}, fmt.Errorf("metadata server %q: %w: redis (use etcd, http or P2PHANDSHAKE)", server, ErrUnsupported)
 	}
-	return nil, fmt.Errorf("metadata server %q: unknown scheme %q: want P2PHANDSHAKE, http://, etcd:// or host:port", server, scheme)
+	return serverAddr{}, fmt.Errorf("metadata server %q: unknown scheme %q: want P2PHANDSHAKE, http://, etcd:// or host:port", server, scheme)
 }
 
 // splitEndpoints splits etcd endpoints on ',' or ';' and checks each is
