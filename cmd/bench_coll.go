@@ -68,7 +68,10 @@ nccl-tests' definitions (busbw = algbw x 2(n-1)/n for all_reduce, (n-1)/n
 for all_gather, reduce_scatter and all_to_all, x 1 for broadcast; n the
 active ranks), the active ranks and, with --check, whether every rank got
 the right result. Data is float32 in registered memory; bytes move by
-engine writes into the peers' registered mailboxes.
+engine writes into the peers' registered mailboxes. As in nccl-tests, a
+size is rounded down to whole float32 elements per rank's block (at
+least one), and the size column shows the bytes actually moved: -b 7
+starts with a 4-byte row.
 
 --protocol auto (the default) moves bytes between ranks on one host
 through shared memory (their mailboxes are memfd regions each peer maps)

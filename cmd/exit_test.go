@@ -102,6 +102,14 @@ func TestUsageErrorsExit64(t *testing.T) {
 		{[]string{"bench", "coll", "--store", "127.0.0.1:2379"}, "mc: bench coll: --store goes with --rank"},
 		{[]string{"bench", "coll", "--group", "g"}, "mc: bench coll: --group goes with --rank"},
 		{[]string{"bench", "initiator", "--min-rpc-port", "20000", "--max-rpc-port", "19000"}, "mc: bench initiator: --min-rpc-port 20000 and --max-rpc-port 19000: want"},
+		// Aliases in gflags' form through --mode (before, a nil flag set
+		// was looked up: a panic).
+		{[]string{"bench", "--mode=initiator", "--cluster_id=x", "--threads=0"}, "mc: bench initiator: --threads 0 must be positive"},
+		{[]string{"bench", "--mode=initiator", "--batch_size=0"}, "mc: bench initiator: --batch-size 0 must be positive"},
+		// bench initiator's names work on bench store (and stay its own).
+		{[]string{"bench", "store", "--batch-size", "0"}, "mc: bench store: invalid --batch 0"},
+		{[]string{"bench", "store", "--operation", "sideways"}, `mc: bench store: invalid --op "sideways"`},
+		{[]string{"bench", "initiator", "--batch-size", "0"}, "mc: bench initiator: --batch-size 0 must be positive"},
 		{[]string{"bench", "initiator", "--metrics-listen", "bogus"}, `mc: bench initiator: invalid --metrics-listen "bogus"`},
 		{[]string{"bench", "target", "--metrics-listen", "127.0.0.1:70000"}, `mc: bench target: invalid --metrics-listen "127.0.0.1:70000": port "70000"`},
 		{[]string{"bench", "target", "--metadata-server", "bogus"}, `mc: bench target: invalid --metadata-server: metadata server "bogus"`},

@@ -542,11 +542,15 @@ var flagAliases = map[string]string{
 	// topo show spelt it --cluster-id, bench and meta
 	// --metadata-cluster-id: each takes both.
 	"cluster-id": "metadata-cluster-id",
+	// bench initiator (transfer_engine_bench's names) says
+	// --batch-size and --operation, bench store --batch and --op.
+	"batch-size": "batch",
+	"operation":  "op",
 }
 
 func normalizeFlag(fs *pflag.FlagSet, name string) pflag.NormalizedName {
 	name = strings.ReplaceAll(name, "_", "-")
-	if to, ok := flagAliases[name]; ok && hasFlag(fs, to) && !hasFlag(fs, name) {
+	if to, ok := flagAliases[name]; ok && fs != nil && hasFlag(fs, to) && !hasFlag(fs, name) {
 		return pflag.NormalizedName(to)
 	}
 	return pflag.NormalizedName(name)
