@@ -1843,6 +1843,9 @@ func replayProgress(p *printer, n int) (func(requests, blocks, hits int), func()
 type storeReplayJSON struct {
 	Results []replay.Result      `json:"results"`
 	Online  *replay.OnlineResult `json:"online"`
+	// Interrupted: the online run was stopped (SIGINT/SIGTERM); its
+	// figures cover the requests made until then.
+	Interrupted bool `json:"interrupted"`
 }
 
 func newStoreReplayCmd(p *printer) *cobra.Command {
@@ -1864,7 +1867,8 @@ each), and reports hit ratios, bytes moved and GB/s. Size the store to C
 blocks and give --capacity-blocks C to print the offline figures at C next
 to it. Each run writes under a prefix of its own (replay/<run id>/), so no
 earlier run's keys count as hits, and removes its keys when it ends (on
-SIGINT too, exiting 130). A replay past the store's eviction watermark
+SIGINT too: the rows are printed, the online one marked partial, and the
+run exits 130). A replay past the store's eviction watermark
 makes the store evict keys of its choosing: on a store that holds other
 keys, one whose trace's distinct blocks do not fit below the watermark is
 refused unless --allow-evict. Progress: a bar on a terminal, else a line
@@ -2058,7 +2062,12 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 		r, err := replay.Online(ctx, c, t, ocfg)
 		stop()
 		if ctx.Err() != nil {
-			return &exitError{code: exitInterrupted, err: fmt.Errorf("store replay: interrupted after %d of %d requests; removed the run's %d keys under %q",
+			// The rows so far first, as the bench verbs do.
+			out.Online, out.Interrupted = &r, true
+			if perr := printReplay(p, out, ssds); perr != nil {
+				return perr
+			}
+			return &exitError{code: exitInterrupted, err: fmt.Errorf("store replay: interrupted after %d of %d requests (the online row covers those); removed the run's %d keys under %q",
 				r.Requests, len(t.Blocks), r.KeysRemoved, r.KeyPrefix)}
 		}
 		if err != nil {
@@ -2066,6 +2075,12 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 		}
 		out.Online = &r
 	}
+	return printReplay(p, out, ssds)
+}
+
+// printReplay prints store replay's rows: JSON, or the offline and online
+// rows and the online run's figures.
+func printReplay(p *printer, out storeReplayJSON, ssds []int) error {
 	if p.JSON() {
 		return p.PrintJSON(out)
 	}
@@ -2090,7 +2105,11 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 		rows = append(rows, row("offline", r))
 	}
 	if out.Online != nil {
-		rows = append(rows, row("online", out.Online.Result))
+		mode := "online"
+		if out.Interrupted {
+			mode = "online (partial)"
+		}
+		rows = append(rows, row(mode, out.Online.Result))
 	}
 	head := []string{"mode", "policy", "capacity (blocks)", "requests", "blocks", "hit blocks", "hit ratio", "prefix hit ratio"}
 	if tiered {
@@ -2102,7 +2121,9 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 		p.Table("online", []string{"bytes read", "bytes written", "seconds", "GB/s", "put failures", "get failures"}, [][]string{{
 			humanBytes(r.BytesRead), humanBytes(r.BytesWritten), strconv.FormatFloat(r.Seconds, 'f', 2, 64),
 			strconv.FormatFloat(r.GBPerSec, 'f', 3, 64), strconv.Itoa(r.PutFailures), strconv.Itoa(r.GetFailures)}})
-		fmt.Fprintf(p.Out, "online replay: wrote under %q; removed the %d of its keys the store still held at the end\n", r.KeyPrefix, r.KeysRemoved)
+		if !out.Interrupted {
+			fmt.Fprintf(p.Out, "online replay: wrote under %q; removed the %d of its keys the store still held at the end\n", r.KeyPrefix, r.KeysRemoved)
+		}
 	}
 	return nil
 }

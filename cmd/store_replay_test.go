@@ -1,6 +1,8 @@
 package cmd
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -208,5 +210,45 @@ func TestStoreReplayOnlineKeepsOtherKeys(t *testing.T) {
 	small := writeTrace(t, tinyTrace)
 	if out, errs, code := execMC(t, append([]string{"store", "replay", "--trace", small, "--online", "--block-bytes", "64K", "-o", "json"}, m...)...); code != 0 {
 		t.Fatalf("replay of a trace that fits: exit %d: %s %s", code, out, errs)
+	}
+}
+
+// An interrupted online replay prints what it did, as the bench verbs
+// do: the online row marked partial (JSON: "interrupted": true), then
+// exits 130. Before, it printed one stderr line and no figures.
+func TestStoreReplayOnlineInterrupted(t *testing.T) {
+	isolateEnv(t)
+	var b strings.Builder
+	const requests = 50_000
+	for i := range requests {
+		fmt.Fprintf(&b, "{\"timestamp\": %d, \"input_length\": 4096, \"output_length\": 1, \"hash_ids\": [%d, %d]}\n", i, i%97, 100+i%89)
+	}
+	tr := writeTrace(t, b.String())
+	rpc, admin, _, _ := startServeStore(t, "--segment-size", "4M")
+	m := []string{"--master", rpc, "--admin", admin}
+	run := func(extra ...string) (string, string, int) {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		var out, errb bytes.Buffer
+		code := Execute(ctx, append(append([]string{"store", "replay", "--trace", tr, "--online", "--block-bytes", "4K"}, m...), extra...), &out, &errb)
+		return out.String(), errb.String(), code
+	}
+	out, errs, code := run("-o", "json")
+	var j struct {
+		replayJSON
+		Interrupted bool `json:"interrupted"`
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil || code != exitInterrupted || !j.Interrupted || j.Online == nil {
+		t.Fatalf("exit %d, %v: stdout %q, stderr %q; want 130 and the partial figures", code, err, out, errs)
+	}
+	if j.Online.Requests >= requests {
+		t.Errorf("interrupted after all %d requests: %+v", j.Online.Requests, j.Online)
+	}
+	if !strings.Contains(errs, "interrupted after") {
+		t.Errorf("stderr %q", errs)
+	}
+	out, errs, code = run()
+	if code != exitInterrupted || !strings.Contains(out, "online (partial)") || !strings.Contains(errs, "(the online row covers those)") {
+		t.Errorf("table: exit %d, stdout:\n%s\nstderr %q", code, out, errs)
 	}
 }

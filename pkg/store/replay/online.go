@@ -96,6 +96,25 @@ func Online(ctx context.Context, c *store.Client, t *Trace, cfg OnlineConfig) (r
 		}
 	}
 	start := time.Now()
+	defer func() {
+		if err == nil || ctx.Err() == nil {
+			return
+		}
+		// Interrupted: the figures of the requests made so far, which
+		// the caller prints as a partial row.
+		res.Seconds = time.Since(start).Seconds()
+		if cfg.TierHits != nil {
+			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			if dram1, disk1, err := cfg.TierHits(tctx); err == nil {
+				res.DRAMHitBlocks, res.DiskHitBlocks = int(dram1-dram0), int(disk1-disk0)
+			}
+			cancel()
+		}
+		res.finish()
+		if res.Seconds > 0 {
+			res.GBPerSec = float64(res.BytesRead+res.BytesWritten) / res.Seconds / 1e9
+		}
+	}()
 	var hits []bool
 	for ri, blocks := range t.Blocks {
 		if err := ctx.Err(); err != nil {
