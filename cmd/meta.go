@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/kvcache-ops/mc/pkg/engine/bench"
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
 	"github.com/kvcache-ops/mc/pkg/metascan"
 )
@@ -221,7 +220,7 @@ func segmentRows(segs []metascan.Segment) [][]string {
 	rows := make([][]string, 0, len(segs))
 	for i := range segs {
 		j := toJSON(&segs[i])
-		rows = append(rows, []string{j.Name, orDash(j.Protocol), strconv.Itoa(j.Buffers), bench.FormatSize(int64(j.Bytes)),
+		rows = append(rows, []string{j.Name, orDash(j.Protocol), strconv.Itoa(j.Buffers), humanBytes(j.Bytes),
 			orDash(strings.Join(j.Devices, ",")), orDash(j.RPCAddress), j.State, formatRTT(segs[i].Probe.RTT), j.detail()})
 	}
 	return rows
@@ -348,7 +347,7 @@ func printSegment(p *printer, s *metascan.Segment) {
 		rows = append(rows, []string{"tcp data port", strconv.Itoa(d.TCPDataPort)},
 			[]string{"tcp proto version", strconv.Itoa(d.TCPProtoVersion)})
 	}
-	rows = append(rows, []string{"buffers", fmt.Sprintf("%d (%s)", j.Buffers, bench.FormatSize(int64(j.Bytes)))})
+	rows = append(rows, []string{"buffers", fmt.Sprintf("%d (%s)", j.Buffers, humanBytes(j.Bytes))})
 	p.Table("segment "+s.Name, []string{"field", "value"}, rows)
 
 	rows = rows[:0]

@@ -133,7 +133,7 @@ func TestMetaEtcd(t *testing.T) {
 	}
 
 	code, out, _ = mc(t, "meta", "ls", "--metadata-server", ep)
-	if code != 0 || !strings.Contains(out, "│ decode-1 ") || !strings.Contains(out, "64M") || !strings.Contains(out, "rpc address") {
+	if code != 0 || !strings.Contains(out, "│ decode-1 ") || !strings.Contains(out, "64.0 MiB") || !strings.Contains(out, "rpc address") {
 		t.Fatalf("ls table: %d\n%s", code, out)
 	}
 

@@ -126,8 +126,8 @@ func printTenants(p *printer, qs []store.TenantQuota) error {
 		if !q.HasExplicitPolicy {
 			policy = "no (closed)"
 		}
-		rows = append(rows, []string{q.TenantID, units.FormatSize(int64(q.RequestedQuotaBytes)), units.FormatSize(int64(q.EffectiveQuotaBytes)),
-			units.FormatSize(int64(q.ChargedBytes)), strconv.FormatUint(q.Objects, 10), strconv.FormatBool(q.OverQuota), policy})
+		rows = append(rows, []string{q.TenantID, humanBytes(q.RequestedQuotaBytes), humanBytes(q.EffectiveQuotaBytes),
+			humanBytes(q.ChargedBytes), strconv.FormatUint(q.Objects, 10), strconv.FormatBool(q.OverQuota), policy})
 	}
 	p.Table("", []string{"tenant", "requested", "effective", "charged", "objects", "over_quota", "policy"}, rows)
 	return nil

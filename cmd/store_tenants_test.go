@@ -69,7 +69,7 @@ func TestStoreTenantsCLI(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &tl); err != nil || len(tl.Tenants) != 2 || tl.Tenants[0].TenantID != "a" || tl.Tenants[0].ChargedBytes != 16 || tl.Tenants[0].Objects != 1 || tl.Tenants[0].RequestedQuotaBytes != 8<<20 {
 		t.Fatalf("tenants -o json: %v %s", err, out)
 	}
-	if out := run(0, "store", "tenants"); !strings.Contains(out, "tenant") || !strings.Contains(out, "8M") {
+	if out := run(0, "store", "tenants"); !strings.Contains(out, "tenant") || !strings.Contains(out, "8.0 MiB") {
 		t.Fatalf("tenants table: %s", out)
 	}
 	var st struct {
