@@ -425,8 +425,8 @@ func (m *Master) fenceSlow(ops []*tierOp, bound time.Duration, late *tierOp) boo
 	for _, op := range ops {
 		select {
 		case <-op.done:
-			if op.err == nil {
-				continue // confirmed
+			if op.err == nil || op.cleared.Load() {
+				continue // confirmed, or judged when its tier came back
 			}
 			// Ended unapplied: fenced like one unconfirmed, until the
 			// tier attaches again (tierJoined).

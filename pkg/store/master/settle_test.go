@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
+	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
 
 // While a restarted master waits for the pool's disk tiers, a put's End
@@ -153,5 +154,60 @@ func TestFenceDropEndedUnapplied(t *testing.T) {
 	m.tierJoined("tier-a")
 	if _, _, fenced := m.Roster(0); hasFence(fenced, "tier-a") {
 		t.Fatalf("fenced %v after the tier attached again", fenced)
+	}
+}
+
+// A DROP that ended before the call looked (its node was away when the
+// key was put again) still fences: before, it was gone from the
+// unconfirmed DROPs by then, and the call was acknowledged unfenced. Once
+// its tier attaches again (this master judges the records it reports),
+// it no longer holds calls.
+func TestFenceDropEndedBeforeTheCall(t *testing.T) {
+	m, _ := newTestMaster(t, Config{Now: time.Now, DropFence: 200 * time.Millisecond})
+	defer m.Close()
+	op := m.tiers.addDrop("k", 1, "tier-a")
+	m.tiers.dropDone(op, errDetached)
+	out := make([]error, 1)
+	m.fenceDrops([]string{"k"}, out)
+	if out[0] != nil {
+		t.Fatal(out[0])
+	}
+	if _, _, fenced := m.Roster(0); !hasFence(fenced, "tier-a") {
+		t.Fatalf("fenced %v: want tier-a fenced for the DROP it could not apply", fenced)
+	}
+	m.tiers.clearEnded("tier-a")
+	m.tierJoined("tier-a")
+	if ops := m.tiers.unconfirmed([]string{"k"}); len(ops) != 0 {
+		t.Fatalf("%d DROPs still waited for after the tier attached again", len(ops))
+	}
+}
+
+// A DROP is never lost to a node's full command queue: it waits in the
+// overflow for the sender (which is kicked). Before, enqueue refused it,
+// the DROP was never sent, and the record stayed on disk unknown to the
+// master, for the next one to re-add. Other commands are still refused
+// (an offload not sent leaves its object in DRAM).
+func TestTierEnqueueDropOverflow(t *testing.T) {
+	n := &tierNode{online: true, send: make(chan *pb.TierCommand, 1), kick: make(chan struct{}, 1), pending: map[uint64]*tierOp{}}
+	if !n.enqueue(&pb.TierCommand{Kind: pb.TierCommand_OFFLOAD, Key: "a"}, nil) {
+		t.Fatal("first command refused")
+	}
+	if n.enqueue(&pb.TierCommand{Kind: pb.TierCommand_OFFLOAD, Key: "b"}, nil) {
+		t.Fatal("an offload taken into a full queue")
+	}
+	op := &tierOp{id: 9, kind: pb.TierCommand_DROP, key: "c", done: make(chan struct{})}
+	if !n.enqueue(&pb.TierCommand{Kind: pb.TierCommand_DROP, Key: "c", Op: 9}, op) {
+		t.Fatal("a DROP refused by a full queue")
+	}
+	if n.pending[9] != op {
+		t.Fatal("the overflowed DROP's op is not pending (a detach would not fail it)")
+	}
+	select {
+	case <-n.kick:
+	default:
+		t.Fatal("the sender was not kicked for the overflow")
+	}
+	if got := n.takeOverflow(10); len(got) != 1 || got[0].GetKey() != "c" {
+		t.Fatalf("overflow %v, want the DROP of c", got)
 	}
 }

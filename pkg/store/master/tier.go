@@ -106,12 +106,18 @@ func (o *Object) busyOnTier() bool {
 type tierNode struct {
 	id string // the tier's directory id, stable across restarts
 
-	mu         sync.Mutex
-	online     bool
-	client     store.UUID
-	segID      store.UUID
-	segName    string
-	send       chan *pb.TierCommand
+	mu      sync.Mutex
+	online  bool
+	client  store.UUID
+	segID   store.UUID
+	segName string
+	send    chan *pb.TierCommand
+	// overflow holds DROPs enqueued while send was full, kick (1 slot)
+	// wakes the sender for them: a DROP is never lost to a busy queue
+	// (the record would stay on disk, unknown to this master, for the
+	// next one to re-add).
+	overflow   []*pb.TierCommand
+	kick       chan struct{}
 	pending    map[uint64]*tierOp
 	offSince   int64             // unix nanos the node went away
 	tombstones map[string]uint64 // key -> version removed, for versions not ours
@@ -146,6 +152,9 @@ type tierOp struct {
 	size uint64
 	done chan struct{} // closed when err is set
 	err  error
+	// cleared: a DROP that ended unapplied whose tier attached again
+	// (this master judged its records then; clearEnded).
+	cleared atomic.Bool
 	// LOAD: into the segment, to stay as a DRAM replica (promote); or
 	// STAGE: into the node's staging pool, which answered where
 	// (stageAddr) and by which id to release it (staged; gen: the
@@ -206,6 +215,11 @@ type tiers struct {
 	dropMu sync.Mutex
 	drops  map[string][]*tierOp
 	nDrops atomic.Int64
+	// ended are DROPs that ended unapplied (the node's stream ended, or
+	// it refused), by tier: they stay among drops, so that a call on
+	// their key fences the tier before it is acknowledged, until the
+	// tier attaches again (clearEnded).
+	ended map[string][]*tierOp
 
 	// copies are the staged copies by id (stagedMu; lock order: shard,
 	// then stagedMu).
@@ -400,15 +414,48 @@ func (n *tierNode) enqueue(cmd *pb.TierCommand, op *tierOp) bool {
 	if !n.online {
 		return false
 	}
-	select {
-	case n.send <- cmd:
-	default:
-		return false
+	if len(n.overflow) > 0 && cmd.Kind == pb.TierCommand_DROP {
+		// Behind those already waiting.
+		n.overflow = append(n.overflow, cmd)
+	} else {
+		select {
+		case n.send <- cmd:
+		default:
+			if cmd.Kind != pb.TierCommand_DROP {
+				return false
+			}
+			n.overflow = append(n.overflow, cmd)
+			select {
+			case n.kick <- struct{}{}:
+			default:
+			}
+		}
 	}
 	if op != nil {
 		n.pending[op.id] = op
 	}
 	return true
+}
+
+// takeOverflow returns up to max DROPs that waited for room.
+func (n *tierNode) takeOverflow(max int) []*pb.TierCommand {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k := min(max, len(n.overflow))
+	if k == 0 {
+		return nil
+	}
+	out := slices.Clone(n.overflow[:k])
+	n.overflow = n.overflow[k:]
+	if len(n.overflow) == 0 {
+		n.overflow = nil
+	} else {
+		select { // the rest in the next message
+		case n.kick <- struct{}{}:
+		default:
+		}
+	}
+	return out
 }
 
 // ---- eviction: offload instead of drop ----
@@ -553,6 +600,27 @@ func (t *tiers) addDrop(key string, version uint64, tier string) *tierOp {
 // this master drops it then).
 func (t *tiers) dropDone(op *tierOp, err error) {
 	t.dropMu.Lock()
+	if err != nil && op.tier != "" {
+		// Unapplied: the record may still be on the node's disk. Kept
+		// among drops for calls still to come on its key (a call that
+		// found it gone would be acknowledged unfenced) until the tier
+		// attaches again.
+		if t.ended == nil {
+			t.ended = make(map[string][]*tierOp)
+		}
+		t.ended[op.tier] = append(t.ended[op.tier], op)
+	} else {
+		t.removeDropLocked(op)
+	}
+	t.dropMu.Unlock()
+	op.err = err
+	close(op.done)
+	if f := t.onDropDone; f != nil {
+		f(op, err)
+	}
+}
+
+func (t *tiers) removeDropLocked(op *tierOp) {
 	ops := t.drops[op.key]
 	for i, o := range ops {
 		if o == op {
@@ -566,12 +634,19 @@ func (t *tiers) dropDone(op *tierOp, err error) {
 	} else {
 		t.drops[op.key] = ops
 	}
-	t.dropMu.Unlock()
-	op.err = err
-	close(op.done)
-	if f := t.onDropDone; f != nil {
-		f(op, err)
+}
+
+// clearEnded forgets tier's DROPs that ended unapplied: it attached
+// again, and this master judged the records it reported (dropping the
+// stale ones with DROPs of their own).
+func (t *tiers) clearEnded(tier string) {
+	t.dropMu.Lock()
+	defer t.dropMu.Unlock()
+	for _, op := range t.ended[tier] {
+		op.cleared.Store(true)
+		t.removeDropLocked(op)
 	}
+	delete(t.ended, tier)
 }
 
 // unconfirmed returns the DROPs of keys not confirmed yet (all of them
@@ -634,7 +709,7 @@ func (m *Master) fenceDrops(keys []string, out []error) {
 	for _, op := range ops {
 		select {
 		case <-op.done:
-			if op.err == nil {
+			if op.err == nil || op.cleared.Load() {
 				continue
 			}
 			// Ended unapplied (its node's stream ended): the record stays
@@ -720,6 +795,11 @@ func (m *Master) offloadDone(n *tierNode, op *tierOp, err error) {
 			n.enqueue(cmd, nil)
 		}
 		if fence != nil {
+			if !errors.Is(err, errDetached) {
+				// The node failed the write: no record to drop. (A
+				// stream that ended leaves it unknown: unapplied.)
+				err = nil
+			}
 			m.tiers.dropDone(fence, err)
 		}
 		return
@@ -1101,6 +1181,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, []*pb.TierCommand, 
 	n.client, n.segID, n.segName = client, segID, seg.info.Name
 	n.pending = make(map[uint64]*tierOp)
 	n.send = make(chan *pb.TierCommand, tierCmdQueue)
+	n.overflow, n.kick = nil, make(chan struct{}, 1)
 	n.stats = &pb.TierStats{Capacity: h.GetCapacity()}
 	tomb := maps.Clone(n.tombstones)
 	n.service = h.GetStagingService()
@@ -1202,6 +1283,7 @@ func (m *Master) attach(h *pb.TierHello) (*tierNode, uint64, []*pb.TierCommand, 
 	m.tiers.bySeg[segID] = n
 	m.tiers.online.Store(int64(len(m.tiers.bySeg)))
 	m.tiers.mu.Unlock()
+	m.tiers.clearEnded(n.id)
 	m.tierJoined(n.id)
 	return n, gen, drops, nil
 }
@@ -1240,6 +1322,7 @@ func (m *Master) detach(n *tierNode, gen uint64) {
 	n.offSince = m.now()
 	pending := n.pending
 	n.pending = nil
+	n.overflow = nil // their ops are among pending
 	segID := n.segID
 	n.mu.Unlock()
 	m.tiers.mu.Lock()
@@ -1409,7 +1492,7 @@ func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
 		down = &pb.TierDown{}
 	}
 	n.mu.Lock()
-	send := n.send
+	send, kick := n.send, n.kick
 	n.mu.Unlock()
 	sendErr := make(chan error, 1)
 	stop := make(chan struct{})
@@ -1420,10 +1503,13 @@ func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
 			select {
 			case cmd := <-send:
 				down.Commands = append(down.Commands, cmd)
+			case <-kick:
 			case <-stop:
 				return
 			}
-			// Whatever else is queued goes in the same message.
+			// Whatever else is queued goes in the same message, DROPs
+			// that waited for room first.
+			down.Commands = append(down.Commands, n.takeOverflow(128)...)
 		more:
 			for len(down.Commands) < 256 {
 				select {
@@ -1432,6 +1518,10 @@ func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
 				default:
 					break more
 				}
+			}
+			down.Commands = append(down.Commands, n.takeOverflow(256-len(down.Commands))...)
+			if len(down.Commands) == 0 {
+				continue
 			}
 			if err := st.Send(&down); err != nil {
 				sendErr <- err
