@@ -2041,14 +2041,20 @@ func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error
 		}
 	}
 	if o.Online {
+		interrupted := func(err error) error {
+			if ctx.Err() != nil {
+				return &exitError{code: exitInterrupted, err: fmt.Errorf("store replay: interrupted before the online replay started (nothing written)")}
+			}
+			return err
+		}
 		if !o.AllowEvict {
 			if err := o.replayFits(ctx, t, block); err != nil {
-				return err
+				return interrupted(err)
 			}
 		}
 		c, err := o.client(ctx)
 		if err != nil {
-			return err
+			return interrupted(err)
 		}
 		defer c.Close(context.Background())
 		ocfg := replay.OnlineConfig{BlockBytes: int(block), Label: o.Policies[0], CapacityBlocks: caps[0], SSDCapacityBlocks: ssds[0], PromoteAfter: o.PromoteAfter}

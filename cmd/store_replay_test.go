@@ -226,11 +226,34 @@ func TestStoreReplayOnlineInterrupted(t *testing.T) {
 	tr := writeTrace(t, b.String())
 	rpc, admin, _, _ := startServeStore(t, "--segment-size", "4M")
 	m := []string{"--master", rpc, "--admin", admin}
+	// Interrupted once the replay has written keys, so it has figures
+	// to print.
+	keys := func() int64 {
+		out, _, _ := execMC(t, append([]string{"store", "stat", "-o", "json"}, m...)...)
+		var st struct {
+			Keys int64 `json:"keys"`
+		}
+		_ = json.Unmarshal([]byte(out), &st)
+		return st.Keys
+	}
 	run := func(extra ...string) (string, string, int) {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		var out, errb bytes.Buffer
-		code := Execute(ctx, append(append([]string{"store", "replay", "--trace", tr, "--online", "--block-bytes", "4K"}, m...), extra...), &out, &errb)
+		var out bytes.Buffer
+		errb := &syncBuffer{}
+		done := make(chan int, 1)
+		go func() {
+			done <- Execute(ctx, append(append([]string{"store", "replay", "--trace", tr, "--online", "--block-bytes", "4K"}, m...), extra...), &out, errb)
+		}()
+		for deadline := time.Now().Add(2 * time.Minute); keys() < 20 && time.Now().Before(deadline); {
+			select {
+			case code := <-done:
+				return out.String(), errb.String(), code
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		cancel()
+		code := <-done
 		return out.String(), errb.String(), code
 	}
 	out, errs, code := run("-o", "json")
@@ -246,6 +269,14 @@ func TestStoreReplayOnlineInterrupted(t *testing.T) {
 	}
 	if !strings.Contains(errs, "interrupted after") {
 		t.Errorf("stderr %q", errs)
+	}
+	// Before it started (reading the store's room): 130 too, not a
+	// failure naming a canceled request.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var eb bytes.Buffer
+	if code := Execute(ctx, append([]string{"store", "replay", "--trace", tr, "--online", "--block-bytes", "4K"}, m...), &bytes.Buffer{}, &eb); code != exitInterrupted || !strings.Contains(eb.String(), "interrupted before the online replay started") {
+		t.Errorf("interrupted at the start: exit %d, stderr %q", code, eb.String())
 	}
 	out, errs, code = run()
 	if code != exitInterrupted || !strings.Contains(out, "online (partial)") || !strings.Contains(errs, "(the online row covers those)") {
