@@ -75,6 +75,17 @@ Exit status: 0 healthy, 1 suspect, 2 leak, 3 unknown (input unreadable);
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Args = args
+			// Flags of a mode not in use were ignored without a word.
+			if o.Watch == 0 && cmd.Flags().Changed("interval") {
+				return unknown(usagef("--interval is the sampling period of --watch: give --watch too"))
+			}
+			if len(o.RDMA) > 0 {
+				for _, f := range []string{"rdma-bin", "per-qp"} {
+					if cmd.Flags().Changed(f) {
+						return unknown(usagef("--%s applies when sampling this host (no --rdma files): the --rdma files are what is read", f))
+					}
+				}
+			}
 			return runQPLeak(cmd.Context(), o, p)
 		},
 	}

@@ -66,7 +66,7 @@ func addMetaFlags(f *pflag.FlagSet, o *metaOptions, segments bool) {
 	durationVar(f, &o.ProbeTimeout, "probe-timeout", metascan.DefaultProbeTimeout, "bound on one segment's probe")
 	if segments {
 		f.StringArrayVar(&o.Segments, "segment", nil, "only this segment (repeatable; required with an http:// server, which cannot list)")
-		f.IntVar(&o.ProbeConcurrency, "probe-concurrency", metascan.DefaultProbeConcurrency, "most probes in flight (one socket each)")
+		f.IntVar(&o.ProbeConcurrency, "probe-concurrency", metascan.DefaultProbeConcurrency, "most probes in flight (one socket each; 0: the default)")
 	}
 }
 

@@ -97,6 +97,13 @@ port 0 picks a free port. The address clients should pass is printed at start.`,
   mc serve metadata --backend http --listen 127.0.0.1:8080`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Backend == "http" {
+				for _, f := range []string{"quota-backend-bytes", "auto-compaction-retention"} {
+					if cmd.Flags().Changed(f) {
+						return usagef("--%s applies to --backend etcd only (the http backend keeps metadata in memory)", f)
+					}
+				}
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return runServeMetadata(ctx, o, p)

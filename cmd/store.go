@@ -305,6 +305,8 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 			warnInert(cmd.Flags(), o.KVEvents.Enable, "enable-kv-events", "no KV events are published",
 				"kv-events-endpoint", "kv-events-bind-endpoint", "kv-events-backend-id", "kv-events-queue-capacity",
 				"kv-events-emit-object-key", "kv-events-emit-legacy-compat", "kv-events-pace", "kv-events-max-batch")
+			warnInert(cmd.Flags(), o.MultiTenants, "enable-multi-tenants", "keys are not scoped by tenant and no quota is enforced",
+				"tenant-quota-connector-type", "tenant-quota-connector-uri")
 			// Several nodes run on one host: only a master takes the
 			// default admin port, a node serves one when asked to.
 			o.NodeAdmin = cmd.Flags().Changed("metrics-port")

@@ -1102,10 +1102,12 @@ func TestStoreRmJSONSaysWhichWent(t *testing.T) {
 func TestServeStoreWarnsInertFlags(t *testing.T) {
 	isolateEnv(t)
 	_, _, out, _ := startServeStore(t, "--segment-size", "0", "--kv_events_bind_endpoint", "tcp://127.0.0.1:5557",
-		"--kv-events-backend-id", "b", "--kv-events-pace", "2ms", "--etcd-endpoints", "127.0.0.1:2379")
+		"--kv-events-backend-id", "b", "--kv-events-pace", "2ms", "--etcd-endpoints", "127.0.0.1:2379",
+		"--tenant-quota-connector-type", "file")
 	for _, want := range []string{
 		"--kv-events-bind-endpoint, --kv-events-backend-id, --kv-events-pace given without --enable-kv-events: ignored, no KV events are published",
 		"--etcd-endpoints given without --enable-ha: ignored",
+		"--tenant-quota-connector-type given without --enable-multi-tenants: ignored",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in:\n%s", want, out.String())
