@@ -1,7 +1,6 @@
 package cmd
 
 import (
-	"fmt"
 	"os"
 	"strings"
 
@@ -35,7 +34,7 @@ func (o adminTokenOptions) token() (string, error) {
 	}
 	b, err := os.ReadFile(o.TokenFile)
 	if err != nil {
-		return "", fmt.Errorf("--admin-token-file: %w", err)
+		return "", inputErr("--admin-token-file", err)
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
 	t := strings.TrimSpace(line)

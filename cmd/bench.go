@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -174,6 +174,21 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 			return engine.Config{}, err
 		}
 	}
+	if o.BindAddress != "" && net.ParseIP(o.BindAddress) == nil && o.BindAddress != "localhost" {
+		return engine.Config{}, usagef("invalid --bind-address %q: want an IP address of this host (0.0.0.0 for every interface)", o.BindAddress)
+	}
+	handshakeAddr := ""
+	if strings.Contains(o.LocalServerName, ":") && (o.MetadataServer == "" || o.MetadataServer == meta.P2PHandshake) {
+		// With P2PHANDSHAKE a segment is named host:port by its
+		// handshake port, so a port given is that port (before, it was
+		// dropped without a word and another one advertised).
+		_, port, err := net.SplitHostPort(o.LocalServerName)
+		n, perr := strconv.ParseUint(port, 10, 16)
+		if err != nil || perr != nil || n == 0 {
+			return engine.Config{}, usagef("invalid --local-server-name %q: want host or host:port (a port of 1-65535)", o.LocalServerName)
+		}
+		handshakeAddr = net.JoinHostPort(o.BindAddress, port)
+	}
 	if o.MinRPCPort != 0 || o.MaxRPCPort != 0 {
 		if err := checkPortRange("min-rpc-port", "max-rpc-port", o.MinRPCPort, o.MaxRPCPort); err != nil {
 			return engine.Config{}, err
@@ -191,6 +206,7 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 		Protocol:           o.Protocol,
 		Transports:         transports,
 		LocalServerName:    o.LocalServerName,
+		HandshakeAddr:      handshakeAddr,
 		MetadataServer:     o.MetadataServer,
 		ClusterID:          o.ClusterID,
 		MetadataHTTPToken:  metadataToken(),
@@ -494,11 +510,9 @@ func runBenchInitiator(ctx context.Context, o benchInitiatorOptions, p *printer)
 	if dur <= 0 {
 		return usagef("--duration %s: want more than 0", dur)
 	}
-	if o.Plot != "" {
-		// Before the run, not after minutes of it.
-		if _, err := os.Stat(filepath.Dir(o.Plot)); err != nil {
-			return usagef("--plot: %w", err)
-		}
+	// Before the run, not after minutes of it.
+	if err := checkOutput("--plot", o.Plot); err != nil {
+		return err
 	}
 	unit, err := bench.ParseUnit(o.ReportUnit)
 	if err != nil {

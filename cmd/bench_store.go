@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/engine"
 	ebench "github.com/kvcache-ops/mc/pkg/engine/bench"
+	"github.com/kvcache-ops/mc/pkg/store"
 	sbench "github.com/kvcache-ops/mc/pkg/store/bench"
 	"github.com/kvcache-ops/mc/pkg/store/master"
 	"github.com/kvcache-ops/mc/pkg/units"
@@ -186,8 +187,8 @@ func (o benchStoreOptions) config() (sbench.Config, error) {
 		return cfg, usagef("invalid --segment-size %d: want more than 0 bytes", seg)
 	}
 	switch {
-	case o.Batch <= 0:
-		return cfg, usagef("invalid --batch %d: want 1 or more", o.Batch)
+	case o.Batch <= 0 || o.Batch > store.MaxBatchSize:
+		return cfg, usagef("invalid --batch %d: want 1 to %d", o.Batch, store.MaxBatchSize)
 	case o.Duration <= 0:
 		return cfg, usagef("invalid --duration %s: want a positive duration", o.Duration)
 	case o.GetRatio < 0 || o.GetRatio > 1:
@@ -218,6 +219,11 @@ func (o benchStoreOptions) config() (sbench.Config, error) {
 		return cfg, usagef("--admin and --allow-evict concern a running store: give --master with them (the embedded store is the run's own)")
 	case o.HighWatermark <= 0 || o.HighWatermark > 1:
 		return cfg, usagef("invalid --eviction-high-watermark-ratio %g: want a fraction in (0, 1]", o.HighWatermark)
+	}
+	if o.Admin != "" {
+		if _, err := store.NewAdmin(o.Admin); err != nil {
+			return cfg, usagef("invalid --admin: %w", err)
+		}
 	}
 	admin := ""
 	if o.Master != "" && !o.AllowEvict {

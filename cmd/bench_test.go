@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -475,7 +478,7 @@ func TestBenchInitiatorPlot(t *testing.T) {
 		t.Fatalf("plot: %v\n%.200s", err, b)
 	}
 	_, _, err = runCmd(t, "bench", "initiator", "--duration", "100ms", "--threads", "1", "--plot", filepath.Join(t.TempDir(), "no", "dir.svg"))
-	if err == nil || !strings.Contains(err.Error(), "--plot: stat") {
+	if err == nil || !strings.Contains(err.Error(), "--plot: write ") || !strings.Contains(err.Error(), "no such file or directory") {
 		t.Fatalf("unwritable plot: %v", err)
 	}
 }
@@ -523,4 +526,39 @@ func TestBenchRDMASaysSoft(t *testing.T) {
 	if err != nil || !strings.Contains(text, "rdma (soft)") {
 		t.Fatalf("MC_RDMA_PROVIDER=soft --device_name mlx5_0: %v\n%s", err, text)
 	}
+}
+
+// With P2PHANDSHAKE, a --local-server-name with a port is served on that
+// port and names the segment so (before, the port was dropped without a
+// word and another one advertised).
+func TestBenchTargetLocalServerNamePort(t *testing.T) {
+	isolateEnv(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	name := fmt.Sprintf("127.0.0.1:%d", port)
+	var out syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		done <- Execute(ctx, []string{"bench", "target", "--protocol", "tcp", "--local_server_name", name,
+			"--buffer-size", "8M", "--bind-address", "127.0.0.1", "-o", "json"}, &out, io.Discard)
+	}()
+	waitText(t, &out, "}\n")
+	var v struct {
+		SegmentID string `json:"segment_id"`
+	}
+	if err := json.Unmarshal([]byte(out.String()), &v); err != nil || v.SegmentID != name {
+		t.Errorf("segment %q (%v), want %q", v.SegmentID, err, name)
+	}
+	if c, err := net.Dial("tcp", name); err != nil {
+		t.Errorf("nothing listens on the port named: %v", err)
+	} else {
+		c.Close()
+	}
+	cancel()
+	<-done
 }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // writeFileWith writes path through write in one rename, so that a reader
@@ -48,6 +49,17 @@ func namePath(path string, err error) error {
 		err = le.Err
 	}
 	return fmt.Errorf("write %s: %w", path, err)
+}
+
+// inputErr is the error of reading an input the user named (flag, or an
+// argument): one that is not there, is a directory or is empty is the
+// caller's mistake, a usage error (as --config's is); anything else (a
+// permission, an I/O error) is a failure.
+func inputErr(flag string, err error) error {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.EISDIR) || errors.Is(err, syscall.ENOTDIR) {
+		return usagef("%s: %w", flag, err)
+	}
+	return fmt.Errorf("%s: %w", flag, err)
 }
 
 // checkOutput makes sure a file can be written at path (its directory

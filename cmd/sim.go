@@ -201,7 +201,7 @@ func runSimConductor(ctx context.Context, o simConductorOptions, p *printer) err
 	}
 	reqs, err := trace.ReadFile(o.Trace)
 	if err != nil {
-		return err
+		return inputErr("--trace", err)
 	}
 	if len(reqs) == 0 {
 		// A simulation of nothing would print a row of zeros as if it ran.

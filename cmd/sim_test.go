@@ -73,10 +73,7 @@ func TestSimConductor(t *testing.T) {
 		{[]string{"--trace", tr, "--prefill", "99999999"}, "at most 100000"},
 	} {
 		_, errs, code := execMC(t, append([]string{"sim", "conductor"}, c.args...)...)
-		wantCode := exitUsage
-		if c.want == "no such file" { // found reading
-			wantCode = exitFailure
-		}
+		wantCode := exitUsage // a --trace naming no file too, as --config
 		if code != wantCode || !strings.Contains(errs, c.want) || strings.Count(errs, "\n") != 1 {
 			t.Errorf("mc sim conductor %v: exit %d %q, want one line about %q", c.args, code, errs, c.want)
 		}

@@ -370,7 +370,7 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 func readMasterConfigFile(path string) (map[string]any, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("--config-path: %w", err)
+		return nil, inputErr("--config-path", err)
 	}
 	var raw map[string]any
 	if err := yaml.Unmarshal(b, &raw); err != nil { // YAML is a superset of JSON
@@ -800,7 +800,7 @@ func (o storeClientOptions) adminURL() (string, error) {
 
 // checkTenant refuses a --tenant Mooncake would (store.CheckTenant).
 func (o storeClientOptions) checkTenant() error {
-	if err := store.CheckTenant(store.ResolveTenant(o.Tenant)); err != nil {
+	if err := checkTenantName(store.ResolveTenant(o.Tenant)); err != nil {
 		return usagef("invalid --tenant: %w", err)
 	}
 	return nil
@@ -820,6 +820,9 @@ func (o storeClientOptions) admin() (*store.Admin, error) {
 	}
 	a, err := store.NewAdmin(u)
 	if err != nil {
+		if o.Admin != "" {
+			return nil, usagef("invalid --admin: %w", err)
+		}
 		return nil, err
 	}
 	a.SetToken(tok)
@@ -944,8 +947,10 @@ func runStorePut(ctx context.Context, o storePutOptions, key, src string, p *pri
 	var err error
 	if src == "-" {
 		value, err = io.ReadAll(o.In)
-	} else {
-		value, err = os.ReadFile(src)
+	} else if src == "" {
+		return usagef("put %q: the value's FILE is empty: give a file name, or - for standard input", key)
+	} else if value, err = os.ReadFile(src); err != nil {
+		return inputErr(fmt.Sprintf("put %q: value FILE", key), err)
 	}
 	if err != nil {
 		return fmt.Errorf("put %q: read value: %w", key, err)
@@ -1979,9 +1984,12 @@ func readTrace(path string) (*replay.Trace, error) {
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("trace: %w", err)
+		return nil, inputErr("--trace", err)
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		return nil, usagef("--trace %s: is a directory, want a file", path)
+	}
 	t, err := replay.Read(f)
 	if err != nil {
 		return nil, fmt.Errorf("trace %s: %w", path, err)

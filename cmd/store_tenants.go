@@ -3,6 +3,7 @@ package cmd
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -54,7 +55,7 @@ the master's admin token when it has one.`,
 				if len(args) != 2 {
 					return usagef("store tenants set: want NAME SIZE")
 				}
-				if err := store.CheckTenant(args[0]); err != nil {
+				if err := checkTenantName(args[0]); err != nil {
 					return usagef("store tenants set: invalid tenant %q: %w", args[0], err)
 				}
 				n, err := tenantQuotaSize(args[1])
@@ -70,7 +71,7 @@ the master's admin token when it has one.`,
 				if len(args) != 1 {
 					return usagef("store tenants rm: want NAME")
 				}
-				if err := store.CheckTenant(args[0]); err != nil {
+				if err := checkTenantName(args[0]); err != nil {
 					return usagef("store tenants rm: invalid tenant %q: %w", args[0], err)
 				}
 				if _, err := a.DeleteTenantQuota(ctx, args[0]); err != nil {
@@ -131,4 +132,14 @@ func printTenants(p *printer, qs []store.TenantQuota) error {
 	}
 	p.Table("", []string{"tenant", "requested", "effective", "charged", "objects", "over_quota", "policy"}, rows)
 	return nil
+}
+
+// checkTenantName is store.CheckTenant, and refuses a name of only
+// spaces: the master would take it, but on a command line it is a
+// quoting mistake.
+func checkTenantName(t string) error {
+	if t != "" && strings.TrimSpace(t) == "" {
+		return fmt.Errorf("a tenant id of only spaces")
+	}
+	return store.CheckTenant(t)
 }
