@@ -798,6 +798,9 @@ func gflagsArgs(root *cobra.Command, args []string) ([]string, error) {
 		if val != "target" && val != "initiator" {
 			return nil, usagef("bench: --mode %q: want target or initiator", val)
 		}
+		if mode != "" && mode != val {
+			return nil, usagef("bench: --mode %s and --mode %s: give one", mode, val)
+		}
 		mode = val
 	}
 	verb := ""

@@ -806,8 +806,27 @@ func (o storeClientOptions) checkTenant() error {
 	return nil
 }
 
+// checkAddrs refuses a malformed --master or --admin whichever of them
+// the verb uses: a typo in the other one passed unseen.
+func (o storeClientOptions) checkAddrs() error {
+	if o.Master != "" {
+		if err := checkMasterAddr(o.Master); err != nil {
+			return err
+		}
+	}
+	if o.Admin != "" {
+		if _, err := store.NewAdmin(o.Admin); err != nil {
+			return usagef("invalid --admin: %w", err)
+		}
+	}
+	return nil
+}
+
 func (o storeClientOptions) admin() (*store.Admin, error) {
 	if err := o.checkTenant(); err != nil {
+		return nil, err
+	}
+	if err := o.checkAddrs(); err != nil {
 		return nil, err
 	}
 	u, err := o.adminURL()
@@ -832,6 +851,9 @@ func (o storeClientOptions) admin() (*store.Admin, error) {
 
 func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
 	if err := o.checkTenant(); err != nil {
+		return nil, err
+	}
+	if err := o.checkAddrs(); err != nil {
 		return nil, err
 	}
 	if err := checkMasterAddr(o.Master); err != nil {
@@ -1033,6 +1055,9 @@ JSON object instead, or, with --file, a JSON summary of what was written.
 				// named get's file. Kept for scripts, with a warning.
 				if o.Dest != "" {
 					return usagef("invalid --output %q: want table or json (the file is --file %s)", f.Value.String(), o.Dest)
+				}
+				if f.Value.String() == "" {
+					return usagef("invalid --output \"\": want table or json (a file is --file FILE)")
 				}
 				o.Dest = f.Value.String()
 				fmt.Fprintf(p.Err, "mc: store get: warning: -o %s names a file: -o is the output format (table or json); use --file %s\n", o.Dest, o.Dest)
