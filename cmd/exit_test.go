@@ -142,6 +142,7 @@ func TestUsageErrorsExit64(t *testing.T) {
 		{[]string{"diag", "qp-leak", "--interval", "0"}, "mc: diag qp-leak: --interval is the sampling period of --watch"},
 		{[]string{"diag", "qp-leak", "--rdma", diagTD + "leak/rdma.txt", "--per-qp"}, "mc: diag qp-leak: --per-qp applies when sampling this host"},
 		{[]string{"diag", "qp-leak", "--rdma", diagTD + "leak/rdma.txt", "--rdma-bin", "/bin/true"}, "mc: diag qp-leak: --rdma-bin applies when sampling"},
+		{[]string{"serve", "metadata", "--quota-backend-bytes", "9223372036854775807"}, "mc: serve metadata: --quota-backend-bytes 9223372036854775807: at most 8G"},
 		{[]string{"serve", "metadata", "--listen", "127.0.0.1:99999"}, `mc: serve metadata: invalid --listen "127.0.0.1:99999": port "99999" is not 0-65535`},
 		{[]string{"serve", "store", "--metadata-server", "etcd://nohost"}, "mc: serve store: invalid --metadata-server"},
 		{[]string{"bench", "coll", "--rank", "0", "--world-size", "1", "--store", "bogus"}, "mc: bench coll: invalid --store"},

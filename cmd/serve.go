@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/connlimit"
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
+	"github.com/kvcache-ops/mc/pkg/units"
 )
 
 // newServeCmd is the group of long-running services mc can host. Each verb
@@ -139,6 +140,12 @@ func runServeMetadata(ctx context.Context, o serveMetadataOptions, p *printer) e
 	if o.Quota < 0 || o.AutoCompaction < 0 {
 		return usagef("--quota-backend-bytes and --auto-compaction-retention must not be negative")
 	}
+	if o.Quota > maxEtcdQuota {
+		// etcd maps its whole database (quota + 10%) up front; past its
+		// recommended 8 GiB the map alone can exhaust a host's address
+		// space (and 2^63 overflows it).
+		return usagef("--quota-backend-bytes %s: at most %s (etcd's recommended maximum)", units.FormatSize(o.Quota), units.FormatSize(maxEtcdQuota))
+	}
 	if err := checkListen("listen", o.Listen); err != nil {
 		return err
 	}
@@ -147,6 +154,9 @@ func runServeMetadata(ctx context.Context, o serveMetadataOptions, p *printer) e
 	}
 	return serveEtcdMetadata(ctx, o, p)
 }
+
+// maxEtcdQuota is etcd's recommended largest backend quota.
+const maxEtcdQuota = 8 << 30
 
 // metadataMaintenance is how often `mc serve metadata` checks its etcd.
 const metadataMaintenance = 10 * time.Second
