@@ -70,6 +70,9 @@ func StartEtcd(ctx context.Context, cfg EtcdConfig) (*EmbeddedEtcd, error) {
 	if _, _, err := net.SplitHostPort(listen); err != nil {
 		return nil, fmt.Errorf("etcd listen address %q is not host:port", listen)
 	}
+	if err := addressSpaceErr(cfg.QuotaBackendBytes, addressSpaceLimit()); err != nil {
+		return nil, err
+	}
 	ee := &EmbeddedEtcd{dataDir: cfg.DataDir}
 	if ee.dataDir == "" {
 		dir, err := os.MkdirTemp("", "mc-etcd-")
