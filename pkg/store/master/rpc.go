@@ -177,14 +177,7 @@ func (s *rpcServer) Session(st pb.Master_SessionServer) error {
 	return nil
 }
 
-func (s *rpcServer) draining() bool {
-	select {
-	case <-s.drain:
-		return true
-	default:
-		return false
-	}
-}
+func (s *rpcServer) draining() bool { return isClosed(s.drain) }
 
 func (s *rpcServer) sessionCall(ctx context.Context, req *pb.SessionRequest) *pb.SessionResponse {
 	var in any

@@ -169,9 +169,13 @@ type tierOp struct {
 }
 
 // ended reports whether op ended (its err is then set for good).
-func (op *tierOp) ended() bool {
+func (op *tierOp) ended() bool { return isClosed(op.done) }
+
+// isClosed reports whether ch (closed to signal, never sent on) is
+// closed.
+func isClosed(ch <-chan struct{}) bool {
 	select {
-	case <-op.done:
+	case <-ch:
 		return true
 	default:
 		return false
@@ -746,14 +750,7 @@ func (m *Master) fenceDrops(keys []string, out []error) {
 var fenceWaitHook func(ops []*tierOp)
 
 // stopping reports whether Close was called.
-func (m *Master) stopping() bool {
-	select {
-	case <-m.done:
-		return true
-	default:
-		return false
-	}
-}
+func (m *Master) stopping() bool { return isClosed(m.done) }
 
 // opDone is called with a node's answer to op (or the stream's end).
 func (m *Master) opDone(n *tierNode, op *tierOp, err error) {
