@@ -188,7 +188,7 @@ func TestFenceDropEndedBeforeTheCall(t *testing.T) {
 // master, for the next one to re-add. Other commands are still refused
 // (an offload not sent leaves its object in DRAM).
 func TestTierEnqueueDropOverflow(t *testing.T) {
-	n := &tierNode{online: true, send: make(chan *pb.TierCommand, 1), kick: make(chan struct{}, 1), pending: map[uint64]*tierOp{}}
+	n := &tierNode{online: true, gen: 2, send: make(chan *pb.TierCommand, 1), kick: make(chan struct{}, 1), pending: map[uint64]*tierOp{}}
 	if !n.enqueue(&pb.TierCommand{Kind: pb.TierCommand_OFFLOAD, Key: "a"}, nil) {
 		t.Fatal("first command refused")
 	}
@@ -207,7 +207,10 @@ func TestTierEnqueueDropOverflow(t *testing.T) {
 	default:
 		t.Fatal("the sender was not kicked for the overflow")
 	}
-	if got := n.takeOverflow(10); len(got) != 1 || got[0].GetKey() != "c" {
+	if got := n.takeOverflow(10, 1); got != nil {
+		t.Fatalf("an older stream's sender took %v", got)
+	}
+	if got := n.takeOverflow(10, 2); len(got) != 1 || got[0].GetKey() != "c" {
 		t.Fatalf("overflow %v, want the DROP of c", got)
 	}
 }

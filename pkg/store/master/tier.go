@@ -441,10 +441,15 @@ func (n *tierNode) enqueue(cmd *pb.TierCommand, op *tierOp) bool {
 	return true
 }
 
-// takeOverflow returns up to max DROPs that waited for room.
-func (n *tierNode) takeOverflow(max int) []*pb.TierCommand {
+// takeOverflow returns up to max DROPs that waited for room, for the
+// sender of attachment gen (an older stream's sender, not stopped yet,
+// takes none: they would go down a dead stream).
+func (n *tierNode) takeOverflow(max int, gen uint64) []*pb.TierCommand {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.gen != gen {
+		return nil
+	}
 	k := min(max, len(n.overflow))
 	if k == 0 {
 		return nil
@@ -1506,7 +1511,7 @@ func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
 			}
 			// Whatever else is queued goes in the same message, DROPs
 			// that waited for room first.
-			down.Commands = append(down.Commands, n.takeOverflow(128)...)
+			down.Commands = append(down.Commands, n.takeOverflow(128, gen)...)
 		more:
 			for len(down.Commands) < 256 {
 				select {
@@ -1516,7 +1521,7 @@ func (s *tierServer) Attach(st pb.Tier_AttachServer) error {
 					break more
 				}
 			}
-			down.Commands = append(down.Commands, n.takeOverflow(256-len(down.Commands))...)
+			down.Commands = append(down.Commands, n.takeOverflow(256-len(down.Commands), gen)...)
 			if len(down.Commands) == 0 {
 				continue
 			}
