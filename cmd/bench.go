@@ -174,8 +174,10 @@ func (o benchEngineOptions) config() (engine.Config, error) {
 			return engine.Config{}, err
 		}
 	}
-	if o.BindAddress != "" && net.ParseIP(o.BindAddress) == nil && o.BindAddress != "localhost" {
-		return engine.Config{}, usagef("invalid --bind-address %q: want an IP address of this host (0.0.0.0 for every interface)", o.BindAddress)
+	if o.BindAddress != "" {
+		if err := checkHostIP("bind-address", o.BindAddress); err != nil {
+			return engine.Config{}, err
+		}
 	}
 	handshakeAddr := ""
 	if strings.Contains(o.LocalServerName, ":") && (o.MetadataServer == "" || o.MetadataServer == meta.P2PHandshake) {

@@ -140,6 +140,15 @@ func checkListen(flag, addr string) error {
 	return nil
 }
 
+// checkHostIP refuses an address to listen on that is not an IP of
+// this host (or localhost), naming flag.
+func checkHostIP(flag, addr string) error {
+	if net.ParseIP(addr) == nil && addr != "localhost" {
+		return usagef("invalid --%s %q: want an IP address of this host (0.0.0.0 for every interface)", flag, addr)
+	}
+	return nil
+}
+
 // checkMetadataServer refuses a malformed metadata server address as a
 // usage error naming flag, before any work (the engine opened it only
 // when it started).

@@ -64,8 +64,8 @@ func (o *storeDataOptions) addFlagsProtocol(fs *pflag.FlagSet, protocol string) 
 // --bind-address, else on bind (the verb's default).
 func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 	if o.BindAddress != "" {
-		if net.ParseIP(o.BindAddress) == nil && o.BindAddress != "localhost" {
-			return engine.Config{}, usagef("invalid --bind-address %q: want an IP address of this host (0.0.0.0 for every interface)", o.BindAddress)
+		if err := checkHostIP("bind-address", o.BindAddress); err != nil {
+			return engine.Config{}, err
 		}
 		bind = o.BindAddress
 	}
@@ -576,8 +576,8 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	if o.MetricsPort > 0 && (o.Master == "" || o.NodeAdmin) {
 		host := o.RPCAddress
 		if o.MetricsAddress != "" {
-			if net.ParseIP(o.MetricsAddress) == nil && o.MetricsAddress != "localhost" {
-				return cfg, usagef("invalid --metrics-address %q: want an IP address of this host (0.0.0.0 for every interface)", o.MetricsAddress)
+			if err := checkHostIP("metrics-address", o.MetricsAddress); err != nil {
+				return cfg, err
 			}
 			host = o.MetricsAddress
 		}
