@@ -131,6 +131,12 @@ func TestUsageErrorsExit64(t *testing.T) {
 		{[]string{"bench", "store", "--master", "127.0.0.1:1", "--admin", "1e400"}, `mc: bench store: invalid --admin: admin URL "1e400"`},
 		{[]string{"store", "stat", "--admin", "4K,,8K"}, `mc: store stat: invalid --admin: admin URL "4K,,8K"`},
 		{[]string{"store", "stat", "--admin-token-file", "/nonexistent/token"}, "mc: store stat: --admin-token-file: open /nonexistent/token"},
+		// Flags a verb has but does not use are checked all the same.
+		{[]string{"store", "ls", "--protocol", "etcd://"}, `mc: store ls: --protocol "etcd://" is not supported`},
+		{[]string{"store", "ls", "--metadata-server", "foo://x"}, "mc: store ls: invalid --metadata-server"},
+		{[]string{"store", "ls", "--bind-address", "notanip"}, `mc: store ls: invalid --bind-address "notanip"`},
+		{[]string{"store", "exists", "k", "--admin-token-file", "/nonexistent/token"}, `mc: store exists: "k": --admin-token-file: open /nonexistent/token`},
+		{[]string{"store", "get", "k", "--admin-token", "t", "--admin-token-file", "/etc/hostname"}, `mc: store get: "k": --admin-token and --admin-token-file both give the admin token`},
 		{[]string{"serve", "store", "--config-path", "/nonexistent/master.json"}, "mc: serve store: --config-path: open /nonexistent/master.json"},
 		{[]string{"sim", "conductor", "--trace", "/nonexistent/t.jsonl"}, "mc: sim conductor: --trace: "},
 		{[]string{"store", "replay", "--trace", "/nonexistent/t.jsonl"}, "mc: store replay: --trace: open /nonexistent/t.jsonl"},

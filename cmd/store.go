@@ -806,9 +806,11 @@ func (o storeClientOptions) checkTenant() error {
 	return nil
 }
 
-// checkAddrs refuses a malformed --master or --admin whichever of them
-// the verb uses: a typo in the other one passed unseen.
-func (o storeClientOptions) checkAddrs() error {
+// checkFlags refuses a malformed --master or --admin, data flag
+// (--protocol, --metadata-server, ...) or admin token whichever of them
+// the verb uses: a typo in one the verb does not need passed unseen, and
+// the same line then failed under the next verb.
+func (o storeClientOptions) checkFlags() error {
 	if o.Master != "" {
 		if err := checkMasterAddr(o.Master); err != nil {
 			return err
@@ -819,6 +821,15 @@ func (o storeClientOptions) checkAddrs() error {
 			return usagef("invalid --admin: %w", err)
 		}
 	}
+	// Protocol is "" only on a verb without the data flags.
+	if o.Data.Protocol != "" {
+		if _, err := o.Data.engineConfig("0.0.0.0"); err != nil {
+			return err
+		}
+	}
+	if _, err := o.AdminAuth.token(); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -826,7 +837,7 @@ func (o storeClientOptions) admin() (*store.Admin, error) {
 	if err := o.checkTenant(); err != nil {
 		return nil, err
 	}
-	if err := o.checkAddrs(); err != nil {
+	if err := o.checkFlags(); err != nil {
 		return nil, err
 	}
 	u, err := o.adminURL()
@@ -853,7 +864,7 @@ func (o storeClientOptions) client(ctx context.Context) (*store.Client, error) {
 	if err := o.checkTenant(); err != nil {
 		return nil, err
 	}
-	if err := o.checkAddrs(); err != nil {
+	if err := o.checkFlags(); err != nil {
 		return nil, err
 	}
 	if err := checkMasterAddr(o.Master); err != nil {
