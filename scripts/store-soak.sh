@@ -5,7 +5,8 @@
 # (scripts/soak, built to bin/mc-soak) putting, upserting, getting and
 # removing values whose bytes encode key and version, while a chaos loop
 # SIGKILLs and restarts the master, SIGKILLs and restarts nodes, SIGSTOPs
-# a node for 2-14 s, and SIGKILLs clients mid-operation.
+# a node for 2-14 s (with --ha also a master for 2-10 s, past its leader
+# lease), and SIGKILLs clients mid-operation.
 #
 # Every get is judged against what was acknowledged before it began
 # (scripts/soak/main.go says how): latest, uncertain (a version whose put
@@ -187,6 +188,15 @@ while [ "$(date +%s)" -lt $((END - 15)) ]; do
 		echo "$(date +%T.%3N) SIGKILL node$i" >>"$DIR/chaos.log"; KILLS=$((KILLS + 1))
 		sleep $((RANDOM % 3))
 		start_node "$i"; RESTARTS_NODE=$((RESTARTS_NODE + 1))
+	elif [ $r -lt 55 ] && [ "$HA" = 1 ]; then
+		# A leader paused (a long GC, a VM stall) past its lease: the
+		# other takes over, and the paused one resumes as if nothing
+		# happened. It must serve nothing from its old term.
+		i=$((RANDOM % 2)) s=$((2 + RANDOM % 9))
+		kill -STOP "${PID[master$i]}"
+		echo "$(date +%T.%3N) SIGSTOP master$i for ${s}s" >>"$DIR/chaos.log"; STOPS=$((STOPS + 1))
+		sleep "$s"
+		kill -CONT "${PID[master$i]}"
 	elif [ $r -lt 65 ]; then
 		i=$((RANDOM % 3)) s=$((2 + RANDOM % 13))
 		kill -STOP "${PID[node$i]}"

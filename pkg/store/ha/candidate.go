@@ -131,7 +131,25 @@ type term struct {
 	m       *master.Master
 	log     *committer
 	grpc    *master.GRPCServer
+	// until is the lease's local deadline (monoNanos): every call
+	// checks it, not only keepLease's timer. A leader paused past it
+	// (SIGSTOP, a VM stall) resumes with RPCs and that timer ready at
+	// once, in no set order, and answered calls from a term another
+	// leader may have followed.
+	until atomic.Int64
 }
+
+// monoBase and monoNanos read the monotonic clock cheaply: a lease
+// deadline is compared on every call.
+var monoBase = time.Now()
+
+func monoNanos(t time.Time) int64 { return int64(t.Sub(monoBase)) }
+
+// setDeadline records the lease's local deadline for the calls' check.
+func (t *term) setDeadline(d time.Time) { t.until.Store(monoNanos(d)) }
+
+// leased reports whether the lease's local deadline is still ahead.
+func (t *term) leased() bool { return monoNanos(time.Now()) < t.until.Load() }
 
 // Start connects to etcd, binds the RPC (and admin) listeners, loads the
 // op log's state and starts campaigning. It returns at once: the
@@ -467,6 +485,7 @@ func (c *Candidate) lead(t *term) (abandoned clientv3.LeaseID) {
 	c.terms.Add(1)
 	c.setState(stateRecovering)
 	deadline := t.granted.Add(c.cfg.LeaseTTL - c.margin())
+	t.setDeadline(deadline)
 	why := c.serveTerm(t, deadline)
 	// Step down: refuse at once, then take the term apart.
 	c.ready.Store(false)
@@ -583,28 +602,38 @@ func (c *Candidate) serveTerm(t *term, deadline time.Time) string {
 
 // gate refuses every RPC unless t is the serving term: a master that is
 // stepping down answers UNAVAILABLE_IN_CURRENT_MODE, never stale data.
+// It looks again once the call is answered: a leader paused inside a
+// call (its lease lapsing meanwhile) must not send what it read then.
 func (c *Candidate) gate(t *term) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if !c.serving(t) {
-			return nil, status.Error(codes.FailedPrecondition, "UNAVAILABLE_IN_CURRENT_MODE: this master is not the serving leader")
+			return nil, status.Error(codes.FailedPrecondition, notLeading)
 		}
-		return h(ctx, req)
+		resp, err := h(ctx, req)
+		if !c.serving(t) {
+			return nil, status.Error(codes.FailedPrecondition, notLeading+" (its lease lapsed during the call, which may or may not have taken effect)")
+		}
+		return resp, err
 	}
 }
 
-// serving reports whether t is the serving term and its op log still
-// commits: once the log stops (the term winds down, or a commit failed),
-// nothing the master does is durable, and its reads may miss what the
-// next leader has already acknowledged.
+const notLeading = "UNAVAILABLE_IN_CURRENT_MODE: this master is not the serving leader"
+
+// serving reports whether t is the serving term, its lease's local
+// deadline is ahead and its op log still commits: once the log stops
+// (the term winds down, or a commit failed), nothing the master does is
+// durable, and its reads may miss what the next leader has already
+// acknowledged.
 func (c *Candidate) serving(t *term) bool {
-	return c.ready.Load() && c.cur.Load() == t && (t.log == nil || !t.log.stopped.Load())
+	return t != nil && c.ready.Load() && c.cur.Load() == t && t.leased() && (t.log == nil || !t.log.stopped.Load())
 }
 
-// mooncakeGate is gate for calls on Mooncake's wire.
+// mooncakeGate is gate for calls on Mooncake's wire (run before and
+// after each call, as gate's looks).
 func (c *Candidate) mooncakeGate(t *term) master.MooncakeGate {
 	return func(ctx context.Context, call string) error {
 		if !c.serving(t) {
-			return fmt.Errorf("%s: UNAVAILABLE_IN_CURRENT_MODE: this master is not the serving leader", call)
+			return fmt.Errorf("%s: %s", call, notLeading)
 		}
 		return nil
 	}
@@ -647,6 +676,7 @@ func (c *Candidate) keepLease(t *term, deadline time.Time) string {
 			return "lease expired"
 		case err == nil && resp.TTL > 0:
 			deadline = now.Add(time.Duration(resp.TTL)*time.Second - c.margin())
+			t.setDeadline(deadline)
 			next = now.Add(every)
 		default:
 			next = now.Add(200 * time.Millisecond)

@@ -2,9 +2,11 @@ package ha
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/kvcache-ops/mc/pkg/cororpc"
 	"github.com/kvcache-ops/mc/pkg/store/master"
+	"github.com/kvcache-ops/mc/pkg/store/mooncake"
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
 
@@ -80,6 +83,105 @@ func TestGateRefusesCoroSessionAsStreams(t *testing.T) {
 		}
 		if !proto.Equal(onCoro, onStream) {
 			t.Fatalf("%s: over coro_rpc %v, on a stream %v", name, onCoro, onStream)
+		}
+	}
+}
+
+// A leader paused past its lease's local deadline (SIGSTOP, a VM stall)
+// resumes with requests and keepLease's timer ready at once, in no set
+// order: every call looks at the deadline itself, so none is answered
+// from a term another leader may have followed. Here the deadline has
+// passed and keepLease has not run: mc's Session calls (stream and
+// coro_rpc) and Mooncake's wire are refused, reads and writes alike,
+// where the same master answered them a moment before.
+func TestGateRefusesPastLeaseDeadline(t *testing.T) {
+	m, err := master.New(master.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	defer m.Close()
+	c := &Candidate{}
+	tm := &term{m: m}
+	tm.setDeadline(time.Now().Add(time.Minute))
+	c.cur.Store(tm)
+	c.ready.Store(true)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := master.NewGRPCServer(m, c.gate(tm))
+	go srv.ServeShared(lis, master.NewMooncakeServer(m, c.mooncakeGate(tm), nil))
+	defer srv.Stop()
+	addr := lis.Addr().String()
+
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	st, err := pb.NewMasterClient(cc).Session(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.CloseSend()
+	cl, err := cororpc.Dial(context.Background(), addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	moon := mooncake.NewClient(addr, nil)
+	defer moon.Close()
+
+	exist := &pb.SessionRequest{Call: &pb.SessionRequest_ExistKey{ExistKey: &pb.BatchKeysRequest{Keys: []string{"k"}}}}
+	put := &pb.SessionRequest{Call: &pb.SessionRequest_PutStart{PutStart: &pb.BatchPutStartRequest{Items: []*pb.PutStartItem{{Key: "k", Length: 10}}}}}
+	// refused reports how each wire answered: nil when served.
+	calls := func() map[string]error {
+		out := map[string]error{}
+		for name, req := range map[string]*pb.SessionRequest{"ExistKey": exist, "PutStart": put} {
+			if err := st.Send(req); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := st.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if codes.Code(resp.StatusCode) == codes.FailedPrecondition {
+				out["stream "+name] = errors.New(resp.StatusMessage)
+			} else {
+				out["stream "+name] = nil
+			}
+			body, err := proto.Marshal(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := cl.Call(context.Background(), cororpc.FunctionID("mc::Session::"+name), body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &pb.SessionResponse{}
+			if err := proto.Unmarshal(b, r); err != nil {
+				t.Fatal(err)
+			}
+			if codes.Code(r.StatusCode) == codes.FailedPrecondition {
+				out["coro "+name] = errors.New(r.StatusMessage)
+			} else {
+				out["coro "+name] = nil
+			}
+		}
+		_, out["mooncake ExistKey"] = moon.ExistKey(context.Background(), "k")
+		_, out["mooncake GetReplicaList"] = moon.GetReplicaList(context.Background(), "k")
+		return out
+	}
+	for name, err := range calls() {
+		if err != nil && strings.Contains(err.Error(), "not the serving leader") {
+			t.Fatalf("%s refused within the lease: %v", name, err)
+		}
+	}
+	tm.setDeadline(time.Now().Add(-time.Millisecond))
+	for name, err := range calls() {
+		if err == nil || !strings.Contains(err.Error(), "not the serving leader") {
+			t.Errorf("%s past the lease's deadline: %v, want the gate's refusal", name, err)
 		}
 	}
 }

@@ -164,8 +164,10 @@ func TestSyncFailsOnceTheLogStopped(t *testing.T) {
 	if c.serving(&term{log: newCommitter(c, 8, 0, nil)}) {
 		t.Fatal("a term that is not the current one serves")
 	}
-	c.cur.Store(&term{log: newCommitter(c, 9, 0, nil)})
-	if !c.serving(c.cur.Load()) {
+	cur := &term{log: newCommitter(c, 9, 0, nil)}
+	cur.setDeadline(time.Now().Add(time.Minute))
+	c.cur.Store(cur)
+	if !c.serving(cur) {
 		t.Fatal("the current term with a live op log does not serve")
 	}
 }

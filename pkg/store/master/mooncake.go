@@ -15,9 +15,10 @@ import (
 	"github.com/kvcache-ops/mc/pkg/structpack"
 )
 
-// MooncakeGate runs before every Mooncake-wire call, as the gRPC gate does
-// (HA refuses calls on a master that is not the serving leader); a non-nil
-// error fails the call with that error's code.
+// MooncakeGate runs before every Mooncake-wire call and again before its
+// answer is sent, as the gRPC gate does (HA refuses calls on a master
+// that is not the serving leader); a non-nil error fails the call with
+// that error's code.
 type MooncakeGate func(ctx context.Context, call string) error
 
 // NewMooncakeServer returns a coro_rpc server answering Mooncake's master
@@ -125,6 +126,16 @@ func (s *mooncakeServer) wrap(name string, h mooncakeHandler) cororpc.Handler {
 			}
 		}
 		out, err := h(ctx, req)
+		if s.gate != nil {
+			// Again once answered: HA's leader may have lost its lease
+			// during the call (paused), and must not send what it read.
+			if gerr := s.gate(ctx, name); gerr != nil {
+				if b, ok := out.(preEncoded); ok {
+					recycleBody(b)
+				}
+				return nil, &cororpc.RPCError{Code: cororpc.ErrcRPCThrowException, Message: gerr.Error()}
+			}
+		}
 		if err != nil {
 			return nil, err
 		}
