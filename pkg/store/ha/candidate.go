@@ -545,6 +545,21 @@ func (c *Candidate) serveTerm(t *term, deadline time.Time) string {
 		release = master.DefaultPutReleaseTimeout
 	}
 	objs, dropped := c.st.restoredAt(time.Now(), release)
+	// Reads the previous leader granted may still be moving bytes: it
+	// granted none after its lease's local deadline, which passed before
+	// this term began, so each ends within one KV lease TTL from now
+	// (the candidates of a cluster share --default_kv_lease_ttl). Until
+	// then no restored object's range is reused.
+	leaseTTL := c.cfg.Master.KVLeaseTTL
+	if leaseTTL <= 0 {
+		leaseTTL = master.DefaultKVLeaseTTL
+	}
+	heldUntil := time.Now().Add(leaseTTL)
+	for i := range objs {
+		if !objs[i].Pending && objs[i].ReserveUntil.IsZero() {
+			objs[i].ReadLeasedUntil = heldUntil
+		}
+	}
 	drains := c.st.drainJobs()
 	from := c.st.Seq
 	segs := make(map[string]store.SegmentInfo, len(c.st.Segments))

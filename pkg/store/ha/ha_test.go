@@ -918,3 +918,58 @@ func TestLeaderAdminFromEtcd(t *testing.T) {
 		l.Kill()
 	}
 }
+
+// TestTakeoverHoldsPreviousLeases: a new leader cannot know the read
+// leases the one before it granted, and a reader may move an object's
+// bytes for up to a KV lease TTL after its grant: for that long after it
+// takes over, the objects it restores keep their bytes (a same-size
+// upsert is placed anew, not written in place; a removed object's range
+// is not reused), then upserts rewrite in place again.
+func TestTakeoverHoldsPreviousLeases(t *testing.T) {
+	h := newHarness(t)
+	const leaseTTL = 3 * time.Second
+	h.cfg = func(c *ha.Config) { c.Master.KVLeaseTTL = leaseTTL }
+	h.candidate()
+	h.candidate()
+	old := h.leader(5 * time.Second)
+	h.client(32 << 20)
+	cl := h.client(0)
+	ctx := context.Background()
+	if err := cl.Put(ctx, "k", value("k", 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	before, err := cl.Query(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.forget(old)
+	old.Kill()
+	h.leader(5 * testLease)
+	took := time.Now()
+	// Within the previous leader's leases: placed anew.
+	if err := cl.Upsert(ctx, "k", value("k2", 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	after, err := cl.Query(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(took) < leaseTTL && after[0].Addr == before[0].Addr {
+		t.Fatalf("a same-size upsert right after a failover rewrote the object in place at 0x%x, under reads the previous leader may have granted", after[0].Addr)
+	}
+	// Once they have ended, the object (a new version, never leased by
+	// the previous leader) is rewritten in place as always.
+	if err := cl.Upsert(ctx, "k", value("k3", 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	again, err := cl.Query(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again[0].Addr != after[0].Addr {
+		t.Fatalf("an upsert of a version written by this leader moved from 0x%x to 0x%x", after[0].Addr, again[0].Addr)
+	}
+	if got, err := cl.Get(ctx, "k"); err != nil || !bytes.Equal(got, value("k3", 64<<10)) {
+		t.Fatalf("get after the upserts: %d bytes, %v", len(got), err)
+	}
+}

@@ -145,9 +145,9 @@ func (sw *sweep) take(o *Object) bool {
 		sw.blocked.hardPinned++
 	case o.state != stateComplete || o.upsert != nil || o.busyOnTier():
 		sw.blocked.writing++
-	case o.lease > sw.now:
-		if sw.blocked.leased == 0 || o.lease < sw.blocked.leaseEnd {
-			sw.blocked.leaseEnd = o.lease
+	case o.busyUntil() > sw.now:
+		if end := o.busyUntil(); sw.blocked.leased == 0 || end < sw.blocked.leaseEnd {
+			sw.blocked.leaseEnd = end
 		}
 		sw.blocked.leased++
 	case !sw.allowSoft && o.softPin > sw.now:

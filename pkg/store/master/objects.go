@@ -40,6 +40,13 @@ type Object struct {
 	// would be.
 	one   [1]replicaRef
 	lease int64 // read lease expiry, unix nanos
+	// held is when reads another master granted may have ended (unix
+	// nanos; 0: none): an object restored from an HA op log may be read
+	// under a lease the previous leader granted, which this one never
+	// saw. Its ranges are not reused before (their frees wait), it is
+	// not rewritten in place and eviction passes it by; removes and
+	// upserts go ahead.
+	held int64
 	// sum is the writer's checksum of the value (store.Checksum form:
 	// 1<<32 | CRC32C), 0 when it gave none; readers check it.
 	sum uint64
@@ -513,3 +520,7 @@ func expiry(ns int64) time.Time {
 	}
 	return time.Unix(0, ns)
 }
+
+// busyUntil is when every read that may move o's DRAM bytes has ended:
+// its own read lease, or a previous leader's (held).
+func (o *Object) busyUntil() int64 { return max(o.lease, o.held) }

@@ -352,13 +352,16 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64, dr
 		if o.ent.In() {
 			sh.policy.Remove(&o.ent)
 		}
-		if now := m.now(); o.lease > now {
+		if now, busy := m.now(), o.busyUntil(); busy > now {
 			// A reader still moves the old version's bytes: they are
 			// freed when its lease ends.
-			m.pend.addLeased(o.lease, o.size, old)
+			m.pend.addLeased(busy, o.size, old)
 		} else {
 			m.space.free(old, o.size)
 		}
+		// The new version's ranges were never read under an earlier
+		// leader's lease.
+		o.held = 0
 		if u.size != 0 {
 			o.size = u.size
 		}
@@ -593,8 +596,10 @@ func (m *Master) upsertStart(client store.UUID, host string, it PutItem, cfg sto
 	prev := o.writer
 	o.putStart, o.writer = now, client
 	o.gen++
-	if it.Size == o.size && len(o.replicas) > 0 {
+	if it.Size == o.size && len(o.replicas) > 0 && o.held <= now {
 		// Rewritten in place: a disk copy would be of the old version.
+		// (Not an object a previous leader may have leased: its
+		// readers' bytes would change under them.)
 		m.dropDiskLocked(o)
 		o.tier = nil
 		sh.remove(it.Key, o)

@@ -299,7 +299,7 @@ func (m *Master) evictOtherRegions(client store.UUID, need uint64, fresh int64) 
 			switch {
 			case o.hardPin:
 				w += hardPinWeight
-			case o.lease > sw.now:
+			case o.busyUntil() > sw.now:
 				w += leasedWeight
 			case o.softPin > sw.now:
 				w += softPinWeight

@@ -36,6 +36,10 @@ type RestoredObject struct {
 	ReserveUntil time.Time
 	// Sum is the writer's checksum of the value (0: none).
 	Sum uint64
+	// ReadLeasedUntil, when set on a complete object, is when reads the
+	// master that granted them (an HA leader before this one) may still
+	// move its bytes: its ranges are not reused until then (Object.held).
+	ReadLeasedUntil time.Time
 	// Upsert, on a complete object, is a resizing upsert of it that was
 	// granted and not ended. It is restored as under way, so that its
 	// writer's End completes it and its revoke gives it back, as on the
@@ -96,6 +100,9 @@ func (m *Master) Restore(objs []RestoredObject) error {
 			return store.Errorf(store.InvalidReplica, "restore %q: no replica", ro.Key)
 		}
 		o := &Object{key: ro.Key, size: ro.Size, state: stateComplete, hardPin: ro.HardPin, sum: ro.Sum}
+		if !ro.ReadLeasedUntil.IsZero() && !ro.Pending {
+			o.held = ro.ReadLeasedUntil.UnixNano()
+		}
 		if ro.Pending {
 			o.state, o.writer, o.putStart = stateProcessing, ro.Writer, ro.Started.UnixNano()
 		}

@@ -634,3 +634,85 @@ func slicesIndex(objs []RestoredObject, key string) int {
 	}
 	return -1
 }
+
+// An HA leader restores objects the previous leader may have granted
+// read leases on, leases this one never saw: a reader may still move
+// their bytes for up to a lease TTL. Until ReadLeasedUntil their ranges
+// are not reused: removes and upserts go ahead (the freed range waits),
+// an upsert of the same size is not written in place, and eviction
+// passes them by. After it, all is as before.
+func TestRestoredReadLeaseHoldsRanges(t *testing.T) {
+	m, clk := newTestMaster(t, Config{})
+	s := segInfo("s", "127.0.0.1", 0x10000000, 8*MiB)
+	const size = 512 * KiB
+	until := clk.Now().Add(5 * time.Second)
+	var objs []RestoredObject
+	for i := range 8 {
+		objs = append(objs, RestoredObject{Key: fmt.Sprint("old", i), Size: size, ReadLeasedUntil: until,
+			Replicas: []RestoredReplica{{Segment: s, Addr: s.Base + uint64(i)*MiB}}})
+	}
+	if err := m.Restore(objs); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MountSegment(uuidOf("node"), s); err != nil {
+		t.Fatal(err)
+	}
+	at := func(i int) span { return span{objs[i].Replicas[0].Addr, size} }
+	// A same-size upsert is placed anew, not written over the bytes a
+	// reader may be moving.
+	up := m.BatchUpsertStart(uuidOf("w"), "", []PutItem{{"old0", size}}, one())[0]
+	if up.Err != nil {
+		t.Fatal(up.Err)
+	}
+	if overlaps(span{up.Replicas[0].Addr, size}, at(0)) {
+		t.Fatalf("upsert of a restored object under a previous leader's read lease rewrites it in place at 0x%x", up.Replicas[0].Addr)
+	}
+	if err := m.BatchUpsertEnd(uuidOf("w"), []string{"old0"})[0]; err != nil {
+		t.Fatal(err)
+	}
+	// Removed: the key goes at once (no refusal), its range waits.
+	if err := remove(m, "old1", false); err != nil {
+		t.Fatalf("remove of a restored object: %v", err)
+	}
+	// Fill the segment, and more (eviction then takes the new objects):
+	// nothing lands on old0's or old1's range, and no restored object is
+	// evicted for room.
+	for i := range 40 {
+		r := m.BatchPutStart(uuidOf("w"), "", []PutItem{{fmt.Sprint("new", i), size}}, one())[0]
+		if r.Err != nil {
+			wantCode(t, "put into a full segment", r.Err, store.NoAvailableHandle)
+			break
+		}
+		got := span{r.Replicas[0].Addr, size}
+		for _, j := range []int{0, 1} {
+			if overlaps(got, at(j)) {
+				t.Fatalf("new%d at 0x%x reuses old%d's range before the previous leader's leases ended", i, got.addr, j)
+			}
+		}
+		if err := m.BatchPutEnd(uuidOf("w"), []string{fmt.Sprint("new", i)})[0]; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 2; i < 8; i++ {
+		if g := get(m, fmt.Sprint("old", i)); g.Err != nil {
+			t.Fatalf("old%d gone before the previous leader's leases ended: %v", i, g.Err)
+		}
+	}
+	mustInvariants(t, m)
+	// Once they have ended, the ranges serve again.
+	clk.Advance(6 * time.Second)
+	m.releaseDue(clk.Now().UnixNano())
+	reused := false
+	for i := 0; i < 4; i++ {
+		r := m.BatchPutStart(uuidOf("w"), "", []PutItem{{fmt.Sprint("late", i), size}}, one())[0]
+		if r.Err != nil {
+			break
+		}
+		got := span{r.Replicas[0].Addr, size}
+		reused = reused || overlaps(got, at(0)) || overlaps(got, at(1))
+	}
+	if !reused {
+		t.Fatal("the held ranges were not reused after the previous leader's leases ended")
+	}
+	mustInvariants(t, m)
+}

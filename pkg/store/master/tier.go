@@ -532,8 +532,8 @@ func (m *Master) freeMemoryLocked(o *Object) {
 		return
 	}
 	defer m.recharge(o, m.charge(o))
-	if o.lease > m.now() {
-		m.pend.addLeased(o.lease, o.size, o.replicas)
+	if busy := o.busyUntil(); busy > m.now() {
+		m.pend.addLeased(busy, o.size, o.replicas)
 	} else {
 		m.space.free(o.replicas, o.size)
 	}
@@ -544,7 +544,12 @@ func (m *Master) freeMemoryLocked(o *Object) {
 // evicted, replaced): its DRAM replicas, unless a node is still reading
 // or writing them (the op's end frees them then), and its disk record.
 func (m *Master) releaseLocked(o *Object) {
-	if !o.busyOnTier() {
+	switch {
+	case o.busyOnTier():
+	case o.held > m.now():
+		// A previous leader's reads may still move its bytes.
+		m.pend.addLeased(o.held, o.size, o.replicas)
+	default:
 		m.space.free(o.replicas, o.size)
 	}
 	m.dropDiskLocked(o)
@@ -821,7 +826,7 @@ func (m *Master) offloadDone(n *tierNode, op *tierOp, err error) {
 		} else {
 			m.tiers.offloadFailed.Add(1)
 		}
-		if o.lease > m.now() {
+		if o.busyUntil() > m.now() {
 			// Being read: it stays in DRAM after all.
 			sh.track(o, 0)
 			return
