@@ -73,6 +73,13 @@ func recordOf(c master.Change) record {
 		}
 		w := c.Client
 		r.W, r.At = &w, c.Started.UnixNano()
+	case master.OpHold:
+		r.Size = c.Size
+		r.Reps = make([]rep, len(c.Replicas))
+		for i, x := range c.Replicas {
+			r.Reps[i] = rep{Seg: x.Segment, Addr: x.Addr}
+		}
+		r.At = c.Started.UnixNano() // when the read lease ends
 	}
 	return r
 }
@@ -141,6 +148,18 @@ type pendingPut struct {
 	Writer store.UUID `json:"w"`
 	At     int64      `json:"at"`
 	Seq    uint64     `json:"s"`
+	// Until, on a stale entry, is when it ends (unix nanos) instead of
+	// At plus the release timeout: the ranges a read lease held when
+	// they left their object (a hold record).
+	Until int64 `json:"u,omitempty"`
+}
+
+// endsAt is when a stale entry's ranges may be reused.
+func (p *pendingPut) endsAt(release time.Duration) time.Time {
+	if p.Until != 0 {
+		return time.Unix(0, p.Until)
+	}
+	return time.Unix(0, p.At).Add(release)
 }
 
 // maxStale bounds the stale grants kept: past it the oldest go (their
@@ -233,6 +252,13 @@ func (s *state) apply(r record) {
 		s.staleOut(r.Key)
 	case "remove", "evict":
 		delete(s.Objects, r.Key)
+	case "hold":
+		// Ranges a read lease held when they left their object: held
+		// until it ends, as the stale grants are until their release.
+		s.Stale = append(s.Stale, &pendingPut{Key: r.Key, Size: r.Size, Reps: append([]rep(nil), r.Reps...), Until: r.At, Seq: r.Seq})
+		if n := len(s.Stale) - maxStale; n > 0 {
+			s.Stale = append(s.Stale[:0], s.Stale[n:]...)
+		}
 	case "disk_only":
 		// Its DRAM replicas are gone (freed, maybe reused): only the
 		// disk replica is left.
@@ -296,7 +322,7 @@ func (s *state) restoredAt(now time.Time, release time.Duration) (objs []master.
 		entries = append(entries, &entry{key: k, size: p.Size, reps: p.Reps, seq: p.Seq, pending: p})
 	}
 	for _, p := range s.Stale {
-		if now.Sub(time.Unix(0, p.At)) < release {
+		if now.Before(p.endsAt(release)) {
 			entries = append(entries, &entry{key: p.Key, size: p.Size, reps: p.Reps, seq: p.Seq, pending: p, stale: true})
 		}
 	}
@@ -411,7 +437,7 @@ func (s *state) restoredAt(now time.Time, release time.Duration) (objs []master.
 			}
 			ro := master.RestoredObject{Key: e.key, Size: e.size, Replicas: reps, Pending: true, Writer: e.pending.Writer, Started: time.Unix(0, e.pending.At)}
 			if e.stale || store.CheckStoredKey(e.key) != nil || rewritten[e.key] != nil && !inPlace(s.Objects[e.key], e.pending) {
-				ro = master.RestoredObject{Key: e.key, Size: e.size, Replicas: reps, ReserveUntil: time.Unix(0, e.pending.At).Add(release)}
+				ro = master.RestoredObject{Key: e.key, Size: e.size, Replicas: reps, ReserveUntil: e.pending.endsAt(release)}
 			}
 			objs = append(objs, ro)
 		}

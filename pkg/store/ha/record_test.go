@@ -1,6 +1,7 @@
 package ha
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -278,5 +279,67 @@ func TestRestoredKeepsChecksum(t *testing.T) {
 	objs, _ := s.restored()
 	if len(objs) != 1 || objs[0].Sum != store.Checksum([]byte("v")) {
 		t.Fatalf("restored %+v, want k with its checksum", objs)
+	}
+}
+
+// A hold record (ranges a read lease covered when they left their
+// object: the old version of an upsert read meanwhile) is restored as a
+// reservation until that lease ends, so a next leader does not place
+// new objects over bytes the reader may still be moving; after its end,
+// or once a newer object was placed there (the old leader reused the
+// range after the lease), it holds nothing.
+func TestRestoredHolds(t *testing.T) {
+	now := time.Unix(1000, 0)
+	until := now.Add(3 * time.Second)
+	s := newState()
+	for _, r := range []record{
+		{Seq: 1, Op: "mount", Segment: seg("a", 1)},
+		{Seq: 2, Op: "put_end", Key: "k", Size: 0x100, Reps: []rep{{"a", 0x1000}}},
+		// Upserted while read: the old range is held, the new version
+		// elsewhere.
+		{Seq: 3, Op: "hold", Key: "k", Size: 0x100, Reps: []rep{{"a", 0x1000}}, At: until.UnixNano()},
+		{Seq: 4, Op: "put_end", Key: "k", Size: 0x100, Reps: []rep{{"a", 0x2000}}},
+		// Another, whose range was reused after its lease ended.
+		{Seq: 5, Op: "put_end", Key: "j", Size: 0x100, Reps: []rep{{"a", 0x3000}}},
+		{Seq: 6, Op: "hold", Key: "j", Size: 0x100, Reps: []rep{{"a", 0x3000}}, At: until.UnixNano()},
+		{Seq: 7, Op: "remove", Key: "j"},
+		{Seq: 8, Op: "put_end", Key: "i", Size: 0x80, Reps: []rep{{"a", 0x3000}}},
+	} {
+		s.apply(r)
+	}
+	held := func(at time.Time) map[uint64]time.Time {
+		objs, _ := s.restoredAt(at, time.Second)
+		out := map[uint64]time.Time{}
+		for _, o := range objs {
+			if !o.ReserveUntil.IsZero() {
+				out[o.Replicas[0].Addr] = o.ReserveUntil
+			}
+		}
+		return out
+	}
+	if h := held(now); len(h) != 1 || !h[0x1000].Equal(until) {
+		t.Fatalf("reservations within the lease: %v, want 0x1000 until %v", h, until)
+	}
+	if h := held(until.Add(time.Millisecond)); len(h) != 0 {
+		t.Fatalf("reservations after the lease ended: %v", h)
+	}
+	// The record survives a snapshot (the state's JSON).
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := newState()
+	if err := json.Unmarshal(b, s2); err != nil {
+		t.Fatal(err)
+	}
+	objs, _ := s2.restoredAt(now, time.Second)
+	n := 0
+	for _, o := range objs {
+		if !o.ReserveUntil.IsZero() && o.ReserveUntil.Equal(until) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("after a snapshot round trip: %d held reservations, want 1", n)
 	}
 }

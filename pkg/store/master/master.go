@@ -249,10 +249,15 @@ const (
 	OpPutStart
 	// OpRevoke: the writer gave a put's space back (it stopped writing).
 	OpRevoke
+	// OpHold: Key's ranges at Replicas (Size bytes each) left the object
+	// while a read lease still covered them: they are freed at Started,
+	// when that lease ends. A next HA leader must not reuse them before:
+	// the reader may still be moving their bytes.
+	OpHold
 )
 
 func (o ChangeOp) String() string {
-	return [...]string{"", "mount", "unmount", "put_end", "remove", "evict", "discard", "disk_only", "promote", "drain", "put_start", "revoke"}[o]
+	return [...]string{"", "mount", "unmount", "put_end", "remove", "evict", "discard", "disk_only", "promote", "drain", "put_start", "revoke", "hold"}[o]
 }
 
 // Change is one metadata change, as the OnChange hook sees it.

@@ -355,7 +355,7 @@ func (m *Master) putEnd(client store.UUID, key string, depth int, sum uint64, dr
 		if now, busy := m.now(), o.busyUntil(); busy > now {
 			// A reader still moves the old version's bytes: they are
 			// freed when its lease ends.
-			m.pend.addLeased(busy, o.size, old)
+			m.holdLocked(o.key, old, o.size, busy)
 		} else {
 			m.space.free(old, o.size)
 		}

@@ -716,3 +716,43 @@ func TestRestoredReadLeaseHoldsRanges(t *testing.T) {
 	}
 	mustInvariants(t, m)
 }
+
+// Ranges that leave an object while a read lease covers them (the old
+// version of an upsert read meanwhile) are freed when the lease ends,
+// and the op log hears of it (OpHold), so that a next HA leader does not
+// reuse them before either.
+func TestHoldTellsTheOpLog(t *testing.T) {
+	var holds []Change
+	m, clk := newTestMaster(t, Config{KVLeaseTTL: 5 * time.Second, OnChange: func(c Change) {
+		if c.Op == OpHold {
+			holds = append(holds, c)
+		}
+	}})
+	mount(t, m, "n1", "s1", "127.0.0.1", 0, 8*MiB)
+	old := put(t, m, "w", "k", 100*KiB)
+	up := m.BatchUpsertStart(uuidOf("w"), "", []PutItem{{"k", 200 * KiB}}, one())[0]
+	if up.Err != nil {
+		t.Fatal(up.Err)
+	}
+	if g := get(m, "k"); g.Err != nil || g.Replicas[0].Addr != old[0].Addr {
+		t.Fatalf("get during the upsert: %+v", g)
+	}
+	leaseEnd := clk.Now().Add(5 * time.Second)
+	if err := m.BatchUpsertEnd(uuidOf("w"), []string{"k"})[0]; err != nil {
+		t.Fatal(err)
+	}
+	if len(holds) != 1 || holds[0].Key != "k" || holds[0].Size != 100*KiB || len(holds[0].Replicas) != 1 ||
+		holds[0].Replicas[0].Addr != old[0].Addr || !holds[0].Started.Equal(leaseEnd) {
+		t.Fatalf("holds told: %+v, want k's old range (0x%x, 100 KiB) until %v", holds, old[0].Addr, leaseEnd)
+	}
+	// Not reused before the lease's end.
+	for i := range 60 {
+		r := m.BatchPutStart(uuidOf("w"), "", []PutItem{{fmt.Sprint("n", i), 100 * KiB}}, one())[0]
+		if r.Err != nil {
+			break
+		}
+		if overlaps(span{r.Replicas[0].Addr, 100 * KiB}, span{old[0].Addr, 100 * KiB}) {
+			t.Fatalf("n%d placed over k's old version while its read lease lasts", i)
+		}
+	}
+}

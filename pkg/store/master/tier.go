@@ -533,11 +533,26 @@ func (m *Master) freeMemoryLocked(o *Object) {
 	}
 	defer m.recharge(o, m.charge(o))
 	if busy := o.busyUntil(); busy > m.now() {
-		m.pend.addLeased(busy, o.size, o.replicas)
+		m.holdLocked(o.key, o.replicas, o.size, busy)
 	} else {
 		m.space.free(o.replicas, o.size)
 	}
 	o.replicas = nil
+}
+
+// holdLocked frees refs (ranges of size bytes that were key's) when a
+// read lease that may still be moving their bytes ends, at until, and
+// tells the op log (OpHold), so that a next HA leader does not reuse
+// them before either. The caller holds key's shard lock.
+func (m *Master) holdLocked(key string, refs []replicaRef, size uint64, until int64) {
+	m.pend.addLeased(until, size, refs)
+	if m.cfg.OnChange != nil {
+		reps := make([]store.Replica, len(refs))
+		for i, r := range refs {
+			reps[i] = r.descriptor(size, true)
+		}
+		m.emit(Change{Op: OpHold, Key: key, Size: size, Replicas: reps, Started: time.Unix(0, until)})
+	}
 }
 
 // releaseLocked frees what o holds as it leaves the master (removed,
@@ -548,7 +563,7 @@ func (m *Master) releaseLocked(o *Object) {
 	case o.busyOnTier():
 	case o.held > m.now():
 		// A previous leader's reads may still move its bytes.
-		m.pend.addLeased(o.held, o.size, o.replicas)
+		m.holdLocked(o.key, o.replicas, o.size, o.held)
 	default:
 		m.space.free(o.replicas, o.size)
 	}
