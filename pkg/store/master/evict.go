@@ -96,6 +96,9 @@ type sweep struct {
 // message of a put that finds nothing evictable.
 type blockers struct {
 	leased, hardPinned, softPinned, writing, fresh int
+	// held: of leased, the objects held only for a previous HA leader's
+	// reads (Object.held), which the messages name apart.
+	held int
 	// leaseEnd is when the first lease in the way ends (unix nanos).
 	leaseEnd int64
 }
@@ -110,6 +113,7 @@ func (b *blockers) merge(c blockers) {
 		b.leaseEnd = c.leaseEnd
 	}
 	b.leased += c.leased
+	b.held += c.held
 	b.hardPinned += c.hardPinned
 	b.softPinned += c.softPinned
 	b.writing += c.writing
@@ -130,11 +134,20 @@ func (b blockers) String() string {
 		}
 	}
 	add(b.hardPinned, "hard-pinned")
-	add(b.leased, "leased (being read)")
+	add(b.leased, leasedText(b.held))
 	add(b.softPinned, "soft-pinned (allow_evict_soft_pinned_objects is off)")
 	add(b.writing, "being written")
 	add(b.fresh, "put within the last lease TTL")
 	return strings.Join(parts, ", ")
+}
+
+// leasedText names the leased objects in the way, held of them only
+// for a previous HA leader's reads.
+func leasedText(held int) string {
+	if held == 0 {
+		return "leased (being read)"
+	}
+	return fmt.Sprintf("leased (being read; %d of them restored by this HA leader less than a KV lease TTL ago, which reads of the previous leader may still be moving)", held)
 }
 
 // take reports whether the round may evict o, counting it as a blocker
@@ -150,6 +163,9 @@ func (sw *sweep) take(o *Object) bool {
 			sw.blocked.leaseEnd = end
 		}
 		sw.blocked.leased++
+		if o.lease <= sw.now {
+			sw.blocked.held++
+		}
 	case !sw.allowSoft && o.softPin > sw.now:
 		sw.blocked.softPinned++
 	case sw.fresh != 0 && o.putStart > sw.fresh:

@@ -756,3 +756,36 @@ func TestHoldTellsTheOpLog(t *testing.T) {
 		}
 	}
 }
+
+// A put refused because the only objects eviction could take are held
+// for a previous HA leader's reads says so; once the hold ends, their
+// ranges serve as any.
+func TestRestoredHeldRefusalSaysWhy(t *testing.T) {
+	m, clk := newTestMaster(t, Config{})
+	s := segInfo("s", "127.0.0.1", 0x10000000, 4*MiB)
+	var objs []RestoredObject
+	for i := range 8 {
+		objs = append(objs, RestoredObject{Key: fmt.Sprint("old", i), Size: 512 * KiB, ReadLeasedUntil: clk.Now().Add(5 * time.Second),
+			Replicas: []RestoredReplica{{Segment: s, Addr: s.Base + uint64(i)*512*KiB}}})
+	}
+	if err := m.Restore(objs); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MountSegment(uuidOf("node"), s); err != nil {
+		t.Fatal(err)
+	}
+	r := m.BatchPutStart(uuidOf("w"), "", []PutItem{{"new", 512 * KiB}}, one())[0]
+	wantCode(t, "put into a segment full of held objects", r.Err, store.NoAvailableHandle)
+	if !strings.Contains(r.Err.Error(), "8 of them restored by this HA leader") {
+		t.Fatalf("the refusal does not say why: %v", r.Err)
+	}
+	// Once they ended, a removed one's range serves at once.
+	clk.Advance(6 * time.Second)
+	if err := remove(m, "old3", false); err != nil {
+		t.Fatal(err)
+	}
+	r = m.BatchPutStart(uuidOf("w"), "", []PutItem{{"new", 512 * KiB}}, one())[0]
+	if r.Err != nil || r.Replicas[0].Addr != objs[3].Replicas[0].Addr {
+		t.Fatalf("put once the previous leader's leases ended: %+v, want old3's range", r)
+	}
+}

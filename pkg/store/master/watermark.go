@@ -87,7 +87,7 @@ func (m *Master) watermarkVictim(it PutItem, cfg store.ReplicateConfig) error {
 	}
 	add2(sw.blocked.hardPinned, "hard-pinned")
 	add2(sw.blocked.softPinned, "soft-pinned")
-	add2(sw.blocked.leased, "leased (being read)")
+	add2(sw.blocked.leased, leasedText(sw.blocked.held))
 	add2(sw.blocked.writing, "being rewritten")
 	rest := "nothing else is stored"
 	if len(why) > 0 {
