@@ -202,7 +202,12 @@ func (m *Master) roomAfterEviction(items []PutItem, idx []int, out []ReplicaResu
 	for _, i := range idx {
 		biggest = max(biggest, items[i].Size)
 	}
-	room := make(map[*segment]uint64)
+	// By segment id: a restored object's replicas name the placeholder
+	// segment it was restored on, not the mounted one (looked up by
+	// pointer, every restored object was left out, and a put into a
+	// pool full of them failed as hopeless).
+	room := make(map[store.UUID]uint64)
+	inService := make(map[store.UUID]*segment)
 	var best uint64
 	var bestSeg *segment
 	m.space.mu.Lock()
@@ -211,7 +216,7 @@ func (m *Master) roomAfterEviction(items []PutItem, idx []int, out []ReplicaResu
 			continue
 		}
 		free := seg.info.Size - min(seg.info.Size, seg.used.Load())
-		room[seg] = free
+		room[seg.info.ID], inService[seg.info.ID] = free, seg
 		if bestSeg == nil || free > best {
 			best, bestSeg = free, seg
 		}
@@ -236,14 +241,15 @@ walk:
 				continue
 			}
 			for _, r := range o.replicas {
-				n, ok := room[r.reg.seg]
+				id := r.reg.seg.info.ID
+				n, ok := room[id]
 				if !ok {
 					continue
 				}
 				n += o.size
-				room[r.reg.seg] = n
+				room[id] = n
 				if n > best {
-					best, bestSeg = n, r.reg.seg
+					best, bestSeg = n, inService[id]
 				}
 			}
 			if best >= biggest {

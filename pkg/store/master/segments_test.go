@@ -789,3 +789,40 @@ func TestRestoredHeldRefusalSaysWhy(t *testing.T) {
 		t.Fatalf("put once the previous leader's leases ended: %+v, want old3's range", r)
 	}
 }
+
+// Objects restored at a takeover (or a restart with a state) are as
+// evictable as any once their segment is mounted: a put into a segment
+// full of them evicts one for room. Before, the put's check of what
+// eviction could free looked the restored replicas' segments up by the
+// placeholders they were restored on, found none in service and failed
+// the put as hopeless ("at most 0 B ... with every evictable object
+// gone") until the background watermark loop evicted some.
+func TestRestoredObjectsEvictableForPuts(t *testing.T) {
+	m, _ := newTestMaster(t, Config{})
+	s := segInfo("s", "127.0.0.1", 0x10000000, 4*MiB)
+	var objs []RestoredObject
+	for i := range 8 {
+		objs = append(objs, RestoredObject{Key: fmt.Sprint("old", i), Size: 512 * KiB,
+			Replicas: []RestoredReplica{{Segment: s, Addr: s.Base + uint64(i)*512*KiB}}})
+	}
+	if err := m.Restore(objs); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MountSegment(uuidOf("node"), s); err != nil {
+		t.Fatal(err)
+	}
+	r := m.BatchPutStart(uuidOf("w"), "", []PutItem{{"new", 512 * KiB}}, one())[0]
+	if r.Err != nil {
+		t.Fatalf("put into a segment full of restored objects: %v", r.Err)
+	}
+	left := 0
+	for i := range 8 {
+		if get(m, fmt.Sprint("old", i)).Err == nil {
+			left++
+		}
+	}
+	if left != 7 {
+		t.Fatalf("%d restored objects left after the put, want 7 (one evicted for its room)", left)
+	}
+	mustInvariants(t, m)
+}
