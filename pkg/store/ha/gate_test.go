@@ -19,6 +19,37 @@ import (
 	pb "github.com/kvcache-ops/mc/pkg/store/storepb"
 )
 
+// gatedServer serves m through c's gates for term tm on a loopback
+// listener, and returns its address, a Session stream and a coro_rpc
+// client to it (all closed when the test ends).
+func gatedServer(t *testing.T, c *Candidate, m *master.Master, tm *term) (string, pb.Master_SessionClient, *cororpc.Client) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := master.NewGRPCServer(m, c.gate(tm))
+	go srv.ServeShared(lis, master.NewMooncakeServer(m, c.mooncakeGate(tm), nil))
+	t.Cleanup(srv.Stop)
+	addr := lis.Addr().String()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	st, err := pb.NewMasterClient(cc).Session(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.CloseSend() })
+	cl, err := cororpc.Dial(context.Background(), addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return addr, st, cl
+}
+
 // A master that is not the serving leader refuses mc's Session calls on
 // the coro_rpc side exactly as on a Session stream (the same gate, the
 // same answer), reads and writes alike.
@@ -30,30 +61,7 @@ func TestGateRefusesCoroSessionAsStreams(t *testing.T) {
 	}
 	m.Start()
 	defer m.Close()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := master.NewGRPCServer(m, c.gate(nil))
-	go srv.ServeShared(lis, master.NewMooncakeServer(m, c.mooncakeGate(nil), nil))
-	defer srv.Stop()
-	addr := lis.Addr().String()
-
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	st, err := pb.NewMasterClient(cc).Session(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.CloseSend()
-	cl, err := cororpc.Dial(context.Background(), addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	_, st, cl := gatedServer(t, c, m, nil)
 	for _, req := range []*pb.SessionRequest{
 		{Call: &pb.SessionRequest_ExistKey{ExistKey: &pb.BatchKeysRequest{Keys: []string{"k"}}}},
 		{Call: &pb.SessionRequest_PutStart{PutStart: &pb.BatchPutStartRequest{Items: []*pb.PutStartItem{{Key: "k", Length: 10}}}}},
@@ -106,30 +114,7 @@ func TestGateRefusesPastLeaseDeadline(t *testing.T) {
 	tm.setDeadline(time.Now().Add(time.Minute))
 	c.cur.Store(tm)
 	c.ready.Store(true)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := master.NewGRPCServer(m, c.gate(tm))
-	go srv.ServeShared(lis, master.NewMooncakeServer(m, c.mooncakeGate(tm), nil))
-	defer srv.Stop()
-	addr := lis.Addr().String()
-
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	st, err := pb.NewMasterClient(cc).Session(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.CloseSend()
-	cl, err := cororpc.Dial(context.Background(), addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	addr, st, cl := gatedServer(t, c, m, tm)
 	moon := mooncake.NewClient(addr, nil)
 	defer moon.Close()
 

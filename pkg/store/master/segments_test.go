@@ -762,18 +762,7 @@ func TestHoldTellsTheOpLog(t *testing.T) {
 // ranges serve as any.
 func TestRestoredHeldRefusalSaysWhy(t *testing.T) {
 	m, clk := newTestMaster(t, Config{})
-	s := segInfo("s", "127.0.0.1", 0x10000000, 4*MiB)
-	var objs []RestoredObject
-	for i := range 8 {
-		objs = append(objs, RestoredObject{Key: fmt.Sprint("old", i), Size: 512 * KiB, ReadLeasedUntil: clk.Now().Add(5 * time.Second),
-			Replicas: []RestoredReplica{{Segment: s, Addr: s.Base + uint64(i)*512*KiB}}})
-	}
-	if err := m.Restore(objs); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.MountSegment(uuidOf("node"), s); err != nil {
-		t.Fatal(err)
-	}
+	objs := restoreFull(t, m, clk.Now().Add(5*time.Second))
 	r := m.BatchPutStart(uuidOf("w"), "", []PutItem{{"new", 512 * KiB}}, one())[0]
 	wantCode(t, "put into a segment full of held objects", r.Err, store.NoAvailableHandle)
 	if !strings.Contains(r.Err.Error(), "8 of them restored by this HA leader") {
@@ -799,18 +788,7 @@ func TestRestoredHeldRefusalSaysWhy(t *testing.T) {
 // gone") until the background watermark loop evicted some.
 func TestRestoredObjectsEvictableForPuts(t *testing.T) {
 	m, _ := newTestMaster(t, Config{})
-	s := segInfo("s", "127.0.0.1", 0x10000000, 4*MiB)
-	var objs []RestoredObject
-	for i := range 8 {
-		objs = append(objs, RestoredObject{Key: fmt.Sprint("old", i), Size: 512 * KiB,
-			Replicas: []RestoredReplica{{Segment: s, Addr: s.Base + uint64(i)*512*KiB}}})
-	}
-	if err := m.Restore(objs); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.MountSegment(uuidOf("node"), s); err != nil {
-		t.Fatal(err)
-	}
+	restoreFull(t, m, time.Time{})
 	r := m.BatchPutStart(uuidOf("w"), "", []PutItem{{"new", 512 * KiB}}, one())[0]
 	if r.Err != nil {
 		t.Fatalf("put into a segment full of restored objects: %v", r.Err)
@@ -825,4 +803,24 @@ func TestRestoredObjectsEvictableForPuts(t *testing.T) {
 		t.Fatalf("%d restored objects left after the put, want 7 (one evicted for its room)", left)
 	}
 	mustInvariants(t, m)
+}
+
+// restoreFull restores 8 objects of 512 KiB filling a 4 MiB segment,
+// read-leased by a previous leader until heldUntil (zero: not), and
+// mounts the segment.
+func restoreFull(t *testing.T, m *Master, heldUntil time.Time) []RestoredObject {
+	t.Helper()
+	s := segInfo("s", "127.0.0.1", 0x10000000, 4*MiB)
+	var objs []RestoredObject
+	for i := range 8 {
+		objs = append(objs, RestoredObject{Key: fmt.Sprint("old", i), Size: 512 * KiB, ReadLeasedUntil: heldUntil,
+			Replicas: []RestoredReplica{{Segment: s, Addr: s.Base + uint64(i)*512*KiB}}})
+	}
+	if err := m.Restore(objs); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MountSegment(uuidOf("node"), s); err != nil {
+		t.Fatal(err)
+	}
+	return objs
 }
