@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/store"
+	"github.com/kvcache-ops/mc/pkg/store/alloc"
 	"github.com/kvcache-ops/mc/pkg/store/master"
 )
 
@@ -458,11 +459,19 @@ func inPlace(o *object, p *pendingPut) bool {
 	return true
 }
 
-// inside reports whether [addr, addr+size) lies in seg: a record that
-// says otherwise is corrupt, and Restore would refuse the whole state.
+// inside reports whether [addr, addr+size) lies in seg as the master's
+// allocator can hold it there: starting a whole number of granules from
+// the segment's base and ending, rounded up to a granule, within its
+// whole granules. The master's own records always do; a record that says
+// otherwise is corrupt, and Restore would refuse the whole state (every
+// candidate's takeover with it), so its replica is dropped instead.
 func inside(seg store.SegmentInfo, addr, size uint64) bool {
-	end := addr + size
-	return size > 0 && end > addr && addr >= seg.Base && seg.Base+seg.Size >= seg.Base && end <= seg.Base+seg.Size
+	if seg.Base+seg.Size < seg.Base || size == 0 || addr < seg.Base || (addr-seg.Base)%alloc.Align != 0 {
+		return false
+	}
+	limit := seg.Size &^ (alloc.Align - 1) // the allocator's whole granules
+	rounded := (size + alloc.Align - 1) &^ (alloc.Align - 1)
+	return rounded >= size && addr-seg.Base <= limit && rounded <= limit-(addr-seg.Base)
 }
 
 func (s *state) encode() ([]byte, error) { return json.Marshal(s) }

@@ -76,6 +76,10 @@ func FuzzApplyBatch(f *testing.F) {
 	f.Add([]byte(`[{"s":1,"o":"mount","g":{"ID":{"First":1,"Second":0},"Name":"a","Base":4096,"Size":65536}},{"s":2,"o":"put_end","k":"x","z":16,"r":[{"g":"a","a":4096}]}]`))
 	f.Add([]byte(`[{"s":1,"o":"mount","g":{"ID":{"First":1,"Second":0},"Name":"a","Base":4096,"Size":65536}},{"s":2,"o":"put_end","k":"","z":16,"r":[{"g":"a","a":4096}]}]`))
 	f.Add([]byte(`[{"s":1,"o":"unmount"},{"s":2,"o":"put_end","k":"x","z":18446744073709551615,"r":[{"g":"a","a":18446744073709551615}]}]`))
+	// Ranges the master's allocator cannot hold: off the granule, past
+	// the segment's whole granules, on a segment below one granule.
+	f.Add([]byte(`[{"s":1,"o":"mount","g":{"ID":{"First":1,"Second":0},"Name":"a","Base":4096,"Size":100}},{"s":2,"o":"put_end","k":"x","z":80,"r":[{"g":"a","a":4096}]},{"s":3,"o":"put_end","k":"y","z":8,"r":[{"g":"a","a":4097}]}]`))
+	f.Add([]byte(`[{"s":1,"o":"mount","g":{"ID":{"First":1,"Second":0},"Name":"a","Base":0,"Size":10}},{"s":2,"o":"put_end","k":"x","z":1,"r":[{"g":"a","a":0}]},{"s":3,"o":"hold","k":"x","z":1,"r":[{"g":"a","a":0}],"at":1}]`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		recs, err := decodeBatch(b)
 		if err != nil {
