@@ -56,10 +56,7 @@ func recordOf(c master.Change) record {
 		if !c.SoftPin.IsZero() {
 			r.SoftPin = c.SoftPin.UnixNano()
 		}
-		r.Reps = make([]rep, len(c.Replicas))
-		for i, x := range c.Replicas {
-			r.Reps[i] = rep{Seg: x.Segment, Addr: x.Addr}
-		}
+		r.Reps = repsOf(c.Replicas)
 		r.Ver, r.Tier = c.Version, c.Tier
 		r.X = c.Sum
 	case master.OpDiskOnly:
@@ -68,21 +65,24 @@ func recordOf(c master.Change) record {
 		r.Drain = c.Drain
 	case master.OpPutStart:
 		r.Size = c.Size
-		r.Reps = make([]rep, len(c.Replicas))
-		for i, x := range c.Replicas {
-			r.Reps[i] = rep{Seg: x.Segment, Addr: x.Addr}
-		}
+		r.Reps = repsOf(c.Replicas)
 		w := c.Client
 		r.W, r.At = &w, c.Started.UnixNano()
 	case master.OpHold:
 		r.Size = c.Size
-		r.Reps = make([]rep, len(c.Replicas))
-		for i, x := range c.Replicas {
-			r.Reps[i] = rep{Seg: x.Segment, Addr: x.Addr}
-		}
+		r.Reps = repsOf(c.Replicas)
 		r.At = c.Started.UnixNano() // when the read lease ends
 	}
 	return r
+}
+
+// repsOf is where replicas are, as records name them.
+func repsOf(rs []store.Replica) []rep {
+	out := make([]rep, len(rs))
+	for i, x := range rs {
+		out[i] = rep{Seg: x.Segment, Addr: x.Addr}
+	}
+	return out
 }
 
 // maxBatchBytes keeps one batch well inside etcd's request limit (1.5 MiB).
