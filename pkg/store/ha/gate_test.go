@@ -170,3 +170,61 @@ func TestGateRefusesPastLeaseDeadline(t *testing.T) {
 		}
 	}
 }
+
+// A call during which the lease lapsed (the leader paused inside it) is
+// answered with the gate's refusal, not with what the handler read: the
+// gRPC gate, and the Mooncake wire's, look again once the call is done.
+func TestGateRefusesLeaseLapsedDuringCall(t *testing.T) {
+	m, err := master.New(master.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	defer m.Close()
+	c := &Candidate{}
+	tm := &term{m: m}
+	c.cur.Store(tm)
+	c.ready.Store(true)
+	lapse := func() { tm.setDeadline(time.Now().Add(-time.Millisecond)) }
+
+	tm.setDeadline(time.Now().Add(time.Minute))
+	resp, err := c.gate(tm)(context.Background(), nil, nil, func(context.Context, any) (any, error) {
+		lapse()
+		return "read while leading", nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "lease lapsed during the call") {
+		t.Fatalf("gRPC gate after a lease lapsed during the call: %v, %v", resp, err)
+	}
+
+	tm.setDeadline(time.Now().Add(time.Minute))
+	addr, _, _ := gatedServer(t, c, m, tm)
+	moon := mooncake.NewClient(addr, nil)
+	defer moon.Close()
+	if _, err := moon.ExistKey(context.Background(), "k"); err != nil {
+		t.Fatalf("within the lease: %v", err)
+	}
+	// The Mooncake wire: the gate passes, the lease lapses in the
+	// handler (here: before the second look, through the first look's
+	// hook), and the answer is the refusal.
+	looks := 0
+	gate := c.mooncakeGate(tm)
+	srv := master.NewMooncakeServer(m, func(ctx context.Context, call string) error {
+		looks++
+		if looks == 1 {
+			defer lapse()
+		}
+		return gate(ctx, call)
+	}, nil)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	defer srv.Close()
+	tm.setDeadline(time.Now().Add(time.Minute))
+	moon2 := mooncake.NewClient(lis.Addr().String(), nil)
+	defer moon2.Close()
+	if _, err := moon2.ExistKey(context.Background(), "k"); err == nil || !strings.Contains(err.Error(), "not the serving leader") || looks != 2 {
+		t.Fatalf("Mooncake wire after a lease lapsed during the call: %v (gate looked %d times)", err, looks)
+	}
+}
