@@ -103,17 +103,7 @@ func TestGateRefusesCoroSessionAsStreams(t *testing.T) {
 // coro_rpc) and Mooncake's wire are refused, reads and writes alike,
 // where the same master answered them a moment before.
 func TestGateRefusesPastLeaseDeadline(t *testing.T) {
-	m, err := master.New(master.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	defer m.Close()
-	c := &Candidate{}
-	tm := &term{m: m}
-	tm.setDeadline(time.Now().Add(time.Minute))
-	c.cur.Store(tm)
-	c.ready.Store(true)
+	c, tm, m := leadingTerm(t)
 	addr, st, cl := gatedServer(t, c, m, tm)
 	moon := mooncake.NewClient(addr, nil)
 	defer moon.Close()
@@ -175,16 +165,7 @@ func TestGateRefusesPastLeaseDeadline(t *testing.T) {
 // answered with the gate's refusal, not with what the handler read: the
 // gRPC gate, and the Mooncake wire's, look again once the call is done.
 func TestGateRefusesLeaseLapsedDuringCall(t *testing.T) {
-	m, err := master.New(master.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	defer m.Close()
-	c := &Candidate{}
-	tm := &term{m: m}
-	c.cur.Store(tm)
-	c.ready.Store(true)
+	c, tm, m := leadingTerm(t)
 	lapse := func() { tm.setDeadline(time.Now().Add(-time.Millisecond)) }
 
 	tm.setDeadline(time.Now().Add(time.Minute))
@@ -227,4 +208,22 @@ func TestGateRefusesLeaseLapsedDuringCall(t *testing.T) {
 	if _, err := moon2.ExistKey(context.Background(), "k"); err == nil || !strings.Contains(err.Error(), "not the serving leader") || looks != 2 {
 		t.Fatalf("Mooncake wire after a lease lapsed during the call: %v (gate looked %d times)", err, looks)
 	}
+}
+
+// leadingTerm is a candidate serving a term of a fresh master, its lease
+// a minute ahead (closed when the test ends).
+func leadingTerm(t *testing.T) (*Candidate, *term, *master.Master) {
+	t.Helper()
+	m, err := master.New(master.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	t.Cleanup(m.Close)
+	c := &Candidate{}
+	tm := &term{m: m}
+	tm.setDeadline(time.Now().Add(time.Minute))
+	c.cur.Store(tm)
+	c.ready.Store(true)
+	return c, tm, m
 }
