@@ -77,6 +77,16 @@ type stagedReleaser interface {
 	releaseStaged(ctx context.Context, ids []uint64) error
 }
 
+// condRemover is a wire that can remove a version rather than a key
+// (mc's; Mooncake's master has no such call, and gives no checksums to
+// read by).
+type condRemover interface {
+	// removeIf force-removes keys whose objects are still the versions
+	// of the writers' checksums sums (one per key); another version
+	// fails INVALID_VERSION and stays.
+	removeIf(ctx context.Context, keys []string, sums []uint64) []error
+}
+
 // putItem is one key of a put start.
 type putItem struct {
 	key string

@@ -601,7 +601,7 @@ func (c *Client) read(ctx context.Context, asked time.Time, keys []string, reps 
 					errs[i] = fmt.Errorf("every replica failed, last: %w", err)
 					if bad != nil && bad[i] == len(reps[i]) {
 						errs[i] = err
-						c.dropCorrupt(ctx, keys[i])
+						c.dropCorrupt(ctx, keys[i], sums[i])
 					}
 				} else {
 					c.log.Warn(fmt.Sprintf("get %q: replica on %s failed, trying the next: %v", keys[i], x.rep.Segment, err))
@@ -677,12 +677,24 @@ func (c *Client) verify(keys []string, sums []uint64, reqs []xfer, dst []local, 
 	}
 }
 
-// dropCorrupt removes a key whose every replica failed its checksum
-// (best effort): a get of it can only fail, and a put of it anew must
-// not be refused as existing.
-func (c *Client) dropCorrupt(ctx context.Context, key string) {
-	if errs := c.w.remove(context.WithoutCancel(ctx), []string{key}, true); errs[0] != nil {
-		c.log.Warn(fmt.Sprintf("remove %q, whose every replica failed its checksum: %v", key, errs[0]))
+// dropCorrupt removes the version (the writer's checksum sum) of a key
+// whose every replica failed its checksum (best effort): a get of it can
+// only fail, and a put of it anew must not be refused as existing. A
+// version put since the read stays: it is not the one found corrupt.
+func (c *Client) dropCorrupt(ctx context.Context, key string, sum uint64) {
+	cr, ok := c.w.(condRemover)
+	if !ok {
+		// Only a wire that gives checksums finds a corrupt version,
+		// and mc's is the one that does.
+		return
+	}
+	switch err := cr.removeIf(context.WithoutCancel(ctx), []string{key}, []uint64{sum})[0]; {
+	case err == nil:
+		c.log.Warn(fmt.Sprintf("removed %q: its every replica failed its checksum", key))
+	case CodeOf(err) == InvalidVersion || CodeOf(err) == ObjectNotFound:
+		// A writer replaced or removed it since: nothing to drop.
+	default:
+		c.log.Warn(fmt.Sprintf("remove %q, whose every replica failed its checksum: %v", key, err))
 	}
 }
 

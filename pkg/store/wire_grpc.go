@@ -539,6 +539,14 @@ func (w *grpcWire) remove(ctx context.Context, keys []string, force bool) []erro
 	})
 }
 
+// removeIf removes keys whose objects are still the versions of the
+// writers' checksums sums (condRemover).
+func (w *grpcWire) removeIf(ctx context.Context, keys []string, sums []uint64) []error {
+	return w.keysCall(ctx, "remove", keys, func(ctx context.Context, r *pb.BatchKeysRequest) (*pb.BatchResults, error) {
+		return w.ses.BatchRemove(ctx, &pb.BatchRemoveRequest{ClientId: r.ClientId, Keys: r.Keys, Force: true, Tenant: w.cfg.tenant, IfSums: sums})
+	})
+}
+
 func (w *grpcWire) removeAll(ctx context.Context) (uint64, error) {
 	var resp *pb.RemoveAllResponse
 	err := w.call(ctx, "remove all", func(ctx context.Context) (err error) {

@@ -849,11 +849,27 @@ func (m *Master) BatchExistKey(keys []string) ([]bool, []error) {
 // OBJECT_HAS_LEASE unless force; a key still being written is refused
 // even when forced.
 func (m *Master) BatchRemove(keys []string, force bool) []error {
+	return m.BatchRemoveIf(keys, force, nil)
+}
+
+// BatchRemoveIf is BatchRemove of the keys whose objects are still the
+// versions of the writers' checksums in sums (one per key; nil: any
+// version): another version fails INVALID_VERSION and stays. A reader
+// that found every replica of a key corrupt removes that version only,
+// not one a writer put since its read.
+func (m *Master) BatchRemoveIf(keys []string, force bool, sums []uint64) []error {
+	if sums != nil && len(sums) != len(keys) {
+		return failErrsN(len(keys), store.Errorf(store.InvalidParams, "%d checksums for %d keys", len(sums), len(keys)))
+	}
 	out := make([]error, len(keys))
 	now := m.now()
 	for i, k := range keys {
 		m.m.remove.Inc()
-		out[i] = m.remove(k, force, now)
+		var sum *uint64
+		if sums != nil {
+			sum = &sums[i]
+		}
+		out[i] = m.remove(k, force, now, sum)
 		if out[i] != nil {
 			m.m.removeFail.Inc()
 		}
@@ -862,7 +878,9 @@ func (m *Master) BatchRemove(keys []string, force bool) []error {
 	return out
 }
 
-func (m *Master) remove(key string, force bool, now int64) error {
+// remove removes key's object (only the version of the writer's
+// checksum *sum when sum is not nil).
+func (m *Master) remove(key string, force bool, now int64, sum *uint64) error {
 	if err := store.CheckStoredKey(key); err != nil {
 		return err
 	}
@@ -875,6 +893,9 @@ func (m *Master) remove(key string, force bool, now int64) error {
 	}
 	if err := removable(key, o, force, now); err != nil {
 		return err
+	}
+	if sum != nil && o.sum != *sum {
+		return store.Errorf(store.InvalidVersion, "key %q holds another version (checksum 0x%x) than the one to remove (0x%x): not removed", key, o.sum, *sum)
 	}
 	m.eventRemoved(o)
 	sh.remove(key, o)

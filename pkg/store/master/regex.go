@@ -106,7 +106,7 @@ func (m *Master) RemoveByRegexIn(tenant, pattern string, force, dryRun bool) (ou
 			err = removable(k, sh.objects[k], force, now)
 			sh.mu.Unlock()
 		} else {
-			err = m.remove(k, force, now)
+			err = m.remove(k, force, now, nil)
 		}
 		if err != nil {
 			out.Refused = append(out.Refused, k)

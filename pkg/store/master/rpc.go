@@ -714,7 +714,11 @@ func (s *rpcServer) BatchRemove(_ context.Context, r *pb.BatchRemoveRequest) (*p
 	if err != nil {
 		errs = failErrsN(len(r.Keys), err)
 	} else {
-		errs = s.durable(s.m.BatchRemove(store.ScopeKeys(t, r.Keys), r.Force))
+		var sums []uint64
+		if len(r.IfSums) > 0 {
+			sums = r.IfSums
+		}
+		errs = s.durable(s.m.BatchRemoveIf(store.ScopeKeys(t, r.Keys), r.Force, sums))
 	}
 	res, failed := results(errs)
 	s.m.m.Op("batch_remove", failed)

@@ -1965,7 +1965,13 @@ type BatchRemoveRequest struct {
 	Force    bool                   `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
 	// tenant scopes the keys with --enable_multi_tenants (Mooncake's
 	// tenant_id; "" is "default"); ignored without it.
-	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tenant string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// if_sums, when given, holds one writer's checksum per key (as
+	// ReplicaList.checksum gave it): each key goes only while its object
+	// is still the version of that checksum, else INVALID_VERSION. A
+	// reader dropping a version whose every replica failed its checksum
+	// must not remove a newer one put since.
+	IfSums        []uint64 `protobuf:"varint,5,rep,packed,name=if_sums,json=ifSums,proto3" json:"if_sums,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2026,6 +2032,13 @@ func (x *BatchRemoveRequest) GetTenant() string {
 		return x.Tenant
 	}
 	return ""
+}
+
+func (x *BatchRemoveRequest) GetIfSums() []uint64 {
+	if x != nil {
+		return x.IfSums
+	}
+	return nil
 }
 
 type RemoveAllRequest struct {
@@ -2631,12 +2644,13 @@ const file_store_proto_rawDesc = "" +
 	"\aresults\x18\x01 \x03(\v2\x18.mc.store.v1.ReplicaListR\aresults\"[\n" +
 	"\x12BatchExistResponse\x12-\n" +
 	"\aresults\x18\x01 \x03(\v2\x13.mc.store.v1.ResultR\aresults\x12\x16\n" +
-	"\x06exists\x18\x02 \x03(\bR\x06exists\"\x86\x01\n" +
+	"\x06exists\x18\x02 \x03(\bR\x06exists\"\x9f\x01\n" +
 	"\x12BatchRemoveRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x14\n" +
 	"\x05force\x18\x03 \x01(\bR\x05force\x12\x16\n" +
-	"\x06tenant\x18\x04 \x01(\tR\x06tenant\"{\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12\x17\n" +
+	"\aif_sums\x18\x05 \x03(\x04R\x06ifSums\"{\n" +
 	"\x10RemoveAllRequest\x12.\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x11.mc.store.v1.UUIDR\bclientId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1f\n" +
