@@ -257,11 +257,13 @@ one host, else 0.0.0.0).
 
 --enable_kv_events publishes KV events for cache-aware routers as
 mooncake_master does: a ZMQ PUB socket on --kv-events-endpoint
-(--kv_events_bind_endpoint), one message per batch of up to 64 events
-(empty topic, 8-byte big-endian sequence number, msgpack
-[timestamp_ms, [event...], 0]); a stored event when a put ends (medium
-cpu), an offload lands (disk) or a promotion ends (cpu); a removed event
-when a key leaves the pool. --kv-events-backend-id is required. A full
+(--kv_events_bind_endpoint), one message per batch of up to
+--kv-events-max-batch events (empty topic, 8-byte big-endian sequence
+number, msgpack [timestamp_ms, [event...], 0]); a stored event when a
+put ends (medium cpu); a removed event when a key leaves the pool (cpu,
+or disk for a key held on disk only). An offload, a promotion or a
+drain's copy sends nothing, as on mooncake_master. Under a steady stream
+sends are paced (--kv-events-pace). --kv-events-backend-id is required. A full
 queue (--kv-events-queue-capacity) drops its oldest event and skips a
 sequence number; a subscriber that falls 10000 messages behind loses its
 own. With HA only the leader publishes. The --kv-events-* settings
