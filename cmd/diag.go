@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os/signal"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -157,6 +159,10 @@ func runQPLeak(ctx context.Context, o qpLeakOptions, p *printer) error {
 	opts := diag.Options{NumQPPerEP: o.NumQPPerEP, MaxEPPerCtx: o.MaxEPPerCtx, MaxQP: o.MaxQP, TEVersion: o.TEVersion, Horizon: o.Horizon}
 	sampler := diag.Sampler{Bin: o.RDMABin, PerQP: o.PerQP}
 	if o.Watch > 0 {
+		// Only a watch stops on SIGINT and reports: a one-shot read of
+		// stdin could not be interrupted if the signal were caught.
+		ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
 		return watchQPLeak(ctx, o, opts, sampler, p)
 	}
 	snaps, logs, err := diag.Load(ctx, diag.Inputs{RDMA: o.RDMA, At: at, Logs: o.Logs, Sampler: sampler})
@@ -219,6 +225,7 @@ func watchQPLeak(ctx context.Context, o qpLeakOptions, opts diag.Options, sample
 			printGrowth(p.Out, first, prev, cur, ev, dev)
 		}
 	}
+	start := time.Now()
 	snaps, logs, err := diag.Watch(ctx, cfg)
 	if err != nil {
 		return unknown(err)
@@ -226,7 +233,13 @@ func watchQPLeak(ctx context.Context, o qpLeakOptions, opts diag.Options, sample
 	if !p.JSON() {
 		fmt.Fprintln(p.Out)
 	}
-	return printQPLeak(diag.Analyze(snaps, logs, opts), snaps, o, p)
+	verdict := printQPLeak(diag.Analyze(snaps, logs, opts), snaps, o, p)
+	if ctx.Err() != nil {
+		// The report covers the samples taken; the verdict's status
+		// gives way to the one every interrupted command exits with.
+		return &exitError{code: exitInterrupted, err: fmt.Errorf("diag qp-leak: interrupted after %s of --watch %s (%d samples); the report above covers them", time.Since(start).Round(time.Second), o.Watch, len(snaps))}
+	}
+	return verdict
 }
 
 // printGrowth writes one line per sample: every NIC's count, its change

@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/kvcache-ops/mc/pkg/diag"
 )
@@ -253,5 +257,51 @@ printf '[{"ifindex":0,"ifname":"mlx5_0","qp":%d}\n,{"ifindex":1,"ifname":"mlx5_1
 	}
 	if len(r.Snapshots) < 2 || r.Evictions != 2 {
 		t.Errorf("snapshots %d evictions %d", len(r.Snapshots), r.Evictions)
+	}
+}
+
+// SIGINT ends a --watch early with the report of the samples taken and
+// exit 130, in a table and in JSON. Before, the watch installed no
+// handler: SIGINT killed it with no report, SIGTERM too.
+func TestDiagQPLeakWatchInterrupted(t *testing.T) {
+	isolateEnv(t)
+	dir := t.TempDir()
+	bin := fakeRDMAScript(t, `printf '[{"ifindex":0,"ifname":"mlx5_0","qp":9000}]\n'`)
+	logf := filepath.Join(dir, "te.INFO")
+	os.WriteFile(logf, []byte("I0307 09:00:00.000001  4101 s.cpp:1] decode-1@mlx5_0 evicted\n"), 0o644)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, asJSON := range []bool{false, true} {
+		args := []string{"diag", "qp-leak", "--rdma-bin", bin, "--log", logf, "--watch", "1m", "--interval", "50ms"}
+		if asJSON {
+			args = append(args, "-o", "json")
+		}
+		c := exec.Command(self, args...)
+		c.Env = append(os.Environ(), "MC_TEST_RUN_MC=1")
+		var out, errb bytes.Buffer
+		c.Stdout, c.Stderr = &out, &errb
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(400 * time.Millisecond) // a few samples
+		c.Process.Signal(syscall.SIGINT)
+		err := c.Wait()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != exitInterrupted {
+			t.Fatalf("json=%v: %v, want exit %d\nstdout %s\nstderr %s", asJSON, err, exitInterrupted, out.String(), errb.String())
+		}
+		if !strings.Contains(errb.String(), "diag qp-leak: interrupted after ") {
+			t.Errorf("json=%v: stderr %q", asJSON, errb.String())
+		}
+		if asJSON {
+			var r diag.Report
+			if err := json.Unmarshal(out.Bytes(), &r); err != nil || len(r.Snapshots) < 2 {
+				t.Errorf("json report after SIGINT: %v (%d snapshots)\n%s", err, len(r.Snapshots), out.String())
+			}
+		} else if !strings.Contains(out.String(), "verdict: ") {
+			t.Errorf("no report after SIGINT:\n%s", out.String())
+		}
 	}
 }
