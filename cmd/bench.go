@@ -101,10 +101,15 @@ retries and queue pairs follow Mooncake's MC_* variables (MC_SLICE_SIZE,
 MC_RETRY_CNT, MC_NUM_QP_PER_EP, ...); MC_RDMA_PROVIDER picks soft, ibverbs
 or auto.
 
-Scripts written for transfer_engine_bench run unchanged: --mode=target or
---mode=initiator picks the verb, gflags spellings are accepted on the
-verbs (-block_size=4096, --noauto_discovery), and where Mooncake warns and
-carries on (a --buffer-size too small, an unknown --report-unit) so does mc.`,
+Scripts written for transfer_engine_bench run with their flags as they
+are: --mode=target or --mode=initiator picks the verb, gflags spellings
+are accepted on the verbs (-block_size=4096, --noauto_discovery), and
+where Mooncake warns and carries on (a --buffer-size too small, an
+unknown --report-unit) so does mc. Three defaults differ, so a script
+that leaves them out gets mc's: --protocol tcp (Mooncake's rdma),
+every NIC (Mooncake's --device_name mlx5_2) and P2PHANDSHAKE
+(Mooncake's --metadata_server 192.168.3.77:2379). GPU flags of
+Mooncake's CUDA builds (--use_vram, --gpu_id) are refused.`,
 	}
 	c.AddCommand(newBenchCollCmd(p))
 	c.AddCommand(newBenchTargetCmd(p), newBenchInitiatorCmd(p))

@@ -82,7 +82,7 @@ ranks' engines actually moved each row's bytes with.
 By default it starts --ranks local rank processes (this binary again) and
 an embedded etcd on a loopback port as their rendezvous. With --rank,
 --world-size and --store it is one rank of a group whose ranks run
-anywhere (rank 0 prints); --store is an etcd (host:port or etcd://) or
+anywhere (the lowest live rank prints); --store is an etcd (host:port or etcd://) or
 HTTP metadata server (http://host:port/path).
 
 A run needs every rank: one that starts with fewer active ranks than
@@ -144,7 +144,7 @@ right), 64 on a usage error, 130 when interrupted, 1 otherwise.`,
 	fs.IntVar(&o.KillRank, "kill-rank", -1, "failure drill: this rank exits after --kill-after collectives")
 	fs.IntVar(&o.KillAfter, "kill-after", 0, "failure drill: collectives the killed rank completes first")
 	sizeVar(fs, &o.SlotSize, "slot-size", 4<<20, "mailbox slot size per peer (every rank must agree)")
-	fs.IntVar(&o.Slots, "slots", 2, "mailbox slots per peer (pipelining depth; 0: 2)")
+	fs.IntVar(&o.Slots, "slots", 2, "mailbox slots per peer (pipelining depth, at most 64; 0: 2)")
 	durationVar(fs, &o.Timeout, "timeout", coll.DefaultTimeout, "a peer silent this long (its engine still up) is marked failed")
 	durationVar(fs, &o.JoinTimeout, "join-timeout", defaultJoinTimeout, "how long a rank waits for the group's other ranks to start, then fails naming them (0: as long as it takes)")
 	fs.StringVar(&o.Protocol, "protocol", engine.ProtocolAuto, "transport between ranks: auto (shared memory on one host, else tcp), tcp, or shm (shared memory only)")
@@ -191,8 +191,8 @@ func (o benchCollOptions) sweep() (collbench.Config, error) {
 		// The drill does nothing without the rank to kill.
 		return cfg, usagef("--kill-after %d goes with --kill-rank R (the rank that exits)", o.KillAfter)
 	}
-	if o.Slots < 0 {
-		return cfg, usagef("invalid --slots %d: want 1 or more (0: the default, 2)", o.Slots)
+	if o.Slots < 0 || o.Slots > coll.MaxSlots {
+		return cfg, usagef("invalid --slots %d: want 1 to %d (0: the default, 2)", o.Slots, coll.MaxSlots)
 	}
 	return cfg, nil
 }

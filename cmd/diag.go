@@ -58,7 +58,8 @@ and QP creation failures. It reports per NIC the QP count, the ceiling
 kernel QPs), the excess, evictions and deletions, and findings with stable
 codes: QP_EXHAUSTED, QP_ABOVE_CEILING, ASYMMETRIC_QP,
 EVICTIONS_WITHOUT_RECLAIM, QP_GROWTH, QP_ERROR_STATE_PILE, NO_EVICTION_LOGS,
-NO_PERIODIC_RECLAIM.
+NO_PERIODIC_RECLAIM, and about the input: SNAPSHOT_TIMES_UNUSABLE,
+NO_QP_COUNTS.
 
 Several --rdma files are snapshots, ordered by modification time or by --at.
 With --max-qp, a NIC whose QP count reaches max_qp within --horizon (24h) at

@@ -101,6 +101,7 @@ func TestUsageErrorsExit64(t *testing.T) {
 		{[]string{"bench", "--mode=initiator", "--metadata_server=10.0.0.1:2379"}, "mc: bench initiator: --metadata-server 10.0.0.1:2379 finds a target"},
 		{[]string{"bench", "coll", "--store", "127.0.0.1:2379"}, "mc: bench coll: --store goes with --rank"},
 		{[]string{"bench", "coll", "--group", "g"}, "mc: bench coll: --group goes with --rank"},
+		{[]string{"bench", "coll", "--slots", "100"}, "mc: bench coll: invalid --slots 100: want 1 to 64"},
 		{[]string{"bench", "initiator", "--min-rpc-port", "20000", "--max-rpc-port", "19000"}, "mc: bench initiator: --min-rpc-port 20000 and --max-rpc-port 19000: want"},
 		// Aliases in gflags' form through --mode (before, a nil flag set
 		// was looked up: a panic).

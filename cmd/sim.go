@@ -83,7 +83,10 @@ Defaults: 320 KiB of KV per token (2 × 80 layers × 8 KV heads × 128 × 2 B),
 
 --speedup X divides arrival times to create overload; --load-trace FILE
 writes per-second prefill and decode load as CSV and --plot FILE.svg draws it
-(the paper's Figures 9 and 10). The same inputs give the same output.`,
+(the paper's Figures 9 and 10). The same inputs give the same output.
+
+The examples' trace is one of Mooncake's FAST'25 traces, which mc's
+repository fetches into testdata/traces with 'make traces'.`,
 		Example: `  mc sim conductor --trace testdata/traces/conversation_trace.jsonl --prefill 4 --decode 2
   mc sim conductor --trace testdata/traces/conversation_trace.jsonl --scheduler random,load-balancing,cache-aware,kvcache-centric
   mc sim conductor --trace testdata/traces/conversation_trace.jsonl --prefill 8 --decode 1 --speedup 2 --rejection early,predicted --plot load.svg`,
@@ -130,7 +133,7 @@ const maxSimInstances = 100_000
 
 func runSimConductor(ctx context.Context, o simConductorOptions, p *printer) error {
 	if o.Trace == "" {
-		return usagef("--trace is required (a FAST'25 trace, e.g. testdata/traces/conversation_trace.jsonl in mc's repository)")
+		return usagef("--trace is required (a FAST'25 trace, e.g. testdata/traces/conversation_trace.jsonl in mc's repository after 'make traces')")
 	}
 	var scheds []conductor.Scheduler
 	for _, s := range strings.Split(o.Schedulers, ",") {

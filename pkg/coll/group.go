@@ -23,6 +23,8 @@ const (
 	DefaultSlotSize  = 1 << 20
 	DefaultTimeout   = 30 * time.Second
 	DefaultSmallSize = 64 << 10
+	// MaxSlots bounds Config.Slots, the mailbox slots per peer.
+	MaxSlots = 64
 )
 
 // Sentinel errors callers branch on.
@@ -129,8 +131,8 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("world size %d, max world size %d: want 1 <= world size <= max world size", c.WorldSize, c.MaxWorldSize)
 	case c.Rank < 0 || c.Rank >= c.MaxWorldSize:
 		return fmt.Errorf("rank %d outside [0, %d)", c.Rank, c.MaxWorldSize)
-	case c.Slots < 1 || c.Slots > 64:
-		return fmt.Errorf("slots %d: want 1-64", c.Slots)
+	case c.Slots < 1 || c.Slots > MaxSlots:
+		return fmt.Errorf("slots %d: want 1-%d", c.Slots, MaxSlots)
 	case c.SlotSize < 64 || c.SlotSize%64 != 0:
 		return fmt.Errorf("slot size %d: want a positive multiple of 64", c.SlotSize)
 	}
