@@ -110,6 +110,11 @@ gives its ratio to it.`,
   mc bench store --master 127.0.0.1:50051 --op get --value-size 1M --vs-tcp   # a node of this host, started with --protocol auto`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Master != "" {
+				if err := refuseGiven(cmd, "sizes the embedded store's segment: give no --master with it (a running store's nodes have their own)", "segment-size"); err != nil {
+					return err
+				}
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			if err := (storeClientOptions{Tenant: o.Tenant}).checkTenant(); err != nil {
@@ -120,14 +125,14 @@ gives its ratio to it.`,
 	}
 	f := cmd.Flags()
 	o.Data.addFlagsProtocol(f, engine.ProtocolAuto)
-	f.StringVar(&o.Master, "master", "", "store master host:port, etcd://H:P[;H:P] for HA masters, or mooncake://H:P for a mooncake_master (default: an embedded store over loopback TCP)")
+	f.StringVar(&o.Master, "master", "", "store master host:port, etcd://H:P[;H:P] for HA masters, or mooncake://H:P for a mooncake_master (default: an embedded store in this process, moving bytes as --protocol says)")
 	sizeListVar(f, &o.ValueSizes, "value-size", []int64{4 << 10, 64 << 10, 1 << 20, 16 << 20}, "value sizes, comma-separated")
 	f.StringVar(&o.Op, "op", "get", "put, get or mix (comma-separated to run several; also --operation)")
 	f.Float64Var(&o.GetRatio, "get-ratio", 0.9, "share of gets with --op mix")
 	f.StringVar(&o.Concurrency, "concurrency", "1", "concurrent callers, comma-separated for a curve (1,4,16,64)")
 	f.IntVar(&o.Batch, "batch", 1, "keys per call (BatchPut / BatchGet; also --batch-size)")
 	durationVar(f, &o.Duration, "duration", 5*time.Second, "time per row")
-	f.IntVar(&o.Keys, "keys", 0, "keys gets read from (0: enough to spread reads over half the store)")
+	f.IntVar(&o.Keys, "keys", 0, "keys gets read from (0: about 256 MiB of values, at least one per value in flight, at most 16384 keys and half the segment)")
 	f.BoolVar(&o.Verify, "verify", false, "check every byte of every get")
 	f.BoolVar(&o.Checksums, "checksums", false, "the clients record a CRC32C of each value put and check it on every get, as mc store put/get do by default (off here: it cost 13-39% of 1 MiB gets on a 2-core VM; run both ways to see its cost on yours)")
 	f.StringVar(&o.Tenant, "tenant", "default", "the clients' tenant on a --master with --enable-multi-tenants (Mooncake's tenant_id)")

@@ -102,6 +102,15 @@ func TestUsageErrorsExit64(t *testing.T) {
 		{[]string{"bench", "coll", "--store", "127.0.0.1:2379"}, "mc: bench coll: --store goes with --rank"},
 		{[]string{"bench", "coll", "--group", "g"}, "mc: bench coll: --group goes with --rank"},
 		{[]string{"bench", "coll", "--slots", "100"}, "mc: bench coll: invalid --slots 100: want 1 to 64"},
+		{[]string{"serve", "store", "--enable-multi-tenants"}, "mc: serve store: --enable-multi-tenants needs --tenant-quota-connector-uri"},
+		// A flag of another mode is refused rather than ignored.
+		{[]string{"store", "drain", "--undo", "n:1", "--to", "m:1"}, "mc: store drain: --to sets up a new drain job; it does nothing with --undo"},
+		{[]string{"store", "drain", "--cancel", "1-2", "--wait"}, "mc: store drain: --wait follows a job"},
+		{[]string{"store", "ls", "--regex", "a", "--all-tenants"}, "mc: store ls: --all-tenants lists through the admin API"},
+		{[]string{"store", "ls", "--protocol", "rdma"}, "mc: store ls: --protocol sets up the data path"},
+		{[]string{"store", "replay", "--trace", "x", "--device-name", "mlx5_0"}, "mc: store replay: --device-name concerns a running store"},
+		{[]string{"store", "replay", "--trace", "x", "--online", "--eviction-high-watermark-ratio", "1.5"}, "mc: store replay: invalid --eviction-high-watermark-ratio 1.5"},
+		{[]string{"bench", "store", "--master", "127.0.0.1:1", "--segment-size", "1K"}, "mc: bench store: --segment-size sizes the embedded store's segment"},
 		{[]string{"bench", "initiator", "--min-rpc-port", "20000", "--max-rpc-port", "19000"}, "mc: bench initiator: --min-rpc-port 20000 and --max-rpc-port 19000: want"},
 		// Aliases in gflags' form through --mode (before, a nil flag set
 		// was looked up: a panic).
@@ -132,10 +141,10 @@ func TestUsageErrorsExit64(t *testing.T) {
 		{[]string{"bench", "store", "--master", "127.0.0.1:1", "--admin", "1e400"}, `mc: bench store: invalid --admin: admin URL "1e400"`},
 		{[]string{"store", "stat", "--admin", "4K,,8K"}, `mc: store stat: invalid --admin: admin URL "4K,,8K"`},
 		{[]string{"store", "stat", "--admin-token-file", "/nonexistent/token"}, "mc: store stat: --admin-token-file: open /nonexistent/token"},
-		// Flags a verb has but does not use are checked all the same.
-		{[]string{"store", "ls", "--protocol", "etcd://"}, `mc: store ls: --protocol "etcd://" is not supported`},
-		{[]string{"store", "ls", "--metadata-server", "foo://x"}, "mc: store ls: invalid --metadata-server"},
-		{[]string{"store", "ls", "--bind-address", "notanip"}, `mc: store ls: invalid --bind-address "notanip"`},
+		// Data-path flags of ls --regex are checked before any call.
+		{[]string{"store", "ls", "--regex", "a", "--protocol", "etcd://"}, `mc: store ls: --regex: --protocol "etcd://" is not supported`},
+		{[]string{"store", "ls", "--regex", "a", "--metadata-server", "foo://x"}, "mc: store ls: --regex: invalid --metadata-server"},
+		{[]string{"store", "ls", "--regex", "a", "--bind-address", "notanip"}, `mc: store ls: --regex: invalid --bind-address "notanip"`},
 		{[]string{"store", "exists", "k", "--admin-token-file", "/nonexistent/token"}, `mc: store exists: "k": --admin-token-file: open /nonexistent/token`},
 		{[]string{"store", "get", "k", "--admin-token", "t", "--admin-token-file", "/etc/hostname"}, `mc: store get: "k": --admin-token and --admin-token-file both give the admin token`},
 		{[]string{"serve", "store", "--config-path", "/nonexistent/master.json"}, "mc: serve store: --config-path: open /nonexistent/master.json"},

@@ -118,6 +118,8 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 // ---- mc serve store ----
 
 type serveStoreOptions struct {
+	// nodeIgnored: the master-only flags given to a node (--master).
+	nodeIgnored []string
 	Data                  storeDataOptions
 	Master                string
 	SegmentSize           int64
@@ -219,9 +221,11 @@ cluster id from MC_STORE_CLUSTER_ID (or --cluster-id for a node).
 
 mooncake_master's flags are accepted under their own names
 (--rpc_port, --default_kv_lease_ttl, --eviction_high_watermark_ratio, ...).
-The TTL flags take milliseconds as mooncake_master does (--default_kv_lease_ttl
-10000) or a Go duration (10s); the other durations take seconds or a Go
-duration.
+mooncake_master's TTL flags (--default_kv_lease_ttl, --default_kv_soft_pin_ttl,
+--max_kv_soft_pin_ttl) and --kv-events-pace take milliseconds as
+mooncake_master does (--default_kv_lease_ttl 10000) or a Go duration (10s);
+every other duration (--client-ttl, --ha-lease-ttl, --ssd-staging-ttl, ...)
+takes seconds or a Go duration.
 --rpc_thread_num is accepted for compatibility: gRPC sizes its own workers.
 
 The master bounds the memory callers can pin: --request-budget (default
@@ -260,13 +264,13 @@ mooncake_master does: a ZMQ PUB socket on --kv-events-endpoint
 (--kv_events_bind_endpoint), one message per batch of up to
 --kv-events-max-batch events (empty topic, 8-byte big-endian sequence
 number, msgpack [timestamp_ms, [event...], 0]); a stored event when a
-put ends (medium cpu); a removed event when a key leaves the pool (cpu,
-or disk for a key held on disk only). An offload, a promotion or a
+put ends (medium cpu); a removed event when a key leaves the pool (cpu;
+disk when a call removes a key held on disk only). An offload, a promotion or a
 drain's copy sends nothing, as on mooncake_master. Under a steady stream
 sends are paced (--kv-events-pace). --kv-events-backend-id is required. A full
 queue (--kv-events-queue-capacity) drops its oldest event and skips a
-sequence number; a subscriber that falls 10000 messages behind loses its
-own. With HA only the leader publishes. The --kv-events-* settings
+sequence number; a subscriber that falls 10000 messages (or 640000 events)
+behind loses its own. With HA only the leader publishes. The --kv-events-* settings
 without --enable-kv-events, like the HA ones without --enable-ha, do
 nothing, and a warning says so.
 
@@ -309,6 +313,11 @@ SIGINT or SIGTERM unmounts the segment gracefully and stops.`,
 				"kv-events-emit-object-key", "kv-events-emit-legacy-compat", "kv-events-pace", "kv-events-max-batch")
 			warnInert(cmd.Flags(), o.MultiTenants, "enable-multi-tenants", "keys are not scoped by tenant and no quota is enforced",
 				"tenant-quota-connector-type", "tenant-quota-connector-uri")
+			// A node (--master) runs no master: the master's settings
+			// given to it did nothing, silently.
+			if o.Master != "" {
+				o.nodeIgnored = givenFlags(cmd.Flags(), masterOnlyFlags...)
+			}
 			// Several nodes run on one host: only a master takes the
 			// default admin port, a node serves one when asked to.
 			o.NodeAdmin = cmd.Flags().Changed("metrics-port")
@@ -431,18 +440,51 @@ func applyMasterConfigFile(fs *pflag.FlagSet, vals map[string]any) (ignored []st
 // warnInert warns once about the flags of names that were given while
 // the feature flag on is off: they do nothing.
 func warnInert(fs *pflag.FlagSet, enabled bool, on, effect string, names ...string) {
-	if enabled {
-		return
+	if !enabled {
+		warnGiven(fs, fmt.Sprintf("without --%s: ignored, %s (add --%s)", on, effect, on), names...)
 	}
+}
+
+// warnGiven logs one warning naming those of names that were given,
+// followed by why.
+func warnGiven(fs *pflag.FlagSet, why string, names ...string) {
+	if given := givenFlags(fs, names...); len(given) > 0 {
+		slog.Warn(fmt.Sprintf("%s given %s", strings.Join(given, ", "), why))
+	}
+}
+
+// givenFlags is those of names given on the command line, as --name.
+func givenFlags(fs *pflag.FlagSet, names ...string) []string {
 	var given []string
 	for _, n := range names {
 		if fs.Changed(n) {
 			given = append(given, "--"+n)
 		}
 	}
-	if len(given) > 0 {
-		slog.Warn(fmt.Sprintf("%s given without --%s: ignored, %s (add --%s)", strings.Join(given, ", "), on, effect, on))
+	return given
+}
+
+// refuseGiven is a usage error naming the first of names given on the
+// command line, followed by what it does (why): a flag of another mode
+// must not look as if it had worked.
+func refuseGiven(cmd *cobra.Command, what string, names ...string) error {
+	for _, n := range names {
+		if f := cmd.Flags().Lookup(n); f != nil && f.Changed {
+			return usagef("--%s %s", n, what)
+		}
 	}
+	return nil
+}
+
+// masterOnlyFlags are serve store's settings of the master alone (a
+// node, started with --master, has no use for them).
+var masterOnlyFlags = []string{
+	"rpc-port", "port", "default-kv-lease-ttl", "default-kv-soft-pin-ttl", "max-kv-soft-pin-ttl",
+	"allow-evict-soft-pinned-objects", "eviction-ratio", "eviction-high-watermark-ratio", "eviction-policy",
+	"client-ttl", "put-start-discard-timeout-sec", "put-start-release-timeout-sec", "allocation-strategy",
+	"rpc-thread-num", "enable-metric-reporting", "region-size", "max-regions-per-instance",
+	"exist-key-grant-lease", "enable-multi-tenants", "tenant-quota-connector-type", "tenant-quota-connector-uri",
+	"request-budget", "request-read-timeout", "promote-after", "ssd-staging-ttl", "admin-token", "admin-token-file",
 }
 
 // nearestMasterKey is " (did you mean ...?)" for the known key within
@@ -536,6 +578,16 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 	if o.AllocationStrategy != "" && !slices.Contains(master.Strategies, o.AllocationStrategy) {
 		return cfg, usagef("invalid --allocation-strategy %q: want one of %s", o.AllocationStrategy, strings.Join(master.Strategies, ", "))
 	}
+	if o.MultiTenants && o.Master == "" {
+		// Flag mistakes, refused as such (exit 64) before anything
+		// starts; the policy file's content is the master's to read.
+		switch {
+		case o.TenantQuotaType != "file" && o.TenantQuotaType != "":
+			return cfg, usagef("invalid --tenant-quota-connector-type %q: mc supports file", o.TenantQuotaType)
+		case o.TenantQuotaURI == "":
+			return cfg, usagef("--enable-multi-tenants needs --tenant-quota-connector-uri (the tenant quota policy file)")
+		}
+	}
 	if o.SSDStagingTTL < 0 {
 		return cfg, usagef("invalid --ssd-staging-ttl %s: want a duration, e.g. 5s", o.SSDStagingTTL)
 	}
@@ -544,7 +596,7 @@ func (o serveStoreOptions) serverConfig() (server.Config, error) {
 		promote = -1 // master.Config: negative is never
 	}
 	if o.RequestBudget < 0 {
-		return cfg, fmt.Errorf("invalid --request-budget %d: want bytes, or 0 for unlimited", o.RequestBudget)
+		return cfg, usagef("invalid --request-budget %d: want bytes, or 0 for unlimited", o.RequestBudget)
 	}
 	budget := o.RequestBudget
 	if budget == 0 {
@@ -693,6 +745,10 @@ func runServeStore(ctx context.Context, o serveStoreOptions, p *printer) error {
 	cfg, err := o.serverConfig()
 	if err != nil {
 		return err
+	}
+	if len(o.nodeIgnored) > 0 {
+		// After the checks: a usage error comes alone.
+		slog.Warn(fmt.Sprintf("%s given with --master: this process is a node and runs no master; ignored (give them to the master)", strings.Join(o.nodeIgnored, ", ")))
 	}
 	srv, err := server.Start(ctx, cfg)
 	if err != nil {
@@ -921,10 +977,11 @@ func newStoreCmd(p *printer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "store",
 		Short: "Use a KV-cache store: put, get, exists, rm, ls, stat, query, drain, events, tenants",
-		Long: `store talks to a store master (mc serve store, or mooncake_master for the
-admin reads). put, get, exists and rm use the master's RPC API and move the
-bytes with the transfer engine; ls, stat and query read only the admin HTTP
-API, so they also work against a real mooncake_master.`,
+		Long: `store talks to a store master: mc serve store, or mooncake_master
+(--master mooncake://H:P for put, get, exists and rm). put, get, exists and
+rm use the master's RPC API and move the bytes with the transfer engine;
+stat, query and ls (without --regex) read only the admin HTTP API, so they
+also work against a real mooncake_master's admin port.`,
 		Args: cobra.NoArgs,
 	}
 	cmd.AddCommand(newStorePutCmd(p), newStoreGetCmd(p), newStoreExistsCmd(p), newStoreRmCmd(p),
@@ -1429,7 +1486,16 @@ stores any bytes) or starts with a quote.`,
 				if prefix != "" {
 					return usagef("store ls: give --prefix or --regex, not both")
 				}
+				if allTenants {
+					// It listed plain keys of one tenant, with no word.
+					return usagef("store ls: --all-tenants lists through the admin API, --regex through the master's RPC within one --tenant: give one of them")
+				}
 				return runStoreLsRegex(cmd.Context(), o, pattern, p)
+			}
+			// No engine runs without --regex: its data-path settings did
+			// nothing, silently.
+			if err := refuseGiven(cmd, "sets up the data path; ls reads the admin API and moves no bytes (it applies with --regex only if the master's RPC needs it)", "protocol", "device-name", "metadata-server", "bind-address", "local-hostname"); err != nil {
+				return err
 			}
 			a, err := o.admin()
 			if err != nil {
@@ -1850,6 +1916,8 @@ type storeReplayOptions struct {
 	// AllowEvict runs an online replay that would make the store evict
 	// keys that are not the run's.
 	AllowEvict bool
+	// HighWatermark is the store's eviction watermark (replayFits).
+	HighWatermark float64
 }
 
 // replayProgress follows an online replay of n requests: a go-pretty bar
@@ -1935,11 +2003,15 @@ file_cache_hit_nums_ (its admin API: --admin, or port 9003 of --master).`,
 			if !o.Online {
 				// Flags that concern a store, given to an offline
 				// replay, were ignored without a word.
-				for _, n := range []string{"master", "admin", "block-bytes", "tenant", "protocol", "allow-evict"} {
+				for _, n := range []string{"master", "admin", "block-bytes", "tenant", "protocol", "allow-evict", "eviction-high-watermark-ratio",
+					"device-name", "metadata-server", "bind-address", "local-hostname", "admin-token", "admin-token-file"} {
 					if f := cmd.Flags().Lookup(n); f != nil && f.Changed {
 						return usagef("--%s concerns a running store: give --online with it (without it the replay runs the policies offline)", n)
 					}
 				}
+			}
+			if o.HighWatermark <= 0 || o.HighWatermark > 1 {
+				return usagef("invalid --eviction-high-watermark-ratio %g: want a fraction in (0, 1]", o.HighWatermark)
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
@@ -1957,6 +2029,7 @@ file_cache_hit_nums_ (its admin API: --admin, or port 9003 of --master).`,
 	f.StringSliceVar(&o.SSDCapacities, "ssd-capacity-blocks", []string{"0"}, "disk tier sizes in blocks under the cache (0: none)")
 	f.IntVar(&o.PromoteAfter, "promote-after", master.DefaultPromoteAfter, "the disk read that moves a block back to DRAM (0: never), as the store's --promote-after")
 	f.BoolVar(&o.AllowEvict, "allow-evict", false, "--online: run even when the trace does not fit below the store's eviction watermark and the store holds other keys (it evicts them)")
+	f.Float64Var(&o.HighWatermark, "eviction-high-watermark-ratio", master.DefaultHighWatermark, "--online: the store's eviction watermark (its master's --eviction_high_watermark_ratio; mooncake_master's default is 0.95), which the replay must stay below unless --allow-evict")
 	_ = cmd.MarkFlagFilename("trace", "jsonl")
 	_ = cmd.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(policy.Names, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -1984,12 +2057,12 @@ func (o storeReplayOptions) replayFits(ctx context.Context, t *replay.Trace, blo
 	}
 	per := (uint64(block) + alloc.Align - 1) / alloc.Align * alloc.Align
 	need := uint64(t.Distinct) * per
-	below := uint64(master.DefaultHighWatermark * float64(capacity))
+	below := uint64(o.HighWatermark * float64(capacity))
 	if used == 0 || used+need <= below {
 		return nil
 	}
-	return fmt.Errorf("store replay --online: the trace's %d distinct blocks of %s take %s, more than the room below the store's eviction watermark (%.2f of %s), and the store holds %s of other keys, which the replay would make it evict: run it on a store of its own, or give --allow-evict",
-		t.Distinct, humanBytes(uint64(block)), humanBytes(need), master.DefaultHighWatermark, humanBytes(capacity), humanBytes(used))
+	return fmt.Errorf("store replay --online: the trace's %d distinct blocks of %s take %s, more than the room below the store's eviction watermark (%g of %s), and the store holds %s of other keys, which the replay would make it evict: run it on a store of its own, or give --allow-evict",
+		t.Distinct, humanBytes(uint64(block)), humanBytes(need), o.HighWatermark, humanBytes(capacity), humanBytes(used))
 }
 
 func parseCapacities(list []string) ([]int, error) {

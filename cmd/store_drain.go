@@ -58,8 +58,8 @@ Needs mc's master (POST /api/v1/segments/undrain; mooncake_master has no
 such call) and, when the master has one, its admin token.`,
 		Example: `  mc store drain node-7:15001 --unmount
   mc store drain node-7:15001 --to node-8:15001 --max-concurrency 32 --wait=false
-  mc store drain --status 8f14e45f-c9f0a2b1
-  mc store drain --cancel 8f14e45f-c9f0a2b1
+  mc store drain --status 10363372161903120377-6505125312812371119
+  mc store drain --cancel 10363372161903120377-6505125312812371119
   mc store drain --undo node-7:15001`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -75,6 +75,19 @@ such call) and, when the master has one, its admin token.`,
 			}
 			if modes != 1 {
 				return usagef("drain: name the segments to drain, or give --status JOB, --cancel JOB or --undo SEGMENT (one of the four)")
+			}
+			if len(args) == 0 {
+				// Settings of a new job, given to --status, --cancel or
+				// --undo, did nothing, silently.
+				mode := map[bool]string{true: "--undo", false: "--status or --cancel"}[o.Undo != ""]
+				if err := refuseGiven(cmd, "sets up a new drain job; it does nothing with "+mode, "to", "max-concurrency", "unmount", "force"); err != nil {
+					return err
+				}
+				if o.Status == "" {
+					if err := refuseGiven(cmd, "follows a job: give it with --status JOB or a new drain", "wait", "interval"); err != nil {
+						return err
+					}
+				}
 			}
 			if o.MaxConcurrency < 0 {
 				return usagef("invalid --max-concurrency %d: want 1 or more (0: the master's default)", o.MaxConcurrency)

@@ -211,6 +211,11 @@ func TestStoreReplayOnlineKeepsOtherKeys(t *testing.T) {
 	if out, errs, code := execMC(t, append([]string{"store", "replay", "--trace", small, "--online", "--block-bytes", "64K", "-o", "json"}, m...)...); code != 0 {
 		t.Fatalf("replay of a trace that fits: exit %d: %s %s", code, out, errs)
 	}
+	// The store's watermark is the one given, not mc's default (0.9):
+	// below a watermark of 0.001 not even the small trace fits.
+	if _, errs, code := execMC(t, append([]string{"store", "replay", "--trace", small, "--online", "--block-bytes", "64K", "--eviction-high-watermark-ratio", "0.001"}, m...)...); code == 0 || !strings.Contains(errs, "eviction watermark (0.001 of") {
+		t.Errorf("replay under a watermark of 0.001: exit %d, stderr %q; want refused", code, errs)
+	}
 }
 
 // An interrupted online replay prints what it did, as the bench verbs

@@ -1122,4 +1122,11 @@ func TestServeStoreWarnsInertFlags(t *testing.T) {
 	if strings.Contains(out.String(), "given without") {
 		t.Errorf("warned with no such flag:\n%s", out.String())
 	}
+	// A node runs no master: the master's settings given to it are said
+	// to do nothing (they did nothing, silently).
+	rpc, _, _, _ := startServeStore(t, "--segment-size", "0")
+	_, _, out, _ = startServeStore(t, "--master", rpc, "--segment-size", "8M", "--eviction-ratio", "0.3", "--default-kv-lease-ttl", "5000")
+	if want := "--default-kv-lease-ttl, --eviction-ratio given with --master: this process is a node and runs no master; ignored"; !strings.Contains(out.String(), want) {
+		t.Errorf("node given master settings: no %q in:\n%s", want, out.String())
+	}
 }

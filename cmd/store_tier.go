@@ -30,7 +30,7 @@ func addTierFlags(f *pflag.FlagSet, o *serveStoreOptions) {
 	sizeVar(f, &o.SSDSize, "ssd-size", 0, "capacity of the disk tier, e.g. 200G (0: 90% of the space available in --ssd-dir at start)")
 	f.BoolVar(&o.EnableOffload, "enable-offload", false, "Mooncake's spelling of a disk tier: in $"+mooncakeOffloadPathEnv+" (default "+mooncakeOffloadPath+"), of $"+mooncakeOffloadSizeEnv+" bytes (default as --ssd-size)")
 	sizeVar(f, &o.SSDStagingSize, "ssd-staging-size", 0, "the node's staging pool for disk reads, memory apart from the segment that disk objects are read into for their readers, e.g. 256M (0: a quarter of --segment-size, 16M to 1280M; $"+mooncakeOffloadBufferEnv+" with --enable-offload)")
-	durationVar(f, &o.SSDStagingTTL, "ssd-staging-ttl", master.DefaultStagingTTL, "master: how long a staged disk read holds its staging range when its reader does not hand it back (it died, or reads through Mooncake's wire); Mooncake's client_buffer_gc_ttl_ms")
+	durationVar(f, &o.SSDStagingTTL, "ssd-staging-ttl", master.DefaultStagingTTL, "master: how long a staged disk read holds its staging range when its reader does not hand it back (it died, or reads through Mooncake's wire); the role of Mooncake's client_buffer_gc_ttl_ms, which counts milliseconds where a bare number here is seconds")
 	f.IntVar(&o.PromoteAfter, "promote-after", master.DefaultPromoteAfter, "master: the disk read on which an object is promoted back into DRAM (0: never; earlier reads are staged for the read only)")
 }
 
