@@ -119,7 +119,7 @@ func (o storeDataOptions) engineConfig(bind string) (engine.Config, error) {
 
 type serveStoreOptions struct {
 	// nodeIgnored: the master-only flags given to a node (--master).
-	nodeIgnored []string
+	nodeIgnored           []string
 	Data                  storeDataOptions
 	Master                string
 	SegmentSize           int64
