@@ -118,12 +118,14 @@ right), 64 on a usage error, 130 when interrupted, 1 otherwise.`,
 			// did nothing: --store without --rank ran local ranks on an
 			// embedded etcd, the store given unused.
 			fs := cmd.Flags()
-			if fs.Changed("rank") {
+			if isSet(fs, "rank") {
 				if fs.Changed("ranks") {
 					return usagef("--ranks starts local ranks; with --rank this process is one rank of --world-size: give one of them")
 				}
 				return runBenchCollRank(ctx, o, p)
 			}
+			// Only the command line's: a config file's bench.store or
+			// bench.bind_address serves the group's other verbs too.
 			for _, n := range []string{"world-size", "store", "group", "bind-address"} {
 				if fs.Changed(n) {
 					return usagef("--%s goes with --rank (this process as one rank of a group); without --rank mc starts --ranks local ranks on an embedded etcd", n)

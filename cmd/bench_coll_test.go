@@ -319,3 +319,16 @@ func TestBenchCollLauncherInterruptedKeepsItsRows(t *testing.T) {
 		t.Fatalf("%d rows printed, the error says %d:\n%s", rows, n, out.String())
 	}
 }
+
+// A rank given by the environment (MC_BENCH_RANK, as a pod's index is
+// handed to it) runs this process as that rank, as --rank does. Before,
+// only the command line's --rank counted: it started local ranks.
+func TestBenchCollRankFromEnvironment(t *testing.T) {
+	isolateEnv(t)
+	t.Setenv("MC_BENCH_RANK", "1")
+	t.Setenv("MC_BENCH_WORLD_SIZE", "2")
+	_, errs, code := execMC(t, "bench", "coll", "-b", "8", "-e", "8")
+	if code != exitUsage || !strings.Contains(errs, "--store: want the rendezvous") {
+		t.Fatalf("MC_BENCH_RANK=1 without a store: exit %d, stderr %q; want the rank's usage error", code, errs)
+	}
+}

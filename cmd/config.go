@@ -41,6 +41,11 @@ type config struct {
 func loadConfig(path string, explicit bool, getenv func(string) string) (*config, error) {
 	v := viper.New()
 	c := &config{v: v, getenv: getenv}
+	what := "--config"
+	if env := getenv("MC_CONFIG"); !explicit && env != "" {
+		// Every flag has its MC_* variable; --config's is MC_CONFIG.
+		path, explicit, what = env, true, "$MC_CONFIG"
+	}
 	if !explicit {
 		path = defaultConfigPath(getenv)
 		if path == "" {
@@ -54,9 +59,9 @@ func loadConfig(path string, explicit bool, getenv func(string) string) (*config
 		// A --config naming no file is a bad flag value, not a failure
 		// of the command (exit 64).
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return nil, usagef("--config %q: no such file", path)
+			return nil, usagef("%s %q: no such file", what, path)
 		} else if err != nil {
-			return nil, usagef("--config: %w", err)
+			return nil, usagef("%s: %w", what, err)
 		}
 	}
 	v.SetConfigFile(path)
@@ -181,9 +186,27 @@ func (c *config) apply(cmd *cobra.Command) error {
 		}
 		if err := setFlag(f, val); err != nil {
 			firstErr = usagef("invalid value %q for --%s from %s: %w", val, f.Name, src, err)
+			return
 		}
+		if f.Annotations == nil {
+			f.Annotations = map[string][]string{}
+		}
+		f.Annotations[setFromAnnotation] = []string{src}
 	})
 	return firstErr
+}
+
+// setFromAnnotation marks a flag set from the environment or the config
+// file (not Changed: only the command line changes a flag).
+const setFromAnnotation = "mc_set_from"
+
+// isSet reports whether flag name of fs was given anywhere: the command
+// line, an MC_* variable or the config file. Checks that pick a mode by a
+// flag use it: a rank given as MC_BENCH_RANK ran local ranks instead,
+// silently.
+func isSet(fs *pflag.FlagSet, name string) bool {
+	f := fs.Lookup(name)
+	return f != nil && (f.Changed || len(f.Annotations[setFromAnnotation]) > 0)
 }
 
 func (c *config) lookup(group string, f *pflag.Flag) (val, source string, ok bool) {

@@ -288,7 +288,7 @@ environment variable or in $XDG_CONFIG_HOME/mc/config.yaml.
 	})
 
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.ConfigFile, "config", "", "config file (default $XDG_CONFIG_HOME/mc/config.yaml when present)")
+	pf.StringVar(&g.ConfigFile, "config", "", "config file (also $MC_CONFIG; default $XDG_CONFIG_HOME/mc/config.yaml when present)")
 	pf.StringVarP(&g.Output, "output", "o", "table", "output format: table or json")
 	pf.StringVar(&g.LogLevel, "log-level", "info", "log level: debug, info, warning, error or fatal")
 	pf.StringVar(&g.LogDir, "log-dir", "", "write logs to glog-named files in this directory (errors still go to stderr)")

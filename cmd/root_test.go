@@ -134,6 +134,32 @@ func TestConfigPrecedence(t *testing.T) {
 	}
 }
 
+// MC_CONFIG names the config file as --config does (every flag has its
+// variable; --config had none), and --config beats it.
+func TestConfigFromEnvironment(t *testing.T) {
+	isolateEnv(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "mc.yaml")
+	if err := os.WriteFile(cfg, []byte("output: json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MC_CONFIG", cfg)
+	if out, _, err := runCmd(t, "version"); err != nil || !strings.HasPrefix(out, "{") {
+		t.Fatalf("MC_CONFIG's file not read: %v %q", err, out)
+	}
+	other := filepath.Join(dir, "other.yaml")
+	if err := os.WriteFile(other, []byte("output: table\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, err := runCmd(t, "--config", other, "version"); err != nil || strings.HasPrefix(out, "{") {
+		t.Fatalf("--config should beat MC_CONFIG: %v %q", err, out)
+	}
+	t.Setenv("MC_CONFIG", filepath.Join(dir, "missing.yaml"))
+	if _, errs, code := execMC(t, "version"); code != exitUsage || !strings.Contains(errs, "$MC_CONFIG") {
+		t.Fatalf("MC_CONFIG naming no file: exit %d, %q", code, errs)
+	}
+}
+
 // The default config file is read when present and ignored when absent.
 func TestDefaultConfigFile(t *testing.T) {
 	isolateEnv(t)
