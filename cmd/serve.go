@@ -177,7 +177,7 @@ func serveEtcdMetadata(ctx context.Context, o serveMetadataOptions, p *printer) 
 	}
 	defer ee.Close()
 	ep := ee.Endpoints()[0]
-	info := serveMetadataInfo{Backend: "etcd", Listen: ep, MetadataServer: ep, DataDir: ee.DataDir(), Temporary: o.DataDir == ""}
+	info := serveMetadataInfo{Backend: "etcd", Listen: displayAddr(ep), MetadataServer: clientAddr(ep), DataDir: ee.DataDir(), Temporary: o.DataDir == ""}
 	if err := announce(info, o, p); err != nil {
 		return err
 	}
@@ -218,7 +218,7 @@ func serveHTTPMetadata(ctx context.Context, o serveMetadataOptions, p *printer) 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	addr := ln.Addr().String()
-	info := serveMetadataInfo{Backend: "http", Listen: addr, MetadataServer: "http://" + addr + httpMetadataPath}
+	info := serveMetadataInfo{Backend: "http", Listen: displayAddr(addr), MetadataServer: "http://" + clientAddr(addr) + httpMetadataPath}
 	if err := announce(info, o, p); err != nil {
 		srv.Close()
 		<-served
@@ -240,6 +240,28 @@ func serveHTTPMetadata(ctx context.Context, o serveMetadataOptions, p *printer) 
 		return fmt.Errorf("serve metadata: stop http on %s: %w", addr, err)
 	}
 	return nil
+}
+
+// clientAddr is listen address a as another host reaches it: a wildcard
+// host ("[::]:2379" from a listener on 0.0.0.0) is no address a client
+// can dial, so one of this host's is named instead (its first non-loopback
+// IPv4 address, else its name).
+func clientAddr(a string) string {
+	h, port, err := net.SplitHostPort(a)
+	if err != nil || !(h == "" || net.ParseIP(h) != nil && net.ParseIP(h).IsUnspecified()) {
+		return a
+	}
+	if addrs, err := net.InterfaceAddrs(); err == nil {
+		for _, ad := range addrs {
+			if ipn, ok := ad.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
+				return net.JoinHostPort(ipn.IP.String(), port)
+			}
+		}
+	}
+	if name, err := os.Hostname(); err == nil && name != "" {
+		return net.JoinHostPort(name, port)
+	}
+	return net.JoinHostPort("127.0.0.1", port)
 }
 
 // announce prints where the server listens and the value clients pass.

@@ -94,6 +94,24 @@ func useBackend(t *testing.T, server string) {
 	}
 }
 
+// On every interface, the address printed for clients is one they can
+// dial: before, "[::]:PORT", the listener's own.
+func TestServeMetadataWildcardNamesAHostAddress(t *testing.T) {
+	for _, backend := range []string{"etcd", "http"} {
+		info, out, stop := startServe(t, serveMetadataOptions{Listen: "0.0.0.0:0", Backend: backend}, "table")
+		host, _, _ := strings.Cut(strings.TrimPrefix(info.MetadataServer, "http://"), ":")
+		if ip := net.ParseIP(host); strings.HasPrefix(host, "[") || ip != nil && ip.IsUnspecified() || !strings.HasPrefix(info.Listen, "0.0.0.0:") {
+			t.Errorf("%s: listen %q, clients told %q:\n%s", backend, info.Listen, info.MetadataServer, out.String())
+		}
+		if backend == "etcd" {
+			useBackend(t, info.MetadataServer)
+		}
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestServeMetadataEtcd(t *testing.T) {
 	dir := t.TempDir()
 	info, out, stop := startServe(t, serveMetadataOptions{Listen: "127.0.0.1:0", DataDir: dir, Backend: "etcd"}, "table")
