@@ -147,7 +147,7 @@ right), 64 on a usage error, 130 when interrupted, 1 otherwise.`,
 	fs.IntVar(&o.KillAfter, "kill-after", 0, "failure drill: collectives the killed rank completes first")
 	sizeVar(fs, &o.SlotSize, "slot-size", 4<<20, "mailbox slot size per peer (every rank must agree)")
 	fs.IntVar(&o.Slots, "slots", 2, "mailbox slots per peer (pipelining depth, at most 64; 0: 2)")
-	durationVar(fs, &o.Timeout, "timeout", coll.DefaultTimeout, "a peer silent this long (its engine still up) is marked failed")
+	durationVar(fs, &o.Timeout, "timeout", coll.DefaultTimeout, "a peer silent this long (its engine still up) is marked failed (0: the default, 30s)")
 	durationVar(fs, &o.JoinTimeout, "join-timeout", defaultJoinTimeout, "how long a rank waits for the group's other ranks to start, then fails naming them (0: as long as it takes)")
 	fs.StringVar(&o.Protocol, "protocol", engine.ProtocolAuto, "transport between ranks: auto (shared memory on one host, else tcp), tcp, or shm (shared memory only)")
 	fs.IntVar(&o.Rank, "rank", 0, "run as this rank of a group (with --world-size and --store)")
