@@ -1633,6 +1633,10 @@ func newStoreStatCmd(p *printer) *cobra.Command {
 		Short: "Segments with used/capacity, keys, evictions and the leader (admin API)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// stat is of the whole pool: a --tenant did nothing.
+			if err := refuseGiven(cmd, "picks the keys a verb uses; stat reports the whole pool (every tenant)", "tenant"); err != nil {
+				return err
+			}
 			a, err := o.admin()
 			if err != nil {
 				return fmt.Errorf("stat: %w", err)

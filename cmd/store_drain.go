@@ -63,6 +63,9 @@ such call) and, when the master has one, its admin token.`,
   mc store drain --undo node-7:15001`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := refuseGiven(cmd, "picks the keys a verb uses; a drain moves every tenant's objects off its segments", "tenant"); err != nil {
+				return err
+			}
 			o.tty = isTerminal(p.Out)
 			if !cmd.Flags().Changed("wait") {
 				o.Wait = o.tty

@@ -32,6 +32,9 @@ the master's admin token when it has one.`,
   mc store tenants rm team-a`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := refuseGiven(cmd, "picks the keys a verb uses; tenants names the tenant as its argument (set NAME, rm NAME)", "tenant"); err != nil {
+				return err
+			}
 			verb := "ls"
 			if len(args) > 0 {
 				verb, args = args[0], args[1:]
