@@ -284,7 +284,7 @@ environment variable or in $XDG_CONFIG_HOME/mc/config.yaml.
 		if rest := c.Flags().Args(); c.HasSubCommands() && len(rest) > 0 {
 			return unknownSubcommand(c, rest)
 		}
-		return usageError(c, fmt.Errorf("%s%w (see '%s --help')", subPath(c), outOfRange(err), c.CommandPath()))
+		return usageError(c, fmt.Errorf("%s%w%s (see '%s --help')", subPath(c), outOfRange(err), flagSuggestion(c, err), c.CommandPath()))
 	})
 
 	pf := root.PersistentFlags()
@@ -614,3 +614,26 @@ func setup(cmd *cobra.Command, g *globalOptions, p *printer) error {
 }
 
 var addTemplateFuncs sync.Once
+
+// flagSuggestion is "; did you mean --NAME?" for an unknown flag within
+// two edits of one of c's (a typo such as --tenat), else "".
+func flagSuggestion(c *cobra.Command, err error) string {
+	name, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
+	if !ok || len(name) < 4 {
+		return ""
+	}
+	name = strings.ReplaceAll(name, "_", "-")
+	best, bestD := "", 3
+	c.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Hidden {
+			return
+		}
+		if d := editDistance(name, f.Name); d < bestD || d == bestD && f.Name < best {
+			best, bestD = f.Name, d
+		}
+	})
+	if best == "" {
+		return ""
+	}
+	return "; did you mean --" + best + "?"
+}

@@ -70,6 +70,8 @@ func TestExecuteBadInputOneLine(t *testing.T) {
 		{[]string{"--output", "xml", "version"}, `mc: version: invalid --output "xml": want table or json`},
 		{[]string{"version", "--bogus"}, "mc: version: unknown flag: --bogus (see 'mc version --help')"},
 		{[]string{"--bogus"}, "mc: unknown flag: --bogus (see 'mc --help')"},
+		{[]string{"store", "stat", "--tenat", "a"}, "mc: store stat: unknown flag: --tenat; did you mean --tenant? (see 'mc store stat --help')"},
+		{[]string{"bench", "initiator", "--block_sise", "4K"}, "mc: bench initiator: unknown flag: --block_sise; did you mean --block-size? (see 'mc bench initiator --help')"},
 		{[]string{"--config", filepath.Join(t.TempDir(), "nope.yaml"), "version"}, "mc: version: --config"},
 		{[]string{"--log-level", "loud", "version"}, `mc: version: invalid --log-level: unknown log level "loud"`},
 		{[]string{"nosuchverb"}, `mc: unknown command "nosuchverb"`},

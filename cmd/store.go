@@ -2114,7 +2114,7 @@ func readTrace(path string) (*replay.Trace, error) {
 
 func runStoreReplay(ctx context.Context, o storeReplayOptions, p *printer) error {
 	if o.Trace == "" {
-		return usagef("store replay: --trace is required (a FAST'25 trace, e.g. testdata/traces/conversation_trace.jsonl in mc's repository)")
+		return usagef("store replay: --trace is required (a FAST'25 trace, e.g. testdata/traces/conversation_trace.jsonl in mc's repository after 'make traces')")
 	}
 	caps, err := parseCapacities(o.Capacities)
 	if err != nil {
