@@ -111,6 +111,11 @@ func List(ctx context.Context, st meta.Store) ([]Segment, error) {
 		case kindSegment:
 			segs = append(segs, decode(name, kv))
 		case kindStray:
+			if name == "" {
+				// The prefix itself ("mooncake/") as a key: named by
+				// it, not by nothing, in what ls and gc print.
+				name = kv.Key
+			}
 			segs = append(segs, Segment{Name: name, Record: kv,
 				Invalid: fmt.Errorf("key %s is not where Mooncake keeps a segment (%sram/<name>)", kv.Key, prefix)})
 		}

@@ -519,8 +519,11 @@ func (a *Allocator) findFree(g uint64) (uint32, uint64) {
 		}
 	}
 	gfl, gsl := binOf(g)
-	if rfl, rsl := binOf(rg); rfl == gfl && rsl == gsl {
-		return nilIdx, 0 // g's bin was searched above
+	if rfl, rsl := binOf(rg); rfl == gfl && rsl == gsl || gfl >= a.flCount {
+		// g's bin was searched above, or is past the largest this
+		// allocator has: no block is that large (an aligned request
+		// asks for its size plus the alignment, which can be).
+		return nilIdx, 0
 	}
 	i := a.heads[gfl*slCount+gsl]
 	for k := 0; k < scanLimit && i != nilIdx; k++ {

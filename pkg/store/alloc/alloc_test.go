@@ -492,3 +492,39 @@ func TestAllocAligned(t *testing.T) {
 		t.Fatalf("AllocAligned over base %#x = %v, want the base refused", base+3, err)
 	}
 }
+
+// An aligned request for about the whole allocator fails with no space
+// (or succeeds) instead of panicking: its worst case, the size plus the
+// alignment, lies past the allocator's largest size class, and the bin
+// lookup indexed past its tables (found by FuzzAllocator).
+func TestAllocAlignedNearCapacity(t *testing.T) {
+	for _, capacity := range []uint64{64 << 10, 1 << 20, 64 << 20} {
+		for _, align := range []uint64{128, 4096, 2 << 20, 1 << 30} {
+			a, err := New(1<<30, capacity)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A small block first, so that the aligned ones cannot start
+			// at the (aligned) base.
+			if _, err := a.Alloc(48); err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range []uint64{capacity - Align, capacity - align + 1, capacity / 2, 65} {
+				if n == 0 || n > capacity-Align {
+					continue
+				}
+				addr, err := a.AllocAligned(n, align)
+				if err == nil {
+					if addr%align != 0 {
+						t.Fatalf("capacity %d: alloc %d aligned %d at %#x", capacity, n, align, addr)
+					}
+					if err := a.Free(addr, n); err != nil {
+						t.Fatal(err)
+					}
+				} else if !errors.Is(err, ErrNoSpace) {
+					t.Fatalf("capacity %d: alloc %d aligned %d: %v", capacity, n, align, err)
+				}
+			}
+		}
+	}
+}
