@@ -295,6 +295,11 @@ name to pass as --segment-id, and serves until SIGINT or SIGTERM.`,
   mc bench target --protocol auto     # same-host initiators map the buffers (--protocol auto|shm)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Settings of the side that starts transfers did nothing on
+			// a target, silently.
+			if err := refuseGiven(cmd, "sets how an initiator's transfers go; a target starts none (give it to mc bench initiator)", "tcp-lanes", "tcp-status-timeout-sec"); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			return runBenchTarget(ctx, o, p)

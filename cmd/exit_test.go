@@ -109,6 +109,8 @@ func TestUsageErrorsExit64(t *testing.T) {
 		{[]string{"store", "ls", "--regex", "a", "--all-tenants"}, "mc: store ls: --all-tenants lists through the admin API"},
 		{[]string{"store", "ls", "--protocol", "rdma"}, "mc: store ls: --protocol sets up the data path"},
 		{[]string{"store", "stat", "--tenant", "a"}, "mc: store stat: --tenant picks the keys a verb uses; stat reports the whole pool"},
+		{[]string{"bench", "target", "--tcp-lanes", "2"}, "mc: bench target: --tcp-lanes sets how an initiator's transfers go; a target starts none"},
+		{[]string{"bench", "--mode=target", "--tcp_status_timeout_sec=5"}, "mc: bench target: --tcp-status-timeout-sec sets how an initiator's transfers go"},
 		{[]string{"store", "drain", "n:1", "--tenant", "a"}, "mc: store drain: --tenant picks the keys a verb uses"},
 		{[]string{"store", "tenants", "--tenant", "a"}, "mc: store tenants: --tenant picks the keys a verb uses"},
 		{[]string{"store", "replay", "--trace", "x", "--device-name", "mlx5_0"}, "mc: store replay: --device-name concerns a running store"},
