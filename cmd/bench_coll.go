@@ -126,10 +126,9 @@ right), 64 on a usage error, 130 when interrupted, 1 otherwise.`,
 			}
 			// Only the command line's: a config file's bench.store or
 			// bench.bind_address serves the group's other verbs too.
-			for _, n := range []string{"world-size", "store", "group", "bind-address"} {
-				if fs.Changed(n) {
-					return usagef("--%s goes with --rank (this process as one rank of a group); without --rank mc starts --ranks local ranks on an embedded etcd", n)
-				}
+			if err := refuseGiven(cmd, "goes with --rank (this process as one rank of a group); without --rank mc starts --ranks local ranks on an embedded etcd",
+				"world-size", "store", "group", "bind-address"); err != nil {
+				return err
 			}
 			return runBenchColl(ctx, o, p)
 		},

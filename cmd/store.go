@@ -2007,11 +2007,10 @@ file_cache_hit_nums_ (its admin API: --admin, or port 9003 of --master).`,
 			if !o.Online {
 				// Flags that concern a store, given to an offline
 				// replay, were ignored without a word.
-				for _, n := range []string{"master", "admin", "block-bytes", "tenant", "protocol", "allow-evict", "eviction-high-watermark-ratio",
-					"device-name", "metadata-server", "bind-address", "local-hostname", "admin-token", "admin-token-file"} {
-					if f := cmd.Flags().Lookup(n); f != nil && f.Changed {
-						return usagef("--%s concerns a running store: give --online with it (without it the replay runs the policies offline)", n)
-					}
+				if err := refuseGiven(cmd, "concerns a running store: give --online with it (without it the replay runs the policies offline)",
+					"master", "admin", "block-bytes", "tenant", "protocol", "allow-evict", "eviction-high-watermark-ratio",
+					"device-name", "metadata-server", "bind-address", "local-hostname", "admin-token", "admin-token-file"); err != nil {
+					return err
 				}
 			}
 			if o.HighWatermark <= 0 || o.HighWatermark > 1 {
