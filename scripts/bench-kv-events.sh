@@ -16,6 +16,9 @@
 # it: a router decodes on its own machine.
 #
 #   scripts/bench-kv-events.sh [MC] [PAIRS] [SECONDS]
+#
+# MC_KV_EVENTS_FLAGS adds flags to the events-on server (e.g.
+# "--kv-events-max-batch 64 --kv-events-pace 0": mooncake_master's sends).
 set -uo pipefail
 MC=${1:-bin/mc}
 PAIRS=${2:-10}
@@ -47,7 +50,8 @@ metrics() {
 run() { # on|off -> "objects/s server_us/object subscriber_us/object messages/s events/message" on stdout
 	local rp ap ep extra=() srv sub="" bp t0 a b
 	rp=$(port); ap=$(port); ep=$(port)
-	[ "$1" = on ] && extra=(--enable_kv_events --kv_events_bind_endpoint "tcp://127.0.0.1:$ep" --kv_events_backend_id bench)
+	# shellcheck disable=SC2206 # MC_KV_EVENTS_FLAGS is split into flags on purpose
+	[ "$1" = on ] && extra=(--enable_kv_events --kv_events_bind_endpoint "tcp://127.0.0.1:$ep" --kv_events_backend_id bench ${MC_KV_EVENTS_FLAGS:-})
 	"$MC" serve store --rpc_port "$rp" --metrics_port "$ap" --metrics-address 127.0.0.1 --segment-size 2G \
 		--local-hostname 127.0.0.1 --protocol tcp "${extra[@]}" >"$W/srv.log" 2>&1 & srv=$!; PIDS+=($srv)
 	for _ in $(seq 300); do grep -q 'bytes populated in' "$W/srv.log" && break; sleep 0.1; done

@@ -15,8 +15,19 @@
 # deadline by 10 s, or a client process that did not finish), a panic,
 # fatal error or data race in a log; 64 usage.
 #
+# With --mooncake-clients N, N more clients are Mooncake's own Python
+# client (MooncakeDistributedStore from a Mooncake build, as
+# scripts/mooncake-interop.sh uses: BUILD_DIR of
+# ../shared/tools/build-mooncake.sh), through the master's Mooncake wire
+# and the nodes' tcp transport, judged the same way
+# (scripts/soak/mooncake_soak.py): Mooncake's client checks no checksum,
+# so a fence that held only for mc's clients shows there. Not with --ha
+# (Mooncake's client finds an HA master through its etcd, which the
+# build here lacks).
+#
 # usage: scripts/store-soak.sh [--duration 180] [--no-tier] [--ha]
 #          [--mc bin/mc] [--dir DIR] [--clients 3] [--chaos-every 4]
+#          [--mooncake-clients N --mooncake-build BUILD_DIR]
 #          [--checksums=false] [--keep] [--port-base 24600]
 #          [--lease 2s]  (the masters' --default_kv_lease_ttl: a get's lease
 #          holds off upserts and removals of its key that long)
@@ -24,6 +35,7 @@
 set -u
 
 DURATION=180 TIER=1 HA=0 MC=bin/mc DIR="" CLIENTS=3 CHAOS_EVERY=4 CHECKSUMS=true KEEP=0 BASE=24600 LEASE=2s
+MCLIENTS=0 MBUILD=""
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--duration) DURATION=$2; shift ;;
@@ -37,19 +49,28 @@ while [ $# -gt 0 ]; do
 	--keep) KEEP=1 ;;
 	--port-base) BASE=$2; shift ;;
 	--lease) LEASE=$2; shift ;;
+	--mooncake-clients) MCLIENTS=$2; shift ;;
+	--mooncake-build) MBUILD=$2; shift ;;
 	-h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 	*) echo "store-soak: unknown argument $1 (see --help)" >&2; exit 64 ;;
 	esac
 	shift
 done
-case "$DURATION$CLIENTS$CHAOS_EVERY$BASE" in *[!0-9]*) echo "store-soak: --duration, --clients and --chaos-every take whole numbers" >&2; exit 64 ;; esac
+case "$DURATION$CLIENTS$CHAOS_EVERY$BASE$MCLIENTS" in *[!0-9]*) echo "store-soak: --duration, --clients, --mooncake-clients and --chaos-every take whole numbers" >&2; exit 64 ;; esac
+if [ "$MCLIENTS" -gt 0 ]; then
+	[ "$HA" = 0 ] || { echo "store-soak: --mooncake-clients does not go with --ha (Mooncake's client would need its etcd backend)" >&2; exit 64; }
+	[ -n "$MBUILD" ] || { echo "store-soak: --mooncake-clients needs --mooncake-build BUILD_DIR (../shared/tools/build-mooncake.sh)" >&2; exit 64; }
+	PYSTORE=$(find "$MBUILD" -name 'store*.so' 2>/dev/null | head -1)
+	[ -n "$PYSTORE" ] || { echo "store-soak: no Python store module (store*.so) in $MBUILD" >&2; exit 64; }
+	MLIBS=$(find "$MBUILD" -name '*.so*' -type f -printf '%h\n' | sort -u | paste -sd:)
+fi
 [ -x "$MC" ] || { echo "store-soak: $MC is not an executable (go build -o bin/mc .)" >&2; exit 64; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SOAK=$(dirname "$MC")/mc-soak
 (cd "$ROOT" && go build -o "$OLDPWD/$SOAK" ./scripts/soak) || { echo "store-soak: building scripts/soak failed" >&2; exit 1; }
 [ -n "$DIR" ] || DIR=$(mktemp -d /tmp/store-soak.XXXXXX)
 mkdir -p "$DIR/logs" "$DIR/ssd" "$DIR/journals"
-echo "store-soak: ${DURATION}s, tier=$TIER ha=$HA clients=$CLIENTS checksums=$CHECKSUMS, in $DIR"
+echo "store-soak: ${DURATION}s, tier=$TIER ha=$HA clients=$CLIENTS mooncake-clients=$MCLIENTS checksums=$CHECKSUMS, in $DIR"
 
 RPC=$((BASE + 51)) ADMIN=$((BASE + 3)) ETCD=$((BASE + 79))
 for p in $RPC $((RPC + 1)) $ADMIN $((ADMIN + 10)) $((ADMIN + 100)) $((ADMIN + 101)) $((ADMIN + 102)) $ETCD; do
@@ -106,6 +127,24 @@ start_client() { # index: a loop restarting the client until the end
 	PID[clientloop$i]=$!
 }
 
+start_mclient() { # index: Mooncake's Python client, restarted until the end
+	local i=$1
+	(
+		exec 2>>"$DIR/logs/mclientloop$i.log"
+		while [ "$(date +%s)" -lt "$END" ]; do
+			left=$((END - $(date +%s)))
+			LD_LIBRARY_PATH=$MLIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=$(dirname "$PYSTORE") \
+				python3 "$ROOT/scripts/soak/mooncake_soak.py" "$MASTER_ADDR" "$i" "$DIR/journals/m$i.journal" "$left" \
+				>>"$DIR/logs/mclient$i.log" 2>&1 &
+			echo $! >"$DIR/mclient$i.pid"
+			wait $!
+			rc=$?
+			echo "$(date +%T.%3N) mclient$i exit $rc" >>"$DIR/chaos.log"
+		done
+	) &
+	PID[mclientloop$i]=$!
+}
+
 sample() { # t: RSS (MB) and open fds of every server process
 	local line="$1" p
 	for n in master0 master1 node0 node1 node2; do
@@ -118,11 +157,11 @@ sample() { # t: RSS (MB) and open fds of every server process
 
 cleanup() {
 	for n in "${!PID[@]}"; do
-		case $n in clientloop*) kill "${PID[$n]}" 2>/dev/null ;; esac
+		case $n in clientloop* | mclientloop*) kill "${PID[$n]}" 2>/dev/null ;; esac
 	done
-	for i in $(seq 0 $((CLIENTS - 1))); do [ -f "$DIR/client$i.pid" ] && kill -9 "$(cat "$DIR/client$i.pid")" 2>/dev/null; done
+	for f in "$DIR"/client*.pid "$DIR"/mclient*.pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null; done
 	for n in "${!PID[@]}"; do
-		case $n in clientloop*) ;; *) kill -CONT "${PID[$n]}" 2>/dev/null; kill -TERM "${PID[$n]}" 2>/dev/null ;; esac
+		case $n in clientloop* | mclientloop*) ;; *) kill -CONT "${PID[$n]}" 2>/dev/null; kill -TERM "${PID[$n]}" 2>/dev/null ;; esac
 	done
 	sleep 2
 	for n in "${!PID[@]}"; do kill -9 "${PID[$n]}" 2>/dev/null; done
@@ -143,6 +182,7 @@ for i in 0 1 2; do start_node "$i"; done
 sleep 3
 END=$(($(date +%s) + DURATION))
 for i in $(seq 0 $((CLIENTS - 1))); do start_client "$i"; done
+for i in $(seq 0 $((MCLIENTS - 1))); do start_mclient "$i"; done
 
 # The chaos loop: one action every CHAOS_EVERY s on average, until 15 s
 # before the end (the clients' last gets then see a settled store).
@@ -204,10 +244,11 @@ while [ "$(date +%s)" -lt $((END - 15)) ]; do
 		sleep "$s"
 		kill -CONT "${PID[node$i]}"
 	else
-		i=$((RANDOM % CLIENTS))
+		i=$((RANDOM % (CLIENTS + MCLIENTS))) c=client
+		[ "$i" -ge "$CLIENTS" ] && i=$((i - CLIENTS)) c=mclient
 		sleep 0.$((RANDOM % 10))
-		if [ -f "$DIR/client$i.pid" ] && kill -9 "$(cat "$DIR/client$i.pid")" 2>/dev/null; then
-			echo "$(date +%T.%3N) SIGKILL client$i" >>"$DIR/chaos.log"; CLIENT_KILLS=$((CLIENT_KILLS + 1))
+		if [ -f "$DIR/$c$i.pid" ] && kill -9 "$(cat "$DIR/$c$i.pid")" 2>/dev/null; then
+			echo "$(date +%T.%3N) SIGKILL $c$i" >>"$DIR/chaos.log"; CLIENT_KILLS=$((CLIENT_KILLS + 1))
 		fi
 	fi
 done
@@ -221,6 +262,13 @@ for i in $(seq 0 $((CLIENTS - 1))); do
 		echo "store-soak: client $i still running 30 s after the end (hang)"; HUNG=$((HUNG + 1))
 	fi
 	[ -f "$DIR/client$i.hang" ] && HUNG=$((HUNG + $(wc -l <"$DIR/client$i.hang")))
+done
+for i in $(seq 0 $((MCLIENTS - 1))); do
+	deadline=$((END + 30))
+	while kill -0 "${PID[mclientloop$i]}" 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do sleep 1; done
+	if kill -0 "${PID[mclientloop$i]}" 2>/dev/null; then
+		echo "store-soak: Mooncake client $i still running 30 s after the end (hang)"; HUNG=$((HUNG + 1))
+	fi
 done
 sample "t=$(($(date +%s) - T0)) end"
 # Staging space: every staged read is handed back, or reclaimed after
@@ -250,9 +298,14 @@ awk '$2=="E"{n[$3" "$6]++; t++} $2=="H"{h++}
 # not be (README: it returns at its caller's deadline); a put or rm may,
 # as documented (a put waits for its transfers, a stopped node's until
 # the master drops it after client_ttl).
-LATE_GETS=$(awk '$2=="E" && $3=="get" && $7+0 > 9000' "$DIR/all.journal" | wc -l)
-LATE_OTHER=$(awk '$2=="E" && $3!="get" && $7+0 > 9000' "$DIR/all.journal" | wc -l)
-echo "late answers (> 9 s for an 8 s deadline): $LATE_GETS gets, $LATE_OTHER puts/removals (allowed); slowest: $(awk '$2=="E" && $7+0 > m[$3] {m[$3] = $7+0} END {for (k in m) printf "%s %d ms, ", k, m[k]}' "$DIR/all.journal")"
+# Mooncake's clients (keys soak/m...) take no deadline: their times are
+# shown, not judged.
+LATE_GETS=$(awk '$2=="E" && $3=="get" && $4 ~ /^soak\/c/ && $7+0 > 9000' "$DIR/all.journal" | wc -l)
+LATE_OTHER=$(awk '$2=="E" && $3!="get" && $4 ~ /^soak\/c/ && $7+0 > 9000' "$DIR/all.journal" | wc -l)
+echo "late answers (> 9 s for an 8 s deadline): $LATE_GETS gets, $LATE_OTHER puts/removals (allowed); slowest: $(awk '$2=="E" && $4 ~ /^soak\/c/ && $7+0 > m[$3] {m[$3] = $7+0} END {for (k in m) printf "%s %d ms, ", k, m[k]}' "$DIR/all.journal")"
+if [ "$MCLIENTS" -gt 0 ]; then
+	echo "Mooncake's clients: $(awk '$2=="E" && $4 ~ /^soak\/m/ {n[$3" "$6]++; t++} END {for (k in n) printf "%s %d, ", k, n[k]; printf "total %d", t}' "$DIR/all.journal"); slowest: $(awk '$2=="E" && $4 ~ /^soak\/m/ && $7+0 > m[$3] {m[$3] = $7+0} END {for (k in m) printf "%s %d ms, ", k, m[k]}' "$DIR/all.journal")"
+fi
 WRONG=$(grep -c ' WRONG ' "$DIR/all.journal")
 HANGOPS=$(grep -c '^[^ ]* H ' "$DIR/all.journal")
 PANICS=$(grep -l -E '^panic:|fatal error:|WARNING: DATA RACE' "$DIR"/logs/*.log 2>/dev/null | tr '\n' ' ')

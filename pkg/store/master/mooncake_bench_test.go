@@ -241,8 +241,8 @@ func BenchmarkWireSingleCaller(b *testing.B) {
 	defer c.Close()
 	id := mooncake.UUID{First: 9, Second: 2}
 	rc := mooncake.ReplicateConfig{ReplicaNum: 1, PreferredSegments: []string{}, PreferredNoFSegments: []string{}}
+	i := 0 // across runs of the function: each put is of a new key
 	b.Run("put", func(b *testing.B) {
-		i := 0
 		for b.Loop() {
 			k := "single-put-" + strconv.Itoa(i)
 			i++
@@ -254,15 +254,20 @@ func BenchmarkWireSingleCaller(b *testing.B) {
 			}
 		}
 	})
+	gets := 0
 	b.Run("get", func(b *testing.B) {
-		if _, err := c.PutStart(ctx, id, "single-get", 4096, rc, false); err != nil {
+		// The testing package may run this function more than once (-count,
+		// its first probe): each run puts a key of its own.
+		gets++
+		k := "single-get-" + strconv.Itoa(gets)
+		if _, err := c.PutStart(ctx, id, k, 4096, rc, false); err != nil {
 			b.Fatal(err)
 		}
-		if err := c.PutEnd(ctx, id, "single-get", false); err != nil {
+		if err := c.PutEnd(ctx, id, k, false); err != nil {
 			b.Fatal(err)
 		}
 		for b.Loop() {
-			if _, err := c.GetReplicaList(ctx, "single-get"); err != nil {
+			if _, err := c.GetReplicaList(ctx, k); err != nil {
 				b.Fatal(err)
 			}
 		}
