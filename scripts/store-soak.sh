@@ -6,7 +6,8 @@
 # removing values whose bytes encode key and version, while a chaos loop
 # SIGKILLs and restarts the master, SIGKILLs and restarts nodes, SIGSTOPs
 # a node for 2-14 s (with --ha also a master for 2-10 s, past its leader
-# lease), and SIGKILLs clients mid-operation.
+# lease), drains a node under the clients' traffic and puts it back in
+# service, and SIGKILLs clients mid-operation.
 #
 # Every get is judged against what was acknowledged before it began
 # (scripts/soak/main.go says how): latest, uncertain (a version whose put
@@ -23,11 +24,19 @@
 # (scripts/soak/mooncake_soak.py): Mooncake's client checks no checksum,
 # so a fence that held only for mc's clients shows there. Not with --ha
 # (Mooncake's client finds an HA master through its etcd, which the
-# build here lacks).
+# build here lacks). The chaos loop then also SIGSTOPs those clients,
+# mid-put as likely as not, sometimes across a master restart: a stalled
+# writer of Mooncake's, whose grant the new master never made.
+#
+# With --tenants the masters scope keys by tenant (--enable-multi-tenants,
+# tenants t0 with a 1 GB quota and t1 with 40 MB, under the pool's 96 MB)
+# and mc's clients take turns at them with the same key names (clients 0
+# and 1 are tenants t0 and t1 with id 0, ...): values name their tenant,
+# so a get served from another tenant's keys is WRONG.
 #
 # usage: scripts/store-soak.sh [--duration 180] [--no-tier] [--ha]
 #          [--mc bin/mc] [--dir DIR] [--clients 3] [--chaos-every 4]
-#          [--mooncake-clients N --mooncake-build BUILD_DIR]
+#          [--mooncake-clients N --mooncake-build BUILD_DIR] [--tenants]
 #          [--checksums=false] [--keep] [--port-base 24600]
 #          [--lease 2s]  (the masters' --default_kv_lease_ttl: a get's lease
 #          holds off upserts and removals of its key that long)
@@ -35,7 +44,7 @@
 set -u
 
 DURATION=180 TIER=1 HA=0 MC=bin/mc DIR="" CLIENTS=3 CHAOS_EVERY=4 CHECKSUMS=true KEEP=0 BASE=24600 LEASE=2s
-MCLIENTS=0 MBUILD=""
+MCLIENTS=0 MBUILD="" TENANTS=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--duration) DURATION=$2; shift ;;
@@ -51,6 +60,7 @@ while [ $# -gt 0 ]; do
 	--lease) LEASE=$2; shift ;;
 	--mooncake-clients) MCLIENTS=$2; shift ;;
 	--mooncake-build) MBUILD=$2; shift ;;
+	--tenants) TENANTS=1 ;;
 	-h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 	*) echo "store-soak: unknown argument $1 (see --help)" >&2; exit 64 ;;
 	esac
@@ -70,7 +80,12 @@ SOAK=$(dirname "$MC")/mc-soak
 (cd "$ROOT" && go build -o "$OLDPWD/$SOAK" ./scripts/soak) || { echo "store-soak: building scripts/soak failed" >&2; exit 1; }
 [ -n "$DIR" ] || DIR=$(mktemp -d /tmp/store-soak.XXXXXX)
 mkdir -p "$DIR/logs" "$DIR/ssd" "$DIR/journals"
-echo "store-soak: ${DURATION}s, tier=$TIER ha=$HA clients=$CLIENTS mooncake-clients=$MCLIENTS checksums=$CHECKSUMS, in $DIR"
+echo "store-soak: ${DURATION}s, tier=$TIER ha=$HA clients=$CLIENTS mooncake-clients=$MCLIENTS tenants=$TENANTS checksums=$CHECKSUMS, in $DIR"
+MEXTRA=()
+if [ "$TENANTS" = 1 ]; then
+	printf 'version: 1\ntenants:\n  - name: t0\n    quota: 1GB\n  - name: t1\n    quota: 40MB\n  - name: default\n    quota: 1GB\n' >"$DIR/tenants.yaml"
+	MEXTRA=(--enable-multi-tenants --tenant-quota-connector-uri "$DIR/tenants.yaml")
+fi
 
 RPC=$((BASE + 51)) ADMIN=$((BASE + 3)) ETCD=$((BASE + 79))
 for p in $RPC $((RPC + 1)) $ADMIN $((ADMIN + 10)) $((ADMIN + 100)) $((ADMIN + 101)) $((ADMIN + 102)) $ETCD; do
@@ -79,7 +94,7 @@ done
 MASTER_ADDR=127.0.0.1:$RPC
 [ "$HA" = 1 ] && MASTER_ADDR=etcd://127.0.0.1:$ETCD
 declare -A PID STARTS
-SELF_EXITS=0 KILLS=0 RESTARTS_MASTER=0 RESTARTS_NODE=0 STOPS=0 CLIENT_KILLS=0
+DRAINS=0 SELF_EXITS=0 KILLS=0 RESTARTS_MASTER=0 RESTARTS_NODE=0 STOPS=0 CLIENT_KILLS=0
 
 start() { # name cmd...: start a process in the background, log to logs/name.log
 	local name=$1; shift
@@ -93,10 +108,10 @@ start_master() { # index (HA: 0 or 1)
 	local i=$1
 	if [ "$HA" = 1 ]; then
 		start "master$i" "$MC" serve store --segment-size 0 --enable_ha --ha_backend_connstring "etcd://127.0.0.1:$ETCD" \
-			--rpc_address 127.0.0.1 --rpc_port $((RPC + i)) --metrics_port $((ADMIN + 10 * i)) --eviction-high-watermark-ratio 0.8 --default_kv_lease_ttl "$LEASE"
+			--rpc_address 127.0.0.1 --rpc_port $((RPC + i)) --metrics_port $((ADMIN + 10 * i)) --eviction-high-watermark-ratio 0.8 --default_kv_lease_ttl "$LEASE" "${MEXTRA[@]}"
 	else
 		start master0 "$MC" serve store --segment-size 0 --rpc_address 127.0.0.1 --rpc_port $RPC --metrics_port $ADMIN \
-			--metrics-address 127.0.0.1 --eviction-high-watermark-ratio 0.8 --default_kv_lease_ttl "$LEASE"
+			--metrics-address 127.0.0.1 --eviction-high-watermark-ratio 0.8 --default_kv_lease_ttl "$LEASE" "${MEXTRA[@]}"
 	fi
 }
 
@@ -105,17 +120,18 @@ start_node() { # index
 	if [ "$i" = 1 ] && [ "$TIER" = 1 ]; then
 		extra=(--ssd-dir "$DIR/ssd" --ssd-size 512M --ssd-staging-size 16M)
 	fi
-	start "node$i" "$MC" serve store --master "$MASTER_ADDR" --segment-size 32M --region-size 2M \
+	start "node$i" "$MC" serve store --master "$MASTER_ADDR" --segment-size 32M \
 		--local-hostname 127.0.0.1 --bind-address 127.0.0.1 --metrics_port $((ADMIN + 100 + i)) "${extra[@]}"
 }
 
 start_client() { # index: a loop restarting the client until the end
-	local i=$1
+	local i=$1 id=$1 who=()
+	[ "$TENANTS" = 1 ] && id=$((i / 2)) who=(--tenant "t$((i % 2))")
 	(
 		exec 2>>"$DIR/logs/clientloop$i.log" # bash's "Killed" notes
 		while [ "$(date +%s)" -lt "$END" ]; do
 			left=$((END - $(date +%s)))
-			"$SOAK" --master "$MASTER_ADDR" --id "$i" --journal "$DIR/journals/c$i.journal" \
+			"$SOAK" --master "$MASTER_ADDR" --id "$id" "${who[@]}" --journal "$DIR/journals/c$i.journal" \
 				--duration "${left}s" --checksums="$CHECKSUMS" >>"$DIR/logs/client$i.log" 2>&1 &
 			echo $! >"$DIR/client$i.pid"
 			wait $!
@@ -243,6 +259,38 @@ while [ "$(date +%s)" -lt $((END - 15)) ]; do
 		echo "$(date +%T.%3N) SIGSTOP node$i for ${s}s" >>"$DIR/chaos.log"; STOPS=$((STOPS + 1))
 		sleep "$s"
 		kill -CONT "${PID[node$i]}"
+	elif [ $r -lt 72 ]; then
+		# An operator draining a node under the clients' traffic (its
+		# objects copied to the others while they are read, upserted and
+		# removed), then putting it back in service; the chaos goes on
+		# meanwhile, so masters die under drain jobs too.
+		i=$((RANDOM % 3)) s=$((2 + RANDOM % 8))
+		seg=$(grep -o 'segment [0-9.]*:[0-9]*: ' "$DIR/logs/node$i.log" | tail -1 | awk '{sub(/:$/, "", $2); print $2}')
+		adm=$ADMIN
+		[ "$HA" = 1 ] && [ "$(curl -s -m 1 "http://127.0.0.1:$((ADMIN + 10))/role")" = leader ] && adm=$((ADMIN + 10))
+		if [ -n "$seg" ]; then
+			echo "$(date +%T.%3N) drain node$i ($seg) for ${s}s" >>"$DIR/chaos.log"; DRAINS=$((DRAINS + 1))
+			"$MC" store drain "$seg" --master "$MASTER_ADDR" --admin "http://127.0.0.1:$adm" --wait=false >>"$DIR/logs/drain.log" 2>&1
+			sleep "$s"
+			"$MC" store drain --undo "$seg" --master "$MASTER_ADDR" --admin "http://127.0.0.1:$adm" >>"$DIR/logs/drain.log" 2>&1
+		fi
+	elif [ $r -lt 80 ] && [ "$MCLIENTS" -gt 0 ]; then
+		# A stalled writer: a Mooncake client (no deadline to judge)
+		# stopped for 1-6 s, mid-call as likely as not, and in half the
+		# cases the master restarts meanwhile, so a put it resumes
+		# writes into a grant the new master never made.
+		i=$((RANDOM % MCLIENTS)) s=$((1 + RANDOM % 6)) m=""
+		if [ -f "$DIR/mclient$i.pid" ] && kill -STOP "$(cat "$DIR/mclient$i.pid")" 2>/dev/null; then
+			[ $((RANDOM % 2)) = 0 ] && m=" (and SIGKILL master0)"
+			echo "$(date +%T.%3N) SIGSTOP mclient$i for ${s}s$m" >>"$DIR/chaos.log"; STOPS=$((STOPS + 1))
+			if [ -n "$m" ]; then
+				sleep 0.$((RANDOM % 10))
+				kill -9 "${PID[master0]}" 2>/dev/null; wait "${PID[master0]}" 2>/dev/null; KILLS=$((KILLS + 1))
+				start_master 0; RESTARTS_MASTER=$((RESTARTS_MASTER + 1))
+			fi
+			sleep "$s"
+			kill -CONT "$(cat "$DIR/mclient$i.pid")" 2>/dev/null
+		fi
 	else
 		i=$((RANDOM % (CLIENTS + MCLIENTS))) c=client
 		[ "$i" -ge "$CLIENTS" ] && i=$((i - CLIENTS)) c=mclient
@@ -310,7 +358,7 @@ WRONG=$(grep -c ' WRONG ' "$DIR/all.journal")
 HANGOPS=$(grep -c '^[^ ]* H ' "$DIR/all.journal")
 PANICS=$(grep -l -E '^panic:|fatal error:|WARNING: DATA RACE' "$DIR"/logs/*.log 2>/dev/null | tr '\n' ' ')
 echo
-echo "chaos: $KILLS SIGKILLs ($RESTARTS_MASTER of a master, $RESTARTS_NODE of a node), $STOPS SIGSTOPs, $CLIENT_KILLS clients killed; $SELF_EXITS servers exited by themselves and were restarted; ${DURATION}s"
+echo "chaos: $KILLS SIGKILLs ($RESTARTS_MASTER of a master, $RESTARTS_NODE of a node), $STOPS SIGSTOPs, $CLIENT_KILLS clients killed, $DRAINS drains; $SELF_EXITS servers exited by themselves and were restarted; ${DURATION}s"
 echo "RSS and open fds per process (first, last sample; samples.log has all):"
 head -1 "$DIR/samples.log" | sed 's/^/  /'
 tail -1 "$DIR/samples.log" | sed 's/^/  /'

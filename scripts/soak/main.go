@@ -23,6 +23,11 @@
 //	          by an acknowledged put, upsert or removal before the get
 //	          began, or a version never put
 //
+// With --tenant, keys are the tenant's (a master with
+// --enable-multi-tenants) and values name the tenant with the key
+// ("T|soak/c0/k5"): clients of two tenants use the same key names, so a
+// get answered from the other tenant's keys reads as WRONG.
+//
 // Journal lines (space separated, after the time): "B op key ver" before an operation,
 // "E op key ver result ms [detail]" after it, "H op key ms" when an
 // operation runs past its deadline by more than --hang-grace.
@@ -78,6 +83,7 @@ func main() {
 	deadline := flag.Duration("op-timeout", 8*time.Second, "each operation's deadline")
 	grace := flag.Duration("hang-grace", 10*time.Second, "an operation still running this long past its deadline is a hang")
 	checksums := flag.Bool("checksums", true, "store.Config.Checksums")
+	tenant := flag.String("tenant", "", "the tenant of this client's keys (default: none given)")
 	flag.Parse()
 	if *jpath == "" {
 		fmt.Fprintln(os.Stderr, "mc-soak: --journal is required")
@@ -110,7 +116,7 @@ func main() {
 	var c *store.Client
 	for {
 		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
-		c, err = store.New(cctx, store.Config{Master: *master, Checksums: *checksums,
+		c, err = store.New(cctx, store.Config{Master: *master, Checksums: *checksums, Tenant: *tenant,
 			EngineConfig: engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"},
 			Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 		ccancel()
@@ -153,6 +159,10 @@ func main() {
 					continue
 				}
 				key := fmt.Sprintf("soak/c%d/k%d", *id, n)
+				name := key // what the values say they are
+				if *tenant != "" {
+					name = *tenant + "|" + key
+				}
 				st := &states[n]
 				r := rng.IntN(100)
 				octx, ocancel := context.WithTimeout(context.Background(), *deadline)
@@ -161,13 +171,13 @@ func main() {
 				switch {
 				case r < 45:
 					o.op = "get"
-					doGet(octx, c, j, key, st)
+					doGet(octx, c, j, key, name, st)
 				case r < 75:
 					o.op = "upsert"
-					doPut(octx, c, j, key, st, sz[rng.IntN(len(sz))], true)
+					doPut(octx, c, j, key, name, st, sz[rng.IntN(len(sz))], true)
 				case r < 85:
 					o.op = "put"
-					doPut(octx, c, j, key, st, sz[rng.IntN(len(sz))], false)
+					doPut(octx, c, j, key, name, st, sz[rng.IntN(len(sz))], false)
 				default:
 					o.op = "rm"
 					doRm(octx, c, j, key, st)
@@ -225,7 +235,7 @@ func decode(b []byte) (key string, ver uint64, ok bool) {
 	return fields[0], v, string(want) == string(b)
 }
 
-func doPut(ctx context.Context, c *store.Client, j *journal, key string, st *keyState, size int, upsert bool) {
+func doPut(ctx context.Context, c *store.Client, j *journal, key, name string, st *keyState, size int, upsert bool) {
 	st.attempted++
 	v := st.attempted
 	op := "put"
@@ -236,9 +246,9 @@ func doPut(ctx context.Context, c *store.Client, j *journal, key string, st *key
 	t := time.Now()
 	var err error
 	if upsert {
-		err = c.Upsert(ctx, key, value(key, v, size))
+		err = c.Upsert(ctx, key, value(name, v, size))
 	} else {
-		err = c.Put(ctx, key, value(key, v, size))
+		err = c.Put(ctx, key, value(name, v, size))
 	}
 	ms := time.Since(t).Milliseconds()
 	switch {
@@ -269,7 +279,7 @@ func doRm(ctx context.Context, c *store.Client, j *journal, key string, st *keyS
 	}
 }
 
-func doGet(ctx context.Context, c *store.Client, j *journal, key string, st *keyState) {
+func doGet(ctx context.Context, c *store.Client, j *journal, key, name string, st *keyState) {
 	floor, attempted, latest := st.floor, st.attempted, st.latest
 	t := time.Now()
 	b, err := c.Get(ctx, key)
@@ -284,7 +294,7 @@ func doGet(ctx context.Context, c *store.Client, j *journal, key string, st *key
 	}
 	k, v, ok := decode(b)
 	switch {
-	case k != key:
+	case k != name:
 		j.line("E get %s %d WRONG %d %q", key, v, ms, fmt.Sprintf("bytes of key %q (%d bytes)", k, len(b)))
 	case !ok:
 		j.line("E get %s %d WRONG %d %q", key, v, ms, fmt.Sprintf("corrupt value claiming version %d (%d bytes)", v, len(b)))
