@@ -242,7 +242,10 @@ traces:
 	         synthetic_trace.jsonl:bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131; do \
 		name=$${f%%:*}; sum=$${f#*:}; \
 		if [ -f ../../../shared/traces/$$name ] && ! [ -f $$name ]; then cp ../../../shared/traces/$$name .; fi; \
-		[ -f $$name ] || curl -fsSL -o $$name.part $(TRACES_URL)/$$name && { [ ! -f $$name.part ] || mv $$name.part $$name; }; \
+		if ! [ -f $$name ]; then \
+			curl -fsSL -o $$name.part $(TRACES_URL)/$$name || { rm -f $$name.part; echo "$$name: download from $(TRACES_URL) failed, and ../shared/traces has no copy"; exit 1; }; \
+			mv $$name.part $$name; \
+		fi; \
 		echo "$$sum  $$name" | sha256sum -c --quiet || { echo "$$name: sha256 differs from $$sum"; rm -f $$name; exit 1; }; \
 		echo "testdata/traces/$$name"; \
 	done

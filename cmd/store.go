@@ -1608,8 +1608,10 @@ type storeStat struct {
 	Evictions     int64                 `json:"evictions"`
 	// EvictionAttempts counts eviction rounds (master_attempted_evictions_total);
 	// EvictionPhases splits the evicted keys by phase: watermark (the
-	// background loop), own_regions and other_regions (inside puts),
-	// offload (written to a node's disk tier first, by any of them).
+	// background loop), own_regions, other_regions and policy (inside
+	// puts), offload (written to a node's disk tier first, by any of
+	// them), stage (room for a disk read on its node), tenant_quota (a
+	// tenant's own objects, for its put over quota).
 	EvictionAttempts int64            `json:"eviction_attempts"`
 	EvictionPhases   map[string]int64 `json:"evicted_keys_by_phase"`
 	Clients          int64            `json:"active_clients"`
@@ -1624,6 +1626,22 @@ type storeStat struct {
 	// Tenants: each tenant's objects, charged bytes and quota, on a
 	// master with --enable-multi-tenants (empty otherwise).
 	Tenants []store.TenantQuota `json:"tenants"`
+}
+
+// phaseSummary is stat's line of evicted keys per phase: every phase
+// the master names, zeros too, so a column is always where it was.
+func phaseSummary(ph map[string]int64) string {
+	names := map[string]string{"own_regions": "own regions", "other_regions": "other regions",
+		"offload": "offloaded to disk", "stage": "disk-read staging", "tenant_quota": "tenant quota"}
+	parts := make([]string, 0, len(master.Phases))
+	for _, p := range master.Phases {
+		name := names[p]
+		if name == "" {
+			name = p
+		}
+		parts = append(parts, fmt.Sprintf("%s %d", name, ph[p]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func newStoreStatCmd(p *printer) *cobra.Command {
@@ -1667,7 +1685,7 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 	s.Evictions = int64(m["master_successful_evictions_total"])
 	s.EvictionAttempts = int64(m["master_attempted_evictions_total"])
 	s.EvictionPhases = map[string]int64{}
-	for _, phase := range []string{"watermark", "own_regions", "other_regions", "offload"} {
+	for _, phase := range master.Phases {
 		if v, ok := m[`master_eviction_keys_total{phase="`+phase+`"}`]; ok {
 			s.EvictionPhases[phase] = int64(v)
 		}
@@ -1717,8 +1735,7 @@ func runStoreStat(ctx context.Context, a *store.Admin, p *printer) error {
 		{"evicted keys", strconv.FormatInt(s.EvictedKeys, 10)},
 		{"evicted bytes", humanBytes(uint64(s.EvictedBytes))},
 		{"eviction rounds (attempted / evicting)", fmt.Sprintf("%d / %d", s.EvictionAttempts, s.Evictions)},
-		{"evicted keys by phase", fmt.Sprintf("watermark %d, own regions %d, other regions %d, offloaded to disk %d",
-			s.EvictionPhases["watermark"], s.EvictionPhases["own_regions"], s.EvictionPhases["other_regions"], s.EvictionPhases["offload"])},
+		{"evicted keys by phase", phaseSummary(s.EvictionPhases)},
 		{"clients", strconv.FormatInt(s.Clients, 10)},
 		{"role", s.Role},
 		{"leader", leader},

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvcache-ops/mc/pkg/store/master"
 )
 
 const tinyTrace = `{"timestamp": 5, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}
@@ -169,8 +171,16 @@ func TestStoreReplayOnlineAndStat(t *testing.T) {
 	if sj.Keys != 0 {
 		t.Errorf("the replay left %d keys in the store", sj.Keys)
 	}
+	// Every phase the master counts is in stat, zeros too (policy,
+	// stage and tenant_quota were missing: a put's policy evictions were
+	// in the total and in no phase stat showed).
+	for _, ph := range master.Phases {
+		if _, ok := sj.Phases[ph]; !ok {
+			t.Errorf("stat -o json: evicted_keys_by_phase lacks %q: %v", ph, sj.Phases)
+		}
+	}
 	out, _, _ = execMC(t, append([]string{"store", "stat"}, m...)...)
-	if !strings.Contains(out, "evicted keys by phase") {
+	if !strings.Contains(out, "evicted keys by phase") || !strings.Contains(out, ", policy ") || !strings.Contains(out, "tenant quota ") {
 		t.Errorf("stat table lacks the phases:\n%s", out)
 	}
 }

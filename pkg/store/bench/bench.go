@@ -137,8 +137,8 @@ type Result struct {
 	// Corrupt counts gets that returned wrong bytes (--verify); they are
 	// among Errors too.
 	Corrupt int64 `json:"corrupt"`
-	// FirstError says what the first error was (not in the stable JSON
-	// contract; empty when Errors is 0).
+	// FirstError says what the first error was (empty when Errors is
+	// 0); its text is a message, not a code to match.
 	FirstError string `json:"first_error"`
 	// Error is set on a row that measured nothing (no operation
 	// succeeded): why. Its figures are zeros, not a measurement, and

@@ -79,6 +79,10 @@ const (
 	phaseTenantQuota  = "tenant_quota"  // a tenant over its quota: its own objects, for its put
 )
 
+// Phases are the eviction phases, in the order of the master's
+// eviction metrics (master_eviction_keys_total{phase=...}).
+var Phases = []string{phaseWatermark, phaseOwnRegions, phaseOtherRegions, phasePolicy, phaseOffload, phaseStage, phaseTenantQuota}
+
 // sweep is one eviction round's view: which objects it may take, and
 // what it found in the way.
 type sweep struct {

@@ -110,12 +110,12 @@ func newMetrics(m *Master) *Metrics {
 	vec := func(name, help string) *prometheus.CounterVec {
 		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"phase"})
 		r.MustRegister(v)
-		for _, p := range []string{phaseWatermark, phaseOwnRegions, phaseOtherRegions, phaseOffload, phaseStage, phaseTenantQuota} {
+		for _, p := range Phases {
 			v.WithLabelValues(p)
 		}
 		return v
 	}
-	x.phaseRounds = vec("master_eviction_rounds_total", "eviction rounds per phase: watermark (background), own_regions (phase 1, inside a put), other_regions (phase 3, inside a put)")
+	x.phaseRounds = vec("master_eviction_rounds_total", "eviction rounds per phase: watermark (background), own_regions (phase 1, inside a put), other_regions (phase 3, inside a put), policy (older objects anywhere, for a put phases 1 and 3 left short), offload (to a disk tier), stage (room for a disk read on its node), tenant_quota (a tenant's own objects, for its put over quota)")
 	x.phaseKeys = vec("master_eviction_keys_total", "objects evicted per phase")
 	x.phaseBytes = vec("master_eviction_bytes_total", "replica bytes evicted per phase")
 	for _, op := range rpcOps {
