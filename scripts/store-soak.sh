@@ -34,9 +34,16 @@
 # and 1 are tenants t0 and t1 with id 0, ...): values name their tenant,
 # so a get served from another tenant's keys is WRONG.
 #
+# --protocol auto moves the bytes of mc's clients through shared memory
+# (nodes and clients are on one host: a renewed segment retires its
+# memfd); --protocol rdma through the software RDMA NIC (soft0, soft1;
+# a renewed segment's old keys give remote access errors). Mooncake's
+# clients use tcp (nodes on auto serve it too); not with rdma.
+#
 # usage: scripts/store-soak.sh [--duration 180] [--no-tier] [--ha]
 #          [--mc bin/mc] [--dir DIR] [--clients 3] [--chaos-every 4]
 #          [--mooncake-clients N --mooncake-build BUILD_DIR] [--tenants]
+#          [--protocol tcp|auto|rdma]
 #          [--checksums=false] [--keep] [--port-base 24600]
 #          [--lease 2s]  (the masters' --default_kv_lease_ttl: a get's lease
 #          holds off upserts and removals of its key that long)
@@ -44,7 +51,7 @@
 set -u
 
 DURATION=180 TIER=1 HA=0 MC=bin/mc DIR="" CLIENTS=3 CHAOS_EVERY=4 CHECKSUMS=true KEEP=0 BASE=24600 LEASE=2s
-MCLIENTS=0 MBUILD="" TENANTS=0
+MCLIENTS=0 MBUILD="" TENANTS=0 PROTO=tcp
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--duration) DURATION=$2; shift ;;
@@ -61,12 +68,17 @@ while [ $# -gt 0 ]; do
 	--mooncake-clients) MCLIENTS=$2; shift ;;
 	--mooncake-build) MBUILD=$2; shift ;;
 	--tenants) TENANTS=1 ;;
+	--protocol) PROTO=$2; shift ;;
 	-h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 	*) echo "store-soak: unknown argument $1 (see --help)" >&2; exit 64 ;;
 	esac
 	shift
 done
 case "$DURATION$CLIENTS$CHAOS_EVERY$BASE$MCLIENTS" in *[!0-9]*) echo "store-soak: --duration, --clients, --mooncake-clients and --chaos-every take whole numbers" >&2; exit 64 ;; esac
+case $PROTO in tcp | auto | rdma) ;; *) echo "store-soak: --protocol $PROTO: want tcp, auto or rdma" >&2; exit 64 ;; esac
+[ "$PROTO" = rdma ] && [ "$MCLIENTS" -gt 0 ] && { echo "store-soak: --mooncake-clients does not go with --protocol rdma (Mooncake's clients speak tcp here)" >&2; exit 64; }
+PROTOFLAGS=(--protocol "$PROTO")
+[ "$PROTO" = rdma ] && PROTOFLAGS+=(--device-name soft0,soft1)
 if [ "$MCLIENTS" -gt 0 ]; then
 	[ "$HA" = 0 ] || { echo "store-soak: --mooncake-clients does not go with --ha (Mooncake's client would need its etcd backend)" >&2; exit 64; }
 	[ -n "$MBUILD" ] || { echo "store-soak: --mooncake-clients needs --mooncake-build BUILD_DIR (../shared/tools/build-mooncake.sh)" >&2; exit 64; }
@@ -80,7 +92,7 @@ SOAK=$(dirname "$MC")/mc-soak
 (cd "$ROOT" && go build -o "$OLDPWD/$SOAK" ./scripts/soak) || { echo "store-soak: building scripts/soak failed" >&2; exit 1; }
 [ -n "$DIR" ] || DIR=$(mktemp -d /tmp/store-soak.XXXXXX)
 mkdir -p "$DIR/logs" "$DIR/ssd" "$DIR/journals"
-echo "store-soak: ${DURATION}s, tier=$TIER ha=$HA clients=$CLIENTS mooncake-clients=$MCLIENTS tenants=$TENANTS checksums=$CHECKSUMS, in $DIR"
+echo "store-soak: ${DURATION}s, tier=$TIER ha=$HA clients=$CLIENTS mooncake-clients=$MCLIENTS tenants=$TENANTS protocol=$PROTO checksums=$CHECKSUMS, in $DIR"
 MEXTRA=()
 if [ "$TENANTS" = 1 ]; then
 	printf 'version: 1\ntenants:\n  - name: t0\n    quota: 1GB\n  - name: t1\n    quota: 40MB\n  - name: default\n    quota: 1GB\n' >"$DIR/tenants.yaml"
@@ -120,7 +132,7 @@ start_node() { # index
 	if [ "$i" = 1 ] && [ "$TIER" = 1 ]; then
 		extra=(--ssd-dir "$DIR/ssd" --ssd-size 512M --ssd-staging-size 16M)
 	fi
-	start "node$i" "$MC" serve store --master "$MASTER_ADDR" --segment-size 32M \
+	start "node$i" "$MC" serve store --master "$MASTER_ADDR" --segment-size 32M "${PROTOFLAGS[@]}" \
 		--local-hostname 127.0.0.1 --bind-address 127.0.0.1 --metrics_port $((ADMIN + 100 + i)) "${extra[@]}"
 }
 
@@ -131,7 +143,7 @@ start_client() { # index: a loop restarting the client until the end
 		exec 2>>"$DIR/logs/clientloop$i.log" # bash's "Killed" notes
 		while [ "$(date +%s)" -lt "$END" ]; do
 			left=$((END - $(date +%s)))
-			"$SOAK" --master "$MASTER_ADDR" --id "$id" "${who[@]}" --journal "$DIR/journals/c$i.journal" \
+			"$SOAK" --master "$MASTER_ADDR" --id "$id" "${who[@]}" "${PROTOFLAGS[@]}" --journal "$DIR/journals/c$i.journal" \
 				--duration "${left}s" --checksums="$CHECKSUMS" >>"$DIR/logs/client$i.log" 2>&1 &
 			echo $! >"$DIR/client$i.pid"
 			wait $!

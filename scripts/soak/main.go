@@ -50,6 +50,7 @@ import (
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
+	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/store"
 )
 
@@ -84,6 +85,8 @@ func main() {
 	grace := flag.Duration("hang-grace", 10*time.Second, "an operation still running this long past its deadline is a hang")
 	checksums := flag.Bool("checksums", true, "store.Config.Checksums")
 	tenant := flag.String("tenant", "", "the tenant of this client's keys (default: none given)")
+	protocol := flag.String("protocol", "tcp", "transport: tcp, auto (shared memory with same-host nodes) or rdma")
+	devices := flag.String("device-name", "soft0", "RDMA NICs with --protocol rdma (soft*: the software NIC)")
 	flag.Parse()
 	if *jpath == "" {
 		fmt.Fprintln(os.Stderr, "mc-soak: --journal is required")
@@ -113,11 +116,23 @@ func main() {
 	ctx, cancel := context.WithDeadline(context.Background(), end.Add(*deadline))
 	defer cancel()
 
+	ecfg := engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0", Protocol: *protocol}
+	if *protocol == "rdma" {
+		rc, err := rdmatransport.ConfigFromEnv()
+		if err == nil {
+			rc.Devices, err = rdmatransport.ParseDevices(*devices)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "mc-soak: --device-name: %v\n", err)
+			os.Exit(64)
+		}
+		ecfg.Transports = append(ecfg.Transports, rdmatransport.Factory(rc))
+	}
 	var c *store.Client
 	for {
 		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
 		c, err = store.New(cctx, store.Config{Master: *master, Checksums: *checksums, Tenant: *tenant,
-			EngineConfig: engine.Config{BindAddress: "127.0.0.1", HandshakeAddr: "127.0.0.1:0"},
+			EngineConfig: ecfg,
 			Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 		ccancel()
 		if err == nil {
