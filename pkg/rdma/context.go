@@ -202,6 +202,13 @@ func (c *Context) Endpoint(ctx context.Context, peerPath string) (*Endpoint, err
 	return e, nil
 }
 
+// HasConnected reports whether an endpoint to peerPath is connected, so
+// that Endpoint would return it without a connection exchange.
+func (c *Context) HasConnected(peerPath string) bool {
+	e := c.store.Get(peerPath)
+	return e != nil && e.Connected()
+}
+
 // DeleteEndpoint retires e (error paths). It is silent, as in Mooncake.
 func (c *Context) DeleteEndpoint(e *Endpoint) bool { return c.store.Remove(e) }
 

@@ -20,6 +20,7 @@ still running 30 s after the end as hung.
     python3 scripts/soak/mooncake_soak.py MASTER ID JOURNAL SECONDS
 """
 
+import datetime
 import hashlib
 import os
 import sys
@@ -91,7 +92,8 @@ def main():
 
     def line(text):
         # One unbuffered write per line: a SIGKILL loses nothing written.
-        os.write(fd, ("%s %s\n" % (time.strftime("%H:%M:%S"), text)).encode())
+        now = datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3]  # main.go's 15:04:05.000
+        os.write(fd, ("%s %s\n" % (now, text)).encode())
 
     end = time.time() + seconds
     s = MooncakeDistributedStore()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvcache-ops/mc/pkg/engine"
+	"github.com/kvcache-ops/mc/pkg/engine/handshake"
 	"github.com/kvcache-ops/mc/pkg/engine/meta"
 	"github.com/kvcache-ops/mc/pkg/engine/rdmatransport"
 	"github.com/kvcache-ops/mc/pkg/rdma"
@@ -409,5 +410,50 @@ func TestOpenProviderFailureIsNil(t *testing.T) {
 	p, err := rdmatransport.OpenProvider([]string{"dup0", "dup0"})
 	if err == nil || p != nil {
 		t.Fatalf("OpenProvider of a device named twice: %#v, %v; want a nil provider and an error", p, err)
+	}
+}
+
+// A peer that does not answer connection setup (a stopped process: its
+// kernel accepts, nothing replies) must not hold up Submit, which takes no
+// deadline: the caller's Wait has its own. Before, Submit set the
+// connection up inline, up to ConnectTimeout (5 s) per attempt, and the
+// store's gets answered 2-10 s past their deadlines (store-soak
+// --protocol rdma, a node SIGSTOPped).
+func TestSubmitDoesNotWaitForConnectionSetup(t *testing.T) {
+	p := newPair(t, 1<<16)
+	release := make(chan struct{})
+	p.b.e.Handshake().Handle(handshake.Connection, func(ctx context.Context, _ []byte) ([]byte, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil, errors.New("a stopped peer")
+	})
+	b, err := p.a.e.AllocateBatch(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if _, err := b.Submit(engine.Request{Op: engine.Read, Source: p.am.Addr(), Segment: p.seg, Target: p.bm.Addr(), Length: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(began); d > time.Second {
+		t.Errorf("Submit returned after %v: it waited for the connection", d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := b.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait at the caller's deadline: %v", err)
+	}
+	if d := time.Since(began); d > 2*time.Second {
+		t.Errorf("the caller had its answer after %v for a 200ms deadline", d)
+	}
+	close(release)
+	// The peer refuses from now on: the slice fails, and the batch can go.
+	if err := b.Wait(context.Background()); err == nil {
+		t.Error("a read whose every connection was refused succeeded")
+	}
+	if err := b.Free(); err != nil {
+		t.Fatal(err)
 	}
 }

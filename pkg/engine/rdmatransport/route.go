@@ -64,9 +64,22 @@ type slice struct {
 	lastErr   error
 }
 
-// Submit slices every task and posts the slices.
+// Submit slices every task and posts the slices. From the first slice
+// that cannot be posted without waiting (its connection is not set up,
+// or the send queue is full), the rest are posted in order by one
+// goroutine: see post.
 func (r *route) Submit(tasks []*engine.Task) {
 	t := r.t
+	var later []*slice
+	defer func() {
+		if later != nil {
+			go func() {
+				for _, s := range later {
+					r.post(s, false)
+				}
+			}()
+		}
+	}()
 	sl := uint64(t.cfg.SliceSize)
 	frag := sl + sl/uint64(t.cfg.FragmentRatio)
 	for _, task := range tasks {
@@ -97,7 +110,9 @@ func (r *route) Submit(tasks []*engine.Task) {
 			s := &slice{ts: ts, op: op, local: req.Source + off, remote: req.Target + off, length: uint32(n), reg: reg, rbuf: rbuf}
 			off += n
 			t.slicesOut.Add(1)
-			r.post(s)
+			if later != nil || !r.post(s, true) {
+				later = append(later, s)
+			}
 		}
 	}
 }
@@ -157,17 +172,23 @@ func (r *route) finish(s *slice, err error) {
 
 // post sends s on a path chosen for its retry count, retrying on another
 // path while posting fails. It never blocks on the network except for a
-// connection setup.
-func (r *route) post(s *slice) {
+// connection setup, and inline (called from Submit) not even for that:
+// it returns false, having done nothing, when s would wait for a
+// connection to be set up or for room in a full send queue (Submit hands
+// it to a goroutine). Submit takes no deadline, and a peer that does not
+// answer (a stopped process: its kernel still accepts) held it up to
+// ConnectTimeout per attempt, so a caller's deadline passed before it
+// could even wait (the store's gets answered 2-10 s late).
+func (r *route) post(s *slice, inline bool) bool {
 	t := r.t
 	for {
 		if t.closed.Load() {
 			r.finish(s, engine.ErrEngineClosed)
-			return
+			return true
 		}
 		if s.retry > t.cfg.RetryCount {
 			r.finish(s, fmt.Errorf("rdma slice [0x%x, +%d): gave up after %d retries: %w", s.remote, s.length, t.cfg.RetryCount, s.lastErr))
-			return
+			return true
 		}
 		rr := t.rr.Add(1)
 		activeLocal := func(n string) bool {
@@ -181,7 +202,7 @@ func (r *route) post(s *slice) {
 		}
 		if localName == "" {
 			r.finish(s, fmt.Errorf("rdma slice [0x%x, +%d): no active local NIC for %s: %w", s.remote, s.length, s.reg.m.Location(), ErrNoPath))
-			return
+			return true
 		}
 		peerName := pick(r.peerEntry(s.rbuf.Name), s.retry, rr, t.cfg.RoundRobin, s.lastPeer, func(n string) bool {
 			_, ok := r.devIdx[n]
@@ -194,11 +215,14 @@ func (r *route) post(s *slice) {
 		}
 		if peerName == "" {
 			r.finish(s, fmt.Errorf("rdma slice [0x%x, +%d): segment %q has no NIC for %s: %w", s.remote, s.length, r.desc.Name, s.rbuf.Name, ErrNoPath))
-			return
+			return true
 		}
 		li, c := t.ctxByName(localName)
 		pj := r.devIdx[peerName]
 		peerPath := r.desc.Name + "@" + peerName
+		if inline && !c.HasConnected(peerPath) {
+			return false
+		}
 		cctx, cancel := context.WithTimeout(t.connCtx, t.cfg.ConnectTimeout)
 		ep, err := c.Endpoint(cctx, peerPath)
 		cancel()
@@ -216,7 +240,11 @@ func (r *route) post(s *slice) {
 			RemoteAddr: s.remote, RKey: s.rbuf.Rkey[pj], RetryCount: s.retry}
 		err = ep.Post(rs, func(wc rdma.WC) { r.completed(s, c, ep, localName, peerName, wc) })
 		if errors.Is(err, rdma.ErrQueueFull) {
-			// Not a path failure: wait for completions.
+			// Not a path failure: wait for completions (off Submit's
+			// goroutine: they may be WRs to a peer that stopped).
+			if inline {
+				return false
+			}
 			time.Sleep(20 * time.Microsecond)
 			continue
 		}
@@ -225,7 +253,7 @@ func (r *route) post(s *slice) {
 			s.retry++
 			continue
 		}
-		return
+		return true
 	}
 }
 
@@ -246,5 +274,5 @@ func (r *route) completed(s *slice, c *rdma.Context, ep *rdma.Endpoint, localNam
 		s.lastPeer, s.lastLocal = peerName, ""
 	}
 	s.retry++
-	go r.post(s)
+	go r.post(s, false)
 }
