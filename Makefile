@@ -187,7 +187,8 @@ bench-kv-events: build
 # checking every byte they get, SIGKILLs, SIGSTOPs and killed clients;
 # fails on a wrong or stale byte, a hang, a panic or staging space kept.
 # SOAK_ARGS: --duration SECONDS (180), --no-tier, --ha, --checksums=false,
-# --mooncake-clients N --mooncake-build DIR (Mooncake's Python client too) ...
+# --mooncake-clients N --mooncake-build DIR (Mooncake's Python client too),
+# --tenants, --protocol auto|rdma ...
 .PHONY: soak
 soak: build
 	scripts/store-soak.sh --mc bin/mc $(SOAK_ARGS)
