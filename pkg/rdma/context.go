@@ -202,11 +202,16 @@ func (c *Context) Endpoint(ctx context.Context, peerPath string) (*Endpoint, err
 	return e, nil
 }
 
-// HasConnected reports whether an endpoint to peerPath is connected, so
-// that Endpoint would return it without a connection exchange.
-func (c *Context) HasConnected(peerPath string) bool {
-	e := c.store.Get(peerPath)
-	return e != nil && e.Connected()
+// Connected returns the endpoint to peerPath if it is connected (what
+// Endpoint would return without a connection exchange), else nil.
+func (c *Context) Connected(peerPath string) *Endpoint {
+	if !c.active.Load() {
+		return nil
+	}
+	if e := c.store.Get(peerPath); e != nil && e.Connected() {
+		return e
+	}
+	return nil
 }
 
 // DeleteEndpoint retires e (error paths). It is silent, as in Mooncake.

@@ -220,12 +220,18 @@ func (r *route) post(s *slice, inline bool) bool {
 		li, c := t.ctxByName(localName)
 		pj := r.devIdx[peerName]
 		peerPath := r.desc.Name + "@" + peerName
-		if inline && !c.HasConnected(peerPath) {
-			return false
+		var ep *rdma.Endpoint
+		var err error
+		if inline {
+			// Only an endpoint that needs no connection exchange.
+			if ep = c.Connected(peerPath); ep == nil {
+				return false
+			}
+		} else {
+			cctx, cancel := context.WithTimeout(t.connCtx, t.cfg.ConnectTimeout)
+			ep, err = c.Endpoint(cctx, peerPath)
+			cancel()
 		}
-		cctx, cancel := context.WithTimeout(t.connCtx, t.cfg.ConnectTimeout)
-		ep, err := c.Endpoint(cctx, peerPath)
-		cancel()
 		if err != nil {
 			s.lastErr, s.lastLocal, s.lastPeer = err, localName, peerName
 			if !errors.Is(err, rdma.ErrContextInactive) && !errors.Is(err, syscall.ENOMEM) {
