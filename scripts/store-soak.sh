@@ -25,7 +25,7 @@
 # so a fence that held only for mc's clients shows there. Not with --ha
 # (Mooncake's client finds an HA master through its etcd, which the
 # build here lacks). The chaos loop then also SIGSTOPs those clients,
-# mid-put as likely as not, sometimes across a master restart: a stalled
+# often in the middle of a put, sometimes across a master restart: a stalled
 # writer of Mooncake's, whose grant the new master never made.
 #
 # With --tenants the masters scope keys by tenant (--enable-multi-tenants,
@@ -288,7 +288,7 @@ while [ "$(date +%s)" -lt $((END - 15)) ]; do
 		fi
 	elif [ $r -lt 80 ] && [ "$MCLIENTS" -gt 0 ]; then
 		# A stalled writer: a Mooncake client (no deadline to judge)
-		# stopped for 1-6 s, mid-call as likely as not, and in half the
+		# stopped for 1-6 s, often in the middle of a call, and in half the
 		# cases the master restarts meanwhile, so a put it resumes
 		# writes into a grant the new master never made.
 		i=$((RANDOM % MCLIENTS)) s=$((1 + RANDOM % 6)) m=""

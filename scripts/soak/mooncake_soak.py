@@ -3,8 +3,10 @@
 scripts/store-soak.sh --mooncake-clients N runs this beside mc's clients
 (scripts/soak/main.go): one MooncakeDistributedStore, no segment of its
 own, putting, upserting, getting and removing values whose bytes name
-their key and version, through the master's Mooncake wire and the nodes'
-tcp transport, as vLLM's or SGLang's workers do. Mooncake's client keeps
+their key and version (one call in five is one of Mooncake's batch calls,
+get_batch, upsert_batch and batch_remove of 2-8 keys), through the
+master's Mooncake wire and the nodes' tcp transport, as vLLM's or
+SGLang's workers do. Mooncake's client keeps
 no checksum: wrong bytes it is handed go to its caller, so this is where
 a fence that holds only for mc's clients would show.
 
@@ -107,62 +109,94 @@ def main():
         time.sleep(0.5)
         s = MooncakeDistributedStore()
 
+    def judge(key, st, snap, b, ms):
+        floor, attempted, latest = snap
+        if not b:
+            line('E get %s 0 absent %d "empty"' % (key, ms))
+            return
+        k, v, ok = decode(b)
+        if k != key:
+            line('E get %s %d WRONG %d "bytes of key %r (%d bytes)"' % (key, v, ms, k, len(b)))
+        elif not ok:
+            line('E get %s %d WRONG %d "corrupt value claiming version %d (%d bytes)"' % (key, v, ms, v, len(b)))
+        elif v > attempted:
+            line('E get %s %d WRONG %d "version %d was never put (highest %d)"' % (key, v, ms, v, attempted))
+        elif v < floor:
+            line('E get %s %d WRONG %d "stale: version %d superseded (floor %d, latest ack %d, removed at %d)"'
+                 % (key, v, ms, v, floor, latest, st.removed_at))
+        elif v == latest:
+            line("E get %s %d latest %d" % (key, v, ms))
+        else:
+            line("E get %s %d uncertain %d" % (key, v, ms))
+
+    def removed(key, st, rc, ms):
+        if rc == 0:
+            st.floor, st.latest, st.removed_at = st.attempted + 1, 0, st.attempted
+            line("E rm %s %d ok %d" % (key, st.attempted, ms))
+        elif rc == OBJECT_NOT_FOUND:
+            line("E rm %s %d nf %d" % (key, st.attempted, ms))
+        else:
+            line('E rm %s %d error %d "code %d"' % (key, st.attempted, ms, rc))
+
     rng = random.Random()
     while time.time() < end:
-        n = rng.randrange(NKEYS)
-        key, st = prefix + str(n), states[n]
+        # One key, or a batch of 2-8 distinct keys one time in five
+        # (get_batch, upsert_batch, batch_remove: Mooncake's batch calls,
+        # as LMCache and vLLM's connector make them).
+        ns = rng.sample(range(NKEYS), rng.randint(2, 8)) if rng.randrange(5) == 0 else [rng.randrange(NKEYS)]
+        keys = [prefix + str(n) for n in ns]
+        sts = [states[n] for n in ns]
         r = rng.randrange(100)
         t = time.monotonic()
         ms = lambda: int((time.monotonic() - t) * 1000)
         if r < 45:
-            floor, attempted, latest = st.floor, st.attempted, st.latest
-            b = s.get(key)
-            if not b:
-                line('E get %s 0 absent %d "empty"' % (key, ms()))
-                continue
-            k, v, ok = decode(b)
-            if k != key:
-                line('E get %s %d WRONG %d "bytes of key %r (%d bytes)"' % (key, v, ms(), k, len(b)))
-            elif not ok:
-                line('E get %s %d WRONG %d "corrupt value claiming version %d (%d bytes)"' % (key, v, ms(), v, len(b)))
-            elif v > attempted:
-                line('E get %s %d WRONG %d "version %d was never put (highest %d)"' % (key, v, ms(), v, attempted))
-            elif v < floor:
-                line('E get %s %d WRONG %d "stale: version %d superseded (floor %d, latest ack %d, removed at %d)"'
-                     % (key, v, ms(), v, floor, latest, st.removed_at))
-            elif v == latest:
-                line("E get %s %d latest %d" % (key, v, ms()))
+            snaps = [(st.floor, st.attempted, st.latest) for st in sts]
+            if len(keys) == 1:
+                got = [s.get(keys[0])]
             else:
-                line("E get %s %d uncertain %d" % (key, v, ms()))
+                got = s.get_batch(keys)
+            el = ms()
+            for key, st, snap, b in zip(keys, sts, snaps, got):
+                judge(key, st, snap, b, el)
+        elif r < 75 or (r < 85 and len(keys) > 1):
+            vs = []
+            for key, st in zip(keys, sts):
+                st.attempted += 1
+                vs.append(st.attempted)
+                line("B upsert %s %d" % (key, st.attempted))
+            data = [value(key, v, rng.choice(SIZES)) for key, v in zip(keys, vs)]
+            rc = s.upsert(keys[0], data[0]) if len(keys) == 1 else s.upsert_batch(keys, data)
+            el = ms()
+            for key, st, v in zip(keys, sts, vs):
+                if rc == 0:
+                    st.floor = st.latest = v
+                    line("E upsert %s %d ok %d" % (key, v, el))
+                else:
+                    # A batch's code is its first failed key's: the others
+                    # may or may not have been stored.
+                    line('E upsert %s %d error %d "code %d"' % (key, v, el, rc))
         elif r < 85:
-            op = "upsert" if r < 75 else "put"
+            key, st = keys[0], sts[0]
             st.attempted += 1
             v = st.attempted
-            line("B %s %s %d" % (op, key, v))
-            data = value(key, v, rng.choice(SIZES))
-            rc = s.upsert(key, data) if op == "upsert" else s.put(key, data)
-            if rc == 0 and op == "put":
+            line("B put %s %d" % (key, v))
+            rc = s.put(key, value(key, v, rng.choice(SIZES)))
+            if rc == 0:
                 # Mooncake's put answers 0 for a key that exists too
                 # (client_service.cpp: OBJECT_ALREADY_EXISTS is success):
                 # v may or may not be what the key holds now.
-                line("E %s %s %d maybe %d" % (op, key, v, ms()))
-            elif rc == 0:
-                st.floor = st.latest = v
-                line("E %s %s %d ok %d" % (op, key, v, ms()))
-            elif op == "put" and rc == OBJECT_ALREADY_EXISTS:
-                line("E %s %s %d exists %d" % (op, key, v, ms()))
+                line("E put %s %d maybe %d" % (key, v, ms()))
+            elif rc == OBJECT_ALREADY_EXISTS:
+                line("E put %s %d exists %d" % (key, v, ms()))
             else:
-                line('E %s %s %d error %d "code %d"' % (op, key, v, ms(), rc))
+                line('E put %s %d error %d "code %d"' % (key, v, ms(), rc))
         else:
-            line("B rm %s %d" % (key, st.attempted))
-            rc = s.remove(key)
-            if rc == 0:
-                st.floor, st.latest, st.removed_at = st.attempted + 1, 0, st.attempted
-                line("E rm %s %d ok %d" % (key, st.attempted, ms()))
-            elif rc == OBJECT_NOT_FOUND:
-                line("E rm %s %d nf %d" % (key, st.attempted, ms()))
-            else:
-                line('E rm %s %d error %d "code %d"' % (key, st.attempted, ms(), rc))
+            for key, st in zip(keys, sts):
+                line("B rm %s %d" % (key, st.attempted))
+            rcs = [s.remove(keys[0])] if len(keys) == 1 else s.batch_remove(keys)
+            el = ms()
+            for key, st, rc in zip(keys, sts, rcs):
+                removed(key, st, rc, el)
     s.close()
 
 
