@@ -88,8 +88,10 @@ if [ "$MCLIENTS" -gt 0 ]; then
 fi
 [ -x "$MC" ] || { echo "store-soak: $MC is not an executable (go build -o bin/mc .)" >&2; exit 64; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-SOAK=$(dirname "$MC")/mc-soak
-(cd "$ROOT" && go build -o "$OLDPWD/$SOAK" ./scripts/soak) || { echo "store-soak: building scripts/soak failed" >&2; exit 1; }
+# Absolute: the build runs in ROOT (before, an absolute --mc built it
+# under $PWD/$MC's directory and the clients found no binary).
+SOAK=$(cd "$(dirname "$MC")" && pwd)/mc-soak
+(cd "$ROOT" && go build -o "$SOAK" ./scripts/soak) || { echo "store-soak: building scripts/soak failed" >&2; exit 1; }
 [ -n "$DIR" ] || DIR=$(mktemp -d /tmp/store-soak.XXXXXX)
 mkdir -p "$DIR/logs" "$DIR/ssd" "$DIR/journals"
 echo "store-soak: ${DURATION}s, tier=$TIER ha=$HA clients=$CLIENTS mooncake-clients=$MCLIENTS tenants=$TENANTS protocol=$PROTO checksums=$CHECKSUMS, in $DIR"
@@ -384,6 +386,16 @@ if [ "$HANGOPS" -gt 0 ] || [ "$HUNG" -gt 0 ] || [ "$LATE_GETS" -gt 0 ]; then
 	awk '$2=="E" && $3=="get" && $7+0 > 9000' "$DIR/all.journal" | head -5
 	rc=1
 fi
+# A soak whose clients never ran proves nothing: each client must have
+# journaled operations (a client that cannot start, such as a binary
+# missing, exits 126 or 127 in a loop and journals nothing).
+for f in "$DIR"/journals/c*.journal "$DIR"/journals/m*.journal; do
+	[ -e "$f" ] || continue
+	if ! grep -q '^[^ ]* E ' "$f"; then echo "no operation journaled in $f"; rc=1; fi
+done
+NJ=$(ls "$DIR"/journals/*.journal 2>/dev/null | wc -l)
+if [ "$NJ" -lt $((CLIENTS + MCLIENTS)) ]; then echo "$((CLIENTS + MCLIENTS - NJ)) clients journaled nothing (see logs/client*.log and logs/mclient*.log)"; rc=1; fi
+if grep -qE 'client[0-9]+ exit 12[67]$' "$DIR/chaos.log"; then echo "a client could not run: $(grep -m1 -E 'client[0-9]+ exit 12[67]$' "$DIR/chaos.log")"; rc=1; fi
 if [ -n "$LEAK" ]; then echo "staging space not given back: $LEAK"; rc=1; fi
 if [ -n "$PANICS" ]; then echo "panic, fatal error or data race in: $PANICS"; rc=1; fi
 [ $rc = 0 ] && echo "store-soak: PASS (no wrong bytes, no hang, no panic)" || echo "store-soak: FAIL (logs in $DIR)"
