@@ -228,6 +228,9 @@ func watchQPLeak(ctx context.Context, o qpLeakOptions, opts diag.Options, sample
 	}
 	start := time.Now()
 	snaps, logs, err := diag.Watch(ctx, cfg)
+	if err != nil && ctx.Err() != nil {
+		return &exitError{code: exitInterrupted, err: fmt.Errorf("diag qp-leak: interrupted before the first sample of --watch %s; nothing to report", o.Watch)}
+	}
 	if err != nil {
 		return unknown(err)
 	}

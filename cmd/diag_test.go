@@ -266,7 +266,11 @@ printf '[{"ifindex":0,"ifname":"mlx5_0","qp":%d}\n,{"ifindex":1,"ifname":"mlx5_1
 func TestDiagQPLeakWatchInterrupted(t *testing.T) {
 	isolateEnv(t)
 	dir := t.TempDir()
-	bin := fakeRDMAScript(t, `printf '[{"ifindex":0,"ifname":"mlx5_0","qp":9000}]\n'`)
+	// Each sample appends a line to runs: the test interrupts once three
+	// have been taken (a fixed sleep interrupted the first sample on a
+	// loaded machine).
+	runs := filepath.Join(dir, "runs")
+	bin := fakeRDMAScript(t, `echo x >>`+runs+`; printf '[{"ifindex":0,"ifname":"mlx5_0","qp":9000}]\n'`)
 	logf := filepath.Join(dir, "te.INFO")
 	os.WriteFile(logf, []byte("I0307 09:00:00.000001  4101 s.cpp:1] decode-1@mlx5_0 evicted\n"), 0o644)
 	self, err := os.Executable()
@@ -274,6 +278,7 @@ func TestDiagQPLeakWatchInterrupted(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, asJSON := range []bool{false, true} {
+		os.Remove(runs)
 		args := []string{"diag", "qp-leak", "--rdma-bin", bin, "--log", logf, "--watch", "1m", "--interval", "50ms"}
 		if asJSON {
 			args = append(args, "-o", "json")
@@ -285,7 +290,11 @@ func TestDiagQPLeakWatchInterrupted(t *testing.T) {
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(400 * time.Millisecond) // a few samples
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if b, _ := os.ReadFile(runs); bytes.Count(b, []byte("\n")) >= 3 || time.Now().After(deadline) {
+				break
+			}
+		}
 		c.Process.Signal(syscall.SIGINT)
 		err := c.Wait()
 		var ee *exec.ExitError
@@ -303,5 +312,38 @@ func TestDiagQPLeakWatchInterrupted(t *testing.T) {
 		} else if !strings.Contains(out.String(), "verdict: ") {
 			t.Errorf("no report after SIGINT:\n%s", out.String())
 		}
+	}
+}
+
+// SIGINT during the first sample of a --watch ends it with exit 130 and
+// says there is nothing to report. Before, the canceled sample was taken
+// for unreadable input: exit 3, "rdma -j resource show: context
+// canceled" (seen on a loaded CI run of the test above).
+func TestDiagQPLeakWatchInterruptedBeforeFirstSample(t *testing.T) {
+	isolateEnv(t)
+	dir := t.TempDir()
+	started := filepath.Join(dir, "started")
+	bin := fakeRDMAScript(t, `touch `+started+`; sleep 30; printf '[]\n'`)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := exec.Command(self, "diag", "qp-leak", "--rdma-bin", bin, "--watch", "1m", "--interval", "50ms")
+	c.Env = append(os.Environ(), "MC_TEST_RUN_MC=1")
+	var out, errb bytes.Buffer
+	c.Stdout, c.Stderr = &out, &errb
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(started); err == nil {
+			break
+		}
+	}
+	c.Process.Signal(syscall.SIGINT)
+	err = c.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitInterrupted || !strings.Contains(errb.String(), "interrupted before the first sample") {
+		t.Errorf("%v, want exit %d\nstdout %s\nstderr %s", err, exitInterrupted, out.String(), errb.String())
 	}
 }

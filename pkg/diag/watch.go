@@ -75,6 +75,11 @@ func Watch(ctx context.Context, cfg WatchConfig) (snaps []*Snapshot, logs *LogSu
 
 	first, err := cfg.Sampler.Sample(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			// Interrupted before the first sample: nothing was read
+			// wrong, there is just nothing to report.
+			return nil, nil, ctx.Err()
+		}
 		return nil, nil, unreadable{err}
 	}
 	snaps = []*Snapshot{first}
