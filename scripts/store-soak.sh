@@ -317,20 +317,18 @@ done
 
 # The clients stop by themselves at END; one still running 30 s later hangs.
 HUNG=0
-for i in $(seq 0 $((CLIENTS - 1))); do
+LOOPS=() # KIND INDEX pairs: client (mc's) and mclient (Mooncake's)
+for i in $(seq 0 $((CLIENTS - 1))); do LOOPS+=(client "$i"); done
+for i in $(seq 0 $((MCLIENTS - 1))); do LOOPS+=(mclient "$i"); done
+set -- "${LOOPS[@]}"
+while [ $# -gt 0 ]; do
+	k=$1 i=$2; shift 2
 	deadline=$((END + 30))
-	while kill -0 "${PID[clientloop$i]}" 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do sleep 1; done
-	if kill -0 "${PID[clientloop$i]}" 2>/dev/null; then
-		echo "store-soak: client $i still running 30 s after the end (hang)"; HUNG=$((HUNG + 1))
+	while kill -0 "${PID[${k}loop$i]}" 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do sleep 1; done
+	if kill -0 "${PID[${k}loop$i]}" 2>/dev/null; then
+		echo "store-soak: $k$i still running 30 s after the end (hang)"; HUNG=$((HUNG + 1))
 	fi
-	[ -f "$DIR/client$i.hang" ] && HUNG=$((HUNG + $(wc -l <"$DIR/client$i.hang")))
-done
-for i in $(seq 0 $((MCLIENTS - 1))); do
-	deadline=$((END + 30))
-	while kill -0 "${PID[mclientloop$i]}" 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do sleep 1; done
-	if kill -0 "${PID[mclientloop$i]}" 2>/dev/null; then
-		echo "store-soak: Mooncake client $i still running 30 s after the end (hang)"; HUNG=$((HUNG + 1))
-	fi
+	[ -f "$DIR/$k$i.hang" ] && HUNG=$((HUNG + $(wc -l <"$DIR/$k$i.hang")))
 done
 sample "t=$(($(date +%s) - T0)) end"
 # Staging space: every staged read is handed back, or reclaimed after
