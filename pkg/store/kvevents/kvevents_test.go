@@ -673,13 +673,20 @@ func TestSteadyStreamDoesNotWakePublisher(t *testing.T) {
 // Messages carry up to MaxBatch events: DefaultMaxBatch unless set,
 // mooncake_master's 64 when asked, and no more than MaxMaxBatch.
 func TestMaxBatch(t *testing.T) {
+	const n = DefaultMaxBatch + 44
+	sizes := func(max int) (want []int) {
+		for left := n; left > 0; left -= max {
+			want = append(want, min(left, max))
+		}
+		return want
+	}
 	for _, c := range []struct {
 		max  int
 		want []int
 	}{
-		{0, []int{256, 44}},
-		{MooncakeMaxBatch, []int{64, 64, 64, 64, 44}},
-		{1, nil}, // every event its own message
+		{0, sizes(DefaultMaxBatch)},
+		{MooncakeMaxBatch, sizes(MooncakeMaxBatch)},
+		{1, sizes(1)}, // every event its own message
 	} {
 		p := newTestPublisher(t, Config{MaxBatch: c.max})
 		s, err := Subscribe(context.Background(), p.Endpoint())
@@ -688,18 +695,12 @@ func TestMaxBatch(t *testing.T) {
 		}
 		defer s.Close()
 		waitFor(t, "the subscriber", func() bool { return p.Stats().Subscribers == 1 })
-		for i := range 300 {
+		for i := range n {
 			p.Stored(fmt.Sprint(i), MediumCPU)
 		}
 		publishNow(p)
 		go p.run() // for Close
-		want := c.want
-		if want == nil {
-			for range 300 {
-				want = append(want, 1)
-			}
-		}
-		for i, n := range want {
+		for i, n := range c.want {
 			b, err := s.Next()
 			if err != nil {
 				t.Fatal(err)

@@ -45,11 +45,17 @@ const (
 	MooncakeMaxBatch = 64
 	// DefaultMaxBatch is the most events one message carries by default
 	// (Config.MaxBatch), and MaxMaxBatch the most it may be set to.
-	DefaultMaxBatch = 256
+	DefaultMaxBatch = 1024
 	MaxMaxBatch     = 4096
 	// DefaultPaceInterval and DefaultPaceBurst pace the publisher's
-	// sends under a steady stream of events (Config.PaceInterval).
-	DefaultPaceInterval = 5 * time.Millisecond
+	// sends under a steady stream of events (Config.PaceInterval). An
+	// event then waits at most 20 ms, about one scheduler step of the
+	// engines whose events routers already take (vLLM hands its
+	// publisher a step's events at a time); against 5 ms and 256 events
+	// a message it halves what the subscriber spends per event and
+	// takes a third off the publisher's share (scripts/bench-kv-events.sh,
+	// README).
+	DefaultPaceInterval = 20 * time.Millisecond
 	DefaultPaceBurst    = 16
 )
 

@@ -66,14 +66,15 @@ type message struct {
 	refs   atomic.Int32
 }
 
-// Message buffers: their sizes (1 KiB to 256 KiB; a message larger
-// than that gets a buffer of its own size, not reused) and how many of
-// each size are kept for reuse: 64, and 2 MiB of the largest sizes (a
-// subscriber's writer behind by a few dozen messages still finds its
+// Message buffers: their sizes (1 KiB to 1 MiB, room for a message of
+// DefaultMaxBatch events with keys of a few hundred bytes; a message
+// larger than that gets a buffer of its own size, not reused) and how
+// many of each size are kept for reuse: 64, and 2 MiB of the largest
+// sizes (a subscriber's writer behind by a few messages still finds its
 // next buffers here).
 const (
 	minClass     = 10
-	maxClass     = 18
+	maxClass     = 20
 	freeMessages = 64
 	freeBytes    = 2 << 20
 	// maxWritev bounds the messages one write to a subscriber carries
