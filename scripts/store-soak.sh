@@ -34,6 +34,17 @@
 # and 1 are tenants t0 and t1 with id 0, ...): values name their tenant,
 # so a get served from another tenant's keys is WRONG.
 #
+# With --kv-events the masters publish KV events (each candidate on its
+# own endpoint) and an `mc store events -o json` follows each endpoint for
+# the whole run. The stream is judged against mc's clients' journals: every
+# acknowledged put or upsert must have a stored event of its tenant and
+# key, and every acknowledged removal a removed event, timed between the
+# call's start and 2 s after its answer, each event matched to one call;
+# no sequence gap ("lost N events"). Calls answered within 1 s before a
+# master is killed or stopped, or within 3 s after one starts (its
+# subscribers reconnect), are not judged: a killed publisher's queue dies
+# with it, and a PUB socket sends nothing to a subscriber not yet there.
+#
 # --protocol auto moves the bytes of mc's clients through shared memory
 # (nodes and clients are on one host: a renewed segment retires its
 # memfd); --protocol rdma through the software RDMA NIC (soft0, soft1;
@@ -43,7 +54,7 @@
 # usage: scripts/store-soak.sh [--duration 180] [--no-tier] [--ha]
 #          [--mc bin/mc] [--dir DIR] [--clients 3] [--chaos-every 4]
 #          [--mooncake-clients N --mooncake-build BUILD_DIR] [--tenants]
-#          [--protocol tcp|auto|rdma]
+#          [--protocol tcp|auto|rdma] [--kv-events]
 #          [--checksums=false] [--keep] [--port-base 24600]
 #          [--lease 2s]  (the masters' --default_kv_lease_ttl: a get's lease
 #          holds off upserts and removals of its key that long)
@@ -51,7 +62,7 @@
 set -u
 
 DURATION=180 TIER=1 HA=0 MC=bin/mc DIR="" CLIENTS=3 CHAOS_EVERY=4 CHECKSUMS=true KEEP=0 BASE=24600 LEASE=2s
-MCLIENTS=0 MBUILD="" TENANTS=0 PROTO=tcp
+MCLIENTS=0 MBUILD="" TENANTS=0 PROTO=tcp KVEVENTS=0
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--duration) DURATION=$2; shift ;;
@@ -68,6 +79,7 @@ while [ $# -gt 0 ]; do
 	--mooncake-clients) MCLIENTS=$2; shift ;;
 	--mooncake-build) MBUILD=$2; shift ;;
 	--tenants) TENANTS=1 ;;
+	--kv-events) KVEVENTS=1 ;;
 	--protocol) PROTO=$2; shift ;;
 	-h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 	*) echo "store-soak: unknown argument $1 (see --help)" >&2; exit 64 ;;
@@ -94,15 +106,15 @@ SOAK=$(cd "$(dirname "$MC")" && pwd)/mc-soak
 (cd "$ROOT" && go build -o "$SOAK" ./scripts/soak) || { echo "store-soak: building scripts/soak failed" >&2; exit 1; }
 [ -n "$DIR" ] || DIR=$(mktemp -d /tmp/store-soak.XXXXXX)
 mkdir -p "$DIR/logs" "$DIR/ssd" "$DIR/journals"
-echo "store-soak: ${DURATION}s, tier=$TIER ha=$HA clients=$CLIENTS mooncake-clients=$MCLIENTS tenants=$TENANTS protocol=$PROTO checksums=$CHECKSUMS, in $DIR"
+echo "store-soak: ${DURATION}s, tier=$TIER ha=$HA clients=$CLIENTS mooncake-clients=$MCLIENTS tenants=$TENANTS protocol=$PROTO kv-events=$KVEVENTS checksums=$CHECKSUMS, in $DIR"
 MEXTRA=()
 if [ "$TENANTS" = 1 ]; then
 	printf 'version: 1\ntenants:\n  - name: t0\n    quota: 1GB\n  - name: t1\n    quota: 40MB\n  - name: default\n    quota: 1GB\n' >"$DIR/tenants.yaml"
 	MEXTRA=(--enable-multi-tenants --tenant-quota-connector-uri "$DIR/tenants.yaml")
 fi
 
-RPC=$((BASE + 51)) ADMIN=$((BASE + 3)) ETCD=$((BASE + 79))
-for p in $RPC $((RPC + 1)) $ADMIN $((ADMIN + 10)) $((ADMIN + 100)) $((ADMIN + 101)) $((ADMIN + 102)) $ETCD; do
+RPC=$((BASE + 51)) ADMIN=$((BASE + 3)) ETCD=$((BASE + 79)) EVPORT=$((BASE + 91))
+for p in $RPC $((RPC + 1)) $ADMIN $((ADMIN + 10)) $((ADMIN + 100)) $((ADMIN + 101)) $((ADMIN + 102)) $ETCD $EVPORT $((EVPORT + 1)); do
 	if ss -Htln "sport = :$p" | grep -q .; then echo "store-soak: port $p is taken (another run?); pick --port-base" >&2; exit 64; fi
 done
 MASTER_ADDR=127.0.0.1:$RPC
@@ -119,13 +131,14 @@ start() { # name cmd...: start a process in the background, log to logs/name.log
 }
 
 start_master() { # index (HA: 0 or 1)
-	local i=$1
+	local i=$1 ev=()
+	[ "$KVEVENTS" = 1 ] && ev=(--enable_kv_events --kv_events_bind_endpoint "tcp://127.0.0.1:$((EVPORT + i))" --kv_events_backend_id soak)
 	if [ "$HA" = 1 ]; then
 		start "master$i" "$MC" serve store --segment-size 0 --enable_ha --ha_backend_connstring "etcd://127.0.0.1:$ETCD" \
-			--rpc_address 127.0.0.1 --rpc_port $((RPC + i)) --metrics_port $((ADMIN + 10 * i)) --eviction-high-watermark-ratio 0.8 --default_kv_lease_ttl "$LEASE" "${MEXTRA[@]}"
+			--rpc_address 127.0.0.1 --rpc_port $((RPC + i)) --metrics_port $((ADMIN + 10 * i)) --eviction-high-watermark-ratio 0.8 --default_kv_lease_ttl "$LEASE" "${MEXTRA[@]}" "${ev[@]}"
 	else
 		start master0 "$MC" serve store --segment-size 0 --rpc_address 127.0.0.1 --rpc_port $RPC --metrics_port $ADMIN \
-			--metrics-address 127.0.0.1 --eviction-high-watermark-ratio 0.8 --default_kv_lease_ttl "$LEASE" "${MEXTRA[@]}"
+			--metrics-address 127.0.0.1 --eviction-high-watermark-ratio 0.8 --default_kv_lease_ttl "$LEASE" "${MEXTRA[@]}" "${ev[@]}"
 	fi
 }
 
@@ -208,6 +221,10 @@ else
 	start_master 0
 fi
 sleep 1.5
+if [ "$KVEVENTS" = 1 ]; then
+	# stdout (events, JSON) and stderr (gaps, restarts) in one file each
+	for i in $(seq 0 "$HA"); do start "events$i" "$MC" store events --endpoint "tcp://127.0.0.1:$((EVPORT + i))" -o json; done
+fi
 for i in 0 1 2; do start_node "$i"; done
 sleep 3
 END=$(($(date +%s) + DURATION))
@@ -369,12 +386,17 @@ fi
 WRONG=$(grep -c ' WRONG ' "$DIR/all.journal")
 HANGOPS=$(grep -c '^[^ ]* H ' "$DIR/all.journal")
 PANICS=$(grep -l -E '^panic:|fatal error:|WARNING: DATA RACE' "$DIR"/logs/*.log 2>/dev/null | tr '\n' ' ')
+KVE_RC=0
+if [ "$KVEVENTS" = 1 ]; then
+	KVE_OUT=$(python3 "$ROOT/scripts/soak/judge_events.py" "$DIR" "$TENANTS" 2>&1); KVE_RC=$?
+fi
 echo
 echo "chaos: $KILLS SIGKILLs ($RESTARTS_MASTER of a master, $RESTARTS_NODE of a node), $STOPS SIGSTOPs, $CLIENT_KILLS clients killed, $DRAINS drains; $SELF_EXITS servers exited by themselves and were restarted; ${DURATION}s"
 echo "RSS and open fds per process (first, last sample; samples.log has all):"
 head -1 "$DIR/samples.log" | sed 's/^/  /'
 tail -1 "$DIR/samples.log" | sed 's/^/  /'
 [ "$TIER" = 1 ] && echo "staging pools 20 s after the clients stopped: ${LEAK:-all empty}"
+[ "$KVEVENTS" = 1 ] && echo "$KVE_OUT"
 echo
 rc=0
 if [ "$WRONG" -gt 0 ]; then echo "WRONG gets: $WRONG"; grep ' WRONG ' "$DIR/all.journal" | head -20; rc=1; fi
@@ -395,6 +417,7 @@ NJ=$(ls "$DIR"/journals/*.journal 2>/dev/null | wc -l)
 if [ "$NJ" -lt $((CLIENTS + MCLIENTS)) ]; then echo "$((CLIENTS + MCLIENTS - NJ)) clients journaled nothing (see logs/client*.log and logs/mclient*.log)"; rc=1; fi
 if grep -qE 'client[0-9]+ exit 12[67]$' "$DIR/chaos.log"; then echo "a client could not run: $(grep -m1 -E 'client[0-9]+ exit 12[67]$' "$DIR/chaos.log")"; rc=1; fi
 if [ -n "$LEAK" ]; then echo "staging space not given back: $LEAK"; rc=1; fi
+if [ "$KVE_RC" != 0 ]; then echo "KV events: the stream does not match what the clients were told (above)"; rc=1; fi
 if [ -n "$PANICS" ]; then echo "panic, fatal error or data race in: $PANICS"; rc=1; fi
 [ $rc = 0 ] && echo "store-soak: PASS (no wrong bytes, no hang, no panic)" || echo "store-soak: FAIL (logs in $DIR)"
 [ $rc = 0 ] && [ "$KEEP" = 0 ] && rm -rf "$DIR"
