@@ -190,7 +190,7 @@ bench-kv-events: build
 # fails on a wrong or stale byte, a hang, a panic or staging space kept.
 # SOAK_ARGS: --duration SECONDS (180), --no-tier, --ha, --checksums=false,
 # --mooncake-clients N --mooncake-build DIR (Mooncake's Python client too),
-# --tenants, --protocol auto|rdma ...
+# --tenants, --protocol auto|rdma, --kv-events ...
 .PHONY: soak
 soak: build
 	scripts/store-soak.sh --mc bin/mc $(SOAK_ARGS)
