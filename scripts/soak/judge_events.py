@@ -21,7 +21,10 @@ def tod(s):  # "HH:MM:SS.mmm" -> seconds after midnight
     h, m, x = s.split(":")
     return int(h) * 3600 + int(m) * 60 + float(x)
 
-chaos = [l.split(None, 1) for l in open(os.path.join(d, "chaos.log")) if l.strip()]
+try:
+    chaos = [l.split(None, 1) for l in open(os.path.join(d, "chaos.log")) if l.strip()]
+except OSError as e:
+    sys.exit("judge_events: %s (want a soak's directory: chaos.log, journals/, logs/)" % e)
 t0 = tod(chaos[0][0]) if chaos else 0.0
 
 def rel(t):  # time of day -> seconds after the first chaos line (a run crossing midnight wraps)
