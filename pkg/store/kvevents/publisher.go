@@ -52,9 +52,8 @@ const (
 	// event then waits at most 20 ms, about one scheduler step of the
 	// engines whose events routers already take (vLLM hands its
 	// publisher a step's events at a time); against 5 ms and 256 events
-	// a message it halves what the subscriber spends per event and
-	// takes a third off the publisher's share (scripts/bench-kv-events.sh,
-	// README).
+	// a message it halves what the subscriber spends per event
+	// (scripts/bench-kv-events.sh, README).
 	DefaultPaceInterval = 20 * time.Millisecond
 	DefaultPaceBurst    = 16
 )
