@@ -54,7 +54,7 @@ def disturbed(t):
     return any(a <= t <= b for a, b in bad)
 
 events = defaultdict(list)  # (type, tenant, key) -> [seconds]
-gaps, notices, nevents = [], 0, 0
+gaps, nevents = [], 0
 for f in sorted(glob.glob(os.path.join(d, "logs", "events*.log"))):
     for line in open(f, errors="replace"):
         if line.startswith("{"):
@@ -67,8 +67,6 @@ for f in sorted(glob.glob(os.path.join(d, "logs", "events*.log"))):
             events[(e["type"], e["tenant_id"], e["key"])].append(t)
         elif line.startswith("lost "):
             gaps.append(os.path.basename(f) + ": " + line.strip())
-        else:
-            notices += 1
 for v in events.values():
     v.sort()
 
