@@ -15,7 +15,26 @@ import (
 // gets the mode any command's new file gets, 0666 less the umask (0644
 // typically), or path's own permission bits when it exists: these are
 // outputs (a value, a plot, a load trace, a priority matrix), not secrets.
+//
+// An existing path that is no regular file (/dev/null, a FIFO, or a
+// symlink such as /dev/stdout) is written in place, through the link: a
+// rename would replace the device or the link itself (as root, /dev/null
+// and /dev/stdout became plain files).
 func writeFileWith(path string, write func(*os.File) error) error {
+	if st, err := os.Lstat(path); err == nil && !st.Mode().IsRegular() {
+		if st, err := os.Stat(path); err == nil && st.IsDir() {
+			return fmt.Errorf("%s is a directory: give a file to write", path)
+		}
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			return err
+		}
+		if err := write(f); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
 	tmp, err := createBeside(path)
 	if err != nil {
 		return namePath(path, err)

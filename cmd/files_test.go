@@ -1,10 +1,12 @@
 package cmd
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // withUmask runs the test under umask m (process-wide; cmd's tests are
@@ -71,4 +73,79 @@ func umask() os.FileMode {
 	m := syscall.Umask(0)
 	syscall.Umask(m)
 	return os.FileMode(m)
+}
+
+// An output that exists and is no regular file (/dev/null, /dev/stdout, a
+// FIFO) is written in place: renaming a new file over it, as over a
+// regular file, replaced it, and `mc store get KEY /dev/null` run as root
+// left the machine a /dev/null that is a plain file. A FIFO stands in for
+// the device here.
+func TestWriteFileKeepsSpecialFiles(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "out.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		f, err := os.Open(fifo) // blocks until the writer opens it
+		if err != nil {
+			got <- nil
+			return
+		}
+		defer f.Close()
+		b, _ := io.ReadAll(f)
+		got <- b
+	}()
+	done := make(chan error, 1)
+	go func() { done <- writeFileAtomic(fifo, []byte("value")) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("writeFileAtomic to a FIFO did not return")
+	}
+	st, err := os.Lstat(fifo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode()&os.ModeNamedPipe == 0 {
+		os.WriteFile(fifo, nil, 0o600) // unblock the reader's open if it never ran
+		t.Fatalf("%s is now %v: want it still a FIFO, written in place", fifo, st.Mode())
+	}
+	select {
+	case b := <-got:
+		if string(b) != "value" {
+			t.Fatalf("the FIFO's reader got %q, want %q", b, "value")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the FIFO's reader got nothing")
+	}
+	ents, _ := os.ReadDir(filepath.Dir(fifo))
+	if len(ents) != 1 {
+		t.Fatalf("files beside the FIFO: %v, want none left", ents)
+	}
+}
+
+// A symlink (/dev/stdout -> /proc/self/fd/1, a config kept elsewhere) is
+// written through, and stays a link.
+func TestWriteFileKeepsSymlinks(t *testing.T) {
+	dir := t.TempDir()
+	target, link := filepath.Join(dir, "target"), filepath.Join(dir, "link")
+	if err := os.WriteFile(target, []byte("older and longer"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFileAtomic(link, []byte("new")); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Lstat(link); err != nil || st.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("%s after the write: %v %v, want still a symlink", link, st, err)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "new" {
+		t.Fatalf("the link's target holds %q, want %q", b, "new")
+	}
 }
