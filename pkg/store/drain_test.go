@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -156,34 +157,56 @@ func TestDrainSourceKilled(t *testing.T) {
 }
 
 // A target node SIGKILLed mid-job: copies to it fail and are made again
-// on another node; the job succeeds and every object reads back.
+// on another node; the job succeeds and every object reads back. The
+// target is stopped (SIGSTOP) as soon as a few copies are done, so its
+// copies hang rather than finish, then killed; a run whose job had ended
+// before the kill (on a loaded machine 100 copies take 0.2 s, and the
+// copies the target held then die with it after the job's check) is
+// made again.
 func TestDrainTargetKilled(t *testing.T) {
-	c := startMaster(t, master.Config{ClientTTL: 500 * time.Millisecond})
-	a := c.client(32 << 20)
-	child, childSeg := startChildNode(t, c.addr)
-	b := c.client(32 << 20)
-	cl := c.client(0)
-	ctx := context.Background()
-	segA, _ := a.Segment()
-	segB, _ := b.Segment()
-	vals := map[string][]byte{}
-	for i := range 100 {
-		k := fmt.Sprintf("k%03d", i)
-		vals[k] = value(128<<10, byte(i))
-		if err := cl.Put(ctx, k, vals[k], onSegment(segA.Name)); err != nil {
+	var (
+		c    *cluster
+		cl   *store.Client
+		segB store.SegmentInfo
+		id   store.UUID
+		vals map[string][]byte
+		ctx  = context.Background()
+	)
+	for attempt := 0; ; attempt++ {
+		c = startMaster(t, master.Config{ClientTTL: 500 * time.Millisecond})
+		a := c.client(32 << 20)
+		child, childSeg := startChildNode(t, c.addr)
+		b := c.client(32 << 20)
+		cl = c.client(0)
+		segA, _ := a.Segment()
+		segB, _ = b.Segment()
+		vals = map[string][]byte{}
+		for i := range 100 {
+			k := fmt.Sprintf("k%03d", i)
+			vals[k] = value(128<<10, byte(i))
+			if err := cl.Put(ctx, k, vals[k], onSegment(segA.Name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var err error
+		id, err = c.m.CreateDrainJob(master.DrainRequest{Segments: []string{segA.Name}, Targets: []string{childSeg, segB.Name}, MaxConcurrency: 2})
+		if err != nil {
 			t.Fatal(err)
 		}
+		waitFor(t, "some copies", 10*time.Second, func() bool {
+			j, _ := c.m.QueryDrainJob(id)
+			return j.Succeeded >= 5
+		})
+		child.Process.Signal(syscall.SIGSTOP)
+		child.Process.Kill()
+		child.Wait()
+		if j, _ := c.m.QueryDrainJob(id); j.Finished.IsZero() {
+			break
+		}
+		if attempt == 4 {
+			t.Fatal("the job ended before its target was killed, 5 times")
+		}
 	}
-	id, err := c.m.CreateDrainJob(master.DrainRequest{Segments: []string{segA.Name}, Targets: []string{childSeg, segB.Name}, MaxConcurrency: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "some copies", 10*time.Second, func() bool {
-		j, _ := c.m.QueryDrainJob(id)
-		return j.Succeeded >= 5
-	})
-	child.Process.Kill()
-	child.Wait()
 	j := waitDrain(t, c.m, id, 20*time.Second)
 	if j.Status != master.DrainSucceeded {
 		t.Fatalf("job %+v: want SUCCEEDED with the dead target's copies made elsewhere", j)
