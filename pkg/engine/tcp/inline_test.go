@@ -141,8 +141,9 @@ func TestInlineConnectionLifecycle(t *testing.T) {
 	g.check(t)
 }
 
-// A reply larger than the socket takes at once is finished by the
-// per-connection handler, byte for byte.
+// A reply larger than the socket takes at once is finished by the loop
+// as the socket makes room, byte for byte, with no goroutine of its own;
+// a peer that leaves in the middle of one leaves no pin behind.
 func TestInlineLargeReply(t *testing.T) {
 	const size = 8 << 20
 	g := newGuarded(0x10000, size, 64)
@@ -177,9 +178,43 @@ func TestInlineLargeReply(t *testing.T) {
 	if st, data := request(t, c, Header{Addr: 0x10000 + 5, Size: 3}, nil); st != StatusOK || !bytes.Equal(data, g.region()[5:8]) {
 		t.Fatalf("request after a large reply: %x", st)
 	}
+	if k := s.handedOver(); k != 0 {
+		t.Fatalf("%d connections handed to a goroutine for a large reply, want 0", k)
+	}
 	c.Close()
+	// A peer that reads part of a large reply and leaves.
+	for range 3 {
+		c := dial(t, s)
+		c.(*net.TCPConn).SetReadBuffer(64 << 10)
+		if _, err := c.Write(hdr[:]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, make([]byte, 100<<10)); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	waitUnpinned(t, g)
 	s.Close()
 	g.check(t)
+}
+
+// waitUnpinned waits until no range of g is pinned.
+func waitUnpinned(t *testing.T, g *guarded) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		g.mu.Lock()
+		held := g.held
+		g.mu.Unlock()
+		if held == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d pins held after the peer left", held)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Close ends connections waiting in the loop's set and returns.
@@ -420,19 +455,7 @@ func TestInlineSplitWrite(t *testing.T) {
 	}
 	time.Sleep(20 * time.Millisecond)
 	c.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		g.mu.Lock()
-		held := g.held
-		g.mu.Unlock()
-		if held == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d pins held after the peer left mid-payload", held)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitUnpinned(t, g)
 	s.Close()
 	g.check(t)
 }

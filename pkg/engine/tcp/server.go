@@ -349,12 +349,9 @@ func (cs *connState) release() {
 func (s *Server) ServeConn(rw io.ReadWriter) error { return s.serve(rw, handover{}) }
 
 // handover is what a connection brings when it was begun elsewhere (the
-// event loop): bytes already read from it, and the unsent rest of a reply
-// (its last buffer pinned by ref), sent before anything else.
+// event loop): bytes already read from it.
 type handover struct {
 	prefix []byte
-	reply  [][]byte
-	ref    Ref
 }
 
 // serve is ServeConn on a connection begun elsewhere.
@@ -373,13 +370,6 @@ func (s *Server) serve(rw io.ReadWriter, h0 handover) error {
 		cs.br.Reset(nil)
 		connStatePool.Put(cs)
 	}()
-	for i, b := range h0.reply {
-		if i == len(h0.reply)-1 {
-			cs.add(b, h0.ref) // the first flush sends it and unpins it
-		} else {
-			cs.add(b, nil)
-		}
-	}
 	var hdr [HeaderSize]byte
 	var lastDeadline time.Time
 	for {
