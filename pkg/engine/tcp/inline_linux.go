@@ -30,11 +30,11 @@ import (
 // has not all come yet waits in the set too, its payload read straight
 // into registered memory as it arrives: Mooncake's client writes the
 // header and the payload separately, and the loop often reads the header
-// alone. A READ's reply that the socket cannot take at once (a 1 MiB
-// get on a fresh connection) stays in the set too, the loop writing the
-// rest each time the socket has room: handing it to a goroutine (a
-// descriptor duplicated into a net.Conn, a poller registration, a
-// goroutine) put 15-24 µs before the rest of each such reply. Anything
+// alone. A reply that the socket cannot take at once (a large READ to a
+// peer with a small receive window) stays in the set too, the loop
+// writing the rest each time the socket has room, rather than costing a
+// descriptor duplicated into a net.Conn, a poller registration and a
+// goroutine per request. Anything
 // else (a header not wholly in one read, pipelining, a rejected range) is
 // handed, with the bytes already read, to the ordinary per-connection
 // handler.
