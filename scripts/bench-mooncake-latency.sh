@@ -15,6 +15,8 @@
 #   mc         mc serve store (master and segment in one process, the default)
 #   mc-2proc   mc serve store --segment-size 0 + an mc node
 #   mc-moonseg mc's master (--segment-size 0) + a mooncake_client segment
+#   mooncake-again  a second Mooncake pool, as mooncake: the null
+#              experiment, whose ratio to mooncake is this machine's noise
 #
 # MC_LATENCY_POOLS="mooncake mc" runs only the pools named.
 set -uo pipefail
@@ -88,7 +90,7 @@ pool() { # name round: starts the pool, runs the client, stops the pool
 	local name=$1 r=$2 rp ap np
 	rp=$(port); ap=$(port); np=$(port)
 	case $name in
-	mooncake)
+	mooncake | mooncake-again)
 		"$MASTER" --rpc_port "$rp" --metrics_port "$ap" >"$W/$name.log" 2>&1 & PIDS+=($!)
 		wait_port "$rp"
 		"$CLIENT" --master_server_address "127.0.0.1:$rp" --host 127.0.0.1 --port "$np" --global_segment_size "1 GB" \
@@ -120,8 +122,8 @@ pool() { # name round: starts the pool, runs the client, stops the pool
 
 read -ra POOLS <<<"${MC_LATENCY_POOLS:-mooncake mc mc-2proc mc-moonseg}"
 for p in "${POOLS[@]}"; do
-	case $p in mooncake | mc | mc-2proc | mc-moonseg) ;;
-	*) echo "MC_LATENCY_POOLS: no pool \"$p\" (mooncake, mc, mc-2proc, mc-moonseg)"; exit 1;;
+	case $p in mooncake | mc | mc-2proc | mc-moonseg | mooncake-again) ;;
+	*) echo "MC_LATENCY_POOLS: no pool \"$p\" (mooncake, mc, mc-2proc, mc-moonseg, mooncake-again)"; exit 1;;
 	esac
 done
 [ ${#POOLS[@]} -gt 0 ] || { echo "MC_LATENCY_POOLS names no pool"; exit 1; }
