@@ -469,6 +469,11 @@ func (l *inlineLoop) rest(fd int, r partialReply) bool {
 	if r.ref != nil {
 		r.ref.Release()
 	}
+	// A connection accepted in this round is not in the set yet:
+	// acceptSome adds it with its interest once serve returns.
+	if _, ok := l.waiting[fd]; !ok {
+		return true
+	}
 	if err := l.ctl(unix.EPOLL_CTL_MOD, fd, unix.EPOLLIN|unix.EPOLLRDHUP); err != nil {
 		l.gone(fd, os.NewSyscallError("epoll_ctl", err))
 		return false

@@ -459,3 +459,45 @@ func TestInlineSplitWrite(t *testing.T) {
 	s.Close()
 	g.check(t)
 }
+
+// A large reply that the loop finishes while still serving the connection
+// it has just accepted (the peer drains the socket between two writes)
+// leaves the connection in the loop's set, serving the next request:
+// the loop used to re-arm a connection it had not added yet, and closed it.
+func TestInlineLargeReplyOnNewConnection(t *testing.T) {
+	const size = 4 << 20
+	g := newGuarded(0x10000, size, 64)
+	for i := range g.region() {
+		g.region()[i] = byte(i*13 + i>>11)
+	}
+	ln, err := Listen(t.Context(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(ln, g, ServerOptions{EventLoops: 1})
+	defer s.Close()
+	got := make([]byte, size)
+	for i := range 100 {
+		c := dial(t, s)
+		if _, err := c.Write(AppendHeader(nil, Header{Addr: 0x10000, Size: size, V2: true})); err != nil {
+			t.Fatal(err)
+		}
+		if st := readStatus(t, c); st != StatusOK {
+			t.Fatalf("round %d: status %x", i, st)
+		}
+		if _, err := io.ReadFull(c, got); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, g.region()) {
+			t.Fatalf("round %d: large reply differs", i)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if st, data := request(t, c, Header{Addr: 0x10000 + 9, Size: 4}, nil); st != StatusOK || !bytes.Equal(data, g.region()[9:13]) {
+			t.Fatalf("round %d: request after a large reply on a new connection: status %x", i, st)
+		}
+		c.Close()
+	}
+	waitUnpinned(t, g)
+	s.Close()
+	g.check(t)
+}
