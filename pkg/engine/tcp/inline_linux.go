@@ -34,10 +34,9 @@ import (
 // peer with a small receive window) stays in the set too, the loop
 // writing the rest each time the socket has room, rather than costing a
 // descriptor duplicated into a net.Conn, a poller registration and a
-// goroutine per request. Anything
-// else (a header not wholly in one read, pipelining, a rejected range) is
-// handed, with the bytes already read, to the ordinary per-connection
-// handler.
+// goroutine per request. Anything else (a header not wholly in one read,
+// pipelining, a rejected range) is handed, with the bytes already read,
+// to the ordinary per-connection handler.
 //
 // The loop's syscalls go through RawSyscall. On loopback accept4, writev
 // and close run the peer's TCP processing too (tens of µs), and as
